@@ -1,2 +1,6 @@
 #![forbid(unsafe_code)]
-//! statestore-gateway
+//! statestore-gateway: the Azure IoT Operations state store over HTTP.
+//!
+//! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
+
+pub mod protocol;

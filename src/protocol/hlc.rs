@@ -1,0 +1,345 @@
+//! Hybrid logical clocks: the state store's versions (`__ts`) and fencing
+//! tokens (`__ft`).
+//!
+//! Text form `{wall ms}:{counter}:{node id}`. The SDKs write the numbers
+//! zero-padded (`001696374425000:00000:client`), the service unpadded; both
+//! parse, and we always write the padded form, as the SDKs do.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+/// How far ahead of the local clock an HLC may be before it is refused.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// A hybrid logical clock value. Ordered by (wall clock, counter, node id).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hlc {
+    /// Milliseconds since the Unix epoch.
+    pub wall_ms: u64,
+    /// Orders events within one millisecond.
+    pub counter: u64,
+    /// Who produced the value (`StateStore` for the service).
+    pub node: String,
+}
+
+/// Why an HLC was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HlcError {
+    /// Not `{digits}:{digits}:{node}`.
+    #[error("malformed hybrid logical clock {0:?}")]
+    Malformed(String),
+    /// More than [`MAX_CLOCK_SKEW`] ahead of the local clock.
+    #[error("hybrid logical clock is more than 60 s ahead of the local clock")]
+    TooFarInFuture,
+    /// The counter cannot be incremented any more.
+    #[error("hybrid logical clock counter would overflow")]
+    CounterOverflow,
+}
+
+impl Hlc {
+    /// A clock at `wall_ms` with a zero counter.
+    pub fn new(wall_ms: u64, node: impl Into<String>) -> Self {
+        Self {
+            wall_ms,
+            counter: 0,
+            node: node.into(),
+        }
+    }
+
+    /// Parses the padded or unpadded text form.
+    pub fn parse(text: &str) -> Result<Self, HlcError> {
+        let malformed = || HlcError::Malformed(text.chars().take(64).collect());
+        let mut parts = text.split(':');
+        let (Some(wall), Some(counter), Some(node), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(malformed());
+        };
+        let number = |digits: &str| {
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            digits.parse::<u64>().ok()
+        };
+        let wall_ms = number(wall).ok_or_else(malformed)?;
+        let counter = number(counter).ok_or_else(malformed)?;
+        Ok(Self {
+            wall_ms,
+            counter,
+            node: node.to_owned(),
+        })
+    }
+
+    /// Whether this value is more than [`MAX_CLOCK_SKEW`] ahead of `now_ms`.
+    pub fn is_too_far_ahead_of(&self, now_ms: u64) -> bool {
+        self.wall_ms > now_ms.saturating_add(MAX_CLOCK_SKEW.as_millis() as u64)
+    }
+
+    fn check(&self, now_ms: u64) -> Result<(), HlcError> {
+        if self.counter == u64::MAX {
+            return Err(HlcError::CounterOverflow);
+        }
+        if self.is_too_far_ahead_of(now_ms) {
+            return Err(HlcError::TooFarInFuture);
+        }
+        Ok(())
+    }
+
+    /// The send rule: move to `now_ms` if the wall clock advanced, else bump
+    /// the counter.
+    pub fn tick(&mut self, now_ms: u64) -> Result<(), HlcError> {
+        if now_ms > self.wall_ms {
+            self.wall_ms = now_ms;
+            self.counter = 0;
+        } else {
+            self.check(now_ms)?;
+            self.counter += 1;
+        }
+        Ok(())
+    }
+
+    /// The receive rule: afterwards `self` is greater than both its old value
+    /// and `other` (ignoring node ids), and never behind `now_ms`.
+    pub fn merge(&mut self, other: &Hlc, now_ms: u64) -> Result<(), HlcError> {
+        if now_ms > self.wall_ms && now_ms > other.wall_ms {
+            self.wall_ms = now_ms;
+            self.counter = 0;
+        } else if other.wall_ms == self.wall_ms {
+            let highest = if self.counter >= other.counter {
+                &*self
+            } else {
+                other
+            };
+            highest.check(now_ms)?;
+            self.counter = highest.counter + 1;
+        } else if self.wall_ms > other.wall_ms {
+            self.check(now_ms)?;
+            self.counter += 1;
+        } else {
+            other.check(now_ms)?;
+            self.wall_ms = other.wall_ms;
+            self.counter = other.counter + 1;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Hlc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:0>15}:{:0>5}:{}",
+            self.wall_ms, self.counter, self.node
+        )
+    }
+}
+
+impl FromStr for Hlc {
+    type Err = HlcError;
+
+    fn from_str(text: &str) -> Result<Self, HlcError> {
+        Self::parse(text)
+    }
+}
+
+/// Milliseconds since the Unix epoch by the system clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// One HLC shared by everything that sends on behalf of a node (the
+/// gateway's pool, the emulator's store).
+#[derive(Debug)]
+pub struct HybridClock {
+    state: Mutex<Hlc>,
+}
+
+impl HybridClock {
+    /// A clock for `node`, starting at the system time.
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            state: Mutex::new(Hlc::new(now_ms(), node)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hlc> {
+        // The guarded value is always consistent, so a poisoned lock is usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The timestamp for an outgoing message (send rule).
+    pub fn now(&self) -> Result<Hlc, HlcError> {
+        let mut clock = self.lock();
+        clock.tick(now_ms())?;
+        Ok(clock.clone())
+    }
+
+    /// Merges a received value in and returns the resulting clock value.
+    pub fn observe(&self, received: &Hlc) -> Result<Hlc, HlcError> {
+        let mut clock = self.lock();
+        clock.merge(received, now_ms())?;
+        Ok(clock.clone())
+    }
+
+    /// The current value without advancing it.
+    pub fn peek(&self) -> Hlc {
+        self.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_padded_and_unpadded_forms() {
+        let padded = Hlc::parse("001696374425000:00000:client-7").unwrap();
+        assert_eq!(padded, Hlc::new(1_696_374_425_000, "client-7"));
+        let unpadded = Hlc::parse("1696374425000:1:StateStore").unwrap();
+        assert_eq!(unpadded.wall_ms, 1_696_374_425_000);
+        assert_eq!(unpadded.counter, 1);
+        assert_eq!(unpadded.node, "StateStore");
+    }
+
+    #[test]
+    fn formats_padded_like_the_sdks() {
+        let hlc = Hlc::new(1_696_374_425_000, "client-7");
+        assert_eq!(hlc.to_string(), "001696374425000:00000:client-7");
+        assert_eq!(Hlc::parse(&hlc.to_string()).unwrap(), hlc);
+        let small = Hlc {
+            wall_ms: 5,
+            counter: 123_456,
+            node: "n".into(),
+        };
+        assert_eq!(small.to_string(), "000000000000005:123456:n");
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for bad in [
+            "",
+            "1:2",
+            "1:2:3:4",
+            "a:0:n",
+            "1:b:n",
+            "+1:0:n",
+            "1:-1:n",
+            ":0:n",
+            "1::n",
+            "99999999999999999999999:0:n",
+            " 1:0:n",
+        ] {
+            assert!(
+                matches!(Hlc::parse(bad), Err(HlcError::Malformed(_))),
+                "{bad:?} parsed"
+            );
+        }
+        // An empty node id is what the SDKs accept too.
+        assert!(Hlc::parse("1:0:").is_ok());
+    }
+
+    #[test]
+    fn orders_by_wall_then_counter_then_node() {
+        let a = Hlc::parse("100:5:z").unwrap();
+        let b = Hlc::parse("101:0:a").unwrap();
+        let c = Hlc::parse("101:1:a").unwrap();
+        let d = Hlc::parse("101:1:b").unwrap();
+        assert!(a < b && b < c && c < d);
+        // Padding does not change the value.
+        assert_eq!(
+            Hlc::parse("000000000000101:00001:a").unwrap(),
+            Hlc::parse("101:1:a").unwrap()
+        );
+    }
+
+    #[test]
+    fn tick_moves_to_now_or_bumps_the_counter() {
+        let mut hlc = Hlc::new(1_000, "me");
+        hlc.tick(2_000).unwrap();
+        assert_eq!((hlc.wall_ms, hlc.counter), (2_000, 0));
+        hlc.tick(2_000).unwrap();
+        hlc.tick(1_500).unwrap();
+        assert_eq!((hlc.wall_ms, hlc.counter), (2_000, 2));
+    }
+
+    #[test]
+    fn merge_is_greater_than_both_inputs() {
+        let now = 10_000;
+        let cases = [
+            (Hlc::new(5_000, "me"), Hlc::new(6_000, "you")), // now wins
+            (Hlc::new(20_000, "me"), Hlc::new(20_000, "you")), // equal walls
+            (Hlc::new(30_000, "me"), Hlc::new(20_000, "you")), // self ahead
+            (Hlc::new(20_000, "me"), Hlc::new(30_000, "you")), // other ahead
+        ];
+        for (mut mine, theirs) in cases {
+            let before = mine.clone();
+            mine.merge(&theirs, now).unwrap();
+            let key = |h: &Hlc| (h.wall_ms, h.counter);
+            assert!(key(&mine) > key(&before), "{mine} !> {before}");
+            assert!(key(&mine) > key(&theirs), "{mine} !> {theirs}");
+            assert!(mine.wall_ms >= now);
+        }
+    }
+
+    #[test]
+    fn merge_takes_the_larger_counter_on_equal_walls() {
+        let mut mine = Hlc {
+            wall_ms: 50,
+            counter: 2,
+            node: "me".into(),
+        };
+        let theirs = Hlc {
+            wall_ms: 50,
+            counter: 9,
+            node: "you".into(),
+        };
+        mine.merge(&theirs, 10).unwrap();
+        assert_eq!((mine.wall_ms, mine.counter), (50, 10));
+    }
+
+    #[test]
+    fn skew_beyond_a_minute_is_refused() {
+        let now = 1_000_000;
+        let ahead = Hlc::new(now + 60_001, "you");
+        let mut mine = Hlc::new(now, "me");
+        assert_eq!(mine.merge(&ahead, now), Err(HlcError::TooFarInFuture));
+        assert!(ahead.is_too_far_ahead_of(now));
+        let just_inside = Hlc::new(now + 60_000, "you");
+        assert!(!just_inside.is_too_far_ahead_of(now));
+        mine.merge(&just_inside, now).unwrap();
+        assert_eq!(mine.wall_ms, now + 60_000);
+    }
+
+    #[test]
+    fn counter_overflow_is_refused() {
+        let mut mine = Hlc {
+            wall_ms: 50,
+            counter: u64::MAX,
+            node: "me".into(),
+        };
+        assert_eq!(mine.tick(10), Err(HlcError::CounterOverflow));
+    }
+
+    #[test]
+    fn shared_clock_is_strictly_increasing() {
+        let clock = HybridClock::new("gw");
+        let mut last = clock.now().unwrap();
+        for _ in 0..1_000 {
+            let next = clock.now().unwrap();
+            assert!(next > last);
+            last = next;
+        }
+        let remote = Hlc::new(now_ms() + 30_000, "StateStore");
+        let merged = clock.observe(&remote).unwrap();
+        assert!((merged.wall_ms, merged.counter) > (remote.wall_ms, remote.counter));
+        assert!(clock.now().unwrap() > merged);
+    }
+}

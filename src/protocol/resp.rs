@@ -1,0 +1,274 @@
+//! The RESP3-like framing the state store uses: just the frame types that
+//! appear in its requests, replies and notifications.
+//!
+//! Decoding works on a whole MQTT payload held in [`Bytes`], so bulk strings
+//! are slices of the payload, not copies. Every declared length is checked
+//! against what arrived before anything is taken, and arrays hold at most
+//! [`MAX_ARRAY_LEN`] elements, so hostile input cannot make us allocate.
+
+use std::io::Write as _;
+
+use bytes::Bytes;
+
+use super::DecodeError;
+
+/// No message of this protocol has more elements (SET NX PX has six).
+pub const MAX_ARRAY_LEN: usize = 16;
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// `+text\r\n`
+    Simple(Bytes),
+    /// `-text\r\n` (the text after the `-`)
+    Error(Bytes),
+    /// `:n\r\n`
+    Integer(i64),
+    /// `$len\r\nbytes\r\n`
+    Bulk(Bytes),
+    /// `$-1\r\n`
+    Null,
+    /// `*n\r\n` followed by n bulk strings (nested arrays are not used here).
+    Array(Vec<Bytes>),
+}
+
+impl Frame {
+    /// Decodes exactly one frame that must fill the whole payload.
+    pub fn decode(payload: &Bytes) -> Result<Frame, DecodeError> {
+        let mut cursor = Cursor { payload, pos: 0 };
+        let frame = cursor.frame()?;
+        match payload.len() - cursor.pos {
+            0 => Ok(frame),
+            extra => Err(DecodeError::TrailingBytes(extra)),
+        }
+    }
+}
+
+struct Cursor<'a> {
+    payload: &'a Bytes,
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    fn remaining(&self) -> usize {
+        self.payload.len() - self.pos
+    }
+
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let byte = *self.payload.get(self.pos).ok_or(DecodeError::Incomplete)?;
+        self.pos += 1;
+        Ok(byte)
+    }
+
+    /// The bytes up to the next CRLF, which is consumed.
+    fn line(&mut self) -> Result<Bytes, DecodeError> {
+        let rest = &self.payload[self.pos..];
+        let end = rest
+            .windows(2)
+            .position(|pair| pair == b"\r\n")
+            .ok_or(DecodeError::Incomplete)?;
+        let line = self.payload.slice(self.pos..self.pos + end);
+        self.pos += end + 2;
+        Ok(line)
+    }
+
+    fn integer(&mut self) -> Result<i64, DecodeError> {
+        parse_integer(&self.line()?)
+    }
+
+    /// A `$` frame body: `Some(bytes)`, or `None` for `$-1`.
+    fn bulk_body(&mut self) -> Result<Option<Bytes>, DecodeError> {
+        let declared = self.integer()?;
+        if declared == -1 {
+            return Ok(None);
+        }
+        let declared = usize::try_from(declared).map_err(|_| DecodeError::InvalidNumber)?;
+        let available = self.remaining();
+        if declared > available {
+            return Err(DecodeError::LengthExceedsPayload {
+                declared,
+                available,
+            });
+        }
+        let body = self.payload.slice(self.pos..self.pos + declared);
+        self.pos += declared;
+        match (self.byte(), self.byte()) {
+            (Ok(b'\r'), Ok(b'\n')) => Ok(Some(body)),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            _ => Err(DecodeError::MissingTerminator),
+        }
+    }
+
+    fn frame(&mut self) -> Result<Frame, DecodeError> {
+        match self.byte()? {
+            b'+' => Ok(Frame::Simple(self.line()?)),
+            b'-' => Ok(Frame::Error(self.line()?)),
+            b':' => Ok(Frame::Integer(self.integer()?)),
+            b'$' => Ok(self.bulk_body()?.map_or(Frame::Null, Frame::Bulk)),
+            b'*' => {
+                let declared = self.integer()?;
+                let count = usize::try_from(declared).map_err(|_| DecodeError::InvalidNumber)?;
+                // Each element takes at least 6 bytes (`$0\r\n\r\n`).
+                if count > MAX_ARRAY_LEN || count.saturating_mul(6) > self.remaining() {
+                    return Err(DecodeError::LengthExceedsPayload {
+                        declared: count,
+                        available: self.remaining(),
+                    });
+                }
+                let mut items = Vec::with_capacity(count);
+                for _ in 0..count {
+                    match self.byte()? {
+                        b'$' => items.push(
+                            self.bulk_body()?
+                                .ok_or(DecodeError::UnexpectedShape("null in array"))?,
+                        ),
+                        other => return Err(DecodeError::UnexpectedType(other)),
+                    }
+                }
+                Ok(Frame::Array(items))
+            }
+            other => Err(DecodeError::UnexpectedType(other)),
+        }
+    }
+}
+
+/// A decimal integer as RESP writes it: optional `-`, then digits only.
+fn parse_integer(text: &[u8]) -> Result<i64, DecodeError> {
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(DecodeError::InvalidNumber);
+    }
+    let magnitude = digits
+        .iter()
+        .try_fold(0i64, |acc, d| {
+            acc.checked_mul(10)?.checked_add(i64::from(d - b'0'))
+        })
+        .ok_or(DecodeError::InvalidNumber)?;
+    Ok(if negative { -magnitude } else { magnitude })
+}
+
+/// Appends `*n\r\n`.
+pub fn put_array_header(out: &mut Vec<u8>, len: usize) {
+    let _ = write!(out, "*{len}\r\n");
+}
+
+/// Appends `$len\r\nbytes\r\n`.
+pub fn put_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    let _ = write!(out, "${}\r\n", bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `:n\r\n`.
+pub fn put_integer(out: &mut Vec<u8>, n: i64) {
+    let _ = write!(out, ":{n}\r\n");
+}
+
+/// An array of bulk strings, encoded.
+pub fn encode_array(items: &[&[u8]]) -> Vec<u8> {
+    let body: usize = items.iter().map(|item| item.len() + 16).sum();
+    let mut out = Vec::with_capacity(8 + body);
+    put_array_header(&mut out, items.len());
+    for item in items {
+        put_bulk(&mut out, item);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(bytes: &[u8]) -> Result<Frame, DecodeError> {
+        Frame::decode(&Bytes::copy_from_slice(bytes))
+    }
+
+    #[test]
+    fn decodes_each_frame_type() {
+        assert_eq!(
+            decode(b"+OK\r\n"),
+            Ok(Frame::Simple(Bytes::from_static(b"OK")))
+        );
+        assert_eq!(
+            decode(b"-ERR syntax error\r\n"),
+            Ok(Frame::Error(Bytes::from_static(b"ERR syntax error")))
+        );
+        assert_eq!(decode(b":-1\r\n"), Ok(Frame::Integer(-1)));
+        assert_eq!(decode(b"$-1\r\n"), Ok(Frame::Null));
+        assert_eq!(decode(b"$0\r\n\r\n"), Ok(Frame::Bulk(Bytes::new())));
+        assert_eq!(
+            decode(b"$4\r\n\r\n\r\n\r\n"),
+            Ok(Frame::Bulk(Bytes::from_static(b"\r\n\r\n")))
+        );
+        assert_eq!(
+            decode(b"*2\r\n$1\r\na\r\n$0\r\n\r\n"),
+            Ok(Frame::Array(vec![Bytes::from_static(b"a"), Bytes::new()]))
+        );
+    }
+
+    #[test]
+    fn truncation_is_incomplete() {
+        let full = b"*2\r\n$3\r\nGET\r\n$7\r\ntestkey\r\n";
+        for cut in 0..full.len() {
+            let result = decode(&full[..cut]);
+            assert!(
+                matches!(
+                    result,
+                    Err(DecodeError::Incomplete | DecodeError::LengthExceedsPayload { .. })
+                ),
+                "cut at {cut}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_declared_lengths_are_refused_before_allocating() {
+        assert_eq!(
+            decode(b"$9223372036854775807\r\nab\r\n"),
+            Err(DecodeError::LengthExceedsPayload {
+                declared: 9_223_372_036_854_775_807,
+                available: 4
+            })
+        );
+        assert!(matches!(
+            decode(b"*1000000000\r\n"),
+            Err(DecodeError::LengthExceedsPayload { .. })
+        ));
+        assert_eq!(
+            decode(b"$99999999999999999999\r\n"),
+            Err(DecodeError::InvalidNumber)
+        );
+        assert_eq!(decode(b"$-2\r\n"), Err(DecodeError::InvalidNumber));
+        assert_eq!(decode(b"*-1\r\n"), Err(DecodeError::InvalidNumber));
+    }
+
+    #[test]
+    fn malformed_frames_have_clear_errors() {
+        assert_eq!(decode(b""), Err(DecodeError::Incomplete));
+        assert_eq!(decode(b"?x\r\n"), Err(DecodeError::UnexpectedType(b'?')));
+        assert_eq!(decode(b":1x\r\n"), Err(DecodeError::InvalidNumber));
+        assert_eq!(decode(b":\r\n"), Err(DecodeError::InvalidNumber));
+        assert_eq!(decode(b"$1\r\nabc"), Err(DecodeError::MissingTerminator));
+        assert_eq!(decode(b"+OK\r\nextra"), Err(DecodeError::TrailingBytes(5)));
+        assert_eq!(
+            decode(b"*1\r\n:1\r\n\r\n\r\n"),
+            Err(DecodeError::UnexpectedType(b':'))
+        );
+        assert_eq!(
+            decode(b"*1\r\n$-1\r\n\r\n"),
+            Err(DecodeError::UnexpectedShape("null in array"))
+        );
+    }
+
+    #[test]
+    fn encodes_arrays_byte_exact() {
+        assert_eq!(
+            encode_array(&[b"GET", b"testkey"]),
+            b"*2\r\n$3\r\nGET\r\n$7\r\ntestkey\r\n"
+        );
+        assert_eq!(encode_array(&[b""]), b"*1\r\n$0\r\n\r\n");
+    }
+}
