@@ -2,5 +2,11 @@
 //! statestore-gateway: the Azure IoT Operations state store over HTTP.
 //!
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
+//! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
+//! - [`config`]: command-line and environment settings.
+//! - [`metrics`]: the Prometheus registry and metric families.
 
+pub mod config;
+pub mod metrics;
+pub mod mqtt;
 pub mod protocol;

@@ -1,0 +1,17 @@
+//! Integration tests: one binary, real broker, real sockets.
+
+mod support;
+
+mod broker {
+    use crate::support::Mosquitto;
+
+    #[tokio::test]
+    async fn mosquitto_starts_restarts_and_accepts_connections() {
+        let mut broker = Mosquitto::start().await;
+        assert!(tokio::net::TcpStream::connect(broker.addr).await.is_ok());
+        broker.kill();
+        assert!(tokio::net::TcpStream::connect(broker.addr).await.is_err());
+        broker.restart().await;
+        assert!(tokio::net::TcpStream::connect(broker.addr).await.is_ok());
+    }
+}
