@@ -37,3 +37,10 @@ pub fn base_options(
         .set_request_channel_capacity(REQUEST_CHANNEL_CAPACITY);
     options
 }
+
+pub mod pool;
+
+pub use pool::{
+    BrokerSettings, KeyNotification, MemberEvent, Pool, PoolError, PoolSettings, RequestOptions,
+    StoreResponse,
+};
