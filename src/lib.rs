@@ -5,8 +5,10 @@
 //! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
 //! - [`config`]: command-line and environment settings.
 //! - [`metrics`]: the Prometheus registry and metric families.
+//! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 
 pub mod config;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod watch;
