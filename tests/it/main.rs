@@ -2,6 +2,9 @@
 
 mod support;
 
+mod auth;
+mod pool;
+
 mod broker {
     use crate::support::Mosquitto;
 
