@@ -13,7 +13,7 @@
 //! disconnects with the non-blocking `try_` calls and hands replies to the
 //! waiting request through a oneshot channel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -21,7 +21,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{ConnAck, Filter, Packet, Publish, SubscribeReasonCode};
+use rumqttc::v5::mqttbytes::v5::{
+    ConnAck, Filter, Packet, PubAck, PubAckReason, Publish, PublishProperties, SubscribeReasonCode,
+};
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
 use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -43,7 +45,17 @@ pub(crate) struct ReplyMessage {
     pub user_properties: Vec<(String, String)>,
 }
 
-type ReplySender = oneshot::Sender<Result<ReplyMessage, PoolError>>;
+/// What a request gets back from its member.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    /// The store's reply.
+    Reply(ReplyMessage),
+    /// The broker refused the request in its PUBACK (not authorized, no
+    /// subscriber on the request topic, ...): it never reached the store.
+    Refused(PubAckReason),
+}
+
+type ReplySender = oneshot::Sender<Result<Delivery, PoolError>>;
 
 /// How long after CONNACK the SUBACK may take before the connection is
 /// considered stuck and rebuilt.
@@ -54,6 +66,8 @@ const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
 /// Longest reconnect delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often a member looks for requests the broker never acknowledged.
+const ACK_CHECK: Duration = Duration::from_millis(250);
 /// How long the same connect failure stays quiet before it is warned again.
 const REPEAT_WARNING_AFTER: Duration = Duration::from_secs(60);
 /// How often a draining member checks whether its requests are done.
@@ -100,9 +114,10 @@ pub(crate) struct MemberContext {
     pub slot_freed: Notify,
     /// `true` once the pool shuts down.
     pub shutdown: watch::Sender<bool>,
-    /// How long a draining member waits for its requests before it
-    /// reconnects anyway.
-    pub drain_timeout: Duration,
+    /// The request timeout: how long a draining member waits for its
+    /// requests, and how long the broker may leave a request un-acked
+    /// before the connection counts as dead.
+    pub request_timeout: Duration,
     /// The largest packet both sides accept, from the latest CONNACK.
     pub broker_limit: PacketLimit,
 }
@@ -157,6 +172,12 @@ struct MemberState {
     client: Option<AsyncClient>,
     /// Replies awaited on the current connection.
     pending: HashMap<CorrelationId, ReplySender>,
+    /// Requests handed to rumqttc, in channel order, not yet seen going
+    /// out. rumqttc sends publishes in channel order (it takes no new one
+    /// while a packet id collides), so the n-th `Outgoing::Publish` event is
+    /// the n-th request here: that is how a PUBACK's packet id finds its
+    /// request.
+    queued: VecDeque<CorrelationId>,
     /// The token the current connection authenticated with.
     sat_token: Option<Bytes>,
     /// Whether the current connection got a CONNACK (so that losing it is
@@ -190,6 +211,7 @@ impl Member {
             state: Mutex::new(MemberState {
                 client: None,
                 pending: HashMap::new(),
+                queued: VecDeque::new(),
                 sat_token: None,
                 connected: false,
             }),
@@ -228,20 +250,41 @@ impl Member {
         self.reconnect.notify_one();
     }
 
-    /// Registers a reply waiter and returns the client to publish with;
-    /// `ConnectionLost` if the member is no longer subscribed.
-    pub(crate) fn register(
+    /// Registers the reply waiter and hands the request to rumqttc without
+    /// waiting; `ConnectionLost` if the member is no longer subscribed.
+    pub(crate) fn publish(
         &self,
         correlation: CorrelationId,
         reply: ReplySender,
-    ) -> Result<AsyncClient, PoolError> {
+        topic: &'static str,
+        payload: Bytes,
+        properties: PublishProperties,
+    ) -> Result<(), PoolError> {
         let mut state = self.lock();
         if self.status() != Status::Subscribed {
             return Err(PoolError::ConnectionLost);
         }
-        let client = state.client.clone().ok_or(PoolError::ConnectionLost)?;
+        let client = state.client.as_ref().ok_or(PoolError::ConnectionLost)?;
+        // Under the lock, so `queued` is in channel order.
+        client
+            .try_publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
+            .map_err(|_| PoolError::ConnectionLost)?;
         state.pending.insert(correlation, reply);
-        Ok(client)
+        state.queued.push_back(correlation);
+        Ok(())
+    }
+
+    /// The request behind the next `Outgoing::Publish` event.
+    fn next_queued(&self) -> Option<CorrelationId> {
+        self.lock().queued.pop_front()
+    }
+
+    /// The broker refused a request in its PUBACK: tell the waiter now
+    /// rather than letting it time out.
+    fn refused(&self, correlation: CorrelationId, reason: PubAckReason) {
+        if let Some(reply) = self.lock().pending.remove(&correlation) {
+            let _ = reply.send(Ok(Delivery::Refused(reason)));
+        }
     }
 
     /// Forgets a reply waiter (timed out, cancelled or failed to publish).
@@ -263,6 +306,7 @@ impl Member {
         state.sat_token = sat_token;
         state.connected = false;
         state.client = None;
+        state.queued.clear();
         self.set_status(Status::Connecting, &ctx.metrics);
     }
 
@@ -300,6 +344,7 @@ impl Member {
         let was_connected = state.connected;
         state.connected = false;
         state.client = None;
+        state.queued.clear();
         let pending: Vec<ReplySender> = state.pending.drain().map(|(_, reply)| reply).collect();
         self.draining.store(false, Ordering::Release);
         self.max_packet_size.store(0, Ordering::Release);
@@ -332,10 +377,10 @@ impl Member {
             let waiter = correlation.and_then(|id| self.lock().pending.remove(&id));
             match waiter {
                 Some(reply) => {
-                    let _ = reply.send(Ok(ReplyMessage {
+                    let _ = reply.send(Ok(Delivery::Reply(ReplyMessage {
                         payload: publish.payload,
                         user_properties: properties.user_properties,
-                    }));
+                    })));
                 }
                 None => tracing::debug!(
                     member = self.index,
@@ -465,35 +510,55 @@ async fn drive(
     let mut progress_deadline = Instant::now() + CONNECT_TIMEOUT + SUBACK_TIMEOUT;
     let mut subscribed = false;
     let mut drain_deadline: Option<Instant> = None;
+    // Requests published and not yet PUBACKed, by packet id. A broker that
+    // stops acknowledging (frozen, or a half-open connection after a node
+    // died) is noticed within the request timeout rather than after two
+    // keep-alive periods, and a refusing PUBACK fails its request at once.
+    let mut unacked: HashMap<u16, (Option<CorrelationId>, Instant)> = HashMap::new();
+    let mut next_ack_check = Instant::now() + ACK_CHECK;
+    let mut refusals = RepeatedFailure::default();
     loop {
-        // One poll future per event, kept alive while timers fire: a
-        // cancelled poll can lose a packet it took from the request channel.
-        // It is only dropped unfinished when the connection ends anyway.
-        let poll = eventloop.poll();
-        tokio::pin!(poll);
-        let event = loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.wait_for(|down| *down) => return End::Shutdown,
-                () = member.reconnect.notified(), if drain_deadline.is_none() => {
-                    if !subscribed {
-                        // Not serving yet: the next attempt reads the new token anyway.
-                        return End::Reconnect;
+        let event = {
+            // One poll future per event, kept alive while timers fire: a
+            // cancelled poll can lose a packet it took from the request
+            // channel. It is only dropped unfinished when the connection
+            // ends anyway.
+            let poll = eventloop.poll();
+            tokio::pin!(poll);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|down| *down) => return End::Shutdown,
+                    () = member.reconnect.notified(), if drain_deadline.is_none() => {
+                        if !subscribed {
+                            // Not serving yet: the next attempt reads the new token anyway.
+                            return End::Reconnect;
+                        }
+                        member.draining.store(true, Ordering::Release);
+                        drain_deadline = Some(Instant::now() + ctx.request_timeout);
                     }
-                    member.draining.store(true, Ordering::Release);
-                    drain_deadline = Some(Instant::now() + ctx.drain_timeout);
-                }
-                () = sleep_until(progress_deadline), if !subscribed => {
-                    return End::Lost("no CONNACK and SUBACK within the connect deadline".into());
-                }
-                () = sleep(DRAIN_CHECK), if drain_deadline.is_some() => {
-                    if drain_deadline.is_some_and(|deadline| {
-                        member.in_flight.load(Ordering::Acquire) == 0 || Instant::now() >= deadline
-                    }) {
-                        return End::Reconnect;
+                    () = sleep_until(progress_deadline), if !subscribed => {
+                        return End::Lost("no CONNACK and SUBACK within the connect deadline".into());
                     }
+                    () = sleep(DRAIN_CHECK), if drain_deadline.is_some() => {
+                        if drain_deadline.is_some_and(|deadline| {
+                            member.in_flight.load(Ordering::Acquire) == 0 || Instant::now() >= deadline
+                        }) {
+                            return End::Reconnect;
+                        }
+                    }
+                    () = sleep_until(next_ack_check), if !unacked.is_empty() => {
+                        let now = Instant::now();
+                        next_ack_check = now + ACK_CHECK;
+                        if unacked.values().any(|(_, sent)| now.duration_since(*sent) >= ctx.request_timeout) {
+                            return End::Lost(format!(
+                                "the broker acknowledged no request for {:?}",
+                                ctx.request_timeout
+                            ));
+                        }
+                    }
+                    event = &mut poll => break event,
                 }
-                event = &mut poll => break event,
             }
         };
         match event {
@@ -525,8 +590,44 @@ async fn drive(
                 tracing::info!(member = member.index, client_id = %member.client_id, "connected and subscribed");
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => member.route(publish, ctx),
+            Ok(Event::Outgoing(Outgoing::Publish(packet_id))) => {
+                if unacked.is_empty() {
+                    next_ack_check = Instant::now() + ACK_CHECK;
+                }
+                unacked.insert(packet_id, (member.next_queued(), Instant::now()));
+            }
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                if let Some((correlation, _)) = unacked.remove(&ack.pkid) {
+                    on_puback(member, &ack, correlation, &mut refusals);
+                }
+            }
             Ok(_) => {}
         }
+    }
+}
+
+/// A PUBACK other than success (or "no matching subscribers", which rumqttc
+/// also counts as success but means no store is listening) ends its request.
+fn on_puback(
+    member: &Member,
+    ack: &PubAck,
+    correlation: Option<CorrelationId>,
+    refusals: &mut RepeatedFailure,
+) {
+    if ack.reason == PubAckReason::Success {
+        return;
+    }
+    let reason = format!("{:?}", ack.reason);
+    if refusals.is_new(&reason) {
+        tracing::warn!(
+            member = member.index,
+            %reason,
+            detail = ?ack.properties.as_ref().and_then(|p| p.reason_string.as_deref()),
+            "the broker refused a state store request (repeats within a minute are not logged)"
+        );
+    }
+    if let Some(correlation) = correlation {
+        member.refused(correlation, ack.reason);
     }
 }
 
@@ -643,10 +744,25 @@ mod tests {
             events: broadcast::channel(16).0,
             slot_freed: Notify::new(),
             shutdown: watch::channel(false).0,
-            drain_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
             broker_limit: PacketLimit::default(),
         };
         (context, receiver)
+    }
+
+    /// Registers a waiter through the real publish path (the client's
+    /// channel has room and nobody polls it).
+    fn register(member: &Member, correlation: CorrelationId, reply: ReplySender) {
+        member
+            .publish(
+                correlation,
+                reply,
+                "t",
+                Bytes::new(),
+                PublishProperties::default(),
+            )
+            .unwrap();
+        assert_eq!(member.next_queued(), Some(correlation));
     }
 
     fn publish(
@@ -662,10 +778,11 @@ mod tests {
         let (ctx, _) = context();
         let member = Member::new(0, "gw-0".into());
         member.set_status(Status::Subscribed, &ctx.metrics);
-        member.lock().client =
-            Some(AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 1).0);
+        let (client, _eventloop) =
+            AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 1);
+        member.lock().client = Some(client);
         let (tx, mut rx) = oneshot::channel();
-        member.register([7; 16], tx).unwrap();
+        register(&member, [7; 16], tx);
         let properties = rumqttc::v5::mqttbytes::v5::PublishProperties {
             correlation_data: Some(Bytes::from_static(&[7; 16])),
             user_properties: vec![("__stat".into(), "200".into())],
@@ -688,7 +805,9 @@ mod tests {
             publish(&member.response_topic.clone(), b"+OK\r\n", properties),
             &ctx,
         );
-        let reply = rx.try_recv().unwrap().unwrap();
+        let Delivery::Reply(reply) = rx.try_recv().unwrap().unwrap() else {
+            panic!("not a reply")
+        };
         assert_eq!(&reply.payload[..], b"+OK\r\n");
         assert_eq!(
             reply.user_properties,
@@ -702,16 +821,17 @@ mod tests {
         let (ctx, _) = context();
         let member = Member::new(1, "gw-1".into());
         member.set_status(Status::Subscribed, &ctx.metrics);
-        member.lock().client =
-            Some(AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 1).0);
+        let (client, _eventloop) =
+            AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 1);
+        member.lock().client = Some(client);
         let (tx, mut rx) = oneshot::channel();
-        member.register([1; 16], tx).unwrap();
+        register(&member, [1; 16], tx);
         member.lost(|| PoolError::ConnectionLost, &ctx);
         assert!(matches!(rx.try_recv(), Ok(Err(PoolError::ConnectionLost))));
         assert_eq!(member.status(), Status::Down);
         let (tx, _rx) = oneshot::channel();
         assert!(matches!(
-            member.register([2; 16], tx),
+            member.publish([2; 16], tx, "t", Bytes::new(), PublishProperties::default()),
             Err(PoolError::ConnectionLost)
         ));
     }

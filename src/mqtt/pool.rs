@@ -22,14 +22,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{PubAckReason, Publish, PublishProperties};
 use thiserror::Error;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::auth::{self, ConfigError};
-use super::connection::{self, CorrelationId, Member, MemberContext, ReplyMessage, Status};
+use super::connection::{
+    self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
+};
 use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use crate::metrics::Metrics;
 use crate::protocol::{
@@ -186,8 +188,12 @@ pub struct StoreResponse {
 /// Why a request got no reply.
 #[derive(Debug, Error)]
 pub enum PoolError {
-    /// No member is connected and subscribed.
-    #[error("no broker connection is available")]
+    /// No member is connected and subscribed, or the broker has nothing
+    /// serving the state store's request topic (PUBACK "no matching
+    /// subscribers").
+    #[error(
+        "the state store is unreachable: no usable broker connection, or nothing serves its requests"
+    )]
     Unavailable,
     /// Every member's in-flight window stayed full for the slot wait.
     #[error("every broker connection is at its in-flight limit")]
@@ -359,7 +365,7 @@ impl Pool {
             events: broadcast::channel(EVENT_BUFFER).0,
             slot_freed: Notify::new(),
             shutdown: watch::channel(false).0,
-            drain_timeout: settings.request_timeout,
+            request_timeout: settings.request_timeout,
             broker_limit: Default::default(),
         });
         let mut tasks: Vec<JoinHandle<()>> = members
@@ -547,20 +553,11 @@ impl Pool {
         }
 
         let (reply_tx, reply_rx) = oneshot::channel();
-        let client = member.register(correlation, reply_tx)?;
+        member.publish(correlation, reply_tx, REQUEST_TOPIC, payload, properties)?;
         slot.correlation = Some(correlation);
-        client
-            .try_publish_with_properties(
-                REQUEST_TOPIC,
-                QoS::AtLeastOnce,
-                false,
-                payload,
-                properties,
-            )
-            .map_err(|_| PoolError::ConnectionLost)?;
 
         let timeout = self.inner.request_timeout;
-        let message = match tokio::time::timeout(timeout, reply_rx).await {
+        let delivery = match tokio::time::timeout(timeout, reply_rx).await {
             Err(_) => return Err(PoolError::Timeout(timeout)),
             // The member dropped the waiter without an answer: it is gone.
             Ok(Err(_)) => return Err(PoolError::ConnectionLost),
@@ -571,7 +568,10 @@ impl Pool {
             }
         };
         drop(slot);
-        self.interpret(message)
+        match delivery {
+            Delivery::Reply(message) => self.interpret(message),
+            Delivery::Refused(reason) => refusal(reason),
+        }
     }
 
     /// Takes a slot on the least-loaded usable member (or on `target`),
@@ -760,6 +760,28 @@ impl Pool {
     }
 }
 
+/// What a request the broker refused in its PUBACK becomes: the broker
+/// never delivered it, so no store saw it.
+///
+/// - no matching subscribers: nothing serves the request topic (the store,
+///   or in development the emulator, is not running) → `Unavailable`;
+/// - not authorized (the broker's authorization policy) → the store's
+///   `not authorized` error;
+/// - quota exceeded → the store's `the quota has been exceeded` error;
+/// - anything else → an unknown store error naming the reason.
+fn refusal(reason: PubAckReason) -> Result<StoreResponse, PoolError> {
+    let error = match reason {
+        PubAckReason::NoMatchingSubscribers => return Err(PoolError::Unavailable),
+        PubAckReason::NotAuthorized => StoreError::NotAuthorized,
+        PubAckReason::QuotaExceeded => StoreError::QuotaExceeded,
+        other => StoreError::Unknown(format!("the broker refused the request: {other:?}")),
+    };
+    Ok(StoreResponse {
+        reply: Reply::Error(error),
+        version: None,
+    })
+}
+
 /// The message expiry the SDK sends: the timeout rounded up to whole
 /// seconds, at least one.
 fn message_expiry(timeout: Duration) -> u32 {
@@ -803,7 +825,7 @@ async fn roll_out(
     ctx: &MemberContext,
     shutdown: &mut watch::Receiver<bool>,
 ) {
-    let deadline_per_member = ctx.drain_timeout + CONNECT_TIMEOUT * 2;
+    let deadline_per_member = ctx.request_timeout + CONNECT_TIMEOUT * 2;
     for member in members {
         let old = member.sat_token();
         if member.status() != Status::Subscribed || old.as_ref() == Some(token) {

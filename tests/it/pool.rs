@@ -824,3 +824,81 @@ async fn throughput() {
     }
     pool.shutdown().await;
 }
+
+#[tokio::test]
+async fn nothing_serving_the_request_topic_fails_at_once_as_unavailable() {
+    let broker = Mosquitto::start().await;
+    let (pool, metrics) = start_pool(pool_settings(broker.addr, "alone")).await;
+    let started = Instant::now();
+    let result = pool.request(&get("k"), &RequestOptions::default()).await;
+    assert!(matches!(result, Err(PoolError::Unavailable)), "{result:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}; the PUBACK said nobody listens",
+        started.elapsed()
+    );
+    assert_eq!(metrics.in_flight.get(), 0);
+    // The connection is fine.
+    assert!(pool.is_ready());
+}
+
+#[tokio::test]
+async fn a_request_the_broker_does_not_authorize_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl");
+    // Anonymous clients may use their own topics but not the store's.
+    std::fs::write(&acl, "topic readwrite clients/#\n").unwrap();
+    let broker = Mosquitto::start_with(MosquittoConfig {
+        extra: format!("acl_file {}\n", acl.display()),
+        ..Default::default()
+    })
+    .await;
+    let (pool, _) = start_pool(pool_settings(broker.addr, "denied")).await;
+    let started = Instant::now();
+    let response = pool
+        .request(&get("k"), &RequestOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        response.reply,
+        Reply::Error(protocol::StoreError::NotAuthorized)
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(pool.is_ready());
+}
+
+#[tokio::test]
+async fn a_frozen_broker_is_noticed_from_missing_acknowledgements() {
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let _responder = Responder::start(broker.addr).await;
+    let mut settings = pool_settings(broker.addr, "frozen");
+    settings.size = 1;
+    settings.request_timeout = Duration::from_secs(1);
+    let (pool, _) = start_pool(settings).await;
+    pool.request(&get("k"), &RequestOptions::default())
+        .await
+        .unwrap();
+
+    broker.pause();
+    let started = Instant::now();
+    let result = pool.request(&get("k"), &RequestOptions::default()).await;
+    assert!(matches!(result, Err(PoolError::Timeout(_))), "{result:?}");
+    // Not after two keep-alive periods (120 s) but about one request timeout.
+    wait_until(
+        Duration::from_secs(2),
+        "the member gives up on the frozen broker",
+        || !pool.is_ready(),
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    broker.resume();
+    wait_until(Duration::from_secs(10), "the member is back", || {
+        pool.is_ready()
+    })
+    .await;
+    pool.request(&get("k"), &RequestOptions::default())
+        .await
+        .unwrap();
+}
