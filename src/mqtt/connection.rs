@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{
@@ -449,6 +450,9 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
             }
         };
         member.begin(built.sat_token, &ctx);
+        // A reconnect asked for before this attempt is moot: it reads the
+        // files anew anyway.
+        let _ = member.reconnect.notified().now_or_never();
         let (client, mut eventloop) = AsyncClient::new(built.options, REQUEST_CHANNEL_CAPACITY);
         let mut connected = false;
         let end = drive(
@@ -471,7 +475,9 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
             }
             End::Reconnect => {
                 tracing::info!(member = member.index, "reconnecting with new credentials");
-                disconnect(&client, &mut eventloop).await;
+                if connected {
+                    disconnect(&client, &mut eventloop).await;
+                }
                 member.lost(|| PoolError::ConnectionLost, &ctx);
             }
             End::Lost(reason) => {

@@ -408,6 +408,11 @@ impl Pool {
     /// reply version is merged into the pool's clock; one too far ahead to
     /// merge is logged and still returned (the store did apply the request).
     ///
+    /// A request the broker refuses in its PUBACK fails at once instead of
+    /// timing out: nothing subscribed to the request topic gives
+    /// `Unavailable`, "not authorized" and "quota exceeded" give the store's
+    /// errors of those names, other reasons an unknown store error.
+    ///
     /// `ConnectionLost` means the outcome is unknown: the request may have
     /// reached the store before the connection dropped.
     pub async fn request(
