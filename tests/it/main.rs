@@ -4,6 +4,8 @@ mod support;
 
 mod emulator;
 mod official_client;
+mod auth;
+mod pool;
 
 mod broker {
     use crate::support::Mosquitto;
