@@ -5,8 +5,10 @@
 //! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
 //! - [`config`]: command-line and environment settings.
 //! - [`metrics`]: the Prometheus registry and metric families.
+//! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
 
 pub mod config;
+pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
