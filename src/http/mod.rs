@@ -477,6 +477,194 @@ pub async fn termination_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mqtt::BrokerSettings;
+    use axum::body::Body;
+    use axum::http::{HeaderValue, StatusCode};
+    use tower::ServiceExt;
+
+    /// State over a pool pointed at a port nothing listens on: every store
+    /// request fails as unavailable, which is what these tests need.
+    fn state(api_token: Option<ApiToken>) -> AppState {
+        let settings = PoolSettings {
+            broker: BrokerSettings {
+                host: "127.0.0.1".into(),
+                port: 9,
+                use_tls: false,
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+                sat_file: None,
+                username: None,
+                password_file: None,
+                keep_alive: Duration::from_secs(60),
+                session_expiry: Duration::from_secs(60),
+            },
+            client_id: "http-unit".into(),
+            size: 1,
+            request_timeout: Duration::from_millis(200),
+            max_in_flight_per_member: 4,
+            slot_wait: Duration::from_millis(50),
+        };
+        let metrics = Metrics::new();
+        let pool = Pool::start(settings, metrics.clone()).unwrap();
+        let limits = Limits {
+            max_key_bytes: 8,
+            max_value_bytes: Some(16),
+            request_timeout: Duration::from_millis(200),
+        };
+        AppState::new(pool, metrics, limits, api_token)
+    }
+
+    async fn send(
+        state: &AppState,
+        request: axum::http::Request<Body>,
+    ) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        (status, headers, json)
+    }
+
+    fn request(method: &str, uri: &str) -> axum::http::Request<Body> {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_refused_before_the_store_is_asked() {
+        let state = state(None);
+        for (method, uri, status, kind) in [
+            ("GET", "/keys/", 400, "/problems/empty-key"),
+            ("PUT", "/keys/", 400, "/problems/empty-key"),
+            ("GET", "/keys/%zz", 400, "/problems/bad-percent-encoding"),
+            ("GET", "/keys/%4", 400, "/problems/bad-percent-encoding"),
+            ("GET", "/keys/123456789", 414, "/problems/key-too-long"),
+            ("PUT", "/keys/k?ttl=soon", 400, "/problems/invalid-ttl"),
+            ("PUT", "/keys/k?ttl=0", 400, "/problems/invalid-ttl"),
+            ("PUT", "/keys/k?tll=1s", 400, "/problems/invalid-query"),
+            ("GET", "/keys/k?x=1", 400, "/problems/invalid-query"),
+            (
+                "DELETE",
+                "/keys/k?value=%zz",
+                400,
+                "/problems/bad-percent-encoding",
+            ),
+            ("GET", "/nothing", 404, "/problems/not-found"),
+        ] {
+            let (got, headers, body) = send(&state, request(method, uri)).await;
+            assert_eq!(got.as_u16(), status, "{method} {uri}: {body}");
+            assert_eq!(body["type"], kind, "{method} {uri}");
+            assert_eq!(body["status"], status);
+            assert_eq!(headers[header::CONTENT_TYPE], problem::PROBLEM_JSON);
+        }
+    }
+
+    #[tokio::test]
+    async fn other_methods_get_405_with_allow() {
+        let state = state(None);
+        let (status, headers, body) = send(&state, request("POST", "/keys/k")).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        let allow = headers[header::ALLOW].to_str().unwrap();
+        for method in ["GET", "HEAD", "PUT", "DELETE"] {
+            assert!(allow.contains(method), "{allow}");
+        }
+        assert_eq!(body["type"], "/problems/method-not-allowed");
+    }
+
+    #[tokio::test]
+    async fn conflicting_and_unsupported_conditions_are_400() {
+        let state = state(None);
+        let with = |method: &str, uri: &str, name: &'static str, value: &'static str| {
+            let mut request = request(method, uri);
+            request
+                .headers_mut()
+                .insert(name, HeaderValue::from_static(value));
+            request
+        };
+        for request in [
+            with("PUT", "/keys/k?nex=true", "if-none-match", "*"),
+            with("PUT", "/keys/k", "if-none-match", "\"abc\""),
+            with("PUT", "/keys/k", "if-match", "*"),
+            with("DELETE", "/keys/k", "if-none-match", "*"),
+            with("PUT", "/keys/k", "fencing-token", "nonsense"),
+            with("PUT", "/keys/k", "fencing-token", "99999999999999:0:x"),
+        ] {
+            let (status, _, body) = send(&state, request).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_body_is_413_problem_json() {
+        let state = state(None);
+        let request = axum::http::Request::builder()
+            .method("PUT")
+            .uri("/keys/k")
+            .body(Body::from(vec![0u8; 17]))
+            .unwrap();
+        let (status, headers, body) = send(&state, request).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(headers[header::CONTENT_TYPE], problem::PROBLEM_JSON);
+        assert_eq!(body["type"], "/problems/value-too-large");
+    }
+
+    #[tokio::test]
+    async fn no_broker_is_503_with_retry_after() {
+        let state = state(None);
+        let (status, headers, body) = send(&state, request("GET", "/keys/k")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+    }
+
+    #[tokio::test]
+    async fn api_token_is_required_when_configured() {
+        let state = state(Some(ApiToken::new(b"t0ken".to_vec())));
+        let (status, headers, body) = send(&state, request("GET", "/keys/")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(
+            headers[header::WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer")
+        );
+        assert_eq!(body["type"], "/problems/unauthorized");
+        let mut wrong = request("GET", "/keys/");
+        wrong.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0kem"),
+        );
+        assert_eq!(send(&state, wrong).await.0, StatusCode::UNAUTHORIZED);
+        let mut right = request("GET", "/keys/");
+        right.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0ken"),
+        );
+        assert_eq!(send(&state, right).await.0, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_by_route_template() {
+        let state = state(None);
+        send(&state, request("GET", "/keys/%zz")).await;
+        send(&state, request("BREW", "/keys/a")).await;
+        send(&state, request("GET", "/elsewhere")).await;
+        let text = state.metrics.render();
+        for line in [
+            r#"http_requests_total{method="GET",route="/keys/{*key}",status="400"} 1"#,
+            r#"http_requests_total{method="OTHER",route="/keys/{*key}",status="405"} 1"#,
+            r#"http_requests_total{method="GET",route="unmatched",status="404"} 1"#,
+            r#"http_request_duration_seconds_count{method="GET",route="/keys/{*key}"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
 
     #[test]
     fn bearer_token_is_taken_from_the_authorization_header() {
