@@ -6,9 +6,11 @@
 //! - [`config`]: command-line and environment settings.
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
+//! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 
 pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod watch;
