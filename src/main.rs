@@ -1,7 +1,5 @@
 //! The `statestore-gateway` binary: parse the command line, run the subcommand.
 
-use std::process::ExitCode;
-
 use clap::Parser;
 use statestore_gateway::config::{Cli, Command, LogFormat, ServeArgs};
 use statestore_gateway::http::{Server, termination_signal};
@@ -9,9 +7,9 @@ use statestore_gateway::metrics::Metrics;
 
 /// Exit code for a setting that parsed but cannot be used (clap uses the
 /// same for the ones that do not parse).
-const EXIT_BAD_SETTING: u8 = 2;
+const EXIT_BAD_SETTING: i32 = 2;
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
@@ -21,13 +19,14 @@ fn main() -> anyhow::Result<ExitCode> {
 }
 
 /// `serve`: the gateway until SIGTERM/SIGINT, then a graceful drain; exit 0.
-fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     let settings = match args.settings() {
         Ok(settings) => settings,
         Err(error) => {
+            // Nothing has started yet: exiting here leaves nothing behind.
             eprintln!("statestore-gateway: {error}");
-            return Ok(ExitCode::from(EXIT_BAD_SETTING));
+            std::process::exit(EXIT_BAD_SETTING);
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -37,7 +36,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let server = Server::start(settings, Metrics::new()).await?;
         server.run_until(termination_signal()).await
     })?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Logs to stderr, as text or one JSON object per line; `RUST_LOG` filters

@@ -175,20 +175,24 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
         .http_latency
         .with_label_values(&[route.as_str(), method])
         .observe(elapsed.as_secs_f64());
-    if let Some(failure) = response.extensions().get::<FailureLog>() {
-        let status = status.as_u16();
-        let ms = elapsed.as_secs_f64() * 1e3;
-        let cause = failure.cause.as_str();
-        match failure.severity {
-            Severity::Info => {
-                tracing::info!(method, route, path, status, ms, cause, "request failed")
-            }
-            Severity::Warn => {
-                tracing::warn!(method, route, path, status, ms, cause, "request failed")
-            }
-            Severity::Error => {
-                tracing::error!(method, route, path, status, ms, cause, "request failed")
-            }
+    let Some(failure) = response.extensions().get::<FailureLog>() else {
+        tracing::debug!(
+            method,
+            route,
+            path,
+            status = status.as_u16(),
+            "request served"
+        );
+        return response;
+    };
+    let status = status.as_u16();
+    let ms = elapsed.as_secs_f64() * 1e3;
+    let cause = failure.cause.as_str();
+    match failure.severity {
+        Severity::Info => tracing::info!(method, route, path, status, ms, cause, "request failed"),
+        Severity::Warn => tracing::warn!(method, route, path, status, ms, cause, "request failed"),
+        Severity::Error => {
+            tracing::error!(method, route, path, status, ms, cause, "request failed")
         }
     }
     response
