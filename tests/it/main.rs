@@ -2,9 +2,9 @@
 
 mod support;
 
+mod auth;
 mod emulator;
 mod official_client;
-mod auth;
 mod pool;
 
 mod broker {

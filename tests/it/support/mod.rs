@@ -4,9 +4,9 @@
 
 #![allow(dead_code)]
 
-pub mod emulator;
 pub mod auth_proxy;
 pub mod certs;
+pub mod emulator;
 pub mod mosquitto;
 pub mod responder;
 
