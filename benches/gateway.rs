@@ -261,6 +261,9 @@ struct Case {
     /// Cores used during the saturated gateway run: the gateway, the
     /// emulator, the broker (wrk uses the rest).
     gateway_sat_cores: [f64; 3],
+    /// Cores busy on the whole machine (every process, other users'
+    /// included) during the saturated direct and gateway runs.
+    machine_busy: (f64, f64),
     peer_seq: Option<Measurement>,
     peer_sat: Option<Measurement>,
 }
@@ -284,6 +287,9 @@ struct Footprint {
     fixed: Measurement,
     fixed_cpu_seconds: f64,
     after_load_rss_kib: u64,
+    /// wrk, 1 connection, `GET /livez` on the admin port: the same hyper
+    /// and axum stack with no store call, i.e. what one HTTP hop costs here.
+    http_floor: Option<Measurement>,
 }
 
 async fn run(options: Options) -> Result<()> {
@@ -347,8 +353,10 @@ async fn run(options: Options) -> Result<()> {
             case.direct_seq =
                 direct::measure(&pool, request.clone(), size, 1, options.direct).await?;
             let before = [emulator.cpu_ticks()?, broker.cpu_ticks()?];
+            let machine_before = procs::machine_ticks()?;
             case.direct_sat =
                 direct::measure(&pool, request, size, CONCURRENCY, options.direct).await?;
+            case.machine_busy.0 = procs::busy_cores(machine_before, procs::machine_ticks()?);
             let seconds = case.direct_sat.elapsed.as_secs_f64();
             case.direct_sat_cores = [
                 case.direct_sat.cpu_seconds.unwrap_or_default() / seconds,
@@ -369,6 +377,7 @@ async fn run(options: Options) -> Result<()> {
             )
             .await?
             .0;
+            let machine_before = procs::machine_ticks()?;
             let (sat, others) = observed(
                 &tools,
                 &dir_path,
@@ -381,6 +390,7 @@ async fn run(options: Options) -> Result<()> {
                 &[&emulator, &broker],
             )
             .await?;
+            case.machine_busy.1 = procs::busy_cores(machine_before, procs::machine_ticks()?);
             let seconds = sat.elapsed.as_secs_f64();
             case.gateway_sat_cores = [
                 sat.cpu_seconds.unwrap_or_default() / seconds,
@@ -413,6 +423,20 @@ async fn run(options: Options) -> Result<()> {
         .await?;
         footprint.fixed_cpu_seconds = (gateway.proc.cpu_ticks()? - cpu_before) as f64 / ticks;
         footprint.after_load_rss_kib = gateway.proc.rss_kib()?;
+        let livez = format!("http://{}/livez", gateway.admin);
+        let (floor, _) = observed(
+            &tools,
+            &dir_path,
+            &options,
+            Op::Get,
+            0,
+            &livez,
+            1,
+            &gateway.proc,
+            &[],
+        )
+        .await?;
+        footprint.http_floor = Some(floor);
         println!(
             "fixed {} req/s: {:.0} req/s done, gateway CPU {:.3} s over {:.1} s",
             options.rate,
@@ -603,6 +627,14 @@ fn check(
             }
         }
     }
+    if let Some(floor) = &footprint.http_floor
+        && (floor.requests == 0 || floor.errors > 0)
+    {
+        problems.push(format!(
+            "GET /livez: {} done, {} failed",
+            floor.requests, floor.errors
+        ));
+    }
     if options.keys && (footprint.fixed.requests == 0 || footprint.fixed.errors > 0) {
         problems.push(format!(
             "fixed-rate load: {} done, {} failed",
@@ -785,15 +817,27 @@ fn report(
         );
     }
 
+    if let Some(floor) = &footprint.http_floor {
+        let l = &floor.latency;
+        let _ = writeln!(
+            out,
+            "\nOne HTTP hop with no store call (wrk, 1 connection, `GET /livez` on the gateway's admin port): p50 {} ms, p90 {} ms, p99 {} ms, p99.9 {} ms, {:.0} req/s.",
+            ms(l.p50),
+            ms(l.p90),
+            ms(l.p99),
+            ms(l.p999),
+            floor.rate()
+        );
+    }
     let _ = writeln!(
         out,
         "\n### Throughput, saturated ({CONCURRENCY} in flight)\n"
     );
     let _ = writeln!(
         out,
-        "| Op | Value | direct req/s | gateway req/s | gateway / direct | gateway p50 ms | gateway p99 ms | gateway CPU us/req | cores, direct: pool + emulator + broker | cores, gateway: gateway + emulator + broker | webdis req/s | gateway / webdis |"
+        "| Op | Value | direct req/s | gateway req/s | gateway / direct | gateway p50 ms | gateway p99 ms | gateway CPU us/req | cores, direct: pool + emulator + broker | cores, gateway: gateway + emulator + broker | machine busy cores, direct / gateway | webdis req/s | gateway / webdis |"
     );
-    let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for case in cases {
         let sat = &case.gateway_sat;
         let peer = case
@@ -806,7 +850,7 @@ fn report(
             .map_or("-".into(), |p| format!("{:.2}", sat.rate() / p.rate()));
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {peer} | {versus} |",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {:.2} / {:.2} | {peer} | {versus} |",
             case.op.map_or("?", Op::name),
             size_name(case.size),
             case.direct_sat.rate(),
@@ -818,6 +862,8 @@ fn report(
                 .map_or("-".into(), |us| format!("{us:.0}")),
             cores(&case.direct_sat_cores),
             cores(&case.gateway_sat_cores),
+            case.machine_busy.0,
+            case.machine_busy.1,
         );
     }
 
