@@ -818,7 +818,10 @@ async fn throughput() {
             (total / concurrency * concurrency) as f64 / started.elapsed().as_secs_f64(),
         ));
     }
-    println!("sequential: {sequential:.0} round trips/s");
+    let raw = raw_sequential_round_trips(broker.addr, count).await;
+    println!(
+        "sequential: {sequential:.0} round trips/s (bare rumqttc, same broker and responder: {raw:.0}/s)"
+    );
     for (concurrency, rate) in pipelined {
         println!("pipelined, {concurrency} in flight over 4 members: {rate:.0} round trips/s");
     }
@@ -901,4 +904,69 @@ async fn a_frozen_broker_is_noticed_from_missing_acknowledgements() {
     pool.request(&get("k"), &RequestOptions::default())
         .await
         .unwrap();
+}
+
+/// The baseline for `throughput`: sequential round trips of one bare
+/// rumqttc client (no pool) through the same broker and responder.
+async fn raw_sequential_round_trips(addr: std::net::SocketAddr, count: usize) -> f64 {
+    use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+    use rumqttc::v5::{AsyncClient, Event};
+
+    let options = statestore_gateway::mqtt::base_options(
+        "raw",
+        addr.ip().to_string(),
+        addr.port(),
+        Duration::from_secs(30),
+    );
+    let (client, mut eventloop) = AsyncClient::new(options, 1024);
+    let (replies, mut replies_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed, subscribed_rx) = tokio::sync::oneshot::channel();
+    let poller = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let mut subscribed = Some(subscribed);
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        let _ =
+                            client.try_subscribe(protocol::response_topic("raw"), QoS::AtLeastOnce);
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        if let Some(subscribed) = subscribed.take() {
+                            let _ = subscribed.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(publish))) => {
+                        let _ = replies.send(publish);
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        }
+    });
+    subscribed_rx.await.expect("the bare client subscribes");
+    let payload = Bytes::from(get("raw").encode());
+    let started = Instant::now();
+    for _ in 0..count {
+        let properties = PublishProperties {
+            response_topic: Some(protocol::response_topic("raw")),
+            correlation_data: Some(Bytes::copy_from_slice(&rand::random::<[u8; 16]>())),
+            ..Default::default()
+        };
+        client
+            .publish_with_properties(
+                REQUEST_TOPIC,
+                QoS::AtLeastOnce,
+                false,
+                payload.clone(),
+                properties,
+            )
+            .await
+            .expect("publish");
+        replies_rx.recv().await.expect("a reply");
+    }
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    poller.abort();
+    rate
 }
