@@ -116,6 +116,8 @@ pub(crate) struct MemberContext {
     pub events: broadcast::Sender<MemberEvent>,
     /// Woken when a request slot frees up or a member becomes usable.
     pub slot_freed: Notify,
+    /// Requests waiting for a slot (frees only notify when there are any).
+    pub slot_waiters: AtomicUsize,
     /// `true` once the pool shuts down.
     pub shutdown: watch::Sender<bool>,
     /// The request timeout: how long a draining member waits for its
@@ -769,6 +771,7 @@ mod tests {
             notifications,
             events: broadcast::channel(16).0,
             slot_freed: Notify::new(),
+            slot_waiters: AtomicUsize::new(0),
             shutdown: watch::channel(false).0,
             request_timeout: Duration::from_secs(1),
             broker_limit: PacketLimit::default(),
