@@ -8,7 +8,10 @@
 //! correlation data. A member that drops fails its requests at once and
 //! reconnects on its own (see [`super::connection`]); when the SAT token
 //! file changes, members reconnect one at a time, each after finishing its
-//! requests, so the pool keeps serving.
+//! requests, so the pool keeps serving. Members connect with clean start:
+//! they subscribe again after every CONNACK (and the watch hub re-registers
+//! its keys on `MemberEvent::Subscribed`), so an old session would only
+//! hold replies nobody waits for.
 //!
 //! The envelope is the official SDK's, in its order: `__ft` and
 //! `aio-persistence` (when asked), then `__srcId`, `__ts`, `__protVer`,
