@@ -2,6 +2,9 @@
 
 mod support;
 
+mod emulator;
+mod official_client;
+
 mod broker {
     use crate::support::Mosquitto;
 

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod emulator;
 pub mod mosquitto;
 
 pub use mosquitto::Mosquitto;
