@@ -2,7 +2,9 @@
 
 mod support;
 
+mod admin;
 mod emulator;
+mod keys;
 mod official_client;
 
 mod broker {

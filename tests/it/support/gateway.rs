@@ -11,8 +11,8 @@ use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
 
-use super::scripted_store::{Script, ScriptedStore};
 use super::mosquitto::MosquittoConfig;
+use super::scripted_store::{Script, ScriptedStore};
 use super::{Mosquitto, init_logging};
 
 /// What the tests vary about a gateway.

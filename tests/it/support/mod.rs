@@ -5,7 +5,9 @@
 #![allow(dead_code)]
 
 pub mod emulator;
+pub mod gateway;
 pub mod mosquitto;
+pub mod scripted_store;
 
 pub use mosquitto::Mosquitto;
 
