@@ -1,6 +1,8 @@
 //! The admin listener, graceful shutdown, and the `serve` binary's
 //! start-up and signal handling.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;

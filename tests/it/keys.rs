@@ -2,6 +2,8 @@
 //! and the gateway, driven with reqwest. Every row of the API's request and
 //! failure tables has a test here.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

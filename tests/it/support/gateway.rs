@@ -2,6 +2,8 @@
 //! TCP), and a whole stack: mosquitto + emulator (or a scripted store) +
 //! gateway.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
