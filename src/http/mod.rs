@@ -186,7 +186,8 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
         return response;
     };
     let status = status.as_u16();
-    let ms = elapsed.as_secs_f64() * 1e3;
+    // Microsecond precision is plenty for a log line.
+    let ms = (elapsed.as_secs_f64() * 1e6).round() / 1e3;
     let cause = failure.cause.as_str();
     match failure.severity {
         Severity::Info => tracing::info!(method, route, path, status, ms, cause, "request failed"),

@@ -45,7 +45,7 @@ pub enum ApiError {
     #[error("no such resource; keys live under /keys/")]
     RouteNotFound,
     /// A method the resource does not serve.
-    #[error("method not allowed")]
+    #[error("keys support GET, HEAD, PUT and DELETE")]
     MethodNotAllowed,
     /// The condition of a conditional write did not hold (`:-1`).
     #[error("{}", precondition_detail(*.0))]
