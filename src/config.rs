@@ -14,6 +14,9 @@ use thiserror::Error;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::mqtt::{BrokerSettings, PoolSettings};
 
+/// How often the SAT file is re-read to notice a rotated token.
+const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The command line.
 #[derive(Debug, Parser)]
 #[command(name = "statestore-gateway", version, about)]
@@ -242,6 +245,7 @@ impl ServeArgs {
                 request_timeout: self.request_timeout,
                 max_in_flight_per_member: self.max_in_flight,
                 slot_wait: slot_wait(self.request_timeout),
+                sat_check_interval: DEFAULT_SAT_CHECK_INTERVAL,
             },
             limits,
             api_token,
@@ -451,6 +455,8 @@ pub const EMULATOR_DATA_DIR_ENV: &str = "STATESTORE_EMULATOR_DATA_DIR";
 pub const EMULATOR_MAX_KEYS_ENV: &str = "STATESTORE_EMULATOR_MAX_KEYS";
 /// `emulator --max-bytes`
 pub const EMULATOR_MAX_BYTES_ENV: &str = "STATESTORE_EMULATOR_MAX_BYTES";
+/// `emulator --log-format`
+pub const EMULATOR_LOG_FORMAT_ENV: &str = "STATESTORE_EMULATOR_LOG_FORMAT";
 /// `emulator --acl`
 pub const EMULATOR_ACL_ENV: &str = "STATESTORE_EMULATOR_ACL";
 
@@ -483,6 +489,9 @@ pub struct EmulatorArgs {
     /// prefixes); requests outside it fail with `not authorized`.
     #[arg(long, env = EMULATOR_ACL_ENV)]
     pub acl: Option<PathBuf>,
+    /// Log line format.
+    #[arg(long, env = EMULATOR_LOG_FORMAT_ENV, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// A `HOST:PORT` network address (`[v6]:port` for IPv6 literals).
@@ -545,6 +554,27 @@ mod tests {
         for bad in ["broker", ":1883", "broker:99999", "broker:x"] {
             assert!(bad.parse::<HostPort>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn emulator_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "statestore-gateway",
+            "emulator",
+            "--broker",
+            "127.0.0.1:1999",
+            "--max-keys",
+            "5",
+            "--data-dir",
+            "/tmp/x",
+        ])
+        .unwrap();
+        let Command::Emulator(args) = cli.command else {
+            panic!("not the emulator");
+        };
+        assert_eq!(args.broker.port, 1999);
+        assert_eq!(args.max_keys, Some(5));
+        assert_eq!(args.client_id, "statestore-emulator");
     }
 
     fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
@@ -663,26 +693,5 @@ mod tests {
             .settings()
             .unwrap_err();
         assert_eq!(error.setting, "--tls-key-file");
-    }
-
-    #[test]
-    fn emulator_flags_parse() {
-        let cli = Cli::try_parse_from([
-            "statestore-gateway",
-            "emulator",
-            "--broker",
-            "127.0.0.1:1999",
-            "--max-keys",
-            "5",
-            "--data-dir",
-            "/tmp/x",
-        ])
-        .unwrap();
-        let Command::Emulator(args) = cli.command else {
-            panic!("not the emulator");
-        };
-        assert_eq!(args.broker.port, 1999);
-        assert_eq!(args.max_keys, Some(5));
-        assert_eq!(args.client_id, "statestore-emulator");
     }
 }

@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::DEFAULT_MAX_VALUE_BYTES;
 use crate::metrics::Metrics;
-use crate::mqtt::{Pool, PoolError, PoolSettings};
+use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
 use problem::{ApiError, FailureLog, Severity};
 
@@ -42,8 +42,8 @@ use problem::{ApiError, FailureLog, Severity};
 pub struct Limits {
     /// Longest key, in bytes after percent-decoding (longer: 414).
     pub max_key_bytes: usize,
-    /// Largest value when configured; otherwise the broker's limit, else
-    /// [`DEFAULT_MAX_VALUE_BYTES`] (larger: 413).
+    /// Largest value when configured (capped by the broker's limit once
+    /// known); see [`AppState::value_limit`] (larger: 413).
     pub max_value_bytes: Option<usize>,
     /// How long a store request may take; bounds body reads too.
     pub request_timeout: Duration,
@@ -114,12 +114,15 @@ impl AppState {
         }
     }
 
-    /// The largest value a PUT may carry right now.
+    /// The largest value a PUT may carry right now: the configured limit,
+    /// capped by what the broker's packet size allows once known; with
+    /// neither, [`DEFAULT_MAX_VALUE_BYTES`].
     pub fn value_limit(&self) -> usize {
-        self.limits
-            .max_value_bytes
-            .or_else(|| self.pool.max_value_bytes())
-            .unwrap_or(DEFAULT_MAX_VALUE_BYTES)
+        match (self.limits.max_value_bytes, self.pool.max_value_bytes()) {
+            (Some(configured), Some(broker)) => configured.min(broker),
+            (Some(limit), None) | (None, Some(limit)) => limit,
+            (None, None) => DEFAULT_MAX_VALUE_BYTES,
+        }
     }
 
     /// Whether shutdown has started.
@@ -279,9 +282,10 @@ pub enum ServeError {
         /// Why.
         source: io::Error,
     },
-    /// The pool refused its settings.
-    #[error("cannot start the broker connection pool: {0}")]
-    Pool(#[from] PoolError),
+    /// The pool refused its settings (TLS material, the SAT file, ...);
+    /// the message names the setting.
+    #[error("{0}")]
+    Pool(#[from] ConfigError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -504,6 +508,7 @@ mod tests {
                 keep_alive: Duration::from_secs(60),
                 session_expiry: Duration::from_secs(60),
             },
+            sat_check_interval: Duration::from_secs(5),
             client_id: "http-unit".into(),
             size: 1,
             request_timeout: Duration::from_millis(200),

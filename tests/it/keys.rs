@@ -574,15 +574,56 @@ async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
 }
 
 #[tokio::test]
-async fn value_limit_is_4_mib_when_nothing_says_otherwise() {
+async fn value_limit_without_a_broker_limit_is_the_gateways_packet_size() {
+    // Mosquitto sets no maximum packet size: the pool's own 16 MiB bounds
+    // values, not the 4 MiB used before any connection is up.
     let stack = Stack::start().await;
     let gw = &stack.gateway;
+    let over_fallback = vec![3u8; 4 * 1024 * 1024 + 1];
+    assert_eq!(
+        put(gw, b"big", over_fallback.clone()).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(gw, b"big").await.bytes().await.unwrap().len(),
+        over_fallback.len()
+    );
     problem(
-        put(gw, b"big", vec![0u8; 4 * 1024 * 1024 + 1]).await,
+        put(gw, b"big", vec![0u8; 16 * 1024 * 1024 + 1]).await,
         413,
         "/problems/value-too-large",
     )
     .await;
+}
+
+#[tokio::test]
+async fn configured_limit_above_the_brokers_is_still_413() {
+    let stack = Stack::start_full(
+        MosquittoConfig {
+            extra: "max_packet_size 65536\n".into(),
+            ..MosquittoConfig::default()
+        },
+        |_| {},
+        GatewayOptions {
+            max_value_bytes: Some(1_000_000),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    let body = problem(
+        put(gw, b"k", vec![1u8; 100_000]).await,
+        413,
+        "/problems/value-too-large",
+    )
+    .await;
+    // The broker's limit (less the envelope) is the one reported.
+    let detail = body["detail"].as_str().unwrap();
+    assert!(!detail.contains("1000000"), "{detail}");
+    assert_eq!(
+        put(gw, b"k", vec![1u8; 1_000]).await.status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -720,8 +761,50 @@ async fn no_broker_connection_is_503_with_retry_after() {
 }
 
 #[tokio::test]
+async fn stopped_store_is_503_with_retry_after() {
+    // The broker acknowledges requests nobody subscribes to with "no
+    // matching subscribers": the pool fails them at once.
+    let mut stack = Stack::start().await;
+    stack.stop_emulator().await;
+    let gw = &stack.gateway;
+    let started = Instant::now();
+    let response = get(gw, b"k").await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    problem(response, 503, "/problems/unavailable").await;
+}
+
+#[tokio::test]
 async fn silent_store_is_504_within_the_request_timeout() {
-    let mut stack = Stack::start_with(
+    let never: Script = Arc::new(|_: &Request, _: Option<&str>| Scripted::Silent);
+    let stack = Stack::scripted(
+        never,
+        GatewayOptions {
+            request_timeout: Duration::from_millis(500),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    let started = Instant::now();
+    let response = put(gw, b"k", "v").await;
+    let elapsed = started.elapsed();
+    let body = problem(response, 504, "/problems/store-timeout").await;
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not have been applied")
+    );
+    assert!(
+        elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn frozen_broker_is_504_not_a_hang() {
+    let stack = Stack::start_with(
         |_| {},
         GatewayOptions {
             request_timeout: Duration::from_millis(500),
@@ -729,16 +812,14 @@ async fn silent_store_is_504_within_the_request_timeout() {
         },
     )
     .await;
-    stack.stop_emulator().await;
+    stack.broker.pause();
     let gw = &stack.gateway;
     let started = Instant::now();
     let response = get(gw, b"k").await;
     let elapsed = started.elapsed();
+    stack.broker.resume();
     problem(response, 504, "/problems/store-timeout").await;
-    assert!(
-        elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3),
-        "{elapsed:?}"
-    );
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
 }
 
 #[tokio::test]

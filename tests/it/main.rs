@@ -3,9 +3,11 @@
 mod support;
 
 mod admin;
+mod auth;
 mod emulator;
 mod keys;
 mod official_client;
+mod pool;
 
 mod broker {
     use crate::support::Mosquitto;

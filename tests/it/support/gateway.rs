@@ -86,24 +86,18 @@ impl Gateway {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
-                broker: BrokerSettings {
-                    host: "127.0.0.1".into(),
-                    port: broker_port,
-                    use_tls: false,
-                    ca_file: None,
-                    cert_file: None,
-                    key_file: None,
-                    sat_file: None,
-                    username: None,
-                    password_file: None,
-                    keep_alive: Duration::from_secs(30),
-                    session_expiry: Duration::from_secs(60),
-                },
-                client_id: options.client_id.clone(),
                 size: options.pool_size,
                 request_timeout: options.request_timeout,
                 max_in_flight_per_member: 256,
                 slot_wait: statestore_gateway::config::slot_wait(options.request_timeout),
+                ..PoolSettings::new(
+                    BrokerSettings {
+                        keep_alive: Duration::from_secs(30),
+                        session_expiry: Duration::from_secs(60),
+                        ..BrokerSettings::new("127.0.0.1", broker_port)
+                    },
+                    options.client_id.clone(),
+                )
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
