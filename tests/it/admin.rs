@@ -257,7 +257,12 @@ async fn serve_binary_starts_and_exits_zero_on_sigterm() {
 
 #[test]
 fn serve_binary_refuses_a_bad_setting_naming_it() {
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), "not a certificate\n").unwrap();
+    let junk_path = junk.path().to_str().unwrap();
     for (name, value, named) in [
+        // Refused by the pool's TLS checks, after parsing.
+        ("AIO_TLS_CA_FILE", junk_path, "AIO_TLS_CA_FILE"),
         (
             "STATESTORE_GATEWAY_REQUEST_TIMEOUT",
             "ten seconds",
