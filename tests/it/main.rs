@@ -1,5 +1,8 @@
 //! Integration tests: one binary, real broker, real sockets.
 
+// Test helpers may unwrap: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 mod admin;
@@ -8,6 +11,7 @@ mod emulator;
 mod keys;
 mod official_client;
 mod pool;
+mod watch;
 
 mod broker {
     use crate::support::Mosquitto;

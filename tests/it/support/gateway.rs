@@ -12,6 +12,7 @@ use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
+use statestore_gateway::watch::WatchSettings;
 
 use super::mosquitto::MosquittoConfig;
 use super::scripted_store::{Script, ScriptedStore};
@@ -34,6 +35,10 @@ pub struct GatewayOptions {
     pub shutdown_grace: Duration,
     /// Client id prefix of the pool members.
     pub client_id: String,
+    /// Watch limits.
+    pub watch: WatchSettings,
+    /// `--cors-allow-origin`
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl Default for GatewayOptions {
@@ -46,6 +51,8 @@ impl Default for GatewayOptions {
             api_token: None,
             shutdown_grace: Duration::from_secs(5),
             client_id: format!("gw-{:08x}", rand::random::<u32>()),
+            watch: WatchSettings::default(),
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -86,18 +93,25 @@ impl Gateway {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
+                broker: BrokerSettings {
+                    host: "127.0.0.1".into(),
+                    port: broker_port,
+                    use_tls: false,
+                    ca_file: None,
+                    cert_file: None,
+                    key_file: None,
+                    sat_file: None,
+                    username: None,
+                    password_file: None,
+                    keep_alive: Duration::from_secs(30),
+                    session_expiry: Duration::from_secs(60),
+                },
+                client_id: options.client_id.clone(),
                 size: options.pool_size,
                 request_timeout: options.request_timeout,
                 max_in_flight_per_member: 256,
                 slot_wait: statestore_gateway::config::slot_wait(options.request_timeout),
-                ..PoolSettings::new(
-                    BrokerSettings {
-                        keep_alive: Duration::from_secs(30),
-                        session_expiry: Duration::from_secs(60),
-                        ..BrokerSettings::new("127.0.0.1", broker_port)
-                    },
-                    options.client_id.clone(),
-                )
+                sat_check_interval: Duration::from_secs(5),
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
@@ -109,6 +123,8 @@ impl Gateway {
                 .as_ref()
                 .map(|token| ApiToken::new(token.as_bytes().to_vec())),
             shutdown_grace: options.shutdown_grace,
+            watch: options.watch.clone(),
+            cors_allow_origins: options.cors_allow_origins.clone(),
         };
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())

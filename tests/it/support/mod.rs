@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod mosquitto;
 pub mod responder;
 pub mod scripted_store;
+pub mod sse;
 
 pub use auth_proxy::AuthProxy;
 pub use certs::TestPki;
