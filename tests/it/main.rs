@@ -11,6 +11,7 @@ mod emulator;
 mod keys;
 mod official_client;
 mod pool;
+mod readme;
 mod watch;
 
 mod broker {
