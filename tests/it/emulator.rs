@@ -669,3 +669,80 @@ async fn pipelined_requests_are_all_answered_in_order() {
     let reply = client.request(&get_payload(b"counter"), &[]).await;
     assert_eq!(payload(&reply), b"$3\r\n499\r\n");
 }
+
+#[tokio::test]
+async fn the_emulator_serves_again_after_the_broker_restarts() {
+    let mut broker = Mosquitto::start().await;
+    let emulator = start_emulator(&broker).await;
+    let mut client = RawClient::connect(&broker, "raw-10").await;
+    assert_eq!(payload(&client.request(SET, &[]).await), b"+OK\r\n");
+    drop(client);
+
+    broker.restart().await;
+    // The emulator reconnects and subscribes again by itself; the store
+    // (in memory, in the emulator) is intact.
+    let mut client = RawClient::connect(&broker, "raw-10").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let correlation = client.send(GET, &[]).await;
+        if let Some(reply) = client
+            .reply_to(&correlation, Duration::from_millis(500))
+            .await
+        {
+            assert_eq!(payload(&reply), b"$9\r\ntestvalue\r\n");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reply 10 s after the broker restarted"
+        );
+    }
+    emulator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn start_fails_clearly_when_no_broker_listens() {
+    let port = crate::support::free_port();
+    let mut config = statestore_gateway::emulator::EmulatorConfig::new("127.0.0.1", port);
+    config.startup_timeout = Duration::from_millis(500);
+    let error = statestore_gateway::emulator::Emulator::start(config)
+        .await
+        .expect_err("nothing to connect to");
+    let text = error.to_string();
+    assert!(text.contains("not connected and subscribed"), "{text}");
+    assert!(
+        text.contains("refused") || text.contains("onnection"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_binary_refuses_bad_settings_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.json");
+    std::fs::write(&acl, r#"{ "app": { "read": "not-a-list" } }"#).unwrap();
+    let cases: [(Vec<String>, &str); 3] = [
+        (
+            vec!["--acl".into(), acl.display().to_string()],
+            "access list is not valid",
+        ),
+        (
+            vec![
+                "--acl".into(),
+                dir.path().join("missing.json").display().to_string(),
+            ],
+            "missing.json",
+        ),
+        (vec!["--broker".into(), "no-port".into()], "HOST:PORT"),
+    ];
+    for (args, expected) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_statestore-gateway"))
+            .arg("emulator")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
