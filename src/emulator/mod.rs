@@ -247,15 +247,14 @@ impl Emulator {
             worker: Some(worker),
         };
 
-        let outcome = tokio::time::timeout(
+        let _ = tokio::time::timeout(
             config.startup_timeout,
             status_rx.wait_for(|status| !matches!(status, Status::Connecting { .. })),
         )
-        .await
-        .map(|waited| waited.is_ok());
+        .await;
         let status = status_rx.borrow().clone();
-        match (outcome, status) {
-            (Ok(true), Status::Serving) => {
+        match status {
+            Status::Serving if !emulator.poll.is_finished() => {
                 tracing::info!(
                     broker = %format!("{}:{}", config.broker_host, config.broker_port),
                     client_id = %config.client_id,
@@ -264,14 +263,14 @@ impl Emulator {
                 );
                 Ok(emulator)
             }
-            (_, Status::Refused(reason)) => Err(EmulatorError::SubscriptionRefused(reason)),
-            (_, Status::Connecting { last_error }) => Err(EmulatorError::NotServing {
+            Status::Serving => Err(EmulatorError::Stopped(
+                "the connection task ended during start-up".into(),
+            )),
+            Status::Refused(reason) => Err(EmulatorError::SubscriptionRefused(reason)),
+            Status::Connecting { last_error } => Err(EmulatorError::NotServing {
                 timeout: config.startup_timeout,
                 last_error,
             }),
-            (Ok(false) | Err(_), Status::Serving) => Err(EmulatorError::Stopped(
-                "the connection task ended during start-up".into(),
-            )),
         }
     }
 

@@ -746,3 +746,30 @@ fn the_binary_refuses_bad_settings_with_a_clear_error() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_request_larger_than_the_emulators_packet_limit_does_not_disturb_it() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let mut client = RawClient::connect(&broker, "raw-11").await;
+    // The emulator advertises a 16 MiB maximum packet size, so the broker
+    // drops this request instead of sending it (as the AIO broker would).
+    let value = vec![b'x'; statestore_gateway::mqtt::MAX_PACKET_SIZE as usize];
+    let huge = encode_array(&[b"SET", b"huge", &value]);
+    let correlation = client.send(&huge, &[]).await;
+    assert!(
+        client
+            .reply_to(&correlation, Duration::from_secs(2))
+            .await
+            .is_none()
+    );
+    // A value just inside the limit is stored and read back.
+    let large = vec![b'y'; 8 * 1024 * 1024];
+    let set = encode_array(&[b"SET", b"large", &large]);
+    assert_eq!(payload(&client.request(&set, &[]).await), b"+OK\r\n");
+    let reply = client.request(&get_payload(b"large"), &[]).await;
+    let header = format!("${}\r\n", large.len());
+    assert!(reply.payload.starts_with(header.as_bytes()));
+    assert_eq!(reply.payload.len(), header.len() + large.len() + 2);
+    assert_eq!(payload(&client.request(GET, &[]).await), b"$-1\r\n");
+}
