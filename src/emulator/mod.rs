@@ -341,13 +341,7 @@ fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorErr
             Record::Delete { key } => store.forget(&key),
         }
     }
-    let live: Vec<Record> = store
-        .persistent_entries()
-        .map(|(key, entry)| Record::Set {
-            key: key.clone(),
-            entry: entry.clone(),
-        })
-        .collect();
+    let live = live_records(store);
     log.compact(&live)?;
     tracing::info!(
         dir = %dir.display(),
@@ -356,6 +350,17 @@ fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorErr
         "replayed the persistence log"
     );
     Ok(log)
+}
+
+/// A record for every persisted key: the content of a rewritten log.
+fn live_records(store: &Store) -> Vec<Record> {
+    store
+        .persistent_entries()
+        .map(|(key, entry)| Record::Set {
+            key: key.clone(),
+            entry: entry.clone(),
+        })
+        .collect()
 }
 
 /// Drives the MQTT connection: (re)subscribes after every CONNACK and
@@ -486,7 +491,7 @@ impl Worker {
                 }
             }
         }
-        if let (Some(log), false) = (&self.log, records.is_empty()) {
+        if let (Some(log), false) = (&mut self.log, records.is_empty()) {
             let mut encoded = Vec::new();
             for record in &records {
                 record.encode(&mut encoded);
@@ -494,6 +499,13 @@ impl Worker {
             if let Err(error) = log.append(encoded).await {
                 tracing::error!(%error, "cannot make changes durable; stopping");
                 return Err(error.into());
+            }
+            if log.needs_compaction() {
+                let live = live_records(&self.store.lock().unwrap_or_else(PoisonError::into_inner));
+                if let Err(error) = log.compact_async(live).await {
+                    tracing::error!(%error, "cannot rewrite the persistence log; stopping");
+                    return Err(error.into());
+                }
             }
         }
         for message in messages {
