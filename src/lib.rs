@@ -6,9 +6,13 @@
 //! - [`config`]: command-line and environment settings.
 //! - [`emulator`]: the state store protocol served over any MQTT5 broker.
 //! - [`metrics`]: the Prometheus registry and metric families.
+//! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
+//! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 
 pub mod config;
 pub mod emulator;
+pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod watch;

@@ -2,8 +2,10 @@
 
 mod support;
 
+mod auth;
 mod emulator;
 mod official_client;
+mod pool;
 
 mod broker {
     use crate::support::Mosquitto;
