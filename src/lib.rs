@@ -6,9 +6,11 @@
 //! - [`config`]: command-line and environment settings.
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
+//! - [`ui`]: the browser dashboard served at `/ui/`.
 
 pub mod config;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod ui;
 pub mod watch;

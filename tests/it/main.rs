@@ -2,6 +2,8 @@
 
 mod support;
 
+mod browser;
+
 mod broker {
     use crate::support::Mosquitto;
 
