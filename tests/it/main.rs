@@ -2,7 +2,11 @@
 
 mod support;
 
+mod auth;
 mod browser;
+mod emulator;
+mod official_client;
+mod pool;
 
 mod broker {
     use crate::support::Mosquitto;
