@@ -1,5 +1,8 @@
 //! Integration tests: one binary, real broker, real sockets.
 
+// Test helpers may unwrap: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 mod auth;
@@ -7,6 +10,7 @@ mod browser;
 mod emulator;
 mod official_client;
 mod pool;
+mod watch;
 
 mod broker {
     use crate::support::Mosquitto;
