@@ -31,6 +31,7 @@
   let source = null;
   let retryTimer = null;
   let retryDelay = RETRY_MIN_MS;
+  let generation = 0; // counts openStream calls: a late answer for an old key set is ignored
 
   // ---- URLs --------------------------------------------------------------
 
@@ -177,6 +178,7 @@
   /** (Re)opens the one stream for the current key set. */
   function openStream() {
     closeStream();
+    generation += 1;
     const keys = [...watched.keys()];
     if (keys.length === 0) {
       setConnection('idle', 'No keys watched');
@@ -211,22 +213,35 @@
         setConnection('reconnecting', 'Reconnecting…');
         return;
       }
-      // CLOSED: the gateway refused the stream (for example 429, too many
-      // watchers). EventSource does not say why, so ask once, then retry.
+      // CLOSED: the gateway refused the stream. EventSource does not say
+      // why, so ask once: a busy gateway (429, 5xx) is retried with backoff;
+      // a refused key set (too long, too many keys) waits for a change.
       stream.close();
       source = null;
-      const delay = retryDelay;
-      retryDelay = Math.min(retryDelay * 2, RETRY_MAX_MS);
-      setConnection('refused', `Not watching; retrying in ${Math.round(delay / 1000)} s`);
-      retryTimer = setTimeout(() => {
-        retryTimer = null;
-        openStream();
-      }, delay);
-      explainRefusal(url).then((message) => showError(message, 'watch'));
+      const opened = generation;
+      setConnection('refused', 'Not watching');
+      explainRefusal(url).then(({ message, retry }) => {
+        if (opened !== generation) return; // the key set changed meanwhile
+        showError(message, 'watch');
+        if (!retry) {
+          setConnection('refused', 'Not watching: change the keys');
+          return;
+        }
+        const delay = retryDelay;
+        retryDelay = Math.min(retryDelay * 2, RETRY_MAX_MS);
+        setConnection('refused', `Not watching; retrying in ${Math.round(delay / 1000)} s`);
+        retryTimer = setTimeout(() => {
+          retryTimer = null;
+          openStream();
+        }, delay);
+      });
     });
   }
 
-  /** Why the gateway refused a watch: repeats the request and reads the problem. */
+  /**
+   * Why the gateway refused a watch: repeats the request and reads the
+   * problem. `retry` is false when the same keys would be refused again.
+   */
   async function explainRefusal(url) {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), 5000);
@@ -237,11 +252,12 @@
         cache: 'no-store',
       });
       if (response.ok) {
-        return 'The watch stream was closed by the gateway';
+        return { message: 'The watch stream was closed by the gateway', retry: true };
       }
-      return `Watching failed: ${await describeFailure(response)}`;
+      const retry = response.status === 408 || response.status === 429 || response.status >= 500;
+      return { message: `Watching failed: ${await describeFailure(response)}`, retry };
     } catch {
-      return 'Watching failed: the gateway cannot be reached';
+      return { message: 'Watching failed: the gateway cannot be reached', retry: true };
     } finally {
       clearTimeout(timer);
       abort.abort(); // never keep a second stream open

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use crate::support::gateway::Stack;
+
 /// The whole browser run: Chromium start, page load, three bounded waits.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -71,10 +73,22 @@ pub async fn run_ui_script(base_url: &str) -> Output {
         .kill_on_drop(true)
         .spawn()
         .expect("node starts");
-    match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output()).await {
+    let output = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output()).await {
         Ok(output) => output.expect("the output of node"),
         Err(_) => panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}"),
-    }
+    };
+    // Its steps, for `cargo test -- --nocapture`.
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    output
+}
+
+/// Asserts that the script passed, showing everything it printed if not.
+pub fn assert_passed(output: &Output) {
+    assert!(
+        output.status.success(),
+        "the browser test failed\n{}",
+        describe(output)
+    );
 }
 
 fn describe(output: &Output) -> String {
@@ -89,6 +103,19 @@ fn describe(output: &Output) -> String {
 #[test]
 fn chromium_node_and_playwright_are_installed() {
     require_browser_tools();
+}
+
+/// The whole dashboard against mosquitto + emulator + gateway: a key added
+/// in the page follows a PUT and a DELETE made with plain HTTP, and a value
+/// set in the page's form lands in the store.
+#[tokio::test]
+async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() {
+    require_browser_tools();
+    let stack = Stack::start().await;
+    let base = format!("http://{}", stack.gateway.api);
+    let output = run_ui_script(&base).await;
+    assert_passed(&output);
+    stack.gateway.shutdown().await;
 }
 
 #[tokio::test]
