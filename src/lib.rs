@@ -8,6 +8,7 @@
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
+//! - [`ui`]: the browser dashboard served at `/ui/`.
 
 pub mod config;
 pub mod emulator;
@@ -15,4 +16,5 @@ pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod ui;
 pub mod watch;

@@ -7,6 +7,7 @@ mod support;
 
 mod admin;
 mod auth;
+mod browser;
 mod emulator;
 mod keys;
 mod official_client;
