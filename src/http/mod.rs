@@ -153,6 +153,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(route_not_found)
         .layer(from_fn_with_state(backstop, backstop_timeout))
         .layer(from_fn_with_state(state.api_token.clone(), require_token))
+        // The dashboard's static files are public; the API calls it makes
+        // are not (a browser cannot send a bearer token on an EventSource,
+        // so the dashboard is for gateways without --api-token-file).
+        .merge(crate::ui::router())
         .layer(from_fn_with_state(state.metrics.clone(), observe))
         // Bodies are read by the handlers against the value limit.
         .layer(DefaultBodyLimit::disable())
