@@ -1,9 +1,19 @@
 //! Integration tests: one binary, real broker, real sockets.
 
+// Test helpers may unwrap: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
+mod admin;
 mod auth;
+mod browser;
+mod emulator;
+mod keys;
+mod official_client;
 mod pool;
+mod readme;
+mod watch;
 
 mod broker {
     use crate::support::Mosquitto;
