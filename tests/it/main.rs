@@ -15,3 +15,5 @@ mod broker {
         assert!(tokio::net::TcpStream::connect(broker.addr).await.is_ok());
     }
 }
+
+mod dev;
