@@ -1,0 +1,298 @@
+{{/*
+Named templates of the statestore-gateway chart.
+
+Every template here takes one dict:
+  root    the top-level context ($)
+  values  this chart's values: .Values inside this chart; in a chart that
+          has this one as a dependency, (index .Values "statestore-gateway")
+and some take more keys, listed on each. They read nothing else, so they work
+the same when a parent chart includes them.
+*/}}
+
+{{- define "statestore-gateway.name" -}}
+{{- default "statestore-gateway" .values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource name prefix. Not derived from .Chart, which is the parent's
+chart when a parent includes these templates. */}}
+{{- define "statestore-gateway.fullname" -}}
+{{- if .values.fullnameOverride -}}
+{{- .values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "statestore-gateway.name" . -}}
+{{- if contains $name .root.Release.Name -}}
+{{- .root.Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .root.Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the emulator's Deployment, ConfigMap and Service. */}}
+{{- define "statestore-gateway.emulatorName" -}}
+{{- printf "%s-emulator" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "statestore-gateway.serviceAccountName" -}}
+{{- default (include "statestore-gateway.fullname" .) .values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "statestore-gateway.image" -}}
+{{- $i := .values.image -}}
+{{- if $i.digest -}}
+{{- printf "%s@%s" $i.repository $i.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $i.repository $i.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of this chart's own resources. Extra key: component. */}}
+{{- define "statestore-gateway.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "statestore-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .values.image.tag | quote }}
+app.kubernetes.io/part-of: statestore-gateway
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end -}}
+
+{{/* Labels a Deployment selects its pods by. Extra key: component. */}}
+{{- define "statestore-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "statestore-gateway.name" . }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* "true" when the gateway uses TLS to the broker, "" otherwise. The
+emulator's mosquitto speaks plain MQTT. */}}
+{{- define "statestore-gateway.useTls" -}}
+{{- if and .values.broker.tls.enabled (not .values.emulator.enabled) }}true{{ end -}}
+{{- end -}}
+
+{{/* "true" when the gateway authenticates with a service account token. */}}
+{{- define "statestore-gateway.useSat" -}}
+{{- if and .values.broker.sat.enabled (not .values.emulator.enabled) }}true{{ end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds for a pod running the gateway: the
+gateway's drain time plus 10 s for the kubelet and the app. */}}
+{{- define "statestore-gateway.terminationGracePeriodSeconds" -}}
+{{- add (int .values.gateway.shutdownGraceSeconds) 10 -}}
+{{- end -}}
+
+{{/*
+statestore-gateway.sidecar.container: the gateway container, rendered as one
+item of a list. Put it under the pod's `containers`, or under
+`initContainers` when values.sidecar.native is true (it then carries
+restartPolicy: Always). Pair it with statestore-gateway.sidecar.volumes.
+Extra key: standalone (bool): the key API listens on all interfaces and
+declares its port; used by this chart's standalone Deployment.
+*/}}
+{{- define "statestore-gateway.sidecar.container" -}}
+{{- $v := .values -}}
+{{- $g := $v.gateway -}}
+{{- $standalone := .standalone | default false -}}
+{{- $native := and $v.sidecar.native (not $standalone) -}}
+{{- if and $native (semverCompare "<1.29-0" .root.Capabilities.KubeVersion.Version) -}}
+{{- fail "sidecar.native needs Kubernetes 1.29 or newer" -}}
+{{- end -}}
+{{- $tls := include "statestore-gateway.useTls" . -}}
+{{- $sat := include "statestore-gateway.useSat" . -}}
+{{- $dir := "/var/run/secrets/statestore-gateway" -}}
+- name: statestore-gateway
+  image: {{ include "statestore-gateway.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  args: ["serve"]
+  {{- if $native }}
+  restartPolicy: Always
+  {{- end }}
+  env:
+    - name: STATESTORE_GATEWAY_LISTEN
+      value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" $standalone) (int $g.port) | quote }}
+    - name: STATESTORE_GATEWAY_ADMIN_LISTEN
+      value: {{ printf "0.0.0.0:%d" (int $g.adminPort) | quote }}
+    - name: STATESTORE_GATEWAY_POOL_SIZE
+      value: {{ int $g.poolSize | quote }}
+    - name: STATESTORE_GATEWAY_REQUEST_TIMEOUT
+      value: {{ $g.requestTimeout | quote }}
+    - name: STATESTORE_GATEWAY_MAX_KEY_BYTES
+      value: {{ int $g.maxKeyBytes | quote }}
+    {{- if $g.maxValueBytes }}
+    - name: STATESTORE_GATEWAY_MAX_VALUE_BYTES
+      value: {{ int64 $g.maxValueBytes | quote }}
+    {{- end }}
+    - name: STATESTORE_GATEWAY_MAX_WATCHERS
+      value: {{ int $g.maxWatchers | quote }}
+    - name: STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH
+      value: {{ int $g.maxKeysPerWatch | quote }}
+    - name: STATESTORE_GATEWAY_WATCH_KEEPALIVE
+      value: {{ $g.watchKeepalive | quote }}
+    {{- if $g.corsAllowOrigin }}
+    - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
+      value: {{ $g.corsAllowOrigin | quote }}
+    {{- end }}
+    - name: STATESTORE_GATEWAY_SHUTDOWN_GRACE
+      value: {{ printf "%ds" (int $g.shutdownGraceSeconds) | quote }}
+    - name: STATESTORE_GATEWAY_LOG_FORMAT
+      value: {{ $g.logFormat | quote }}
+    - name: RUST_LOG
+      value: {{ $g.logLevel | quote }}
+    {{- if $g.apiToken.secretName }}
+    - name: STATESTORE_GATEWAY_API_TOKEN_FILE
+      value: {{ $dir }}/api-token/token
+    {{- end }}
+    {{- if $v.emulator.enabled }}
+    - name: AIO_BROKER_HOSTNAME
+      value: {{ include "statestore-gateway.emulatorName" . | quote }}
+    - name: AIO_BROKER_TCP_PORT
+      value: "1883"
+    {{- else }}
+    - name: AIO_BROKER_HOSTNAME
+      value: {{ $v.broker.host | quote }}
+    - name: AIO_BROKER_TCP_PORT
+      value: {{ int $v.broker.port | quote }}
+    {{- end }}
+    - name: AIO_MQTT_USE_TLS
+      value: {{ ternary "true" "false" (eq $tls "true") | quote }}
+    {{- if $tls }}
+    - name: AIO_TLS_CA_FILE
+      value: {{ $dir }}/ca/ca.crt
+    {{- if $v.broker.tls.clientCertSecret }}
+    - name: AIO_TLS_CERT_FILE
+      value: {{ $dir }}/client-cert/tls.crt
+    - name: AIO_TLS_KEY_FILE
+      value: {{ $dir }}/client-cert/tls.key
+    {{- end }}
+    {{- end }}
+    {{- if $sat }}
+    - name: AIO_SAT_FILE
+      value: {{ $dir }}/sat/token
+    {{- end }}
+    {{- if $v.broker.username }}
+    - name: AIO_MQTT_USERNAME
+      value: {{ $v.broker.username | quote }}
+    {{- end }}
+    {{- if $v.broker.passwordSecret.name }}
+    - name: AIO_MQTT_PASSWORD_FILE
+      value: {{ $dir }}/mqtt-password/password
+    {{- end }}
+    {{- if $v.broker.clientId }}
+    - name: AIO_MQTT_CLIENT_ID
+      value: {{ $v.broker.clientId | quote }}
+    {{- end }}
+    - name: AIO_MQTT_KEEP_ALIVE
+      value: {{ int $v.broker.keepAlive | quote }}
+    - name: AIO_MQTT_SESSION_EXPIRY
+      value: {{ int $v.broker.sessionExpiry | quote }}
+    {{- with $g.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    {{- if $standalone }}
+    - name: gateway-http
+      containerPort: {{ int $g.port }}
+    {{- end }}
+    - name: gateway-admin
+      containerPort: {{ int $g.adminPort }}
+  startupProbe:
+    httpGet:
+      path: /livez
+      port: gateway-admin
+    {{- toYaml $v.probes.startup | nindent 4 }}
+  livenessProbe:
+    httpGet:
+      path: /livez
+      port: gateway-admin
+    {{- toYaml $v.probes.liveness | nindent 4 }}
+  {{- if $v.probes.readiness.enabled }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: gateway-admin
+    {{- toYaml (omit $v.probes.readiness "enabled") | nindent 4 }}
+  {{- end }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName }}
+  volumeMounts:
+    {{- if $sat }}
+    - name: statestore-gateway-sat
+      mountPath: {{ $dir }}/sat
+      readOnly: true
+    {{- end }}
+    {{- if $tls }}
+    - name: statestore-gateway-ca
+      mountPath: {{ $dir }}/ca
+      readOnly: true
+    {{- if $v.broker.tls.clientCertSecret }}
+    - name: statestore-gateway-client-cert
+      mountPath: {{ $dir }}/client-cert
+      readOnly: true
+    {{- end }}
+    {{- end }}
+    {{- if $v.broker.passwordSecret.name }}
+    - name: statestore-gateway-mqtt-password
+      mountPath: {{ $dir }}/mqtt-password
+      readOnly: true
+    {{- end }}
+    {{- if $g.apiToken.secretName }}
+    - name: statestore-gateway-api-token
+      mountPath: {{ $dir }}/api-token
+      readOnly: true
+    {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+statestore-gateway.sidecar.volumes: the volumes the gateway container mounts,
+rendered as list items for the pod's `volumes`. Renders nothing when the
+gateway needs none (emulator, no secrets).
+*/}}
+{{- define "statestore-gateway.sidecar.volumes" -}}
+{{- include "statestore-gateway.sidecar.volumeItems" . | trim -}}
+{{- end -}}
+
+{{/* The items of statestore-gateway.sidecar.volumes, before trimming the
+blank line the first `if` leaves. */}}
+{{- define "statestore-gateway.sidecar.volumeItems" -}}
+{{- $v := .values -}}
+{{- if include "statestore-gateway.useSat" . }}
+- name: statestore-gateway-sat
+  projected:
+    sources:
+      - serviceAccountToken:
+          audience: {{ $v.broker.sat.audience | quote }}
+          expirationSeconds: {{ int $v.broker.sat.expirationSeconds }}
+          path: token
+{{- end }}
+{{- if include "statestore-gateway.useTls" . }}
+- name: statestore-gateway-ca
+  configMap:
+    name: {{ $v.broker.tls.caConfigMap | quote }}
+    items:
+      - key: {{ $v.broker.tls.caKey | quote }}
+        path: ca.crt
+{{- if $v.broker.tls.clientCertSecret }}
+- name: statestore-gateway-client-cert
+  secret:
+    secretName: {{ $v.broker.tls.clientCertSecret | quote }}
+{{- end }}
+{{- end }}
+{{- if $v.broker.passwordSecret.name }}
+- name: statestore-gateway-mqtt-password
+  secret:
+    secretName: {{ $v.broker.passwordSecret.name | quote }}
+    items:
+      - key: {{ $v.broker.passwordSecret.key | quote }}
+        path: password
+{{- end }}
+{{- if $v.gateway.apiToken.secretName }}
+- name: statestore-gateway-api-token
+  secret:
+    secretName: {{ $v.gateway.apiToken.secretName | quote }}
+    items:
+      - key: {{ $v.gateway.apiToken.key | quote }}
+        path: token
+{{- end }}
+{{- end -}}

@@ -1,0 +1,718 @@
+//! The watch hub: key changes fanned out to SSE watchers.
+//!
+//! One KEYNOTIFY registration per key for the whole gateway, on one pool
+//! member (the *holder*), shared by every watcher of that key and stopped
+//! when the last one leaves. A single reconciler task owns the registrations:
+//! it compares the keys that have watchers with the keys registered on the
+//! holder and sends KEYNOTIFY / KEYNOTIFY STOP in order, so a watcher that
+//! arrives while a STOP is pending cannot be lost. When the holder reconnects
+//! (the store drops registrations of a disconnected client) or goes away, the
+//! reconciler registers every key again, GETs each and tells watchers whose
+//! key moved with a `resync` sync event.
+//!
+//! Each key has a bounded broadcast channel: dispatch never waits on a
+//! watcher; a watcher that falls behind skips to the latest state (kept in
+//! the key's snapshot) instead of growing memory.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream::{self, SelectAll};
+use thiserror::Error;
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+use crate::metrics::Metrics;
+use crate::mqtt::{KeyNotification, MemberEvent, Pool, PoolError, RequestOptions};
+use crate::protocol::{Hlc, Notification, Reply, Request, StoreError};
+
+/// Limits of the hub.
+#[derive(Debug, Clone)]
+pub struct WatchSettings {
+    /// Open watchers (streams) in the whole gateway.
+    pub max_watchers: usize,
+    /// Keys one stream may watch.
+    pub max_keys_per_stream: usize,
+    /// Events buffered per key before a slow watcher skips to a sync.
+    pub buffer: usize,
+    /// How long a new watcher waits for its keys' first registration.
+    pub register_timeout: Duration,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            max_watchers: 10_000,
+            max_keys_per_stream: 64,
+            buffer: 64,
+            register_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a watch could not start.
+#[derive(Debug, Clone, Error)]
+pub enum WatchError {
+    /// The gateway already has its maximum number of watchers.
+    #[error("the gateway already has {0} watchers")]
+    TooManyWatchers(usize),
+    /// The stream names more keys than allowed.
+    #[error("a stream may watch at most {0} keys")]
+    TooManyKeys(usize),
+    /// The stream names no key.
+    #[error("no key to watch")]
+    NoKeys,
+    /// An empty key.
+    #[error("the key length is zero")]
+    EmptyKey,
+    /// The first registration of a key failed.
+    #[error("registering the key with the state store failed: {0}")]
+    Register(Arc<PoolError>),
+    /// The store refused KEYNOTIFY or the GET after it.
+    #[error("the state store refused the watch: {0}")]
+    Store(StoreError),
+    /// The store answered KEYNOTIFY or GET with an unexpected reply.
+    #[error("unexpected reply to {0}")]
+    UnexpectedReply(&'static str),
+    /// No registration within the timeout.
+    #[error("no registration within {0:?}")]
+    Timeout(Duration),
+    /// The gateway is shutting down.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+/// What a key holds, as far as the hub knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The value; `None` when the key is absent.
+    pub value: Option<Bytes>,
+    /// The version: of the value, or of the delete that removed it; `None`
+    /// for a key that was absent when first read.
+    pub version: Option<Hlc>,
+}
+
+/// What a watcher is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// The current state: first, after a resync, or after falling behind.
+    Sync {
+        /// The hub re-registered after a reconnect and the key had moved.
+        resync: bool,
+        /// The watcher fell behind and skipped events.
+        lagged: bool,
+    },
+    /// The key was set.
+    Set,
+    /// The key was deleted (DEL, VDEL or expiry).
+    Delete,
+    /// The hub cannot currently follow the key; a `resync` follows when it can.
+    Error,
+}
+
+/// One event for the watchers of a key.
+#[derive(Debug, Clone)]
+pub struct KeyEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// The key.
+    pub key: Bytes,
+    /// The value after the event, if the key exists.
+    pub value: Option<Bytes>,
+    /// The key's version after the event.
+    pub version: Option<Hlc>,
+    /// Why following the key failed (for [`EventKind::Error`]).
+    pub error: Option<String>,
+}
+
+impl KeyEvent {
+    fn sync(key: &Bytes, snapshot: &Snapshot, resync: bool, lagged: bool) -> Self {
+        Self {
+            kind: EventKind::Sync { resync, lagged },
+            key: key.clone(),
+            value: snapshot.value.clone(),
+            version: snapshot.version.clone(),
+            error: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Registration {
+    Pending,
+    Registered,
+    Failed(WatchError),
+}
+
+#[derive(Debug)]
+struct KeyState {
+    watchers: usize,
+    snapshot: Option<Snapshot>,
+}
+
+/// The shared state of one watched key.
+#[derive(Debug)]
+struct KeyWatch {
+    key: Bytes,
+    state: Mutex<KeyState>,
+    events: broadcast::Sender<Arc<KeyEvent>>,
+    registration: watch::Sender<Registration>,
+}
+
+impl KeyWatch {
+    fn state(&self) -> MutexGuard<'_, KeyState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies a change if it is newer than what the hub knows and tells
+    /// the watchers. Returns whether it was applied.
+    fn apply(&self, kind: EventKind, value: Option<Bytes>, version: Option<Hlc>) -> bool {
+        let mut state = self.state();
+        if let (Some(known), Some(new)) = (
+            state.snapshot.as_ref().and_then(|s| s.version.as_ref()),
+            version.as_ref(),
+        ) && new <= known
+        {
+            return false;
+        }
+        state.snapshot = Some(Snapshot {
+            value: value.clone(),
+            version: version.clone(),
+        });
+        // Sent under the lock, so a watcher subscribing under the same lock
+        // sees each change either in its snapshot or in its channel.
+        let _ = self.events.send(Arc::new(KeyEvent {
+            kind,
+            key: self.key.clone(),
+            value,
+            version,
+            error: None,
+        }));
+        true
+    }
+}
+
+/// No member holds the registrations.
+const NO_HOLDER: usize = usize::MAX;
+
+#[derive(Debug)]
+struct Inner {
+    pool: Pool,
+    metrics: Metrics,
+    settings: WatchSettings,
+    keys: Mutex<HashMap<Bytes, Arc<KeyWatch>>>,
+    watchers: AtomicUsize,
+    holder: AtomicUsize,
+    reconcile: Notify,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Inner {
+    fn keys(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<KeyWatch>>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The hub; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WatchHub {
+    inner: Arc<Inner>,
+}
+
+impl WatchHub {
+    /// Starts the hub's dispatcher and reconciler on the pool.
+    pub fn start(pool: Pool, metrics: Metrics, settings: WatchSettings) -> Self {
+        let inner = Arc::new(Inner {
+            pool,
+            metrics,
+            settings,
+            keys: Mutex::new(HashMap::new()),
+            watchers: AtomicUsize::new(0),
+            holder: AtomicUsize::new(NO_HOLDER),
+            reconcile: Notify::new(),
+            shutdown: watch::Sender::new(false),
+        });
+        let notifications = inner.pool.notifications();
+        let member_events = inner.pool.member_events();
+        tokio::spawn(dispatch(Arc::clone(&inner), notifications));
+        tokio::spawn(reconcile(Arc::clone(&inner), member_events));
+        Self { inner }
+    }
+
+    /// The hub's limits.
+    pub fn settings(&self) -> &WatchSettings {
+        &self.inner.settings
+    }
+
+    /// Starts watching `keys`: returns once every key is registered with the
+    /// store, so that the caller can still answer with an HTTP error.
+    ///
+    /// `last_version` is the client's `Last-Event-ID`: keys whose version is
+    /// not newer get no initial sync.
+    pub async fn watch(
+        &self,
+        keys: Vec<Bytes>,
+        last_version: Option<Hlc>,
+    ) -> Result<Watcher, WatchError> {
+        let settings = &self.inner.settings;
+        if keys.is_empty() {
+            return Err(WatchError::NoKeys);
+        }
+        if keys.len() > settings.max_keys_per_stream {
+            return Err(WatchError::TooManyKeys(settings.max_keys_per_stream));
+        }
+        if keys.iter().any(Bytes::is_empty) {
+            return Err(WatchError::EmptyKey);
+        }
+        if *self.inner.shutdown.borrow() {
+            return Err(WatchError::ShuttingDown);
+        }
+        let admitted = self
+            .inner
+            .watchers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < settings.max_watchers).then_some(n + 1)
+            });
+        if admitted.is_err() {
+            return Err(WatchError::TooManyWatchers(settings.max_watchers));
+        }
+        self.inner.metrics.watchers.inc();
+        // From here on the guard undoes the admission and key counts.
+        let mut watcher = Watcher {
+            hub: Arc::clone(&self.inner),
+            cursors: Vec::with_capacity(keys.len()),
+            events: SelectAll::new(),
+            pending: Vec::new(),
+            shutdown: self.inner.shutdown.subscribe(),
+        };
+        let mut unique = HashSet::new();
+        for key in keys.into_iter().filter(|key| unique.insert(key.clone())) {
+            let key_watch = self.attach(&key);
+            let receiver = key_watch.events.subscribe();
+            let index = watcher.cursors.len();
+            watcher.events.push(
+                BroadcastStream::new(receiver)
+                    .map(move |item| (index, item))
+                    .boxed(),
+            );
+            watcher.cursors.push(Cursor {
+                watch: key_watch,
+                delivered: None,
+            });
+        }
+        self.inner.reconcile.notify_one();
+        for cursor in &watcher.cursors {
+            wait_registered(&cursor.watch, settings.register_timeout).await?;
+        }
+        for cursor in &mut watcher.cursors {
+            let snapshot = cursor.watch.state().snapshot.clone();
+            let Some(snapshot) = snapshot else { continue };
+            let seen = matches!(
+                (&last_version, &snapshot.version),
+                (Some(last), Some(current)) if current <= last
+            );
+            if seen {
+                cursor.delivered = snapshot.version.clone();
+            } else {
+                watcher.pending.push(Arc::new(KeyEvent::sync(
+                    &cursor.watch.key,
+                    &snapshot,
+                    false,
+                    false,
+                )));
+            }
+        }
+        watcher.pending.reverse();
+        Ok(watcher)
+    }
+
+    /// Adds a watcher to `key`, creating its entry (and asking the
+    /// reconciler to register it) when it is the first.
+    fn attach(&self, key: &Bytes) -> Arc<KeyWatch> {
+        let mut keys = self.inner.keys();
+        let key_watch = keys.entry(key.clone()).or_insert_with(|| {
+            self.inner.metrics.watched_keys.inc();
+            Arc::new(KeyWatch {
+                key: key.clone(),
+                state: Mutex::new(KeyState {
+                    watchers: 0,
+                    snapshot: None,
+                }),
+                events: broadcast::channel(self.inner.settings.buffer.max(1)).0,
+                registration: watch::Sender::new(Registration::Pending),
+            })
+        });
+        key_watch.state().watchers += 1;
+        Arc::clone(key_watch)
+    }
+
+    /// Ends every stream (graceful shutdown).
+    pub fn shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// Keys with at least one watcher.
+    pub fn watched_keys(&self) -> usize {
+        self.inner.keys().len()
+    }
+
+    /// Open watchers.
+    pub fn watchers(&self) -> usize {
+        self.inner.watchers.load(Ordering::Acquire)
+    }
+}
+
+async fn wait_registered(key_watch: &KeyWatch, timeout: Duration) -> Result<(), WatchError> {
+    let mut registration = key_watch.registration.subscribe();
+    let outcome = tokio::time::timeout(
+        timeout,
+        registration.wait_for(|r| !matches!(r, Registration::Pending)),
+    )
+    .await;
+    match outcome {
+        Err(_) => Err(WatchError::Timeout(timeout)),
+        Ok(Err(_)) => Err(WatchError::ShuttingDown),
+        Ok(Ok(state)) => match &*state {
+            Registration::Failed(error) => Err(error.clone()),
+            _ => Ok(()),
+        },
+    }
+}
+
+#[derive(Debug)]
+struct Cursor {
+    watch: Arc<KeyWatch>,
+    /// The newest version this watcher was told about.
+    delivered: Option<Hlc>,
+}
+
+type EventStream = futures_util::stream::BoxStream<
+    'static,
+    (usize, Result<Arc<KeyEvent>, BroadcastStreamRecvError>),
+>;
+
+/// One open stream of events for a set of keys.
+pub struct Watcher {
+    hub: Arc<Inner>,
+    cursors: Vec<Cursor>,
+    events: SelectAll<EventStream>,
+    pending: Vec<Arc<KeyEvent>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("keys", &self.cursors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watcher {
+    /// The next event for this watcher; `None` when the gateway shuts down.
+    ///
+    /// Events whose version is not newer than what this watcher was already
+    /// told are skipped: no duplicates, no going back.
+    pub async fn next(&mut self) -> Option<Arc<KeyEvent>> {
+        loop {
+            if let Some(event) = self.pending.pop() {
+                self.hub.metrics.events_delivered.inc();
+                return Some(event);
+            }
+            let (index, item) = tokio::select! {
+                biased;
+                _ = self.shutdown.wait_for(|down| *down) => return None,
+                item = self.events.next() => item?,
+            };
+            let cursor = &mut self.cursors[index];
+            let event = match item {
+                Ok(event) => event,
+                Err(BroadcastStreamRecvError::Lagged(skipped)) => {
+                    self.hub.metrics.events_dropped.inc_by(skipped);
+                    let snapshot = cursor.watch.state().snapshot.clone();
+                    let Some(snapshot) = snapshot else { continue };
+                    Arc::new(KeyEvent::sync(&cursor.watch.key, &snapshot, false, true))
+                }
+            };
+            // A resync reports a move the watcher cannot have seen (possibly a
+            // delete whose version is unknown), so it is never filtered.
+            let filtered = !matches!(
+                event.kind,
+                EventKind::Error | EventKind::Sync { resync: true, .. }
+            );
+            if filtered {
+                if let (Some(delivered), Some(version)) = (&cursor.delivered, &event.version)
+                    && version <= delivered
+                {
+                    continue;
+                }
+                if event.version.is_some() {
+                    cursor.delivered.clone_from(&event.version);
+                }
+            }
+            self.pending.push(event);
+        }
+    }
+
+    /// The keys of this stream, in request order.
+    pub fn keys(&self) -> impl Iterator<Item = &Bytes> {
+        self.cursors.iter().map(|cursor| &cursor.watch.key)
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let hub = &self.hub;
+        hub.watchers.fetch_sub(1, Ordering::AcqRel);
+        hub.metrics.watchers.dec();
+        let mut keys = hub.keys();
+        let mut released = false;
+        for cursor in &self.cursors {
+            let mut state = cursor.watch.state();
+            state.watchers -= 1;
+            if state.watchers == 0 {
+                drop(state);
+                keys.remove(&cursor.watch.key);
+                hub.metrics.watched_keys.dec();
+                released = true;
+            }
+        }
+        drop(keys);
+        if released {
+            hub.reconcile.notify_one();
+        }
+    }
+}
+
+/// Routes the pool's notifications to the keys' watchers.
+async fn dispatch(inner: Arc<Inner>, mut notifications: broadcast::Receiver<KeyNotification>) {
+    loop {
+        let notification = match notifications.recv().await {
+            Ok(notification) => notification,
+            Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                // We lost notifications: re-read every key.
+                tracing::warn!(
+                    skipped,
+                    "notification dispatch fell behind; resyncing all keys"
+                );
+                inner.holder.store(NO_HOLDER, Ordering::Release);
+                inner.reconcile.notify_one();
+                continue;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        inner.metrics.notifications_received.inc();
+        if notification.member != inner.holder.load(Ordering::Acquire) {
+            continue;
+        }
+        let key_watch = inner.keys().get(&notification.key).cloned();
+        let Some(key_watch) = key_watch else { continue };
+        let (kind, value) = match notification.notification {
+            Notification::Set { value } => (EventKind::Set, Some(value)),
+            Notification::Delete => (EventKind::Delete, None),
+        };
+        key_watch.apply(kind, value, notification.version);
+    }
+}
+
+/// Keeps the store's registrations equal to the keys that have watchers.
+async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<MemberEvent>) {
+    let mut shutdown = inner.shutdown.subscribe();
+    let mut registered: HashSet<Bytes> = HashSet::new();
+    let mut holder = NO_HOLDER;
+    let mut retry_after: Option<Duration> = None;
+    loop {
+        let retry = async {
+            match retry_after {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = inner.reconcile.notified() => {}
+            _ = retry => {}
+            _ = shutdown.wait_for(|down| *down) => return,
+            event = member_events.recv() => match event {
+                Ok(MemberEvent::Subscribed { member } | MemberEvent::Down { member })
+                    if member == holder => {
+                    // The store dropped this client's registrations.
+                    registered.clear();
+                    holder = NO_HOLDER;
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    registered.clear();
+                    holder = NO_HOLDER;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+        // The dispatcher clears the holder when it lost notifications.
+        if inner.holder.load(Ordering::Acquire) == NO_HOLDER && holder != NO_HOLDER {
+            registered.clear();
+            holder = NO_HOLDER;
+        }
+        if holder == NO_HOLDER {
+            let Some(member) = inner.pool.subscribed_member(None) else {
+                retry_after = None; // a Subscribed event will wake us
+                continue;
+            };
+            holder = member;
+            inner.holder.store(member, Ordering::Release);
+        }
+        retry_after = match sync_registrations(&inner, holder, &mut registered).await {
+            Ok(()) => None,
+            Err(()) => Some(Duration::from_millis(500)),
+        };
+    }
+}
+
+/// One reconciliation pass. `Err` when some key could not be registered
+/// and the pass should be retried.
+async fn sync_registrations(
+    inner: &Inner,
+    holder: usize,
+    registered: &mut HashSet<Bytes>,
+) -> Result<(), ()> {
+    let wanted: Vec<Arc<KeyWatch>> = inner.keys().values().cloned().collect();
+    let wanted_keys: HashSet<&Bytes> = wanted.iter().map(|w| &w.key).collect();
+    let stale: Vec<Bytes> = registered
+        .iter()
+        .filter(|key| !wanted_keys.contains(key))
+        .cloned()
+        .collect();
+    for key in stale {
+        registered.remove(&key);
+        let stop = Request::KeyNotify { key, stop: true };
+        if let Err(error) = inner
+            .pool
+            .request_on(holder, &stop, &RequestOptions::default())
+            .await
+        {
+            tracing::debug!(%error, "KEYNOTIFY STOP failed; the registration ends with the connection");
+        }
+    }
+    // A key whose entry was re-created (its last watcher left and a new one
+    // came before the STOP) is pending again and needs its snapshot.
+    let missing: Vec<Arc<KeyWatch>> = wanted
+        .into_iter()
+        .filter(|w| {
+            !registered.contains(&w.key)
+                || matches!(*w.registration.borrow(), Registration::Pending)
+        })
+        .collect();
+    let results: Vec<(Arc<KeyWatch>, Result<(), WatchError>)> = stream::iter(missing)
+        .map(|key_watch| async move {
+            let result = register(inner, holder, &key_watch).await;
+            (key_watch, result)
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut failed = false;
+    for (key_watch, result) in results {
+        match result {
+            Ok(()) => {
+                registered.insert(key_watch.key.clone());
+                key_watch
+                    .registration
+                    .send_replace(Registration::Registered);
+            }
+            Err(error) => {
+                failed = true;
+                let first = matches!(*key_watch.registration.borrow(), Registration::Pending);
+                if first {
+                    // The watcher that is waiting answers with an HTTP error.
+                    key_watch
+                        .registration
+                        .send_replace(Registration::Failed(error));
+                } else {
+                    tracing::warn!(%error, "re-registering a watched key failed; retrying");
+                    let _ = key_watch.events.send(Arc::new(KeyEvent {
+                        kind: EventKind::Error,
+                        key: key_watch.key.clone(),
+                        value: None,
+                        version: None,
+                        error: Some(error.to_string()),
+                    }));
+                }
+            }
+        }
+    }
+    if failed { Err(()) } else { Ok(()) }
+}
+
+/// KEYNOTIFY, then GET: no change can fall between the two.
+async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<(), WatchError> {
+    let options = RequestOptions::default();
+    let notify = Request::KeyNotify {
+        key: key_watch.key.clone(),
+        stop: false,
+    };
+    let reply = inner
+        .pool
+        .request_on(holder, &notify, &options)
+        .await
+        .map_err(|e| WatchError::Register(Arc::new(e)))?;
+    match reply.reply {
+        Reply::Ok => {}
+        Reply::Error(error) => return Err(WatchError::Store(error)),
+        _ => return Err(WatchError::UnexpectedReply("KEYNOTIFY")),
+    }
+    let get = Request::Get {
+        key: key_watch.key.clone(),
+    };
+    let reply = inner
+        .pool
+        .request_on(holder, &get, &options)
+        .await
+        .map_err(|e| WatchError::Register(Arc::new(e)))?;
+    let current = match reply.reply {
+        Reply::Value(value) => Snapshot {
+            value: Some(value),
+            version: reply.version,
+        },
+        Reply::NotFound => Snapshot {
+            value: None,
+            version: None,
+        },
+        Reply::Error(error) => return Err(WatchError::Store(error)),
+        _ => return Err(WatchError::UnexpectedReply("GET")),
+    };
+    let mut state = key_watch.state();
+    let Some(known) = state.snapshot.clone() else {
+        state.snapshot = Some(current);
+        return Ok(());
+    };
+    let moved = match (&known.version, &current.version) {
+        (Some(old), Some(new)) => new > old,
+        // Absent now: moved if we thought it existed.
+        (_, None) => known.value.is_some(),
+        (None, Some(_)) => true,
+    };
+    if moved {
+        let current = if current.version.is_none() {
+            // Keep the last version we knew so Last-Event-ID keeps working.
+            Snapshot {
+                value: None,
+                version: known.version,
+            }
+        } else {
+            current
+        };
+        state.snapshot = Some(current.clone());
+        inner.metrics.resyncs.inc();
+        let _ = key_watch.events.send(Arc::new(KeyEvent::sync(
+            &key_watch.key,
+            &current,
+            true,
+            false,
+        )));
+    }
+    Ok(())
+}
