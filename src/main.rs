@@ -1,13 +1,96 @@
 //! The `statestore-gateway` binary: parse the command line, run the subcommand.
 
+use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{Cli, Command};
+use statestore_gateway::config::{Cli, Command, EmulatorArgs, LogFormat, ServeArgs};
+use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
+use statestore_gateway::http::{Server, termination_signal};
+use statestore_gateway::metrics::Metrics;
+
+/// Exit code for a setting that parsed but cannot be used (clap uses the
+/// same for the ones that do not parse).
+const EXIT_BAD_SETTING: i32 = 2;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(_) => anyhow::bail!("serve is not built yet"),
-        Command::Emulator(_) => anyhow::bail!("emulator is not built yet"),
+        Command::Serve(args) => serve(args),
+        Command::Emulator(args) => emulator(args),
         Command::Dev(_) => anyhow::bail!("dev is not built yet"),
+    }
+}
+
+/// `serve`: the gateway until SIGTERM/SIGINT, then a graceful drain; exit 0.
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let settings = match args.settings() {
+        Ok(settings) => settings,
+        Err(error) => {
+            // Nothing has started yet: exiting here leaves nothing behind.
+            eprintln!("statestore-gateway: {error}");
+            std::process::exit(EXIT_BAD_SETTING);
+        }
+    };
+    runtime()?.block_on(async move {
+        let server = Server::start(settings, Metrics::new()).await?;
+        server.run_until(termination_signal()).await
+    })?;
+    Ok(())
+}
+
+/// `emulator`: serve the store until SIGTERM/SIGINT, then disconnect cleanly.
+fn emulator(args: EmulatorArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let config = emulator_config(args)?;
+    runtime()?.block_on(async move {
+        let mut emulator = Emulator::start(config).await?;
+        let stopped = tokio::select! {
+            () = termination_signal() => None,
+            result = emulator.stopped() => Some(result),
+        };
+        match stopped {
+            None => emulator.shutdown().await?,
+            Some(result) => result?,
+        }
+        anyhow::Ok(())
+    })
+}
+
+fn emulator_config(args: EmulatorArgs) -> anyhow::Result<EmulatorConfig> {
+    let mut config = EmulatorConfig::new(args.broker.host, args.broker.port);
+    config.client_id = args.client_id;
+    config.username = args.username;
+    if let Some(path) = &args.password_file {
+        let password = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the password file {}", path.display()))?;
+        config.password = Some(password.trim_end_matches(['\r', '\n']).to_owned());
+    }
+    config.data_dir = args.data_dir;
+    config.max_keys = args.max_keys;
+    config.max_bytes = args.max_bytes;
+    if let Some(path) = &args.acl {
+        config.acl = Some(AccessList::load(path)?);
+    }
+    Ok(config)
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// Logs to stderr, as text or one JSON object per line; `RUST_LOG` filters
+/// (default `info`).
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rumqttc=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }

@@ -38,8 +38,11 @@ pub fn base_options(
     options
 }
 
+mod auth;
+mod connection;
 pub mod pool;
 
+pub use auth::ConfigError;
 pub use pool::{
     BrokerSettings, KeyNotification, MemberEvent, Pool, PoolError, PoolSettings, RequestOptions,
     StoreResponse,

@@ -1,18 +1,63 @@
 //! The gateway's pool of MQTT5 connections to the broker.
 //!
-//! INTERFACE STUB: the types and signatures are the contract between the
-//! pool and its users (HTTP handlers, the watch hub); the bodies are being
-//! written. Every method fails with `PoolError::Unavailable` until then.
+//! `size` members (client ids `<client_id>-<i>`), each subscribed to its own
+//! response topic and notification filter. A request goes to the
+//! least-loaded subscribed member, waits briefly for a slot in that member's
+//! bounded in-flight window (then fails as `Overloaded`, never queues
+//! without bound), and is matched to its reply by 16 random bytes of
+//! correlation data. A member that drops fails its requests at once and
+//! reconnects on its own (see [`super::connection`]); when the SAT token
+//! file changes, members reconnect one at a time, each after finishing its
+//! requests, so the pool keeps serving.
+//!
+//! The envelope is the official SDK's, in its order: `__ft` and
+//! `aio-persistence` (when asked), then `__srcId`, `__ts`, `__protVer`,
+//! `$partition`, `$high_priority`; content type `application/octet-stream`,
+//! message expiry = the request timeout rounded up to whole seconds, QoS 1.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{PubAckReason, Publish, PublishProperties};
 use thiserror::Error;
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
+use super::auth::{self, ConfigError};
+use super::connection::{
+    self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
+};
+use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use crate::metrics::Metrics;
-use crate::protocol::{DecodeError, Hlc, HlcError, Notification, Reply, Request};
+use crate::protocol::{
+    CONTENT_TYPE, DecodeError, Hlc, HlcError, HybridClock, Notification, PROTOCOL_VERSION,
+    REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, property,
+};
+
+/// Bytes of a SET's packet that are not the value: topic, response topic,
+/// correlation data, user properties, the key and RESP framing. Covers keys
+/// up to about 1 KiB; [`Pool::request`] checks each packet exactly.
+pub const ENVELOPE_ALLOWANCE: usize = 2048;
+
+/// `__stMsg`: the status message the SDKs' executors send with a non-200 `__stat`.
+const STATUS_MESSAGE: &str = "__stMsg";
+
+/// Notifications buffered per receiver before it lags.
+const NOTIFICATION_BUFFER: usize = 4096;
+
+/// Member events buffered per receiver before it lags.
+const EVENT_BUFFER: usize = 256;
+
+/// How long `shutdown` waits for members to send DISCONNECT.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// How often a SAT rollout checks whether the reconnected member is back.
+const ROLLOUT_POLL: Duration = Duration::from_millis(20);
 
 /// How to reach and authenticate to the broker (the AIO SDKs' settings).
 #[derive(Debug, Clone)]
@@ -42,6 +87,27 @@ pub struct BrokerSettings {
     pub session_expiry: Duration,
 }
 
+impl BrokerSettings {
+    /// Plain TCP to `host:port` without credentials, with the SDKs' default
+    /// keep-alive (60 s) and session expiry (3600 s); set the TLS and
+    /// credential fields as needed.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            use_tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            sat_file: None,
+            username: None,
+            password_file: None,
+            keep_alive: Duration::from_secs(60),
+            session_expiry: Duration::from_secs(3600),
+        }
+    }
+}
+
 /// Pool sizing and timing.
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
@@ -57,6 +123,48 @@ pub struct PoolSettings {
     pub max_in_flight_per_member: usize,
     /// How long a request waits for a slot before failing as overloaded.
     pub slot_wait: Duration,
+    /// How often the SAT file is read to notice a rotated token (members
+    /// then reconnect one at a time). Unused without a SAT file.
+    pub sat_check_interval: Duration,
+}
+
+impl PoolSettings {
+    /// Defaults: 4 members, 10 s request timeout, 128 requests in flight per
+    /// member, 250 ms slot wait, SAT checked every 5 s.
+    pub fn new(broker: BrokerSettings, client_id: impl Into<String>) -> Self {
+        Self {
+            broker,
+            client_id: client_id.into(),
+            size: 4,
+            request_timeout: Duration::from_secs(10),
+            max_in_flight_per_member: 128,
+            slot_wait: Duration::from_millis(250),
+            sat_check_interval: Duration::from_secs(5),
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let fail = |setting, problem| Err(ConfigError::Pool { setting, problem });
+        if self.size == 0 {
+            return fail("pool size", "must be at least 1");
+        }
+        if self.client_id.is_empty() || self.client_id.contains(['+', '#']) {
+            return fail(
+                "AIO_MQTT_CLIENT_ID",
+                "must be non-empty and free of MQTT wildcards (+, #)",
+            );
+        }
+        if self.request_timeout.is_zero() {
+            return fail("request timeout", "must be greater than zero");
+        }
+        if self.max_in_flight_per_member == 0 {
+            return fail("in-flight requests per member", "must be at least 1");
+        }
+        if self.broker.sat_file.is_some() && self.sat_check_interval.is_zero() {
+            return fail("SAT check interval", "must be greater than zero");
+        }
+        Ok(())
+    }
 }
 
 /// Per-request envelope options.
@@ -80,8 +188,12 @@ pub struct StoreResponse {
 /// Why a request got no reply.
 #[derive(Debug, Error)]
 pub enum PoolError {
-    /// No member is connected and subscribed.
-    #[error("no broker connection is available")]
+    /// No member is connected and subscribed, or the broker has nothing
+    /// serving the state store's request topic (PUBACK "no matching
+    /// subscribers").
+    #[error(
+        "the state store is unreachable: no usable broker connection, or nothing serves its requests"
+    )]
     Unavailable,
     /// Every member's in-flight window stayed full for the slot wait.
     #[error("every broker connection is at its in-flight limit")]
@@ -114,6 +226,24 @@ pub enum PoolError {
     ShuttingDown,
 }
 
+impl PoolError {
+    /// A short stable name, used as a metric label (`store_errors{kind}`,
+    /// `store_latency{outcome}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Overloaded => "overloaded",
+            Self::Timeout(_) => "timeout",
+            Self::ConnectionLost => "connection_lost",
+            Self::Decode(_) => "decode",
+            Self::BadVersion(_) => "bad_version",
+            Self::Clock(_) => "clock",
+            Self::TooLarge { .. } => "too_large",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
 /// A KEYNOTIFY notification received by a member.
 #[derive(Debug, Clone)]
 pub struct KeyNotification {
@@ -143,68 +273,662 @@ pub enum MemberEvent {
     },
 }
 
-/// The pool.
+/// The pool. Cheap to clone; every clone is the same pool. Dropping the
+/// last clone stops the members (without waiting); call
+/// [`Pool::shutdown`] to disconnect cleanly.
 #[derive(Debug, Clone)]
-pub struct Pool {}
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client_id: String,
+    request_timeout: Duration,
+    slot_wait: Duration,
+    max_in_flight: usize,
+    members: Vec<Arc<Member>>,
+    ctx: Arc<MemberContext>,
+    /// One HLC for every request of the gateway (node id = the base client id).
+    clock: HybridClock,
+    shutting_down: AtomicBool,
+    /// Rotates the starting member so equal loads spread evenly.
+    next: AtomicUsize,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("client_id", &self.client_id)
+            .field("size", &self.members.len())
+            .field("shutting_down", &self.shutting_down)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.ctx.shutdown.send_replace(true);
+    }
+}
+
+/// A taken request slot on one member; frees it (and forgets the reply
+/// waiter, if still registered) when the request ends in any way,
+/// including the caller dropping the future.
+struct Slot {
+    member: Arc<Member>,
+    ctx: Arc<MemberContext>,
+    correlation: Option<CorrelationId>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(correlation) = self.correlation {
+            self.member.forget(&correlation);
+        }
+        self.member.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.ctx.metrics.in_flight.dec();
+        self.ctx.slot_freed.notify_waiters();
+    }
+}
 
 impl Pool {
     /// Starts `size` members connecting in the background; returns at once.
-    pub fn start(settings: PoolSettings, metrics: Metrics) -> Result<Pool, PoolError> {
-        let _ = (settings, metrics);
-        Ok(Pool {})
+    ///
+    /// Fails if a setting cannot work (unreadable CA or token file, TLS
+    /// without a host name, ...): every file is read once here so the error
+    /// names the setting. Must be called inside a Tokio runtime.
+    ///
+    /// `max_in_flight_per_member` is capped at half the rumqttc request
+    /// channel so that publishing never waits on the channel.
+    pub fn start(settings: PoolSettings, metrics: Metrics) -> Result<Pool, ConfigError> {
+        settings.check()?;
+        auth::check(&settings.broker)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
+
+        let members: Vec<Arc<Member>> = (0..settings.size)
+            .map(|index| {
+                Arc::new(Member::new(
+                    index,
+                    format!("{}-{index}", settings.client_id),
+                ))
+            })
+            .collect();
+        metrics
+            .pool_members
+            .with_label_values(&["connecting"])
+            .add(members.len() as i64);
+        let ctx = Arc::new(MemberContext {
+            broker: settings.broker.clone(),
+            metrics,
+            notifications: broadcast::channel(NOTIFICATION_BUFFER).0,
+            events: broadcast::channel(EVENT_BUFFER).0,
+            slot_freed: Notify::new(),
+            shutdown: watch::channel(false).0,
+            request_timeout: settings.request_timeout,
+            broker_limit: Default::default(),
+        });
+        let mut tasks: Vec<JoinHandle<()>> = members
+            .iter()
+            .map(|member| runtime.spawn(connection::run(member.clone(), ctx.clone())))
+            .collect();
+        if let Some(sat_file) = settings.broker.sat_file.clone() {
+            tasks.push(runtime.spawn(watch_sat(
+                sat_file,
+                settings.sat_check_interval,
+                members.clone(),
+                ctx.clone(),
+            )));
+        }
+        Ok(Pool {
+            inner: Arc::new(Inner {
+                clock: HybridClock::new(settings.client_id.clone()),
+                client_id: settings.client_id,
+                request_timeout: settings.request_timeout,
+                slot_wait: settings.slot_wait,
+                max_in_flight: settings
+                    .max_in_flight_per_member
+                    .min(REQUEST_CHANNEL_CAPACITY / 2),
+                members,
+                ctx,
+                shutting_down: AtomicBool::new(false),
+                next: AtomicUsize::new(0),
+                tasks: Mutex::new(tasks),
+            }),
+        })
     }
 
     /// Sends a request on the least-loaded subscribed member and waits for
     /// its reply (bounded by the request timeout).
+    ///
+    /// A reply whose `__stat` is present and not `200` (the SDK executors'
+    /// way of reporting a failed invocation) becomes
+    /// `Reply::Error(StoreError::Unknown("state store status <code>: <__stMsg>"))`
+    /// without a version, so callers handle it like any `-ERR` reply. A
+    /// reply version is merged into the pool's clock; one too far ahead to
+    /// merge is logged and still returned (the store did apply the request).
+    ///
+    /// A request the broker refuses in its PUBACK fails at once instead of
+    /// timing out: nothing subscribed to the request topic gives
+    /// `Unavailable`, "not authorized" and "quota exceeded" give the store's
+    /// errors of those names, other reasons an unknown store error.
+    ///
+    /// `ConnectionLost` means the outcome is unknown: the request may have
+    /// reached the store before the connection dropped.
     pub async fn request(
         &self,
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
-        let _ = (request, options);
-        Err(PoolError::Unavailable)
+        self.send(None, request, options).await
     }
 
     /// Sends a request on one member: KEYNOTIFY registrations belong to the
-    /// member (client id) that sent them.
+    /// member (client id) that sent them. Waits up to the slot wait for the
+    /// member to be subscribed and to have a free slot.
     pub async fn request_on(
         &self,
         member: usize,
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
-        let _ = (member, request, options);
-        Err(PoolError::Unavailable)
+        if member >= self.inner.members.len() {
+            return Err(PoolError::Unavailable);
+        }
+        self.send(Some(member), request, options).await
     }
 
-    /// A subscribed member, preferring the given one (for KEYNOTIFY).
+    /// A subscribed member, preferring the given one (for KEYNOTIFY);
+    /// otherwise the least-loaded one that is not about to reconnect.
     pub fn subscribed_member(&self, preferred: Option<usize>) -> Option<usize> {
-        let _ = preferred;
-        None
+        let members = &self.inner.members;
+        if let Some(member) = preferred.and_then(|index| members.get(index))
+            && member.status() == Status::Subscribed
+        {
+            return Some(member.index);
+        }
+        members
+            .iter()
+            .filter(|member| member.is_routable())
+            .min_by_key(|member| member.in_flight.load(Ordering::Acquire))
+            .or_else(|| {
+                members
+                    .iter()
+                    .find(|member| member.status() == Status::Subscribed)
+            })
+            .map(|member| member.index)
     }
 
     /// Notifications received by any member.
     pub fn notifications(&self) -> broadcast::Receiver<KeyNotification> {
-        broadcast::channel(1).1
+        self.inner.ctx.notifications.subscribe()
     }
 
     /// Member state changes.
     pub fn member_events(&self) -> broadcast::Receiver<MemberEvent> {
-        broadcast::channel(1).1
+        self.inner.ctx.events.subscribe()
     }
 
     /// Whether at least one member is subscribed (`/readyz`).
     pub fn is_ready(&self) -> bool {
-        false
+        !self.inner.shutting_down.load(Ordering::Acquire)
+            && self
+                .inner
+                .members
+                .iter()
+                .any(|member| member.status() == Status::Subscribed)
     }
 
-    /// The largest value a SET can carry, from the broker's CONNACK maximum
-    /// packet size minus the envelope; `None` until known or if unlimited.
+    /// The largest value a SET can carry: the broker's CONNACK maximum
+    /// packet size, capped by our own (a GET reply must fit the packets we
+    /// accept), minus [`ENVELOPE_ALLOWANCE`]. `None` until a member has
+    /// connected. Unlike a broker without a limit, we always have one, so
+    /// this is never unlimited.
     pub fn max_value_bytes(&self) -> Option<usize> {
-        None
+        let limit = self.inner.ctx.broker_limit.get()?;
+        Some(limit.saturating_sub(ENVELOPE_ALLOWANCE))
     }
 
     /// Disconnects every member cleanly; pending requests fail with
-    /// `ShuttingDown`.
-    pub async fn shutdown(&self) {}
+    /// `ShuttingDown`, new ones too. Members stop polling after their
+    /// DISCONNECT is out. Bounded by a few seconds.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Release);
+        self.inner.ctx.shutdown.send_replace(true);
+        self.inner.ctx.slot_freed.notify_waiters();
+        let tasks = std::mem::take(
+            &mut *self
+                .inner
+                .tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        for mut task in tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::warn!("a pool member did not stop in time; aborting it");
+                task.abort();
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        target: Option<usize>,
+        request: &Request,
+        options: &RequestOptions,
+    ) -> Result<StoreResponse, PoolError> {
+        let started = std::time::Instant::now();
+        let result = self.exchange(target, request, options).await;
+        self.record(request, &result, started.elapsed());
+        result
+    }
+
+    async fn exchange(
+        &self,
+        target: Option<usize>,
+        request: &Request,
+        options: &RequestOptions,
+    ) -> Result<StoreResponse, PoolError> {
+        if self.inner.shutting_down.load(Ordering::Acquire) {
+            return Err(PoolError::ShuttingDown);
+        }
+        let mut slot = self.acquire(target).await?;
+        let member = slot.member.clone();
+        let correlation: CorrelationId = rand::random();
+        let timestamp = self.inner.clock.now().map_err(PoolError::Clock)?;
+        let properties = self.properties(&member, request, options, &timestamp, correlation);
+        let payload = Bytes::from(request.encode());
+
+        let max = member
+            .max_packet_size()
+            .unwrap_or(MAX_PACKET_SIZE)
+            .min(MAX_PACKET_SIZE) as usize;
+        // The packet as it will go out (packet id included).
+        let size = Publish::new(
+            REQUEST_TOPIC,
+            QoS::AtLeastOnce,
+            payload.clone(),
+            Some(properties.clone()),
+        )
+        .size()
+            + 2;
+        if size > max {
+            return Err(PoolError::TooLarge { size, max });
+        }
+
+        let (reply_tx, reply_rx) = oneshot::channel();
+        member.publish(correlation, reply_tx, REQUEST_TOPIC, payload, properties)?;
+        slot.correlation = Some(correlation);
+
+        let timeout = self.inner.request_timeout;
+        let delivery = match tokio::time::timeout(timeout, reply_rx).await {
+            Err(_) => return Err(PoolError::Timeout(timeout)),
+            // The member dropped the waiter without an answer: it is gone.
+            Ok(Err(_)) => return Err(PoolError::ConnectionLost),
+            Ok(Ok(result)) => {
+                // Whoever answered removed the waiter already.
+                slot.correlation = None;
+                result?
+            }
+        };
+        drop(slot);
+        match delivery {
+            Delivery::Reply(message) => self.interpret(message),
+            Delivery::Refused(reason) => refusal(reason),
+        }
+    }
+
+    /// Takes a slot on the least-loaded usable member (or on `target`),
+    /// waiting up to the slot wait for one to free up.
+    async fn acquire(&self, target: Option<usize>) -> Result<Slot, PoolError> {
+        let deadline = Instant::now() + self.inner.slot_wait;
+        loop {
+            let notified = self.inner.ctx.slot_freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let error = match self.try_acquire(target) {
+                Ok(slot) => return Ok(slot),
+                Err(error) => error,
+            };
+            if self.inner.shutting_down.load(Ordering::Acquire) {
+                return Err(PoolError::ShuttingDown);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(error);
+            }
+        }
+    }
+
+    fn try_acquire(&self, target: Option<usize>) -> Result<Slot, PoolError> {
+        let members = &self.inner.members;
+        let max = self.inner.max_in_flight;
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        // A few rounds in case other requests take the chosen slot first.
+        for _ in 0..4 {
+            let mut usable = false;
+            let mut best: Option<(&Arc<Member>, usize)> = None;
+            let candidates: Box<dyn Iterator<Item = &Arc<Member>>> = match target {
+                Some(index) => Box::new(members.get(index).into_iter()),
+                None => Box::new((0..members.len()).map(|i| &members[(start + i) % members.len()])),
+            };
+            for member in candidates {
+                // A targeted request may use a draining member: it is
+                // still connected and the request belongs there.
+                let routable = match target {
+                    Some(_) => member.status() == Status::Subscribed,
+                    None => member.is_routable(),
+                };
+                if !routable {
+                    continue;
+                }
+                usable = true;
+                let load = member.in_flight.load(Ordering::Acquire);
+                if load < max && best.is_none_or(|(_, least)| load < least) {
+                    best = Some((member, load));
+                }
+            }
+            let Some((member, _)) = best else {
+                return Err(if usable {
+                    PoolError::Overloaded
+                } else {
+                    PoolError::Unavailable
+                });
+            };
+            let taken = member
+                .in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok();
+            if taken {
+                self.inner.ctx.metrics.in_flight.inc();
+                return Ok(Slot {
+                    member: member.clone(),
+                    ctx: self.inner.ctx.clone(),
+                    correlation: None,
+                });
+            }
+        }
+        Err(PoolError::Overloaded)
+    }
+
+    /// The request's MQTT properties, in the SDK's order.
+    fn properties(
+        &self,
+        member: &Member,
+        request: &Request,
+        options: &RequestOptions,
+        timestamp: &Hlc,
+        correlation: CorrelationId,
+    ) -> PublishProperties {
+        let mut user_properties = Vec::with_capacity(7);
+        if let Some(token) = &options.fencing_token {
+            user_properties.push((property::FENCING_TOKEN.to_owned(), token.to_string()));
+        }
+        // The SDK only offers persistence on SET.
+        if options.persist && matches!(request, Request::Set { .. }) {
+            user_properties.push((property::PERSISTENCE.to_owned(), "true".to_owned()));
+        }
+        user_properties.extend([
+            (property::SOURCE_ID.to_owned(), member.client_id.clone()),
+            (property::TIMESTAMP.to_owned(), timestamp.to_string()),
+            (
+                property::PROTOCOL_VERSION.to_owned(),
+                PROTOCOL_VERSION.to_owned(),
+            ),
+            (property::PARTITION.to_owned(), member.client_id.clone()),
+            (property::HIGH_PRIORITY.to_owned(), String::new()),
+        ]);
+        PublishProperties {
+            // The SDK leaves the indicator out for bytes (= 0, unspecified).
+            payload_format_indicator: None,
+            message_expiry_interval: Some(message_expiry(self.inner.request_timeout)),
+            topic_alias: None,
+            response_topic: Some(member.response_topic.clone()),
+            correlation_data: Some(Bytes::copy_from_slice(&correlation)),
+            user_properties,
+            subscription_identifiers: Vec::new(),
+            content_type: Some(CONTENT_TYPE.to_owned()),
+        }
+    }
+
+    fn interpret(&self, message: ReplyMessage) -> Result<StoreResponse, PoolError> {
+        let mut status = None;
+        let mut status_message = None;
+        let mut timestamp = None;
+        for (name, value) in &message.user_properties {
+            match name.as_str() {
+                property::STATUS => status = Some(value.as_str()),
+                STATUS_MESSAGE => status_message = Some(value.as_str()),
+                property::TIMESTAMP => timestamp = Some(value.as_str()),
+                _ => {}
+            }
+        }
+        if let Some(code) = status
+            && code != STATUS_OK
+        {
+            let message = format!(
+                "state store status {code}: {}",
+                status_message.unwrap_or("no status message")
+            );
+            return Ok(StoreResponse {
+                reply: Reply::Error(StoreError::Unknown(message)),
+                version: None,
+            });
+        }
+        let version = timestamp
+            .map(Hlc::parse)
+            .transpose()
+            .map_err(PoolError::BadVersion)?;
+        let reply = Reply::decode(&message.payload)?;
+        if let Some(version) = &version
+            && let Err(error) = self.inner.clock.observe(version)
+        {
+            tracing::warn!(%version, %error, "reply version not merged into the clock");
+        }
+        Ok(StoreResponse { reply, version })
+    }
+
+    fn record(
+        &self,
+        request: &Request,
+        result: &Result<StoreResponse, PoolError>,
+        elapsed: Duration,
+    ) {
+        let metrics = &self.inner.ctx.metrics;
+        let outcome = match result {
+            Ok(response) => match &response.reply {
+                Reply::NotFound => "not_found",
+                Reply::Integer(-1) => "not_applied",
+                Reply::Error(error) => {
+                    metrics
+                        .store_errors
+                        .with_label_values(&[error.kind()])
+                        .inc();
+                    "error"
+                }
+                Reply::Ok | Reply::Integer(_) | Reply::Value(_) => "ok",
+            },
+            Err(error) => {
+                metrics
+                    .store_errors
+                    .with_label_values(&[error.kind()])
+                    .inc();
+                error.kind()
+            }
+        };
+        metrics
+            .store_latency
+            .with_label_values(&[request.verb(), outcome])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// What a request the broker refused in its PUBACK becomes: the broker
+/// never delivered it, so no store saw it.
+///
+/// - no matching subscribers: nothing serves the request topic (the store,
+///   or in development the emulator, is not running) → `Unavailable`;
+/// - not authorized (the broker's authorization policy) → the store's
+///   `not authorized` error;
+/// - quota exceeded → the store's `the quota has been exceeded` error;
+/// - anything else → an unknown store error naming the reason.
+fn refusal(reason: PubAckReason) -> Result<StoreResponse, PoolError> {
+    let error = match reason {
+        PubAckReason::NoMatchingSubscribers => return Err(PoolError::Unavailable),
+        PubAckReason::NotAuthorized => StoreError::NotAuthorized,
+        PubAckReason::QuotaExceeded => StoreError::QuotaExceeded,
+        other => StoreError::Unknown(format!("the broker refused the request: {other:?}")),
+    };
+    Ok(StoreResponse {
+        reply: Reply::Error(error),
+        version: None,
+    })
+}
+
+/// The message expiry the SDK sends: the timeout rounded up to whole
+/// seconds, at least one.
+fn message_expiry(timeout: Duration) -> u32 {
+    let seconds = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+    u32::try_from(seconds.max(1)).unwrap_or(u32::MAX)
+}
+
+/// Reads the SAT file every `interval`; when the token changed, reconnects
+/// the members one at a time (rumqttc cannot re-authenticate in place).
+async fn watch_sat(
+    path: PathBuf,
+    interval: Duration,
+    members: Vec<Arc<Member>>,
+    ctx: Arc<MemberContext>,
+) {
+    let mut shutdown = ctx.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|down| *down) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let token = match auth::read_sat(&path) {
+            Ok(token) => token,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the SAT file; keeping the current connections");
+                continue;
+            }
+        };
+        roll_out(&token, &members, &ctx, &mut shutdown).await;
+    }
+}
+
+/// Reconnects each subscribed member whose connection used another token,
+/// one at a time: a member drains its requests, reconnects with the new
+/// token and must be subscribed again before the next one goes. A member
+/// is only taken down while another one serves (unless it is alone). Gives
+/// up until the next check if a member does not come back in time.
+async fn roll_out(
+    token: &Bytes,
+    members: &[Arc<Member>],
+    ctx: &MemberContext,
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let deadline_per_member = ctx.request_timeout + CONNECT_TIMEOUT * 2;
+    for member in members {
+        let old = member.sat_token();
+        if member.status() != Status::Subscribed || old.as_ref() == Some(token) {
+            continue;
+        }
+        let others_serve = members
+            .iter()
+            .any(|other| other.index != member.index && other.is_routable());
+        if members.len() > 1 && !others_serve {
+            tracing::info!(
+                member = member.index,
+                "SAT token changed; postponing the reconnect while no other member serves"
+            );
+            return;
+        }
+        tracing::info!(
+            member = member.index,
+            "SAT token changed; reconnecting the member"
+        );
+        member.request_reconnect();
+        let deadline = Instant::now() + deadline_per_member;
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if member.status() == Status::Subscribed && member.sat_token() != old {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    member = member.index,
+                    "member not back with the new SAT token in time; the rollout resumes at the next check"
+                );
+                return;
+            }
+            tokio::time::sleep(ROLLOUT_POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_expiry_rounds_up_to_whole_seconds() {
+        assert_eq!(message_expiry(Duration::from_secs(10)), 10);
+        assert_eq!(message_expiry(Duration::from_millis(10_001)), 11);
+        assert_eq!(message_expiry(Duration::from_millis(200)), 1);
+        assert_eq!(message_expiry(Duration::from_secs(u64::MAX / 2)), u32::MAX);
+    }
+
+    #[test]
+    fn error_kinds_are_distinct_labels() {
+        let errors = [
+            PoolError::Unavailable,
+            PoolError::Overloaded,
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::ConnectionLost,
+            PoolError::Decode(DecodeError::Incomplete),
+            PoolError::BadVersion(HlcError::TooFarInFuture),
+            PoolError::Clock(HlcError::CounterOverflow),
+            PoolError::TooLarge { size: 2, max: 1 },
+            PoolError::ShuttingDown,
+        ];
+        let kinds: std::collections::HashSet<&str> = errors.iter().map(PoolError::kind).collect();
+        assert_eq!(kinds.len(), errors.len());
+    }
+
+    #[test]
+    fn bad_pool_settings_name_the_setting() {
+        let broker = BrokerSettings::new("localhost", 1883);
+        let mut settings = PoolSettings::new(broker, "gw");
+        settings.size = 0;
+        assert!(
+            settings
+                .check()
+                .unwrap_err()
+                .to_string()
+                .starts_with("pool size")
+        );
+        settings.size = 1;
+        settings.client_id = "gw/#".into();
+        assert!(
+            settings
+                .check()
+                .unwrap_err()
+                .to_string()
+                .starts_with("AIO_MQTT_CLIENT_ID")
+        );
+    }
+
+    #[test]
+    fn start_outside_a_runtime_is_an_error_not_a_panic() {
+        let settings = PoolSettings::new(BrokerSettings::new("localhost", 1883), "gw");
+        assert!(matches!(
+            Pool::start(settings, Metrics::new()),
+            Err(ConfigError::NoRuntime)
+        ));
+    }
 }

@@ -2,6 +2,11 @@
 
 mod support;
 
+mod auth;
+mod emulator;
+mod official_client;
+mod pool;
+
 mod broker {
     use crate::support::Mosquitto;
 

@@ -4,9 +4,16 @@
 
 #![allow(dead_code)]
 
+pub mod auth_proxy;
+pub mod certs;
+pub mod emulator;
 pub mod mosquitto;
+pub mod responder;
 
-pub use mosquitto::Mosquitto;
+pub use auth_proxy::AuthProxy;
+pub use certs::TestPki;
+pub use mosquitto::{Mosquitto, MosquittoConfig};
+pub use responder::{Answer, Responder};
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
@@ -49,4 +56,48 @@ pub fn init_logging() {
                 .try_init();
         }
     });
+}
+
+/// Polls `condition` every few milliseconds until it holds; panics with
+/// `what` after `within`.
+pub async fn wait_until(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Pool settings for a plain broker at `addr`: small, quick timeouts.
+pub fn pool_settings(addr: SocketAddr, client_id: &str) -> statestore_gateway::mqtt::PoolSettings {
+    let broker = statestore_gateway::mqtt::BrokerSettings::new(addr.ip().to_string(), addr.port());
+    let mut settings = statestore_gateway::mqtt::PoolSettings::new(broker, client_id);
+    settings.size = 2;
+    settings.request_timeout = Duration::from_secs(5);
+    settings
+}
+
+/// Starts a pool and waits until all its members are subscribed.
+pub async fn start_pool(
+    settings: statestore_gateway::mqtt::PoolSettings,
+) -> (
+    statestore_gateway::mqtt::Pool,
+    statestore_gateway::metrics::Metrics,
+) {
+    let metrics = statestore_gateway::metrics::Metrics::new();
+    let size = settings.size as i64;
+    let pool =
+        statestore_gateway::mqtt::Pool::start(settings, metrics.clone()).expect("pool starts");
+    wait_until(Duration::from_secs(5), "every member subscribed", || {
+        metrics
+            .pool_members
+            .with_label_values(&["subscribed"])
+            .get()
+            == size
+    })
+    .await;
+    (pool, metrics)
 }

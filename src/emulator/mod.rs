@@ -1,0 +1,730 @@
+//! The state store emulator: the AIO state store protocol served by an MQTT5
+//! client of any broker, so that the gateway and the official SDK clients
+//! can be developed and tested without an AIO cluster.
+//!
+//! Two tasks: the *poll loop* drives the rumqttc event loop and never awaits
+//! the client (rumqttc can freeze otherwise); it forwards requests to the
+//! *worker*, which takes every request that is waiting (a batch), runs them
+//! on the [`Store`] under a mutex, makes persisted changes durable with one
+//! `fsync` for the whole batch, then publishes replies and notifications and
+//! acknowledges the requests (manual acks: a request is acked once handled).
+//!
+//! KEYNOTIFY registrations belong to the client id of the request's
+//! `__srcId`. The real service drops a client's registrations when it
+//! disconnects; an MQTT client cannot see other clients disconnect, so with
+//! an external broker **registrations persist until `KEYNOTIFY STOP` or an
+//! emulator restart** (a reconnecting SDK client registers again, which is
+//! harmless). An embedded broker that does see disconnects calls
+//! [`Emulator::client_disconnected`].
+
+mod acl;
+mod persist;
+mod store;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rumqttc::Outgoing;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties, SubscribeReasonCode};
+use rumqttc::v5::{AsyncClient, Event, EventLoop};
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+pub use acl::{Access, AccessList, AclError, Grant};
+pub use persist::{LOG_FILE, Log, PersistError, Record};
+pub use store::{Entry, Envelope, KeyEvent, NODE_ID, Outcome, Quota, Store};
+
+use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
+use crate::protocol::{
+    CONTENT_TYPE, PROTOCOL_VERSION, REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, hlc,
+    is_forbidden_response_topic, notify_topic, property,
+};
+
+/// How long [`Emulator::start`] waits to be connected and subscribed.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Most requests handled (and made durable) together.
+const MAX_BATCH: usize = 256;
+
+/// Keep-alive of the emulator's connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
+/// Longest pause between reconnect attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// AIO RPC properties of replies that reject the envelope (not the payload).
+mod status {
+    /// `__stMsg`: why.
+    pub const MESSAGE: &str = "__stMsg";
+    /// `__propName`: which property was wrong.
+    pub const PROPERTY_NAME: &str = "__propName";
+    /// `__supProtMajVer`: the protocol major versions served.
+    pub const SUPPORTED_MAJOR_VERSIONS: &str = "__supProtMajVer";
+    /// `__requestProtVer`: the version the request asked for.
+    pub const REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
+    /// Bad request.
+    pub const BAD_REQUEST: &str = "400";
+    /// Protocol version not supported.
+    pub const VERSION_NOT_SUPPORTED: &str = "505";
+}
+
+/// What the emulator connects to and how it behaves.
+#[derive(Debug, Clone)]
+pub struct EmulatorConfig {
+    /// Broker host name or address.
+    pub broker_host: String,
+    /// Broker MQTT port (plain TCP).
+    pub broker_port: u16,
+    /// The emulator's own MQTT client id.
+    pub client_id: String,
+    /// Broker user name, if it wants one.
+    pub username: Option<String>,
+    /// Broker password (with `username`).
+    pub password: Option<String>,
+    /// Where keys SET with `aio-persistence: true` are kept; `None` keeps
+    /// everything in memory, like the real service's default.
+    pub data_dir: Option<PathBuf>,
+    /// Most keys before `the quota has been exceeded`.
+    pub max_keys: Option<usize>,
+    /// Most bytes (keys plus values) before `the quota has been exceeded`.
+    pub max_bytes: Option<usize>,
+    /// Who may read and write which keys; `None` allows everything.
+    pub acl: Option<AccessList>,
+}
+
+impl EmulatorConfig {
+    /// In-memory, unlimited, open to all, client id `statestore-emulator`.
+    pub fn new(broker_host: impl Into<String>, broker_port: u16) -> Self {
+        Self {
+            broker_host: broker_host.into(),
+            broker_port,
+            client_id: "statestore-emulator".into(),
+            username: None,
+            password: None,
+            data_dir: None,
+            max_keys: None,
+            max_bytes: None,
+            acl: None,
+        }
+    }
+}
+
+/// Why the emulator did not start or stopped.
+#[derive(Debug, Error)]
+pub enum EmulatorError {
+    /// The persistence log could not be read, written or synced.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+    /// No broker connection and subscription in time.
+    #[error(
+        "not connected and subscribed to the broker within {timeout:?} (last error: {last_error})"
+    )]
+    NotServing {
+        /// How long it tried.
+        timeout: Duration,
+        /// The last connection error, if any.
+        last_error: String,
+    },
+    /// The broker refused the subscription to the request topic.
+    #[error("the broker refused the subscription to the request topic: {0}")]
+    SubscriptionRefused(String),
+    /// A task of the emulator ended unexpectedly.
+    #[error("the emulator stopped unexpectedly: {0}")]
+    Stopped(String),
+}
+
+/// The connection's state, as the poll loop reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Status {
+    Connecting { last_error: String },
+    Serving,
+    Refused(String),
+}
+
+/// A cheap handle on a running emulator's store, for whoever sees clients
+/// disconnect (the dev mode's embedded broker).
+#[derive(Debug, Clone)]
+pub struct EmulatorHandle {
+    store: Arc<Mutex<Store>>,
+}
+
+impl EmulatorHandle {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        // The store is consistent between commands, so a poisoned lock is usable.
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Drops every KEYNOTIFY registration of `client_id`, as the real
+    /// service does when a client disconnects.
+    pub fn client_disconnected(&self, client_id: &str) {
+        self.store().client_disconnected(client_id);
+    }
+
+    /// Number of keys held.
+    pub fn key_count(&self) -> usize {
+        self.store().len()
+    }
+
+    /// Number of (client, key) KEYNOTIFY registrations.
+    pub fn registrations(&self) -> usize {
+        self.store().registrations()
+    }
+}
+
+/// A running emulator.
+#[derive(Debug)]
+pub struct Emulator {
+    client: AsyncClient,
+    handle: EmulatorHandle,
+    stop: watch::Sender<bool>,
+    poll: JoinHandle<()>,
+    worker: Option<JoinHandle<Result<(), EmulatorError>>>,
+}
+
+impl Emulator {
+    /// Replays the persistence log (if any), connects, subscribes to the
+    /// request topic, and returns once requests are being served.
+    pub async fn start(config: EmulatorConfig) -> Result<Emulator, EmulatorError> {
+        let quota = Quota {
+            max_keys: config.max_keys,
+            max_bytes: config.max_bytes,
+        };
+        let mut store = Store::new(quota, hlc::now_ms());
+        let log = match &config.data_dir {
+            Some(dir) => Some(open_log(dir, &mut store)?),
+            None => None,
+        };
+        let store = Arc::new(Mutex::new(store));
+
+        let mut options = base_options(
+            config.client_id.clone(),
+            config.broker_host.clone(),
+            config.broker_port,
+            KEEP_ALIVE,
+        );
+        options.set_manual_acks(true).set_clean_start(true);
+        if let Some(username) = &config.username {
+            options.set_credentials(
+                username.clone(),
+                config.password.clone().unwrap_or_default(),
+            );
+        }
+        let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
+        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
+            last_error: "none yet".into(),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+
+        let poll = tokio::spawn(poll_loop(eventloop, client.clone(), requests_tx, status_tx));
+        let worker = Worker {
+            client: client.clone(),
+            store: Arc::clone(&store),
+            acl: config.acl,
+            log,
+        };
+        let worker = tokio::spawn(worker.run(requests_rx, stop_rx));
+        let emulator = Emulator {
+            client,
+            handle: EmulatorHandle { store },
+            stop,
+            poll,
+            worker: Some(worker),
+        };
+
+        let outcome = tokio::time::timeout(
+            STARTUP_TIMEOUT,
+            status_rx.wait_for(|status| !matches!(status, Status::Connecting { .. })),
+        )
+        .await
+        .map(|waited| waited.is_ok());
+        let status = status_rx.borrow().clone();
+        match (outcome, status) {
+            (Ok(true), Status::Serving) => {
+                tracing::info!(
+                    broker = %format!("{}:{}", config.broker_host, config.broker_port),
+                    client_id = %config.client_id,
+                    persistence = ?config.data_dir,
+                    "state store emulator serving {REQUEST_TOPIC}"
+                );
+                Ok(emulator)
+            }
+            (_, Status::Refused(reason)) => Err(EmulatorError::SubscriptionRefused(reason)),
+            (_, Status::Connecting { last_error }) => Err(EmulatorError::NotServing {
+                timeout: STARTUP_TIMEOUT,
+                last_error,
+            }),
+            (Ok(false) | Err(_), Status::Serving) => Err(EmulatorError::Stopped(
+                "the connection task ended during start-up".into(),
+            )),
+        }
+    }
+
+    /// A handle for reporting disconnects and reading counters.
+    pub fn handle(&self) -> EmulatorHandle {
+        self.handle.clone()
+    }
+
+    /// Drops every KEYNOTIFY registration of `client_id` (see the module
+    /// documentation for when this is called).
+    pub fn client_disconnected(&self, client_id: &str) {
+        self.handle.client_disconnected(client_id);
+    }
+
+    /// Resolves if the emulator stops by itself, which only a persistence
+    /// failure does (it cannot promise durability any more).
+    pub async fn stopped(&mut self) -> Result<(), EmulatorError> {
+        match self.worker.as_mut() {
+            Some(worker) => {
+                let result = worker.await;
+                self.worker = None;
+                flatten(result)
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops serving, disconnects cleanly and closes the log.
+    pub async fn shutdown(mut self) -> Result<(), EmulatorError> {
+        let _ = self.stop.send(true);
+        let result = match self.worker.take() {
+            Some(worker) => flatten(worker.await),
+            None => Ok(()),
+        };
+        if self.client.try_disconnect().is_ok() {
+            // The poll loop ends once it has sent the DISCONNECT.
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.poll).await;
+        }
+        self.poll.abort();
+        tracing::info!("state store emulator stopped");
+        result
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.poll.abort();
+        if let Some(worker) = &self.worker {
+            worker.abort();
+        }
+    }
+}
+
+fn flatten(
+    result: Result<Result<(), EmulatorError>, tokio::task::JoinError>,
+) -> Result<(), EmulatorError> {
+    result.map_err(|error| EmulatorError::Stopped(error.to_string()))?
+}
+
+/// Opens the log in `dir`, replays it into `store` and compacts it.
+fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorError> {
+    let (mut log, records) = Log::open(dir)?;
+    let replayed = records.len();
+    let now = hlc::now_ms();
+    for record in records {
+        match record {
+            Record::Set { key, entry } => store.restore(key, entry, now),
+            Record::Delete { key } => store.forget(&key),
+        }
+    }
+    let live: Vec<Record> = store
+        .persistent_entries()
+        .map(|(key, entry)| Record::Set {
+            key: key.clone(),
+            entry: entry.clone(),
+        })
+        .collect();
+    log.compact(&live)?;
+    tracing::info!(
+        dir = %dir.display(),
+        records = replayed,
+        keys = live.len(),
+        "replayed the persistence log"
+    );
+    Ok(log)
+}
+
+/// Drives the MQTT connection: (re)subscribes after every CONNACK and
+/// forwards requests to the worker. It never awaits the client.
+async fn poll_loop(
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+    requests: mpsc::UnboundedSender<Publish>,
+    status: watch::Sender<Status>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                if requests.send(publish).is_err() {
+                    return; // the worker is gone
+                }
+            }
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                backoff = Duration::from_millis(50);
+                // Subscribing awaits the client, so not here.
+                let client = client.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = client.subscribe(REQUEST_TOPIC, QoS::AtLeastOnce).await {
+                        tracing::warn!(%error, "could not send the SUBSCRIBE");
+                    }
+                });
+            }
+            Ok(Event::Incoming(Packet::SubAck(suback))) => match suback.return_codes.first() {
+                Some(SubscribeReasonCode::Success(_)) => {
+                    tracing::info!("subscribed to the request topic");
+                    status.send_replace(Status::Serving);
+                }
+                other => {
+                    tracing::error!(reason = ?other, "the broker refused the subscription");
+                    status.send_replace(Status::Refused(format!("{other:?}")));
+                }
+            },
+            Ok(Event::Incoming(Packet::Disconnect(disconnect))) => {
+                tracing::warn!(reason = ?disconnect.reason_code, "the broker disconnected us");
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?backoff, "broker connection failed");
+                if matches!(*status.borrow(), Status::Serving) || requests.is_closed() {
+                    status.send_replace(Status::Connecting {
+                        last_error: error.to_string(),
+                    });
+                } else {
+                    status.send_modify(|status| {
+                        if let Status::Connecting { last_error } = status {
+                            *last_error = error.to_string();
+                        }
+                    });
+                }
+                if requests.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// One MQTT message to send.
+struct Message {
+    topic: String,
+    payload: Vec<u8>,
+    properties: PublishProperties,
+}
+
+/// Handles batches of requests and expiries.
+struct Worker {
+    client: AsyncClient,
+    store: Arc<Mutex<Store>>,
+    acl: Option<AccessList>,
+    log: Option<Log>,
+}
+
+impl Worker {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<Publish>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), EmulatorError> {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let next_expiry = self.store().next_expiry();
+            let expiry = async {
+                match next_expiry {
+                    Some(at) => {
+                        let wait = at.saturating_sub(hlc::now_ms());
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return Ok(()),
+                received = requests.recv_many(&mut batch, MAX_BATCH) => {
+                    if received == 0 {
+                        return Ok(());
+                    }
+                    self.handle_batch(&mut batch).await?;
+                }
+                () = expiry => self.handle_batch(&mut batch).await?,
+            }
+        }
+    }
+
+    /// Runs the requests (and any due expiry), syncs what must be durable,
+    /// then publishes and acks.
+    async fn handle_batch(&mut self, batch: &mut Vec<Publish>) -> Result<(), EmulatorError> {
+        let mut messages = Vec::with_capacity(batch.len() * 2);
+        let mut records = Vec::new();
+        {
+            let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = hlc::now_ms();
+            let expired = store.expire(now);
+            collect(expired, None, &mut messages, &mut records);
+            for request in batch.iter_mut() {
+                match handle_request(&mut store, self.acl.as_ref(), request, now) {
+                    Handled::Dropped => {}
+                    Handled::Refused(message) => messages.push(message),
+                    Handled::Served(outcome, reply_to) => {
+                        collect(outcome, Some(reply_to), &mut messages, &mut records);
+                    }
+                }
+            }
+        }
+        if let (Some(log), false) = (&self.log, records.is_empty()) {
+            let mut encoded = Vec::new();
+            for record in &records {
+                record.encode(&mut encoded);
+            }
+            if let Err(error) = log.append(encoded).await {
+                tracing::error!(%error, "cannot make changes durable; stopping");
+                return Err(error.into());
+            }
+        }
+        for message in messages {
+            let published = self
+                .client
+                .publish_with_properties(
+                    message.topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    message.payload,
+                    message.properties,
+                )
+                .await;
+            // Topics were checked (no wildcards), so only a closed channel fails.
+            if published.is_err() {
+                return Err(EmulatorError::Stopped("the MQTT client is gone".into()));
+            }
+        }
+        for request in batch.drain(..) {
+            if self.client.ack(&request).await.is_err() {
+                return Err(EmulatorError::Stopped("the MQTT client is gone".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds an outcome's reply and notifications to the batch's messages.
+fn collect(
+    outcome: Outcome,
+    reply: Option<ReplyTo>,
+    messages: &mut Vec<Message>,
+    records: &mut Vec<Record>,
+) {
+    if let Some(reply) = reply {
+        let mut user_properties = vec![
+            (property::STATUS.into(), STATUS_OK.into()),
+            (property::PROTOCOL_VERSION.into(), PROTOCOL_VERSION.into()),
+        ];
+        if let Some(version) = &outcome.version {
+            user_properties.push((property::TIMESTAMP.into(), version.to_string()));
+        }
+        messages.push(Message {
+            topic: reply.topic,
+            payload: outcome.reply.encode(),
+            properties: PublishProperties {
+                correlation_data: Some(reply.correlation_data),
+                content_type: Some(CONTENT_TYPE.into()),
+                message_expiry_interval: reply.message_expiry_interval,
+                user_properties,
+                ..PublishProperties::default()
+            },
+        });
+    }
+    for event in outcome.events {
+        messages.push(Message {
+            topic: notify_topic(&event.client_id, &event.key),
+            payload: event.notification.encode(),
+            properties: PublishProperties {
+                content_type: Some(CONTENT_TYPE.into()),
+                user_properties: vec![
+                    (property::TIMESTAMP.into(), event.version.to_string()),
+                    (property::PROTOCOL_VERSION.into(), PROTOCOL_VERSION.into()),
+                ],
+                ..PublishProperties::default()
+            },
+        });
+    }
+    records.extend(outcome.records);
+}
+
+/// Where a reply goes.
+struct ReplyTo {
+    topic: String,
+    correlation_data: Bytes,
+    message_expiry_interval: Option<u32>,
+}
+
+/// What became of one request.
+enum Handled {
+    /// No usable response topic: logged and dropped.
+    Dropped,
+    /// The envelope is wrong: answered the AIO RPC way (`__stat` 400 or 505
+    /// with `__stMsg`) without running the request.
+    Refused(Message),
+    /// Run; the outcome goes back to the requester.
+    Served(Outcome, ReplyTo),
+}
+
+/// Checks one request's envelope and runs it.
+fn handle_request(
+    store: &mut Store,
+    acl: Option<&AccessList>,
+    request: &mut Publish,
+    now_ms: u64,
+) -> Handled {
+    let properties = request.properties.take().unwrap_or_default();
+    let Some(topic) = properties.response_topic else {
+        tracing::warn!("request without a response topic dropped");
+        return Handled::Dropped;
+    };
+    if is_forbidden_response_topic(&topic) {
+        // The real service disconnects such a client; we cannot, so we drop.
+        tracing::warn!(%topic, "request naming a forbidden response topic dropped");
+        return Handled::Dropped;
+    }
+    let Some(correlation_data) = properties.correlation_data else {
+        return rejection(
+            topic,
+            None,
+            status::BAD_REQUEST,
+            &[
+                (status::MESSAGE, "Correlation data missing"),
+                (status::PROPERTY_NAME, "Correlation Data"),
+            ],
+        );
+    };
+    let reply_to = ReplyTo {
+        topic,
+        correlation_data,
+        message_expiry_interval: properties.message_expiry_interval,
+    };
+    if request.qos != QoS::AtLeastOnce {
+        return rejection(
+            reply_to.topic,
+            Some(reply_to.correlation_data),
+            status::BAD_REQUEST,
+            &[(
+                status::MESSAGE,
+                "state store requests must be published at QoS 1",
+            )],
+        );
+    }
+
+    let mut envelope = Envelope::default();
+    let mut client_id = None;
+    for (name, value) in &properties.user_properties {
+        match name.as_str() {
+            property::SOURCE_ID => client_id = Some(value.as_str()),
+            property::TIMESTAMP => envelope.timestamp = Some(value.as_str()),
+            property::FENCING_TOKEN => envelope.fencing_token = Some(value.as_str()),
+            property::PERSISTENCE => envelope.persist = value.eq_ignore_ascii_case("true"),
+            property::PROTOCOL_VERSION if !is_supported_version(value) => {
+                return rejection(
+                    reply_to.topic,
+                    Some(reply_to.correlation_data),
+                    status::VERSION_NOT_SUPPORTED,
+                    &[
+                        (status::MESSAGE, "unsupported protocol version"),
+                        (status::SUPPORTED_MAJOR_VERSIONS, "1"),
+                        (status::REQUEST_PROTOCOL_VERSION, value),
+                    ],
+                );
+            }
+            _ => {}
+        }
+    }
+    // Without `__srcId`, the SDKs' response topic `clients/{id}/...` names the client.
+    envelope.client_id = client_id
+        .or_else(|| client_of_response_topic(&reply_to.topic))
+        .unwrap_or_default();
+
+    let outcome = match Request::decode(&request.payload) {
+        Err(error) => Outcome {
+            reply: Reply::Error(error),
+            version: None,
+            events: Vec::new(),
+            records: Vec::new(),
+        },
+        Ok(command) => {
+            let access = if command.is_write() {
+                Access::Write
+            } else {
+                Access::Read
+            };
+            if acl.is_some_and(|acl| !acl.allows(envelope.client_id, command.key(), access)) {
+                Outcome {
+                    reply: Reply::Error(StoreError::NotAuthorized),
+                    version: None,
+                    events: Vec::new(),
+                    records: Vec::new(),
+                }
+            } else {
+                tracing::trace!(
+                    verb = command.verb(),
+                    client = envelope.client_id,
+                    "request"
+                );
+                store.execute(command, &envelope, now_ms)
+            }
+        }
+    };
+    Handled::Served(outcome, reply_to)
+}
+
+/// A reply that refuses the envelope: `__stat` other than 200, no payload.
+fn rejection(
+    topic: String,
+    correlation_data: Option<Bytes>,
+    status_code: &str,
+    details: &[(&str, &str)],
+) -> Handled {
+    tracing::debug!(%topic, status = status_code, ?details, "request refused");
+    let mut user_properties = vec![
+        (property::STATUS.to_owned(), status_code.to_owned()),
+        (
+            property::PROTOCOL_VERSION.to_owned(),
+            PROTOCOL_VERSION.to_owned(),
+        ),
+    ];
+    user_properties.extend(
+        details
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned())),
+    );
+    Handled::Refused(Message {
+        topic,
+        payload: Vec::new(),
+        properties: PublishProperties {
+            correlation_data,
+            user_properties,
+            ..PublishProperties::default()
+        },
+    })
+}
+
+fn is_supported_version(version: &str) -> bool {
+    let mut parts = version.split('.');
+    parts.next() == Some("1")
+        && parts.all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn client_of_response_topic(topic: &str) -> Option<&str> {
+    let rest = topic.strip_prefix("clients/")?;
+    let (client, _) = rest.split_once('/')?;
+    (!client.is_empty()).then_some(client)
+}

@@ -1,0 +1,548 @@
+//! Durability for keys SET with `aio-persistence: true`: an append-only log
+//! in the data directory, replayed at start-up.
+//!
+//! Each record is `[len u32 LE][crc32 u32 LE][body]`. A crash can leave the
+//! last records half written; replay keeps the longest valid prefix and cuts
+//! the rest off. That loses nothing acknowledged, because the emulator only
+//! replies once a record is written and `fsync`ed. After replay the log is
+//! rewritten to the live keys alone (write, fsync, rename), so it does not
+//! grow across restarts.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use super::store::Entry;
+use crate::protocol::Hlc;
+
+/// The log's file name in the data directory.
+pub const LOG_FILE: &str = "statestore.log";
+/// Held locked while an emulator uses the directory.
+const LOCK_FILE: &str = "statestore.lock";
+/// The first bytes of a log: a format name and version.
+const MAGIC: &[u8; 8] = b"SSEAOF01";
+/// No record is larger (values are bounded by the MQTT packet size).
+const MAX_RECORD: usize = 1 << 30;
+
+/// Why the log could not be used.
+#[derive(Debug, Error)]
+pub enum PersistError {
+    /// Reading, writing or syncing failed.
+    #[error("persistence log {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// Another emulator uses the directory.
+    #[error("data directory {0} is in use by another emulator")]
+    Locked(PathBuf),
+    /// The file is not a log of this format.
+    #[error("{0} is not a statestore emulator log")]
+    NotALog(PathBuf),
+    /// A record passed its checksum but does not decode: a bug, not a crash.
+    #[error("persistence log {path}: undecodable record at byte {offset}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Where the record starts.
+        offset: usize,
+    },
+}
+
+/// A change to a persisted key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// The key now holds this entry.
+    Set {
+        /// The key.
+        key: Bytes,
+        /// Value, version, token and expiry.
+        entry: Entry,
+    },
+    /// The key is gone (deleted, expired, or no longer persisted).
+    Delete {
+        /// The key.
+        key: Bytes,
+    },
+}
+
+impl Record {
+    /// Appends the framed record to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 8]);
+        match self {
+            Self::Set { key, entry } => {
+                out.push(1);
+                put_bytes(out, key);
+                put_bytes(out, &entry.value);
+                put_hlc(out, &entry.version);
+                match entry.expires_at_ms {
+                    Some(at) => {
+                        out.push(1);
+                        out.extend_from_slice(&at.to_le_bytes());
+                    }
+                    None => out.push(0),
+                }
+                match &entry.fencing_token {
+                    Some(token) => {
+                        out.push(1);
+                        put_hlc(out, token);
+                    }
+                    None => out.push(0),
+                }
+            }
+            Self::Delete { key } => {
+                out.push(2);
+                put_bytes(out, key);
+            }
+        }
+        let body = &out[start + 8..];
+        let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+        let crc = crc32(body);
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn decode(body: &[u8]) -> Option<Record> {
+        let mut reader = Reader(body);
+        let record = match reader.u8()? {
+            1 => {
+                let key = reader.bytes()?;
+                let value = reader.bytes()?;
+                let version = reader.hlc()?;
+                let expires_at_ms = match reader.u8()? {
+                    0 => None,
+                    1 => Some(reader.u64()?),
+                    _ => return None,
+                };
+                let fencing_token = match reader.u8()? {
+                    0 => None,
+                    1 => Some(reader.hlc()?),
+                    _ => return None,
+                };
+                Record::Set {
+                    key,
+                    entry: Entry {
+                        value,
+                        version,
+                        fencing_token,
+                        expires_at_ms,
+                        persistent: true,
+                    },
+                }
+            }
+            2 => Record::Delete {
+                key: reader.bytes()?,
+            },
+            _ => return None,
+        };
+        reader.0.is_empty().then_some(record)
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_hlc(out: &mut Vec<u8>, hlc: &Hlc) {
+    out.extend_from_slice(&hlc.wall_ms.to_le_bytes());
+    out.extend_from_slice(&hlc.counter.to_le_bytes());
+    put_bytes(out, hlc.node.as_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)?.try_into().ok().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)?.try_into().ok().map(u64::from_le_bytes)
+    }
+
+    fn bytes(&mut self) -> Option<Bytes> {
+        let len = usize::try_from(self.u32()?).ok()?;
+        self.take(len).map(Bytes::copy_from_slice)
+    }
+
+    fn hlc(&mut self) -> Option<Hlc> {
+        let wall_ms = self.u64()?;
+        let counter = self.u64()?;
+        let node = String::from_utf8(self.bytes()?.to_vec()).ok()?;
+        Some(Hlc {
+            wall_ms,
+            counter,
+            node,
+        })
+    }
+}
+
+/// The records of a log image, and how many trailing bytes were torn.
+fn parse(image: &[u8], path: &Path) -> Result<(Vec<Record>, usize), PersistError> {
+    let mut records = Vec::new();
+    let mut pos = MAGIC.len();
+    while pos < image.len() {
+        let rest = &image[pos..];
+        let Some(header) = rest.get(..8) else {
+            break;
+        };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if len > MAX_RECORD {
+            break;
+        }
+        let Some(body) = rest.get(8..8 + len) else {
+            break;
+        };
+        if crc32(body) != crc {
+            break;
+        }
+        let record = Record::decode(body).ok_or_else(|| PersistError::Corrupt {
+            path: path.to_owned(),
+            offset: pos,
+        })?;
+        records.push(record);
+        pos += 8 + len;
+    }
+    Ok((records, image.len() - pos))
+}
+
+/// The open log of a data directory.
+#[derive(Debug)]
+pub struct Log {
+    dir: PathBuf,
+    path: PathBuf,
+    file: Arc<File>,
+    _lock: File,
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir` and returns the records to
+    /// replay; a torn tail is cut off with a warning.
+    pub fn open(dir: &Path) -> Result<(Log, Vec<Record>), PersistError> {
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| PersistError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        if lock.try_lock().is_err() {
+            return Err(PersistError::Locked(dir.to_owned()));
+        }
+        let path = dir.join(LOG_FILE);
+        let mut image = Vec::new();
+        match File::open(&path) {
+            Ok(mut file) => {
+                file.read_to_end(&mut image).map_err(io(&path))?;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io(&path)(error)),
+        }
+        // A crash while the file was created leaves a short header: start over.
+        if image.len() < MAGIC.len() && MAGIC.starts_with(&image) {
+            let log = Log {
+                dir: dir.to_owned(),
+                file: Arc::new(Self::create(&path, dir, &[])?),
+                path,
+                _lock: lock,
+            };
+            return Ok((log, Vec::new()));
+        }
+        if !image.starts_with(MAGIC) {
+            return Err(PersistError::NotALog(path));
+        }
+        let (records, torn) = parse(&image, &path)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        if torn > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                torn_bytes = torn,
+                "persistence log ends in an incomplete record (a crash during a write); \
+                 it was never acknowledged and is dropped"
+            );
+            // Cut it off so that appends follow the last whole record.
+            file.set_len((image.len() - torn) as u64)
+                .and_then(|()| file.sync_all())
+                .map_err(io(&path))?;
+        }
+        let log = Log {
+            dir: dir.to_owned(),
+            file: Arc::new(file),
+            path,
+            _lock: lock,
+        };
+        Ok((log, records))
+    }
+
+    /// Writes `records` to a fresh file and atomically puts it in place of
+    /// the log, which from then on appends to it.
+    pub fn compact(&mut self, records: &[Record]) -> Result<(), PersistError> {
+        let mut image = Vec::new();
+        for record in records {
+            record.encode(&mut image);
+        }
+        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
+        let file = Self::create(&tmp, &self.dir, &image)?;
+        std::fs::rename(&tmp, &self.path).map_err(|source| PersistError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        sync_dir(&self.dir)?;
+        self.file = Arc::new(file);
+        Ok(())
+    }
+
+    /// A new file at `path` holding the header and `body`, synced.
+    fn create(path: &Path, dir: &Path, body: &[u8]) -> Result<File, PersistError> {
+        let io = |source| PersistError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
+        file.write_all(MAGIC).map_err(io)?;
+        file.write_all(body).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        sync_dir(dir)?;
+        Ok(file)
+    }
+
+    /// Appends encoded records and waits until they are on disk (the
+    /// blocking write runs off the async threads). One call per batch of
+    /// requests is the group commit.
+    pub async fn append(&self, encoded: Vec<u8>) -> Result<(), PersistError> {
+        let file = Arc::clone(&self.file);
+        let path = self.path.clone();
+        let io = move |source| PersistError::Io { path, source };
+        let written = tokio::task::spawn_blocking(move || {
+            (&*file).write_all(&encoded)?;
+            file.sync_data()
+        })
+        .await
+        .map_err(std::io::Error::other);
+        written.and_then(|result| result).map_err(io)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), PersistError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| PersistError::Io {
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+/// CRC-32 (IEEE), enough to tell a torn record from a whole one.
+fn crc32(bytes: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut crc = i as u32;
+            let mut bit = 0;
+            while bit < 8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+                bit += 1;
+            }
+            table[i] = crc;
+            i += 1;
+        }
+        table
+    };
+    !bytes.iter().fold(!0u32, |crc, &byte| {
+        TABLE[((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(key: &str, value: &str, token: Option<Hlc>, expires: Option<u64>) -> Record {
+        Record::Set {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            entry: Entry {
+                value: Bytes::copy_from_slice(value.as_bytes()),
+                version: Hlc {
+                    wall_ms: 1_700_000_000_000,
+                    counter: 3,
+                    node: "StateStore".into(),
+                },
+                fencing_token: token,
+                expires_at_ms: expires,
+                persistent: true,
+            },
+        }
+    }
+
+    fn delete(key: &str) -> Record {
+        Record::Delete {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+        }
+    }
+
+    fn sample() -> Vec<Record> {
+        vec![
+            set("a", "1", None, None),
+            set("b", "", Some(Hlc::new(5, "lock")), Some(1_700_000_060_000)),
+            delete("a"),
+            Record::Set {
+                key: Bytes::from_static(&[0, 255, b'\r', b'\n']),
+                entry: match set("x", "y", None, None) {
+                    Record::Set { entry, .. } => Entry {
+                        value: Bytes::from(vec![7u8; 100_000]),
+                        ..entry
+                    },
+                    Record::Delete { .. } => unreachable!(),
+                },
+            },
+        ]
+    }
+
+    fn append_blocking(log: &Log, records: &[Record]) {
+        let mut encoded = Vec::new();
+        for record in records {
+            record.encode(&mut encoded);
+        }
+        (&*log.file).write_all(&encoded).unwrap();
+        log.file.sync_data().unwrap();
+    }
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn records_round_trip_through_a_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, replayed) = Log::open(dir.path()).unwrap();
+        assert!(replayed.is_empty());
+        append_blocking(&log, &sample());
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, sample());
+    }
+
+    #[test]
+    fn a_torn_last_record_is_dropped_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        append_blocking(&log, &sample());
+        drop(log);
+        let path = dir.path().join(LOG_FILE);
+        let full = std::fs::read(&path).unwrap();
+        let mut last = Vec::new();
+        sample()[3].encode(&mut last);
+        let last_start = full.len() - last.len();
+        // Every cut inside the last record, plus a record whose body is
+        // garbage of the right length (a sector that never reached the disk).
+        let mut images: Vec<Vec<u8>> = (last_start..full.len())
+            .step_by(997)
+            .chain([full.len() - 1, last_start + 3])
+            .map(|cut| full[..cut].to_vec())
+            .collect();
+        let mut zeroed = full.clone();
+        zeroed[last_start + 20..].fill(0);
+        images.push(zeroed);
+        for image in images {
+            std::fs::write(&path, &image).unwrap();
+            let (log, replayed) = Log::open(dir.path()).unwrap();
+            assert_eq!(replayed, sample()[..3], "image of {} bytes", image.len());
+            // What is appended after the cut is replayed too.
+            append_blocking(&log, &[delete("after")]);
+            drop(log);
+            let (_log, replayed) = Log::open(dir.path()).unwrap();
+            assert_eq!(replayed.len(), 4);
+            assert_eq!(replayed[3], delete("after"));
+        }
+    }
+
+    #[test]
+    fn compact_replaces_the_log_and_appends_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        append_blocking(&log, &sample());
+        drop(log);
+        let (mut log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, sample());
+        log.compact(&replayed[1..2]).unwrap();
+        append_blocking(&log, &[delete("zz")]);
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, vec![sample()[1].clone(), delete("zz")]);
+    }
+
+    #[test]
+    fn a_directory_is_used_by_one_emulator_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, _) = Log::open(dir.path()).unwrap();
+        assert!(matches!(
+            Log::open(dir.path()),
+            Err(PersistError::Locked(_))
+        ));
+    }
+
+    #[test]
+    fn a_foreign_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOG_FILE), b"hello world, not a log").unwrap();
+        assert!(matches!(
+            Log::open(dir.path()),
+            Err(PersistError::NotALog(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn append_is_durable_when_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        let mut encoded = Vec::new();
+        sample()[0].encode(&mut encoded);
+        log.append(encoded).await.unwrap();
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, sample()[..1]);
+    }
+}

@@ -1,0 +1,1042 @@
+//! The state store itself: values, versions, fencing tokens, expiry, quota
+//! and KEYNOTIFY registrations. Pure and synchronous: every command is a
+//! method that takes the request's envelope values and the time, and returns
+//! an [`Outcome`] (the reply, the version for `__ts`, the notifications to
+//! publish and the records to make durable). The MQTT layer only translates.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use bytes::Bytes;
+
+use super::persist::Record;
+use crate::protocol::{Hlc, Notification, Reply, SetCondition, SetOptions, StoreError};
+
+/// The node id of every version the store hands out, as the real service.
+pub const NODE_ID: &str = "StateStore";
+
+/// Limits that make `the quota has been exceeded` reachable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// Most keys the store holds.
+    pub max_keys: Option<usize>,
+    /// Most bytes (keys plus values) the store holds.
+    pub max_bytes: Option<usize>,
+}
+
+/// The MQTT5 envelope values a command depends on, still as text: parsing
+/// them is part of the command (its errors are the store's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Envelope<'a> {
+    /// `__srcId`: who registers KEYNOTIFY.
+    pub client_id: &'a str,
+    /// `__ts`: the client's clock (required on SET).
+    pub timestamp: Option<&'a str>,
+    /// `__ft`: the fencing token.
+    pub fencing_token: Option<&'a str>,
+    /// `aio-persistence: true` on a SET.
+    pub persist: bool,
+}
+
+/// A notification to publish: `client_id` watches `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEvent {
+    /// The watcher.
+    pub client_id: String,
+    /// The key that changed.
+    pub key: Bytes,
+    /// What happened.
+    pub notification: Notification,
+    /// The key's version after the change (`__ts`).
+    pub version: Hlc,
+}
+
+/// What a command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The reply payload.
+    pub reply: Reply,
+    /// `__ts` of the reply; `None` when there is no key to speak of.
+    pub version: Option<Hlc>,
+    /// Notifications to publish once the records are durable.
+    pub events: Vec<KeyEvent>,
+    /// Changes to persisted keys, to append to the log before replying.
+    pub records: Vec<Record>,
+}
+
+impl Outcome {
+    fn reply(reply: Reply, version: Option<Hlc>) -> Self {
+        Self {
+            reply,
+            version,
+            events: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    fn error(error: StoreError) -> Self {
+        Self::reply(Reply::Error(error), None)
+    }
+}
+
+/// One stored key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The value (may be empty).
+    pub value: Bytes,
+    /// The version its last SET got.
+    pub version: Hlc,
+    /// The newest fencing token a write presented; later writes need one at
+    /// least as new.
+    pub fencing_token: Option<Hlc>,
+    /// Wall-clock milliseconds at which the key expires (PX).
+    pub expires_at_ms: Option<u64>,
+    /// Whether its last SET asked for persistence.
+    pub persistent: bool,
+}
+
+/// The whole store.
+#[derive(Debug)]
+pub struct Store {
+    entries: HashMap<Bytes, Entry>,
+    /// (expiry time, key) of every key with a PX, soonest first.
+    expiries: BTreeSet<(u64, Bytes)>,
+    /// key -> client ids registered with KEYNOTIFY.
+    watchers: HashMap<Bytes, BTreeSet<String>>,
+    /// client id -> keys, to drop a client's registrations at once.
+    watched: HashMap<String, HashSet<Bytes>>,
+    clock: Hlc,
+    quota: Quota,
+    bytes: usize,
+}
+
+impl Store {
+    /// An empty store whose clock starts at `now_ms`.
+    pub fn new(quota: Quota, now_ms: u64) -> Self {
+        Self {
+            entries: HashMap::new(),
+            expiries: BTreeSet::new(),
+            watchers: HashMap::new(),
+            watched: HashMap::new(),
+            clock: Hlc::new(now_ms, NODE_ID),
+            quota,
+            bytes: 0,
+        }
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The stored entry of `key`, if any (expired keys linger until
+    /// [`Store::expire`] runs).
+    pub fn entry(&self, key: &[u8]) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+
+    /// Runs one decoded request; expired keys are removed first so that no
+    /// command ever sees one.
+    pub fn execute(
+        &mut self,
+        request: crate::protocol::Request,
+        envelope: &Envelope<'_>,
+        now_ms: u64,
+    ) -> Outcome {
+        use crate::protocol::Request;
+        let expired = self.expire(now_ms);
+        let mut outcome = match request {
+            Request::Set {
+                key,
+                value,
+                options,
+            } => self.set(key, value, options, envelope, now_ms),
+            Request::Get { key } => self.get(&key, envelope, now_ms),
+            Request::Del { key } => self.del(key, None, envelope, now_ms),
+            Request::VDel { key, value } => self.del(key, Some(value), envelope, now_ms),
+            Request::KeyNotify { key, stop } => self.key_notify(envelope.client_id, key, stop),
+        };
+        if !expired.events.is_empty() || !expired.records.is_empty() {
+            outcome.events.splice(0..0, expired.events);
+            outcome.records.splice(0..0, expired.records);
+        }
+        outcome
+    }
+
+    /// `SET key value [NX|NEX] [PX ms]`.
+    pub fn set(
+        &mut self,
+        key: Bytes,
+        value: Bytes,
+        options: SetOptions,
+        envelope: &Envelope<'_>,
+        now_ms: u64,
+    ) -> Outcome {
+        let timestamp = match envelope.timestamp {
+            None => return Outcome::error(StoreError::MissingTimestamp),
+            Some(text) => match parse_timestamp(text, now_ms) {
+                Ok(timestamp) => timestamp,
+                Err(error) => return Outcome::error(error),
+            },
+        };
+        let token = match parse_fencing_token(envelope.fencing_token, now_ms) {
+            Ok(token) => token,
+            Err(error) => return Outcome::error(error),
+        };
+        let existing = self.entries.get(&key);
+        if let Some(error) = existing.and_then(|entry| fencing_error(entry, token.as_ref())) {
+            return Outcome::error(error);
+        }
+        let applies = match (options.condition, existing) {
+            (_, None) | (SetCondition::Always, Some(_)) => true,
+            (SetCondition::OnlyIfMissing, Some(_)) => false,
+            (SetCondition::OnlyIfMissingOrEqual, Some(entry)) => entry.value == value,
+        };
+        if !applies {
+            let version = existing.map(|entry| entry.version.clone());
+            return Outcome::reply(Reply::Integer(-1), version);
+        }
+        let old_size = existing.map_or(0, |entry| key.len() + entry.value.len());
+        let new_size = key.len() + value.len();
+        let keys_after = self.entries.len() + usize::from(existing.is_none());
+        let bytes_after = self.bytes - old_size + new_size;
+        if self.quota.max_keys.is_some_and(|max| keys_after > max)
+            || self.quota.max_bytes.is_some_and(|max| bytes_after > max)
+        {
+            return Outcome::error(StoreError::QuotaExceeded);
+        }
+
+        let was_persistent = existing.is_some_and(|entry| entry.persistent);
+        // The key keeps the newest token any accepted write presented.
+        let fencing_token = match (existing.and_then(|e| e.fencing_token.clone()), token) {
+            (Some(old), Some(new)) => Some(old.max(new)),
+            (old, new) => new.or(old),
+        };
+        let version = self.next_version(Some(&timestamp), now_ms);
+        let entry = Entry {
+            value: value.clone(),
+            version: version.clone(),
+            fencing_token,
+            expires_at_ms: options.expires_in_ms.map(|ms| now_ms.saturating_add(ms)),
+            persistent: envelope.persist,
+        };
+        let mut records = Vec::new();
+        if entry.persistent {
+            records.push(Record::Set {
+                key: key.clone(),
+                entry: entry.clone(),
+            });
+        } else if was_persistent {
+            // Otherwise a restart would bring back the older persisted value.
+            records.push(Record::Delete { key: key.clone() });
+        }
+        self.insert(key.clone(), entry);
+        Outcome {
+            reply: Reply::Ok,
+            version: Some(version.clone()),
+            events: self.events(&key, Notification::Set { value }, &version),
+            records,
+        }
+    }
+
+    /// `GET key`: the value and its version, or `$-1` without a version.
+    pub fn get(&mut self, key: &[u8], envelope: &Envelope<'_>, now_ms: u64) -> Outcome {
+        if let Some(Err(error)) = envelope.timestamp.map(|ts| parse_timestamp(ts, now_ms)) {
+            return Outcome::error(error);
+        }
+        match self.entries.get(key) {
+            Some(entry) => Outcome::reply(
+                Reply::Value(entry.value.clone()),
+                Some(entry.version.clone()),
+            ),
+            None => Outcome::reply(Reply::NotFound, None),
+        }
+    }
+
+    /// `DEL key`, or `VDEL key value` when `expected` is given: `:1` deleted,
+    /// `:0` no such key, `:-1` (VDEL) the value differs.
+    pub fn del(
+        &mut self,
+        key: Bytes,
+        expected: Option<Bytes>,
+        envelope: &Envelope<'_>,
+        now_ms: u64,
+    ) -> Outcome {
+        let timestamp = match envelope.timestamp.map(|ts| parse_timestamp(ts, now_ms)) {
+            Some(Err(error)) => return Outcome::error(error),
+            Some(Ok(timestamp)) => Some(timestamp),
+            None => None,
+        };
+        let token = match parse_fencing_token(envelope.fencing_token, now_ms) {
+            Ok(token) => token,
+            Err(error) => return Outcome::error(error),
+        };
+        let Some(entry) = self.entries.get(&key) else {
+            return Outcome::reply(Reply::Integer(0), None);
+        };
+        if let Some(error) = fencing_error(entry, token.as_ref()) {
+            return Outcome::error(error);
+        }
+        if expected.is_some_and(|value| value != entry.value) {
+            return Outcome::reply(Reply::Integer(-1), Some(entry.version.clone()));
+        }
+        let version = self.next_version(timestamp.as_ref(), now_ms);
+        let (events, records) = self.remove(key, &version);
+        Outcome {
+            reply: Reply::Integer(1),
+            version: Some(version),
+            events,
+            records,
+        }
+    }
+
+    /// `KEYNOTIFY key [STOP]` for `client_id`: `+OK`, or `:0` for a STOP of
+    /// nothing. Registering twice is one registration.
+    pub fn key_notify(&mut self, client_id: &str, key: Bytes, stop: bool) -> Outcome {
+        if !stop {
+            self.watchers
+                .entry(key.clone())
+                .or_default()
+                .insert(client_id.to_owned());
+            self.watched
+                .entry(client_id.to_owned())
+                .or_default()
+                .insert(key);
+            return Outcome::reply(Reply::Ok, None);
+        }
+        let removed = self
+            .watchers
+            .get_mut(&key)
+            .is_some_and(|clients| clients.remove(client_id));
+        if !removed {
+            return Outcome::reply(Reply::Integer(0), None);
+        }
+        if self.watchers.get(&key).is_some_and(BTreeSet::is_empty) {
+            self.watchers.remove(&key);
+        }
+        if let Some(keys) = self.watched.get_mut(client_id) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.watched.remove(client_id);
+            }
+        }
+        Outcome::reply(Reply::Ok, None)
+    }
+
+    /// Drops every KEYNOTIFY registration of a client that disconnected.
+    pub fn client_disconnected(&mut self, client_id: &str) {
+        for key in self.watched.remove(client_id).unwrap_or_default() {
+            if let Some(clients) = self.watchers.get_mut(&key) {
+                clients.remove(client_id);
+                if clients.is_empty() {
+                    self.watchers.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Number of (client, key) KEYNOTIFY registrations.
+    pub fn registrations(&self) -> usize {
+        self.watchers.values().map(BTreeSet::len).sum()
+    }
+
+    /// Removes every key whose PX ran out at `now_ms`, with a delete
+    /// notification each (reply and version of the outcome are unused).
+    pub fn expire(&mut self, now_ms: u64) -> Outcome {
+        let mut outcome = Outcome::reply(Reply::Ok, None);
+        while let Some((at, key)) = self.expiries.first().cloned() {
+            if at > now_ms {
+                break;
+            }
+            let version = self.next_version(None, now_ms);
+            let (events, records) = self.remove(key, &version);
+            outcome.events.extend(events);
+            outcome.records.extend(records);
+        }
+        outcome
+    }
+
+    /// When the next key expires (wall-clock ms), to wake up for it.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.expiries.first().map(|(at, _)| *at)
+    }
+
+    /// Puts back a key read from the persistence log at start-up; keys that
+    /// expired meanwhile are skipped, and the clock moves past every version
+    /// so that new versions stay greater.
+    pub fn restore(&mut self, key: Bytes, entry: Entry, now_ms: u64) {
+        if self.clock < entry.version {
+            self.clock.wall_ms = entry.version.wall_ms;
+            self.clock.counter = entry.version.counter;
+        }
+        if entry.expires_at_ms.is_some_and(|at| at <= now_ms) {
+            self.forget(&key);
+            return;
+        }
+        self.insert(key, entry);
+    }
+
+    /// Forgets a key without notifications (a delete record at start-up).
+    pub fn forget(&mut self, key: &[u8]) {
+        if let Some(entry) = self.entries.remove(key) {
+            self.unindex(key, &entry);
+        }
+    }
+
+    /// The persisted keys, for compacting the log.
+    pub fn persistent_entries(&self) -> impl Iterator<Item = (&Bytes, &Entry)> {
+        self.entries.iter().filter(|(_, entry)| entry.persistent)
+    }
+
+    fn insert(&mut self, key: Bytes, entry: Entry) {
+        if let Some(at) = entry.expires_at_ms {
+            self.expiries.insert((at, key.clone()));
+        }
+        self.bytes += key.len() + entry.value.len();
+        if let Some(old) = self.entries.insert(key.clone(), entry) {
+            self.unindex(&key, &old);
+        }
+    }
+
+    /// Undoes what [`Store::insert`] counted for `entry`.
+    fn unindex(&mut self, key: &[u8], entry: &Entry) {
+        if let Some(at) = entry.expires_at_ms {
+            self.expiries.remove(&(at, Bytes::copy_from_slice(key)));
+        }
+        self.bytes -= key.len() + entry.value.len();
+    }
+
+    fn remove(&mut self, key: Bytes, version: &Hlc) -> (Vec<KeyEvent>, Vec<Record>) {
+        let Some(entry) = self.entries.remove(&key) else {
+            return (Vec::new(), Vec::new());
+        };
+        self.unindex(&key, &entry);
+        let events = self.events(&key, Notification::Delete, version);
+        let records = if entry.persistent {
+            vec![Record::Delete { key }]
+        } else {
+            Vec::new()
+        };
+        (events, records)
+    }
+
+    fn events(&self, key: &Bytes, notification: Notification, version: &Hlc) -> Vec<KeyEvent> {
+        self.watchers.get(key).map_or_else(Vec::new, |clients| {
+            clients
+                .iter()
+                .map(|client_id| KeyEvent {
+                    client_id: client_id.clone(),
+                    key: key.clone(),
+                    notification: notification.clone(),
+                    version: version.clone(),
+                })
+                .collect()
+        })
+    }
+
+    /// The version of a change: the store's clock after the HLC receive rule
+    /// with the request's `__ts`, so always greater than both. Never fails:
+    /// when the rule cannot apply (a counter at its maximum, a system clock
+    /// that jumped back a minute) the clock moves one millisecond ahead.
+    fn next_version(&mut self, timestamp: Option<&Hlc>, now_ms: u64) -> Hlc {
+        let result = match timestamp {
+            Some(timestamp) => self.clock.merge(timestamp, now_ms),
+            None => self.clock.tick(now_ms),
+        };
+        if result.is_err() {
+            let wall = timestamp.map_or(0, |ts| ts.wall_ms).max(self.clock.wall_ms);
+            self.clock.wall_ms = wall.saturating_add(1);
+            self.clock.counter = 0;
+        }
+        self.clock.clone()
+    }
+}
+
+/// `__ts`: `malformed timestamp` or `...too far in the future...`.
+fn parse_timestamp(text: &str, now_ms: u64) -> Result<Hlc, StoreError> {
+    let hlc = Hlc::parse(text).map_err(|_| StoreError::MalformedTimestamp)?;
+    if hlc.is_too_far_ahead_of(now_ms) {
+        return Err(StoreError::TimestampSkew);
+    }
+    Ok(hlc)
+}
+
+/// `__ft`, if given: `malformed timestamp` or `...fencing token timestamp is
+/// too far in the future...`.
+fn parse_fencing_token(text: Option<&str>, now_ms: u64) -> Result<Option<Hlc>, StoreError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let hlc = Hlc::parse(text).map_err(|_| StoreError::MalformedTimestamp)?;
+    if hlc.is_too_far_ahead_of(now_ms) {
+        return Err(StoreError::FencingTokenSkew);
+    }
+    Ok(Some(hlc))
+}
+
+/// The fencing rule for a write to an existing key: a key that carries a
+/// token needs one at least as new.
+fn fencing_error(entry: &Entry, token: Option<&Hlc>) -> Option<StoreError> {
+    let required = entry.fencing_token.as_ref()?;
+    match token {
+        None => Some(StoreError::FencingTokenRequired),
+        Some(token) if token < required => Some(StoreError::FencingTokenLowerVersion),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Request;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn b(text: &str) -> Bytes {
+        Bytes::copy_from_slice(text.as_bytes())
+    }
+
+    fn ts(wall_ms: u64) -> String {
+        Hlc::new(wall_ms, "client").to_string()
+    }
+
+    fn env(ts: &str) -> Envelope<'_> {
+        Envelope {
+            client_id: "client",
+            timestamp: Some(ts),
+            fencing_token: None,
+            persist: false,
+        }
+    }
+
+    struct Fixture {
+        store: Store,
+        client_ts: String,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            Self::with_quota(Quota::default())
+        }
+
+        fn with_quota(quota: Quota) -> Self {
+            Self {
+                store: Store::new(quota, NOW),
+                client_ts: ts(NOW),
+            }
+        }
+
+        fn set(&mut self, key: &str, value: &str, options: SetOptions) -> Outcome {
+            let ts = self.client_ts.clone();
+            self.store.set(b(key), b(value), options, &env(&ts), NOW)
+        }
+
+        fn set_with_token(&mut self, key: &str, value: &str, token: Option<&Hlc>) -> Outcome {
+            let token = token.map(Hlc::to_string);
+            let ts = self.client_ts.clone();
+            let envelope = Envelope {
+                fencing_token: token.as_deref(),
+                ..env(&ts)
+            };
+            self.store
+                .set(b(key), b(value), SetOptions::default(), &envelope, NOW)
+        }
+
+        fn get(&mut self, key: &str) -> Outcome {
+            let envelope = Envelope {
+                client_id: "client",
+                timestamp: None,
+                fencing_token: None,
+                persist: false,
+            };
+            self.store.get(key.as_bytes(), &envelope, NOW)
+        }
+
+        fn del(&mut self, key: &str, expected: Option<&str>, token: Option<&Hlc>) -> Outcome {
+            let token = token.map(Hlc::to_string);
+            let ts = self.client_ts.clone();
+            let envelope = Envelope {
+                fencing_token: token.as_deref(),
+                ..env(&ts)
+            };
+            self.store.del(b(key), expected.map(b), &envelope, NOW)
+        }
+    }
+
+    fn nx() -> SetOptions {
+        SetOptions {
+            condition: SetCondition::OnlyIfMissing,
+            expires_in_ms: None,
+        }
+    }
+
+    fn nex() -> SetOptions {
+        SetOptions {
+            condition: SetCondition::OnlyIfMissingOrEqual,
+            expires_in_ms: None,
+        }
+    }
+
+    fn px(ms: u64) -> SetOptions {
+        SetOptions {
+            condition: SetCondition::Always,
+            expires_in_ms: Some(ms),
+        }
+    }
+
+    #[test]
+    fn set_then_get_returns_the_value_and_the_sets_version() {
+        let mut f = Fixture::new();
+        let set = f.set("k", "v", SetOptions::default());
+        assert_eq!(set.reply, Reply::Ok);
+        let version = set.version.unwrap();
+        assert_eq!(version.node, NODE_ID);
+        let get = f.get("k");
+        assert_eq!(get.reply, Reply::Value(b("v")));
+        assert_eq!(get.version, Some(version));
+    }
+
+    #[test]
+    fn get_of_a_missing_key_has_no_version() {
+        let mut f = Fixture::new();
+        assert_eq!(f.get("nope"), Outcome::reply(Reply::NotFound, None));
+    }
+
+    #[test]
+    fn empty_values_are_stored() {
+        let mut f = Fixture::new();
+        assert_eq!(f.set("k", "", SetOptions::default()).reply, Reply::Ok);
+        assert_eq!(f.get("k").reply, Reply::Value(Bytes::new()));
+    }
+
+    #[test]
+    fn versions_exceed_the_request_timestamp_and_increase() {
+        let mut f = Fixture::new();
+        // A client clock 30 s ahead of ours is accepted and overtaken.
+        f.client_ts = Hlc {
+            wall_ms: NOW + 30_000,
+            counter: 7,
+            node: "client".into(),
+        }
+        .to_string();
+        let first = f.set("k", "1", SetOptions::default()).version.unwrap();
+        assert!((first.wall_ms, first.counter) > (NOW + 30_000, 7));
+        // A client clock behind ours: the version still grows.
+        f.client_ts = ts(NOW - 5_000);
+        let second = f.set("k", "2", SetOptions::default()).version.unwrap();
+        assert!(second > first);
+        let deleted = f.del("k", None, None).version.unwrap();
+        assert!(deleted > second);
+    }
+
+    #[test]
+    fn set_without_timestamp_is_missing_timestamp() {
+        let mut store = Store::new(Quota::default(), NOW);
+        let outcome = store.set(
+            b("k"),
+            b("v"),
+            SetOptions::default(),
+            &Envelope::default(),
+            NOW,
+        );
+        assert_eq!(outcome, Outcome::error(StoreError::MissingTimestamp));
+    }
+
+    #[test]
+    fn bad_timestamps_get_their_errors() {
+        let mut f = Fixture::new();
+        f.client_ts = "yesterday".into();
+        assert_eq!(
+            f.set("k", "v", SetOptions::default()).reply,
+            Reply::Error(StoreError::MalformedTimestamp)
+        );
+        f.client_ts = ts(NOW + 60_001);
+        assert_eq!(
+            f.set("k", "v", SetOptions::default()).reply,
+            Reply::Error(StoreError::TimestampSkew)
+        );
+        assert_eq!(
+            f.del("k", None, None).reply,
+            Reply::Error(StoreError::TimestampSkew)
+        );
+        f.client_ts = ts(NOW + 60_000);
+        assert_eq!(f.set("k", "v", SetOptions::default()).reply, Reply::Ok);
+        // GET with a bad __ts is refused too; without one it is fine.
+        let bad = Envelope {
+            timestamp: Some("1:2"),
+            ..Envelope::default()
+        };
+        assert_eq!(
+            f.store.get(b"k", &bad, NOW).reply,
+            Reply::Error(StoreError::MalformedTimestamp)
+        );
+    }
+
+    #[test]
+    fn nx_applies_only_to_a_missing_key() {
+        let mut f = Fixture::new();
+        assert_eq!(f.set("k", "a", nx()).reply, Reply::Ok);
+        let version = f.get("k").version;
+        let second = f.set("k", "b", nx());
+        assert_eq!(second.reply, Reply::Integer(-1));
+        assert_eq!(second.version, version);
+        assert!(second.events.is_empty());
+        assert_eq!(f.get("k").reply, Reply::Value(b("a")));
+    }
+
+    #[test]
+    fn nex_applies_to_a_missing_key_or_the_same_value() {
+        let mut f = Fixture::new();
+        assert_eq!(f.set("lock", "me", nex()).reply, Reply::Ok);
+        assert_eq!(f.set("lock", "me", nex()).reply, Reply::Ok);
+        assert_eq!(f.set("lock", "you", nex()).reply, Reply::Integer(-1));
+        assert_eq!(f.get("lock").reply, Reply::Value(b("me")));
+    }
+
+    #[test]
+    fn del_and_vdel_replies() {
+        let mut f = Fixture::new();
+        assert_eq!(
+            f.del("k", None, None),
+            Outcome::reply(Reply::Integer(0), None)
+        );
+        f.set("k", "v", SetOptions::default());
+        let mismatch = f.del("k", Some("other"), None);
+        assert_eq!(mismatch.reply, Reply::Integer(-1));
+        assert_eq!(mismatch.version, f.get("k").version);
+        assert_eq!(f.del("k", Some("v"), None).reply, Reply::Integer(1));
+        assert_eq!(f.get("k").reply, Reply::NotFound);
+        assert_eq!(f.del("k", Some("v"), None).reply, Reply::Integer(0));
+        f.set("k", "v", SetOptions::default());
+        assert_eq!(f.del("k", None, None).reply, Reply::Integer(1));
+        assert!(f.store.is_empty());
+    }
+
+    #[test]
+    fn a_set_with_a_token_protects_the_key() {
+        let mut f = Fixture::new();
+        let token = Hlc::new(NOW - 1_000, "lock");
+        assert_eq!(f.set_with_token("k", "1", Some(&token)).reply, Reply::Ok);
+        assert_eq!(
+            f.store.entry(b"k").unwrap().fencing_token,
+            Some(token.clone())
+        );
+        // Without a token: required.
+        assert_eq!(
+            f.set_with_token("k", "2", None).reply,
+            Reply::Error(StoreError::FencingTokenRequired)
+        );
+        assert_eq!(
+            f.del("k", None, None).reply,
+            Reply::Error(StoreError::FencingTokenRequired)
+        );
+        assert_eq!(
+            f.del("k", Some("1"), None).reply,
+            Reply::Error(StoreError::FencingTokenRequired)
+        );
+        // Older: lower version.
+        let older = Hlc::new(NOW - 2_000, "lock");
+        assert_eq!(
+            f.set_with_token("k", "2", Some(&older)).reply,
+            Reply::Error(StoreError::FencingTokenLowerVersion)
+        );
+        assert_eq!(
+            f.del("k", None, Some(&older)).reply,
+            Reply::Error(StoreError::FencingTokenLowerVersion)
+        );
+        // Same node, same wall, lower counter is older too.
+        let mut newer = token.clone();
+        newer.counter += 1;
+        // Equal: accepted and kept.
+        assert_eq!(f.set_with_token("k", "2", Some(&token)).reply, Reply::Ok);
+        assert_eq!(
+            f.store.entry(b"k").unwrap().fencing_token,
+            Some(token.clone())
+        );
+        // Newer: accepted and stored, so the equal one is now too old.
+        assert_eq!(f.set_with_token("k", "3", Some(&newer)).reply, Reply::Ok);
+        assert_eq!(
+            f.store.entry(b"k").unwrap().fencing_token,
+            Some(newer.clone())
+        );
+        assert_eq!(
+            f.set_with_token("k", "4", Some(&token)).reply,
+            Reply::Error(StoreError::FencingTokenLowerVersion)
+        );
+        assert_eq!(f.get("k").reply, Reply::Value(b("3")));
+        // A delete with a good token removes the key and its token.
+        assert_eq!(f.del("k", Some("3"), Some(&newer)).reply, Reply::Integer(1));
+        assert_eq!(f.set_with_token("k", "5", None).reply, Reply::Ok);
+        assert_eq!(f.store.entry(b"k").unwrap().fencing_token, None);
+    }
+
+    #[test]
+    fn a_token_on_an_unprotected_key_is_stored() {
+        let mut f = Fixture::new();
+        f.set("k", "1", SetOptions::default());
+        let token = Hlc::new(NOW, "lock");
+        assert_eq!(f.set_with_token("k", "2", Some(&token)).reply, Reply::Ok);
+        assert_eq!(
+            f.set_with_token("k", "3", None).reply,
+            Reply::Error(StoreError::FencingTokenRequired)
+        );
+    }
+
+    #[test]
+    fn fencing_token_errors_for_bad_tokens() {
+        let mut f = Fixture::new();
+        let far = Hlc::new(NOW + 61_000, "lock");
+        assert_eq!(
+            f.set_with_token("k", "1", Some(&far)).reply,
+            Reply::Error(StoreError::FencingTokenSkew)
+        );
+        let ts = f.client_ts.clone();
+        let envelope = Envelope {
+            fencing_token: Some("not-a-clock"),
+            ..env(&ts)
+        };
+        assert_eq!(
+            f.store
+                .set(b("k"), b("v"), SetOptions::default(), &envelope, NOW)
+                .reply,
+            Reply::Error(StoreError::MalformedTimestamp)
+        );
+    }
+
+    #[test]
+    fn nx_on_a_protected_key_without_token_is_refused_by_fencing_first() {
+        let mut f = Fixture::new();
+        f.set_with_token("k", "1", Some(&Hlc::new(NOW, "lock")));
+        assert_eq!(
+            f.set("k", "2", nx()).reply,
+            Reply::Error(StoreError::FencingTokenRequired)
+        );
+    }
+
+    #[test]
+    fn keys_expire_on_time_with_a_delete_notification() {
+        let mut f = Fixture::new();
+        f.store.key_notify("watcher", b("k"), false);
+        f.set("k", "v", px(100));
+        f.set("forever", "v", SetOptions::default());
+        assert_eq!(f.store.next_expiry(), Some(NOW + 100));
+        assert!(f.store.expire(NOW + 99).events.is_empty());
+        let expired = f.store.expire(NOW + 100);
+        assert_eq!(expired.events.len(), 1);
+        assert_eq!(expired.events[0].notification, Notification::Delete);
+        assert_eq!(expired.events[0].client_id, "watcher");
+        assert!(expired.events[0].version > f.store.entry(b"forever").unwrap().version);
+        assert_eq!(f.store.len(), 1);
+        assert_eq!(f.store.next_expiry(), None);
+    }
+
+    #[test]
+    fn execute_never_sees_an_expired_key() {
+        let mut f = Fixture::new();
+        f.set("k", "v", px(10));
+        let ts = f.client_ts.clone();
+        let envelope = env(&ts);
+        let later = NOW + 10;
+        let outcome = f
+            .store
+            .execute(Request::Get { key: b("k") }, &envelope, later);
+        assert_eq!(outcome.reply, Reply::NotFound);
+    }
+
+    #[test]
+    fn a_new_set_replaces_the_expiry() {
+        let mut f = Fixture::new();
+        f.set("k", "v", px(10));
+        f.set("k", "v2", SetOptions::default());
+        assert_eq!(f.store.next_expiry(), None);
+        assert!(f.store.expire(NOW + 1_000).events.is_empty());
+        f.set("k", "v3", px(50));
+        f.set("k", "v4", px(500));
+        assert_eq!(f.store.next_expiry(), Some(NOW + 500));
+    }
+
+    #[test]
+    fn watchers_get_set_and_delete_notifications_with_versions() {
+        let mut f = Fixture::new();
+        assert_eq!(f.store.key_notify("a", b("k"), false).reply, Reply::Ok);
+        assert_eq!(f.store.key_notify("b", b("k"), false).reply, Reply::Ok);
+        assert_eq!(f.store.key_notify("a", b("k"), false).reply, Reply::Ok);
+        assert_eq!(f.store.registrations(), 2);
+        let set = f.set("k", "v", SetOptions::default());
+        let clients: Vec<_> = set.events.iter().map(|e| e.client_id.as_str()).collect();
+        assert_eq!(clients, ["a", "b"]);
+        assert!(set.events.iter().all(|e| {
+            e.notification == Notification::Set { value: b("v") }
+                && Some(&e.version) == set.version.as_ref()
+        }));
+        // Not applied: no notification.
+        assert!(f.set("k", "w", nx()).events.is_empty());
+        let del = f.del("k", None, None);
+        assert_eq!(del.events.len(), 2);
+        assert!(
+            del.events
+                .iter()
+                .all(|e| e.notification == Notification::Delete
+                    && Some(&e.version) == del.version.as_ref())
+        );
+        // Registrations outlive the key.
+        assert_eq!(f.set("k", "again", SetOptions::default()).events.len(), 2);
+    }
+
+    #[test]
+    fn keynotify_stop_replies_ok_or_zero() {
+        let mut f = Fixture::new();
+        assert_eq!(
+            f.store.key_notify("a", b("k"), true).reply,
+            Reply::Integer(0)
+        );
+        f.store.key_notify("a", b("k"), false);
+        assert_eq!(
+            f.store.key_notify("b", b("k"), true).reply,
+            Reply::Integer(0)
+        );
+        assert_eq!(f.store.key_notify("a", b("k"), true).reply, Reply::Ok);
+        assert_eq!(
+            f.store.key_notify("a", b("k"), true).reply,
+            Reply::Integer(0)
+        );
+        assert_eq!(f.store.registrations(), 0);
+        assert!(f.set("k", "v", SetOptions::default()).events.is_empty());
+    }
+
+    #[test]
+    fn a_disconnected_client_loses_its_registrations() {
+        let mut f = Fixture::new();
+        f.store.key_notify("a", b("k1"), false);
+        f.store.key_notify("a", b("k2"), false);
+        f.store.key_notify("b", b("k1"), false);
+        f.store.client_disconnected("a");
+        assert_eq!(f.store.registrations(), 1);
+        let events = f.set("k1", "v", SetOptions::default()).events;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].client_id, "b");
+        assert!(f.set("k2", "v", SetOptions::default()).events.is_empty());
+    }
+
+    #[test]
+    fn key_quota_is_enforced_but_replacing_is_fine() {
+        let mut f = Fixture::with_quota(Quota {
+            max_keys: Some(2),
+            max_bytes: None,
+        });
+        assert_eq!(f.set("a", "1", SetOptions::default()).reply, Reply::Ok);
+        assert_eq!(f.set("b", "1", SetOptions::default()).reply, Reply::Ok);
+        assert_eq!(
+            f.set("c", "1", SetOptions::default()).reply,
+            Reply::Error(StoreError::QuotaExceeded)
+        );
+        assert_eq!(f.set("a", "2", SetOptions::default()).reply, Reply::Ok);
+        f.del("a", None, None);
+        assert_eq!(f.set("c", "1", SetOptions::default()).reply, Reply::Ok);
+    }
+
+    #[test]
+    fn byte_quota_counts_keys_and_values() {
+        let mut f = Fixture::with_quota(Quota {
+            max_keys: None,
+            max_bytes: Some(10),
+        });
+        assert_eq!(
+            f.set("ab", "12345678", SetOptions::default()).reply,
+            Reply::Ok
+        );
+        assert_eq!(
+            f.set("c", "", SetOptions::default()).reply,
+            Reply::Error(StoreError::QuotaExceeded)
+        );
+        assert_eq!(
+            f.set("ab", "123456789", SetOptions::default()).reply,
+            Reply::Error(StoreError::QuotaExceeded)
+        );
+        assert_eq!(f.set("ab", "1234", SetOptions::default()).reply, Reply::Ok);
+        assert_eq!(f.set("c", "123", SetOptions::default()).reply, Reply::Ok);
+        // Expiry gives the bytes back.
+        f.set("ab", "1234", px(5));
+        f.store.expire(NOW + 5);
+        assert_eq!(f.set("d", "12345", SetOptions::default()).reply, Reply::Ok);
+    }
+
+    #[test]
+    fn persisted_keys_produce_records_and_unpersisting_deletes_them() {
+        let mut f = Fixture::new();
+        let ts = f.client_ts.clone();
+        let persist = Envelope {
+            persist: true,
+            ..env(&ts)
+        };
+        let set = f
+            .store
+            .set(b("k"), b("v"), SetOptions::default(), &persist, NOW);
+        assert!(matches!(&set.records[..], [Record::Set { key, entry }]
+            if key == "k" && entry.value == "v" && Some(&entry.version) == set.version.as_ref()));
+        // A plain SET of a persisted key retracts the persisted copy.
+        let plain = f.set("k", "w", SetOptions::default());
+        assert_eq!(plain.records, vec![Record::Delete { key: b("k") }]);
+        // Plain keys never touch the log.
+        assert!(f.set("k", "x", SetOptions::default()).records.is_empty());
+        assert!(f.del("k", None, None).records.is_empty());
+        // Deleting or expiring a persisted key is logged.
+        f.store.set(b("k"), b("v"), px(5), &persist, NOW);
+        assert_eq!(
+            f.store.expire(NOW + 5).records,
+            vec![Record::Delete { key: b("k") }]
+        );
+    }
+
+    #[test]
+    fn restore_moves_the_clock_past_restored_versions_and_skips_expired_keys() {
+        let mut store = Store::new(Quota::default(), NOW);
+        let future = Hlc {
+            wall_ms: NOW + 10_000,
+            counter: 3,
+            node: NODE_ID.into(),
+        };
+        let entry = Entry {
+            value: b("v"),
+            version: future.clone(),
+            fencing_token: None,
+            expires_at_ms: None,
+            persistent: true,
+        };
+        store.restore(b("k"), entry.clone(), NOW);
+        store.restore(
+            b("gone"),
+            Entry {
+                expires_at_ms: Some(NOW),
+                ..entry
+            },
+            NOW,
+        );
+        assert_eq!(store.len(), 1);
+        let envelope = Envelope {
+            timestamp: Some("0:0:c"),
+            ..Envelope::default()
+        };
+        let set = store.set(b("k2"), b("v"), SetOptions::default(), &envelope, NOW);
+        assert!(set.version.unwrap() > future);
+    }
+
+    #[test]
+    fn the_clock_survives_a_maxed_counter() {
+        let mut f = Fixture::new();
+        f.client_ts = Hlc {
+            wall_ms: NOW,
+            counter: u64::MAX - 1,
+            node: "c".into(),
+        }
+        .to_string();
+        let first = f.set("k", "1", SetOptions::default()).version.unwrap();
+        let second = f.set("k", "2", SetOptions::default()).version.unwrap();
+        let third = f.set("k", "3", SetOptions::default()).version.unwrap();
+        assert!(first < second && second < third);
+    }
+}

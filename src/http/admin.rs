@@ -1,0 +1,52 @@
+//! The admin listener: liveness, readiness and Prometheus metrics, on a
+//! port apart from the key API (no bearer token; not exposed to clients).
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::AppState;
+
+/// The Prometheus text exposition format's content type.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+/// `/livez`, `/readyz`, `/metrics`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// 200 while the process serves at all.
+async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// 200 once a pool member is subscribed; 503 while none is and once
+/// shutdown has started (so load balancers stop sending first).
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
+    if !state.pool.is_ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no broker connection is subscribed\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(METRICS_CONTENT_TYPE),
+    );
+    response
+}

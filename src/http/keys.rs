@@ -1,0 +1,826 @@
+//! The key API: `GET`/`HEAD`/`PUT`/`DELETE /keys/{key}` onto the store's
+//! GET, SET, DEL and VDEL.
+//!
+//! Keys are the rest of the path, percent-decoded to raw bytes (any byte,
+//! `/` included), so the path is read from the request URI rather than with
+//! axum's `Path`, which insists on UTF-8. Query values (`?value=`) are
+//! form-encoded: `+` is a space there, as browsers and HTTP clients write
+//! it, while `+` in the key path is a plus (RFC 3986).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use percent_encoding::percent_decode;
+use serde_json::json;
+
+use super::AppState;
+use super::problem::{ApiError, Precondition};
+use crate::config::parse_duration;
+use crate::mqtt::{RequestOptions, StoreResponse};
+use crate::protocol::{Hlc, Reply, Request, SetCondition, SetOptions};
+
+/// The header carrying a write's fencing token (an HLC, e.g. a lease's version).
+pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
+
+/// The key routes. `/keys/` alone is an empty key (400); methods other than
+/// GET, HEAD, PUT and DELETE get 405 with `Allow`.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/keys/",
+            get(empty_key)
+                .put(empty_key)
+                .delete(empty_key)
+                .fallback(method_not_allowed),
+        )
+        .route(
+            "/keys/{*key}",
+            get(get_key)
+                .put(put_key)
+                .delete(delete_key)
+                .fallback(method_not_allowed),
+        )
+}
+
+async fn empty_key() -> ApiError {
+    ApiError::EmptyKey
+}
+
+/// axum adds the `Allow` header to what a method router's fallback returns.
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// `GET`/`HEAD /keys/{key}`: the raw value, or JSON with `Accept: application/json`.
+async fn get_key(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = key_from_uri(&uri, state.limits.max_key_bytes)?;
+    QueryParams::parse(uri.query(), &[])?;
+    let if_none_match = IfNoneMatch::from_headers(&headers)?;
+    let json = wants_json(&headers);
+    let request = Request::Get { key: key.clone() };
+    let response = state
+        .pool
+        .request(&request, &RequestOptions::default())
+        .await?;
+    let StoreResponse { reply, version } = response;
+    match reply {
+        Reply::Value(value) => {
+            if let Some(condition) = &if_none_match
+                && condition.matches(version.as_ref())
+            {
+                return Ok(not_modified(version.as_ref()));
+            }
+            Ok(value_response(&key, value, version.as_ref(), json))
+        }
+        Reply::NotFound => Err(ApiError::KeyNotFound),
+        Reply::Error(error) => Err(ApiError::store(error, false)),
+        other => Err(unexpected(&request, &other)),
+    }
+}
+
+/// `PUT /keys/{key}`: SET, with `If-None-Match: *` (NX), `?nex=true` (NEX),
+/// `?ttl=` (PX), `?persist=true` and `Fencing-Token`.
+async fn put_key(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let key = key_from_uri(&uri, state.limits.max_key_bytes)?;
+    let mut query = QueryParams::parse(uri.query(), &["ttl", "nex", "persist"])?;
+    let ttl_ms = query.take("ttl").map(|raw| parse_ttl(&raw)).transpose()?;
+    let nex = query.take_bool("nex")?;
+    let persist = query.take_bool("persist")?;
+    reject_if_match(&headers)?;
+    let only_if_absent = match IfNoneMatch::from_headers(&headers)? {
+        None => false,
+        Some(IfNoneMatch::Any) => true,
+        Some(IfNoneMatch::Tags(_)) => {
+            return Err(ApiError::BadHeader(
+                "PUT supports only If-None-Match: * (create only); entity tags cannot be compared atomically".into(),
+            ));
+        }
+    };
+    let condition = match (only_if_absent, nex) {
+        (true, true) => return Err(ApiError::ConflictingConditions),
+        (true, false) => SetCondition::OnlyIfMissing,
+        (false, true) => SetCondition::OnlyIfMissingOrEqual,
+        (false, false) => SetCondition::Always,
+    };
+    let fencing_token = fencing_token(&headers, (state.clock)())?;
+    let value = read_value(
+        body,
+        &headers,
+        state.value_limit(),
+        state.limits.request_timeout,
+    )
+    .await?;
+    let request = Request::Set {
+        key,
+        value,
+        options: SetOptions {
+            condition,
+            expires_in_ms: ttl_ms,
+        },
+    };
+    let options = RequestOptions {
+        fencing_token,
+        persist,
+    };
+    let response = state.pool.request(&request, &options).await?;
+    match response.reply {
+        Reply::Ok => {
+            let status = if only_if_absent {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            let version = response.version.as_ref().map(ToString::to_string);
+            let body = serde_json::to_vec(&json!({ "version": version })).unwrap_or_default();
+            let mut http = (status, body).into_response();
+            set_common_headers(http.headers_mut(), "application/json");
+            set_etag(http.headers_mut(), response.version.as_ref());
+            Ok(http)
+        }
+        Reply::Integer(-1) if condition != SetCondition::Always => {
+            Err(ApiError::PreconditionFailed(match condition {
+                SetCondition::OnlyIfMissing => Precondition::KeyAbsent,
+                _ => Precondition::AbsentOrEqual,
+            }))
+        }
+        Reply::Error(error) => Err(ApiError::store(error, options.fencing_token.is_some())),
+        other => Err(unexpected(&request, &other)),
+    }
+}
+
+/// `DELETE /keys/{key}`: DEL, or VDEL with `?value=`; `Fencing-Token` too.
+async fn delete_key(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = key_from_uri(&uri, state.limits.max_key_bytes)?;
+    let mut query = QueryParams::parse(uri.query(), &["value"])?;
+    let expected = query.take("value");
+    reject_if_match(&headers)?;
+    if headers.contains_key(header::IF_NONE_MATCH) {
+        return Err(ApiError::BadHeader(
+            "DELETE does not support If-None-Match; use ?value= to delete only a given value"
+                .into(),
+        ));
+    }
+    let fencing_token = fencing_token(&headers, (state.clock)())?;
+    let is_vdel = expected.is_some();
+    let request = match expected {
+        Some(value) => Request::VDel {
+            key,
+            value: Bytes::from(value),
+        },
+        None => Request::Del { key },
+    };
+    let options = RequestOptions {
+        fencing_token,
+        persist: false,
+    };
+    let response = state.pool.request(&request, &options).await?;
+    match response.reply {
+        Reply::Integer(n) if n >= 1 => {
+            let mut http = StatusCode::NO_CONTENT.into_response();
+            set_common_headers(http.headers_mut(), "");
+            set_etag(http.headers_mut(), response.version.as_ref());
+            Ok(http)
+        }
+        Reply::Integer(0) => Err(ApiError::KeyNotFound),
+        Reply::Integer(-1) if is_vdel => {
+            Err(ApiError::PreconditionFailed(Precondition::ValueMatches))
+        }
+        Reply::Error(error) => Err(ApiError::store(error, options.fencing_token.is_some())),
+        other => Err(unexpected(&request, &other)),
+    }
+}
+
+fn unexpected(request: &Request, reply: &Reply) -> ApiError {
+    let reply = match reply {
+        Reply::Ok => "+OK".to_owned(),
+        Reply::Integer(n) => format!(":{n}"),
+        Reply::Value(value) => format!("a value of {} bytes", value.len()),
+        Reply::NotFound => "$-1".to_owned(),
+        Reply::Error(error) => format!("-ERR {}", error.message()),
+    };
+    ApiError::UnexpectedReply {
+        verb: request.verb(),
+        reply,
+    }
+}
+
+/// The key from a `/keys/...` request path, percent-decoded strictly.
+pub fn key_from_uri(uri: &Uri, max_key_bytes: usize) -> Result<Bytes, ApiError> {
+    let raw = uri.path().strip_prefix("/keys/").unwrap_or_default();
+    if raw.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    // Each decoded byte takes one to three characters: refuse a path that
+    // cannot fit before decoding it.
+    let shortest = raw.len().div_ceil(3);
+    if shortest > max_key_bytes {
+        return Err(ApiError::KeyTooLong {
+            len: shortest,
+            max: max_key_bytes,
+        });
+    }
+    let key =
+        percent_decode_strict(raw.as_bytes(), false).ok_or(ApiError::BadPercentEncoding("key"))?;
+    if key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    if key.len() > max_key_bytes {
+        return Err(ApiError::KeyTooLong {
+            len: key.len(),
+            max: max_key_bytes,
+        });
+    }
+    Ok(Bytes::from(key))
+}
+
+/// Percent-decodes `input`, refusing a `%` not followed by two hex digits
+/// (`percent_decode` alone passes those through). With `plus_as_space`, `+`
+/// is a space, as in form-encoded query strings.
+pub fn percent_decode_strict(input: &[u8], plus_as_space: bool) -> Option<Vec<u8>> {
+    let mut index = 0;
+    while index < input.len() {
+        if input[index] == b'%' {
+            let digits = input.get(index + 1..index + 3)?;
+            if !digits.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            index += 3;
+        } else {
+            index += 1;
+        }
+    }
+    if plus_as_space && input.contains(&b'+') {
+        let spaced: Vec<u8> = input
+            .iter()
+            .map(|&byte| if byte == b'+' { b' ' } else { byte })
+            .collect();
+        return Some(percent_decode(&spaced).collect());
+    }
+    Some(percent_decode(input).collect())
+}
+
+/// The query parameters a method accepts; unknown or repeated ones are
+/// refused so a typo (`?tll=30s`) never silently drops a condition.
+#[derive(Debug, Default)]
+struct QueryParams {
+    values: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl QueryParams {
+    fn parse(query: Option<&str>, accepted: &[&'static str]) -> Result<Self, ApiError> {
+        let mut params = Self::default();
+        let Some(query) = query else {
+            return Ok(params);
+        };
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = percent_decode_strict(raw_name.as_bytes(), true)
+                .ok_or(ApiError::BadPercentEncoding("query"))?;
+            let value = percent_decode_strict(raw_value.as_bytes(), true)
+                .ok_or(ApiError::BadPercentEncoding("query"))?;
+            let Some(&name) = accepted.iter().find(|known| known.as_bytes() == name) else {
+                let shown = String::from_utf8_lossy(&name)
+                    .chars()
+                    .take(64)
+                    .collect::<String>();
+                return Err(ApiError::BadQuery(if accepted.is_empty() {
+                    format!("unknown query parameter {shown:?}: this request takes none")
+                } else {
+                    format!(
+                        "unknown query parameter {shown:?}: this request takes {}",
+                        accepted.join(", ")
+                    )
+                }));
+            };
+            if params.values.iter().any(|(seen, _)| *seen == name) {
+                return Err(ApiError::BadQuery(format!(
+                    "query parameter {name:?} is given more than once"
+                )));
+            }
+            params.values.push((name, value));
+        }
+        Ok(params)
+    }
+
+    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
+        let index = self.values.iter().position(|(known, _)| *known == name)?;
+        Some(self.values.swap_remove(index).1)
+    }
+
+    fn take_bool(&mut self, name: &str) -> Result<bool, ApiError> {
+        match self.take(name).as_deref() {
+            None | Some(b"false" | b"0") => Ok(false),
+            Some(b"" | b"true" | b"1") => Ok(true),
+            Some(other) => Err(ApiError::BadQuery(format!(
+                "query parameter {name:?} must be true or false, not {:?}",
+                String::from_utf8_lossy(other)
+                    .chars()
+                    .take(32)
+                    .collect::<String>()
+            ))),
+        }
+    }
+}
+
+/// `ttl` in milliseconds: `500ms`, `30s`, `2m`, `1h` or plain milliseconds.
+pub fn parse_ttl(raw: &[u8]) -> Result<u64, ApiError> {
+    let shown = || {
+        String::from_utf8_lossy(raw)
+            .chars()
+            .take(32)
+            .collect::<String>()
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| ApiError::BadTtl(shown()))?;
+    let duration = parse_duration(text).map_err(|_| ApiError::BadTtl(shown()))?;
+    let ms = u64::try_from(duration.as_millis()).map_err(|_| ApiError::BadTtl(shown()))?;
+    if ms == 0 {
+        return Err(ApiError::BadTtl(shown()));
+    }
+    Ok(ms)
+}
+
+/// `If-None-Match`: `*` or a list of entity tags (weak ones compare equal
+/// to strong ones, as RFC 9110 says for this header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfNoneMatch {
+    /// `*`: any current value.
+    Any,
+    /// The opaque parts of the listed tags.
+    Tags(Vec<String>),
+}
+
+impl IfNoneMatch {
+    /// Every `If-None-Match` line of the request, combined; a malformed
+    /// header is refused rather than ignored.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ApiError> {
+        let mut tags = Vec::new();
+        let mut any = false;
+        let mut seen = false;
+        for value in headers.get_all(header::IF_NONE_MATCH) {
+            seen = true;
+            let text = value
+                .to_str()
+                .map_err(|_| ApiError::BadHeader("If-None-Match is not visible ASCII".into()))?;
+            match Self::parse(text) {
+                Some(Self::Any) => any = true,
+                Some(Self::Tags(list)) => tags.extend(list),
+                None => {
+                    return Err(ApiError::BadHeader(format!(
+                        "malformed If-None-Match {:?}: use * or quoted entity tags",
+                        text.chars().take(64).collect::<String>()
+                    )));
+                }
+            }
+        }
+        Ok(match (seen, any) {
+            (false, _) => None,
+            (true, true) => Some(Self::Any),
+            (true, false) => Some(Self::Tags(tags)),
+        })
+    }
+
+    /// Parses one header value: `*`, or `"a", W/"b"`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        if text == "*" {
+            return Some(Self::Any);
+        }
+        let mut tags = Vec::new();
+        let mut rest = text;
+        loop {
+            rest = rest.trim_start_matches([' ', '\t', ',']);
+            if rest.is_empty() {
+                break;
+            }
+            let quoted = rest.strip_prefix("W/").unwrap_or(rest);
+            let inner = quoted.strip_prefix('"')?;
+            let end = inner.find('"')?;
+            tags.push(inner[..end].to_owned());
+            rest = &inner[end + 1..];
+            let next = rest.trim_start_matches([' ', '\t']);
+            if !(next.is_empty() || next.starts_with(',')) {
+                return None;
+            }
+            rest = next;
+        }
+        if tags.is_empty() {
+            return None;
+        }
+        Some(Self::Tags(tags))
+    }
+
+    /// Whether the current version (of an existing key) matches.
+    pub fn matches(&self, version: Option<&Hlc>) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Tags(tags) => version.is_some_and(|version| {
+                let text = version.to_string();
+                tags.iter().any(|tag| {
+                    *tag == text || Hlc::parse(tag).is_ok_and(|parsed| &parsed == version)
+                })
+            }),
+        }
+    }
+}
+
+/// `If-Match` would promise a compare-and-set the store cannot do; refusing
+/// it beats silently dropping the client's precondition.
+fn reject_if_match(headers: &HeaderMap) -> Result<(), ApiError> {
+    if headers.contains_key(header::IF_MATCH) {
+        return Err(ApiError::BadHeader(
+            "If-Match is not supported: use If-None-Match: * or nex=true on PUT, ?value= on DELETE"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The `Fencing-Token` header as an HLC, refused when it is more than 60 s
+/// ahead of our clock (the store would refuse it too). Surrounding quotes
+/// are accepted, so a version copied from an `ETag` works as is.
+pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, ApiError> {
+    let mut values = headers.get_all(FENCING_TOKEN_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::BadFencingToken("given more than once".into()));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::BadFencingToken("not visible ASCII".into()))?
+        .trim();
+    let text = text
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+        .unwrap_or(text);
+    let token = Hlc::parse(text).map_err(|error| ApiError::BadFencingToken(error.to_string()))?;
+    if token.is_too_far_ahead_of(now_ms) {
+        return Err(ApiError::FencingTokenTooFarAhead);
+    }
+    Ok(Some(token))
+}
+
+/// Whether the client asked for the JSON form: `application/json` listed
+/// with a non-zero weight greater than any explicit `application/octet-stream`.
+pub fn wants_json(headers: &HeaderMap) -> bool {
+    let mut json: Option<f32> = None;
+    let mut octets: Option<f32> = None;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(text) = value.to_str() else { continue };
+        for range in text.split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or_default().trim();
+            let weight = parts
+                .filter_map(|param| {
+                    let (name, value) = param.split_once('=')?;
+                    (name.trim().eq_ignore_ascii_case("q"))
+                        .then(|| value.trim().parse::<f32>().ok())
+                        .flatten()
+                })
+                .next()
+                .unwrap_or(1.0);
+            if media.eq_ignore_ascii_case("application/json") {
+                json = Some(json.map_or(weight, |seen| seen.max(weight)));
+            } else if media.eq_ignore_ascii_case("application/octet-stream") {
+                octets = Some(octets.map_or(weight, |seen| seen.max(weight)));
+            }
+        }
+    }
+    match (json, octets) {
+        (Some(json), None) => json > 0.0,
+        (Some(json), Some(octets)) => json > 0.0 && json > octets,
+        (None, _) => false,
+    }
+}
+
+/// Reads the body up to `limit` bytes: `Content-Length` over the limit is
+/// refused before reading, a chunked body as soon as it passes the limit.
+async fn read_value(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::ValueTooLarge { max: limit });
+    }
+    let capacity = declared.map_or(0, |length| length as usize);
+    let read = async move {
+        let mut stream = body.into_data_stream();
+        let mut value = BytesMut::with_capacity(capacity);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|error| ApiError::BodyRead(error.to_string()))?;
+            if value.len() + chunk.len() > limit {
+                return Err(ApiError::ValueTooLarge { max: limit });
+            }
+            value.extend_from_slice(&chunk);
+        }
+        Ok(value.freeze())
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| ApiError::BodyTimeout(within))?
+}
+
+fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
+    if !content_type.is_empty() {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
+}
+
+/// `ETag: "<version>"`; left out when there is no version or it cannot be
+/// a header (a store node id with control characters).
+fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
+    if let Some(version) = version
+        && let Ok(value) = HeaderValue::from_str(&format!("\"{version}\""))
+    {
+        headers.insert(header::ETAG, value);
+    }
+}
+
+fn not_modified(version: Option<&Hlc>) -> Response {
+    let mut response = StatusCode::NOT_MODIFIED.into_response();
+    set_common_headers(response.headers_mut(), "");
+    set_etag(response.headers_mut(), version);
+    response
+}
+
+fn value_response(key: &[u8], value: Bytes, version: Option<&Hlc>, json: bool) -> Response {
+    let mut response = if json {
+        let key_text = std::str::from_utf8(key).ok();
+        let mut document = json!({
+            "key": key_text,
+            "value": std::str::from_utf8(&value).ok(),
+            "value_base64": BASE64.encode(&value),
+            "version": version.map(ToString::to_string),
+        });
+        if key_text.is_none() {
+            document["key_base64"] = BASE64.encode(key).into();
+        }
+        let body = serde_json::to_vec(&document).unwrap_or_default();
+        let mut response = (StatusCode::OK, body).into_response();
+        set_common_headers(response.headers_mut(), "application/json");
+        response
+    } else {
+        let mut response = (StatusCode::OK, value).into_response();
+        set_common_headers(response.headers_mut(), "application/octet-stream");
+        response
+    };
+    set_etag(response.headers_mut(), version);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(text: &str) -> Uri {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn key_is_percent_decoded_to_raw_bytes() {
+        let key = key_from_uri(&uri("/keys/a%2Fb/c%00%ff+x"), 1024).unwrap();
+        assert_eq!(key.as_ref(), b"a/b/c\x00\xff+x");
+    }
+
+    #[test]
+    fn every_byte_round_trips_through_the_key_path() {
+        let all: Vec<u8> = (0..=255).collect();
+        let encoded: String = all.iter().map(|byte| format!("%{byte:02X}")).collect();
+        let key = key_from_uri(&uri(&format!("/keys/{encoded}")), 1024).unwrap();
+        assert_eq!(key.as_ref(), all.as_slice());
+    }
+
+    #[test]
+    fn malformed_escapes_are_refused() {
+        for path in [
+            "/keys/%zz",
+            "/keys/%4",
+            "/keys/a%",
+            "/keys/%g0x",
+            "/keys/ok%2",
+        ] {
+            assert!(
+                matches!(
+                    key_from_uri(&uri(path), 1024),
+                    Err(ApiError::BadPercentEncoding("key"))
+                ),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_and_oversized_keys_are_refused() {
+        assert!(matches!(
+            key_from_uri(&uri("/keys/"), 10),
+            Err(ApiError::EmptyKey)
+        ));
+        assert!(matches!(
+            key_from_uri(&uri("/keys/0123456789a"), 10),
+            Err(ApiError::KeyTooLong { len: 11, max: 10 })
+        ));
+        assert!(key_from_uri(&uri("/keys/0123456789"), 10).is_ok());
+        // Thirty escapes decode to ten bytes: within the limit.
+        let escaped = "%41".repeat(10);
+        assert!(key_from_uri(&uri(&format!("/keys/{escaped}")), 10).is_ok());
+        // A path too long to fit is refused without decoding.
+        let long = "%41".repeat(11);
+        assert!(matches!(
+            key_from_uri(&uri(&format!("/keys/{long}")), 10),
+            Err(ApiError::KeyTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn query_plus_is_a_space_and_escapes_are_strict() {
+        assert_eq!(
+            percent_decode_strict(b"a+b%2B%00", true).unwrap(),
+            b"a b+\x00"
+        );
+        assert_eq!(percent_decode_strict(b"a+b", false).unwrap(), b"a+b");
+        assert!(percent_decode_strict(b"%zz", true).is_none());
+    }
+
+    #[test]
+    fn query_refuses_unknown_and_repeated_parameters() {
+        let mut params = QueryParams::parse(Some("ttl=30s&nex=true"), &["ttl", "nex"]).unwrap();
+        assert_eq!(params.take("ttl").unwrap(), b"30s");
+        assert!(params.take_bool("nex").unwrap());
+        assert!(!params.take_bool("persist").unwrap());
+        assert!(matches!(
+            QueryParams::parse(Some("tll=30s"), &["ttl"]),
+            Err(ApiError::BadQuery(_))
+        ));
+        assert!(matches!(
+            QueryParams::parse(Some("ttl=1&ttl=2"), &["ttl"]),
+            Err(ApiError::BadQuery(_))
+        ));
+        assert!(matches!(
+            QueryParams::parse(Some("x=1"), &[]),
+            Err(ApiError::BadQuery(_))
+        ));
+        assert!(matches!(
+            QueryParams::parse(Some("ttl=%zz"), &["ttl"]),
+            Err(ApiError::BadPercentEncoding("query"))
+        ));
+        let mut params = QueryParams::parse(Some("nex=maybe"), &["nex"]).unwrap();
+        assert!(matches!(
+            params.take_bool("nex"),
+            Err(ApiError::BadQuery(_))
+        ));
+    }
+
+    #[test]
+    fn ttl_accepts_units_and_plain_milliseconds() {
+        assert_eq!(parse_ttl(b"30s").unwrap(), 30_000);
+        assert_eq!(parse_ttl(b"500ms").unwrap(), 500);
+        assert_eq!(parse_ttl(b"2m").unwrap(), 120_000);
+        assert_eq!(parse_ttl(b"1500").unwrap(), 1_500);
+        for bad in [&b"0"[..], b"0s", b"", b"-1", b"1.5s", b"10x", b"s", b"\xff"] {
+            assert!(
+                matches!(parse_ttl(bad), Err(ApiError::BadTtl(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            parse_ttl(b"99999999999999999999"),
+            Err(ApiError::BadTtl(_))
+        ));
+    }
+
+    #[test]
+    fn if_none_match_parses_star_lists_and_weak_tags() {
+        assert_eq!(IfNoneMatch::parse("*"), Some(IfNoneMatch::Any));
+        assert_eq!(
+            IfNoneMatch::parse(r#""a", W/"b",  "c,d""#),
+            Some(IfNoneMatch::Tags(vec![
+                "a".into(),
+                "b".into(),
+                "c,d".into()
+            ]))
+        );
+        for bad in ["", "a", r#""a"x"#, r#""a"#, "W/", r#""a" "b""#] {
+            assert_eq!(IfNoneMatch::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn if_none_match_compares_versions_as_clocks() {
+        let version = Hlc::parse("1696374425000:1:StateStore").unwrap();
+        let padded = IfNoneMatch::parse(&format!("W/\"x\", \"{version}\"")).unwrap();
+        assert!(padded.matches(Some(&version)));
+        let unpadded = IfNoneMatch::parse("\"1696374425000:1:StateStore\"").unwrap();
+        assert!(unpadded.matches(Some(&version)));
+        let other = IfNoneMatch::parse("\"1696374425000:2:StateStore\"").unwrap();
+        assert!(!other.matches(Some(&version)));
+        assert!(!other.matches(None));
+        assert!(IfNoneMatch::Any.matches(None));
+    }
+
+    #[test]
+    fn if_none_match_lines_are_combined_and_bad_ones_refused() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::IF_NONE_MATCH, HeaderValue::from_static("\"a\""));
+        headers.append(header::IF_NONE_MATCH, HeaderValue::from_static("\"b\""));
+        assert_eq!(
+            IfNoneMatch::from_headers(&headers).unwrap(),
+            Some(IfNoneMatch::Tags(vec!["a".into(), "b".into()]))
+        );
+        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("nope"));
+        assert!(IfNoneMatch::from_headers(&headers).is_err());
+        assert_eq!(IfNoneMatch::from_headers(&HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn fencing_token_is_parsed_and_checked_against_our_clock() {
+        let now = 1_700_000_000_000;
+        let mut headers = HeaderMap::new();
+        assert_eq!(fencing_token(&headers, now).unwrap(), None);
+        headers.insert(
+            FENCING_TOKEN_HEADER,
+            HeaderValue::from_static("\"001700000000000:00003:StateStore\""),
+        );
+        let token = fencing_token(&headers, now).unwrap().unwrap();
+        assert_eq!((token.wall_ms, token.counter), (now, 3));
+        headers.insert(
+            FENCING_TOKEN_HEADER,
+            HeaderValue::from_static("1700000061000:0:x"),
+        );
+        assert!(matches!(
+            fencing_token(&headers, now),
+            Err(ApiError::FencingTokenTooFarAhead)
+        ));
+        headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from_static("12:ab:x"));
+        assert!(matches!(
+            fencing_token(&headers, now),
+            Err(ApiError::BadFencingToken(_))
+        ));
+    }
+
+    #[test]
+    fn json_is_chosen_only_when_preferred() {
+        let accept = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ACCEPT, HeaderValue::from_static(value));
+            wants_json(&headers)
+        };
+        assert!(accept("application/json"));
+        assert!(accept("text/html, application/json;q=0.9"));
+        assert!(accept("application/JSON"));
+        assert!(!accept("*/*"));
+        assert!(!accept("application/json;q=0"));
+        assert!(!accept("application/octet-stream, application/json"));
+        assert!(accept("application/octet-stream;q=0.5, application/json"));
+        assert!(!wants_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn json_value_has_base64_and_null_for_non_utf8() {
+        let version = Hlc::parse("1:2:S").unwrap();
+        let response = value_response(
+            b"k\xff",
+            Bytes::from_static(b"\x00\xfe"),
+            Some(&version),
+            true,
+        );
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(
+            response.headers()[header::ETAG],
+            "\"000000000000001:00002:S\""
+        );
+    }
+}

@@ -1,0 +1,698 @@
+//! The gateway's HTTP side: the key API, the admin listener and the `serve`
+//! runner with graceful shutdown.
+//!
+//! - [`keys`]: `/keys/{key}` handlers.
+//! - [`problem`]: the one error enum and its RFC 9457 responses.
+//! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
+//!
+//! [`router`] builds the key API so tests can drive it; [`Server`] binds
+//! both listeners and runs them until [`Server::shutdown`].
+
+pub mod admin;
+pub mod keys;
+pub mod problem;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{Method, header};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
+use subtle::ConstantTimeEq;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::DEFAULT_MAX_VALUE_BYTES;
+use crate::metrics::Metrics;
+use crate::mqtt::{ConfigError, Pool, PoolSettings};
+use crate::protocol::hlc;
+use problem::{ApiError, FailureLog, Severity};
+
+/// Request size and time limits of the key API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest key, in bytes after percent-decoding (longer: 414).
+    pub max_key_bytes: usize,
+    /// Largest value when configured; otherwise the broker's limit, else
+    /// [`DEFAULT_MAX_VALUE_BYTES`] (larger: 413).
+    pub max_value_bytes: Option<usize>,
+    /// How long a store request may take; bounds body reads too.
+    pub request_timeout: Duration,
+}
+
+impl Limits {
+    /// The backstop on a whole request: body read plus a slot wait plus the
+    /// store round trip, and a second of slack, so nothing hangs even if an
+    /// inner timeout fails to fire.
+    pub fn backstop(&self) -> Duration {
+        self.request_timeout * 2
+            + crate::config::slot_wait(self.request_timeout)
+            + Duration::from_secs(1)
+    }
+}
+
+/// A bearer token the key API requires. Never printed.
+#[derive(Clone)]
+pub struct ApiToken(Arc<[u8]>);
+
+impl ApiToken {
+    /// A token from its bytes (as read from the token file).
+    pub fn new(token: impl Into<Arc<[u8]>>) -> Self {
+        Self(token.into())
+    }
+
+    /// Constant-time comparison, so response timing does not reveal how
+    /// much of a guess was right.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        self.0.as_ref().ct_eq(presented).into()
+    }
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The broker connections.
+    pub pool: Pool,
+    /// Metric families.
+    pub metrics: Metrics,
+    /// Request limits.
+    pub limits: Limits,
+    /// Milliseconds since the epoch; checks fencing tokens (a function so
+    /// tests can move time).
+    pub clock: fn() -> u64,
+    /// The bearer token the key API requires, if any.
+    pub api_token: Option<ApiToken>,
+    /// Set once shutdown starts: `/readyz` answers 503 from then on.
+    pub draining: Arc<AtomicBool>,
+}
+
+impl AppState {
+    /// State over a started pool, with the system clock.
+    pub fn new(pool: Pool, metrics: Metrics, limits: Limits, api_token: Option<ApiToken>) -> Self {
+        Self {
+            pool,
+            metrics,
+            limits,
+            clock: hlc::now_ms,
+            api_token,
+            draining: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The largest value a PUT may carry right now.
+    pub fn value_limit(&self) -> usize {
+        self.limits
+            .max_value_bytes
+            .or_else(|| self.pool.max_value_bytes())
+            .unwrap_or(DEFAULT_MAX_VALUE_BYTES)
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}
+
+/// The key API (everything but the admin endpoints), with its middleware:
+/// request metrics and failure logs outermost, then the bearer token check,
+/// then a backstop timeout.
+pub fn router(state: AppState) -> Router {
+    let backstop = state.limits.backstop();
+    api_routes()
+        .fallback(route_not_found)
+        .layer(from_fn_with_state(backstop, backstop_timeout))
+        .layer(from_fn_with_state(state.api_token.clone(), require_token))
+        .layer(from_fn_with_state(state.metrics.clone(), observe))
+        // Bodies are read by the handlers against the value limit.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// The API's routes; the watch routes merge in here.
+fn api_routes() -> Router<AppState> {
+    Router::new().merge(keys::routes())
+}
+
+async fn route_not_found() -> ApiError {
+    ApiError::RouteNotFound
+}
+
+/// Counts every request by route template, method and status, times it,
+/// and writes one log line per failure with the cause the error left in
+/// the response.
+async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let method = method_label(request.method());
+    let path: String = request.uri().path().chars().take(256).collect();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let elapsed = started.elapsed();
+    let status = response.status();
+    metrics
+        .http_requests
+        .with_label_values(&[route.as_str(), method, status.as_str()])
+        .inc();
+    metrics
+        .http_latency
+        .with_label_values(&[route.as_str(), method])
+        .observe(elapsed.as_secs_f64());
+    let Some(failure) = response.extensions().get::<FailureLog>() else {
+        tracing::debug!(
+            method,
+            route,
+            path,
+            status = status.as_u16(),
+            "request served"
+        );
+        return response;
+    };
+    let status = status.as_u16();
+    let ms = elapsed.as_secs_f64() * 1e3;
+    let cause = failure.cause.as_str();
+    match failure.severity {
+        Severity::Info => tracing::info!(method, route, path, status, ms, cause, "request failed"),
+        Severity::Warn => tracing::warn!(method, route, path, status, ms, cause, "request failed"),
+        Severity::Error => {
+            tracing::error!(method, route, path, status, ms, cause, "request failed")
+        }
+    }
+    response
+}
+
+/// A bounded method label: custom methods would make the label set unbounded.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::POST => "POST",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// `Authorization: Bearer <token>` when a token is configured.
+async fn require_token(
+    State(token): State<Option<ApiToken>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| bearer_token(value.as_bytes()));
+    match presented {
+        Some(presented) if token.matches(presented) => next.run(request).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// The credentials of a `Bearer` authorization header (scheme case-insensitive).
+fn bearer_token(header: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = header.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+async fn backstop_timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::HandlerTimeout(limit).into_response(),
+    }
+}
+
+/// Everything `serve` needs, validated (see `ServeArgs::settings`).
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    /// Key API listener (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// The pool.
+    pub pool: PoolSettings,
+    /// Request limits.
+    pub limits: Limits,
+    /// Bearer token for the key API.
+    pub api_token: Option<ApiToken>,
+    /// How long in-flight requests may take to finish at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} ({setting}): {source}")]
+    Bind {
+        /// The flag naming the address.
+        setting: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// The pool refused its settings.
+    #[error("cannot start the broker connection pool: {0}")]
+    Pool(#[from] ConfigError),
+    /// A listener failed while serving.
+    #[error("the {listener} listener failed: {source}")]
+    Serve {
+        /// `api` or `admin`.
+        listener: &'static str,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A running gateway: both listeners and the pool.
+#[derive(Debug)]
+pub struct Server {
+    api_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    state: AppState,
+    grace: Duration,
+    stop_api: watch::Sender<bool>,
+    stop_admin: watch::Sender<bool>,
+    api_task: JoinHandle<io::Result<()>>,
+    admin_task: JoinHandle<io::Result<()>>,
+}
+
+impl Server {
+    /// Binds both listeners, starts the pool and serves; returns at once
+    /// (the pool connects in the background; `/readyz` says when it is up).
+    pub async fn start(settings: ServeSettings, metrics: Metrics) -> Result<Server, ServeError> {
+        let api_listener = bind("--listen", settings.listen).await?;
+        let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
+        let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
+        let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
+        let pool = Pool::start(settings.pool, metrics.clone())?;
+        let state = AppState::new(pool, metrics, settings.limits, settings.api_token);
+        let (stop_api, api_stopped) = watch::channel(false);
+        let (stop_admin, admin_stopped) = watch::channel(false);
+        let api_task = tokio::spawn(
+            axum::serve(api_listener.tap_io(set_nodelay), router(state.clone()))
+                .with_graceful_shutdown(stopped(api_stopped))
+                .into_future(),
+        );
+        let admin_task = tokio::spawn(
+            axum::serve(
+                admin_listener.tap_io(set_nodelay),
+                admin::router(state.clone()),
+            )
+            .with_graceful_shutdown(stopped(admin_stopped))
+            .into_future(),
+        );
+        tracing::info!(%api_addr, %admin_addr, "gateway listening");
+        Ok(Server {
+            api_addr,
+            admin_addr,
+            state,
+            grace: settings.shutdown_grace,
+            stop_api,
+            stop_admin,
+            api_task,
+            admin_task,
+        })
+    }
+
+    /// Where the key API listens.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// Where the admin endpoints listen.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The shared state (pool, metrics), e.g. for the watch hub or tests.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Graceful shutdown: `/readyz` turns 503, the key listener stops
+    /// accepting and in-flight requests get the grace period to finish
+    /// (then their connections are dropped), the pool disconnects cleanly,
+    /// and the admin listener stops last.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let Server {
+            state,
+            grace,
+            stop_api,
+            stop_admin,
+            mut api_task,
+            mut admin_task,
+            ..
+        } = self;
+        state.draining.store(true, Ordering::Release);
+        let _ = stop_api.send(true);
+        let api_result = match tokio::time::timeout(grace, &mut api_task).await {
+            Ok(joined) => flatten("api", joined),
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "requests still in flight after the shutdown grace period; closing them"
+                );
+                api_task.abort();
+                Ok(())
+            }
+        };
+        state.pool.shutdown().await;
+        let _ = stop_admin.send(true);
+        let admin_result = match tokio::time::timeout(Duration::from_secs(1), &mut admin_task).await
+        {
+            Ok(joined) => flatten("admin", joined),
+            Err(_) => {
+                admin_task.abort();
+                Ok(())
+            }
+        };
+        tracing::info!("gateway stopped");
+        api_result.and(admin_result)
+    }
+
+    /// Serves until `signal` resolves, then shuts down gracefully.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
+        signal.await;
+        tracing::info!("shutdown requested");
+        self.shutdown().await
+    }
+}
+
+async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            setting,
+            addr,
+            source,
+        })
+}
+
+fn local_addr(
+    setting: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, ServeError> {
+    listener.local_addr().map_err(|source| ServeError::Bind {
+        setting,
+        addr,
+        source,
+    })
+}
+
+fn set_nodelay(stream: &mut tokio::net::TcpStream) {
+    // Small responses must not wait for delayed ACKs (Nagle).
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY");
+    }
+}
+
+async fn stopped(mut receiver: watch::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = receiver.wait_for(|stop| *stop).await;
+}
+
+fn flatten(
+    listener: &'static str,
+    joined: Result<io::Result<()>, tokio::task::JoinError>,
+) -> Result<(), ServeError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(ServeError::Serve { listener, source }),
+        Err(error) => Err(ServeError::Serve {
+            listener,
+            source: io::Error::other(error.to_string()),
+        }),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mqtt::BrokerSettings;
+    use axum::body::Body;
+    use axum::http::{HeaderValue, StatusCode};
+    use tower::ServiceExt;
+
+    /// State over a pool pointed at a port nothing listens on: every store
+    /// request fails as unavailable, which is what these tests need.
+    fn state(api_token: Option<ApiToken>) -> AppState {
+        let settings = PoolSettings {
+            broker: BrokerSettings {
+                host: "127.0.0.1".into(),
+                port: 9,
+                use_tls: false,
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+                sat_file: None,
+                username: None,
+                password_file: None,
+                keep_alive: Duration::from_secs(60),
+                session_expiry: Duration::from_secs(60),
+            },
+            sat_check_interval: Duration::from_secs(5),
+            client_id: "http-unit".into(),
+            size: 1,
+            request_timeout: Duration::from_millis(200),
+            max_in_flight_per_member: 4,
+            slot_wait: Duration::from_millis(50),
+        };
+        let metrics = Metrics::new();
+        let pool = Pool::start(settings, metrics.clone()).unwrap();
+        let limits = Limits {
+            max_key_bytes: 8,
+            max_value_bytes: Some(16),
+            request_timeout: Duration::from_millis(200),
+        };
+        AppState::new(pool, metrics, limits, api_token)
+    }
+
+    async fn send(
+        state: &AppState,
+        request: axum::http::Request<Body>,
+    ) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+        (status, headers, json)
+    }
+
+    fn request(method: &str, uri: &str) -> axum::http::Request<Body> {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_refused_before_the_store_is_asked() {
+        let state = state(None);
+        for (method, uri, status, kind) in [
+            ("GET", "/keys/", 400, "/problems/empty-key"),
+            ("PUT", "/keys/", 400, "/problems/empty-key"),
+            ("GET", "/keys/%zz", 400, "/problems/bad-percent-encoding"),
+            ("GET", "/keys/%4", 400, "/problems/bad-percent-encoding"),
+            ("GET", "/keys/123456789", 414, "/problems/key-too-long"),
+            ("PUT", "/keys/k?ttl=soon", 400, "/problems/invalid-ttl"),
+            ("PUT", "/keys/k?ttl=0", 400, "/problems/invalid-ttl"),
+            ("PUT", "/keys/k?tll=1s", 400, "/problems/invalid-query"),
+            ("GET", "/keys/k?x=1", 400, "/problems/invalid-query"),
+            (
+                "DELETE",
+                "/keys/k?value=%zz",
+                400,
+                "/problems/bad-percent-encoding",
+            ),
+            ("GET", "/nothing", 404, "/problems/not-found"),
+        ] {
+            let (got, headers, body) = send(&state, request(method, uri)).await;
+            assert_eq!(got.as_u16(), status, "{method} {uri}: {body}");
+            assert_eq!(body["type"], kind, "{method} {uri}");
+            assert_eq!(body["status"], status);
+            assert_eq!(headers[header::CONTENT_TYPE], problem::PROBLEM_JSON);
+        }
+    }
+
+    #[tokio::test]
+    async fn other_methods_get_405_with_allow() {
+        let state = state(None);
+        let (status, headers, body) = send(&state, request("POST", "/keys/k")).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        let allow = headers[header::ALLOW].to_str().unwrap();
+        for method in ["GET", "HEAD", "PUT", "DELETE"] {
+            assert!(allow.contains(method), "{allow}");
+        }
+        assert_eq!(body["type"], "/problems/method-not-allowed");
+    }
+
+    #[tokio::test]
+    async fn conflicting_and_unsupported_conditions_are_400() {
+        let state = state(None);
+        let with = |method: &str, uri: &str, name: &'static str, value: &'static str| {
+            let mut request = request(method, uri);
+            request
+                .headers_mut()
+                .insert(name, HeaderValue::from_static(value));
+            request
+        };
+        for request in [
+            with("PUT", "/keys/k?nex=true", "if-none-match", "*"),
+            with("PUT", "/keys/k", "if-none-match", "\"abc\""),
+            with("PUT", "/keys/k", "if-match", "*"),
+            with("DELETE", "/keys/k", "if-none-match", "*"),
+            with("PUT", "/keys/k", "fencing-token", "nonsense"),
+            with("PUT", "/keys/k", "fencing-token", "99999999999999:0:x"),
+        ] {
+            let (status, _, body) = send(&state, request).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_body_is_413_problem_json() {
+        let state = state(None);
+        let request = axum::http::Request::builder()
+            .method("PUT")
+            .uri("/keys/k")
+            .body(Body::from(vec![0u8; 17]))
+            .unwrap();
+        let (status, headers, body) = send(&state, request).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(headers[header::CONTENT_TYPE], problem::PROBLEM_JSON);
+        assert_eq!(body["type"], "/problems/value-too-large");
+    }
+
+    #[tokio::test]
+    async fn no_broker_is_503_with_retry_after() {
+        let state = state(None);
+        let (status, headers, body) = send(&state, request("GET", "/keys/k")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+    }
+
+    #[tokio::test]
+    async fn api_token_is_required_when_configured() {
+        let state = state(Some(ApiToken::new(b"t0ken".to_vec())));
+        let (status, headers, body) = send(&state, request("GET", "/keys/")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(
+            headers[header::WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer")
+        );
+        assert_eq!(body["type"], "/problems/unauthorized");
+        let mut wrong = request("GET", "/keys/");
+        wrong.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0kem"),
+        );
+        assert_eq!(send(&state, wrong).await.0, StatusCode::UNAUTHORIZED);
+        let mut right = request("GET", "/keys/");
+        right.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0ken"),
+        );
+        assert_eq!(send(&state, right).await.0, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_by_route_template() {
+        let state = state(None);
+        send(&state, request("GET", "/keys/%zz")).await;
+        send(&state, request("BREW", "/keys/a")).await;
+        send(&state, request("GET", "/elsewhere")).await;
+        let text = state.metrics.render();
+        for line in [
+            r#"http_requests_total{method="GET",route="/keys/{*key}",status="400"} 1"#,
+            r#"http_requests_total{method="OTHER",route="/keys/{*key}",status="405"} 1"#,
+            r#"http_requests_total{method="GET",route="unmatched",status="404"} 1"#,
+            r#"http_request_duration_seconds_count{method="GET",route="/keys/{*key}"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn bearer_token_is_taken_from_the_authorization_header() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"Bearerabc"), None);
+    }
+
+    #[test]
+    fn api_token_compares_whole_tokens_and_never_prints() {
+        let token = ApiToken::new(b"s3cret".to_vec());
+        assert!(token.matches(b"s3cret"));
+        assert!(!token.matches(b"s3cre"));
+        assert!(!token.matches(b"s3cret!"));
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn method_labels_are_bounded() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::from_bytes(b"BREW").unwrap()), "OTHER");
+    }
+}

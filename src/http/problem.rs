@@ -1,0 +1,555 @@
+//! Every way a key API request can fail, and the one function that turns a
+//! failure into an HTTP status and an RFC 9457 `application/problem+json`
+//! body.
+//!
+//! A reader looking for "which status does the store's reply X give" finds
+//! it in [`ApiError::problem`]. Responses carry a [`FailureLog`] extension so
+//! the request middleware writes one log line per failed request, with the
+//! route and method it knows and the cause only the error knows.
+
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::mqtt::PoolError;
+use crate::protocol::{HlcError, StoreError};
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Seconds a client should wait before retrying when no broker connection
+/// can take its request (a pool member reconnects within about a second).
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// Which condition of a write did not hold (412).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// `If-None-Match: *` on a key that exists.
+    KeyAbsent,
+    /// `nex=true` on a key that holds another value.
+    AbsentOrEqual,
+    /// `DELETE ?value=` on a key that holds another value.
+    ValueMatches,
+}
+
+/// Why a request failed. Messages are the `detail` of the problem body.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// GET `$-1`, DEL/VDEL `:0`.
+    #[error("the key does not exist")]
+    KeyNotFound,
+    /// No route for the path.
+    #[error("no such resource; keys live under /keys/")]
+    RouteNotFound,
+    /// A method the resource does not serve.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// The condition of a conditional write did not hold (`:-1`).
+    #[error("{}", precondition_detail(*.0))]
+    PreconditionFailed(Precondition),
+    /// An `-ERR` from the store. `client_token` tells whether the request
+    /// carried the client's `Fencing-Token`, which decides whose fault a
+    /// `malformed timestamp` is.
+    #[error("{}", store_detail(.error, *.client_token))]
+    Store {
+        /// The store's error.
+        error: StoreError,
+        /// Whether the client sent a fencing token.
+        client_token: bool,
+    },
+    /// The pool could not carry the request.
+    #[error("{}", pool_detail(.0))]
+    Pool(#[from] PoolError),
+    /// A reply shape that does not answer the request (e.g. `+OK` to GET).
+    #[error("the state store answered {verb} with an unexpected reply ({reply})")]
+    UnexpectedReply {
+        /// The request's verb.
+        verb: &'static str,
+        /// What came back, described.
+        reply: String,
+    },
+    /// `/keys/` with nothing after it.
+    #[error("the key is empty")]
+    EmptyKey,
+    /// A `%` not followed by two hex digits in the path or query.
+    #[error("malformed percent-encoding in the {0}")]
+    BadPercentEncoding(&'static str),
+    /// The key is longer than `--max-key-bytes`.
+    #[error("the key is {len} bytes long; the limit is {max} bytes")]
+    KeyTooLong {
+        /// Decoded length (or a lower bound of it).
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The body is larger than the value limit.
+    #[error("the value is larger than the limit of {max} bytes")]
+    ValueTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The `Fencing-Token` header is not an HLC.
+    #[error("the Fencing-Token header is not a hybrid logical clock value ({0})")]
+    BadFencingToken(String),
+    /// The `Fencing-Token` is more than 60 s ahead of our clock.
+    #[error(
+        "the Fencing-Token is more than 60 s ahead of the gateway's clock; use a version the store returned"
+    )]
+    FencingTokenTooFarAhead,
+    /// `ttl` did not parse or is zero.
+    #[error(
+        "invalid ttl {0:?}: use a positive duration such as 500ms, 30s, 2m, or plain milliseconds"
+    )]
+    BadTtl(String),
+    /// A query parameter that is unknown, repeated or has a bad value.
+    #[error("{0}")]
+    BadQuery(String),
+    /// A header the gateway cannot honour (or a malformed one).
+    #[error("{0}")]
+    BadHeader(String),
+    /// `If-None-Match: *` and `nex=true` together.
+    #[error(
+        "If-None-Match: * (set only if absent) and nex=true (set if absent or equal) exclude each other"
+    )]
+    ConflictingConditions,
+    /// The request body stream failed.
+    #[error("the request body could not be read: {0}")]
+    BodyRead(String),
+    /// The client sent its body too slowly.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
+    /// Missing or wrong bearer token.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// The whole request outlived the gateway's backstop timeout.
+    #[error("the request did not complete within {0:?}")]
+    HandlerTimeout(Duration),
+}
+
+fn precondition_detail(precondition: Precondition) -> &'static str {
+    match precondition {
+        Precondition::KeyAbsent => "the key already exists (If-None-Match: *)",
+        Precondition::AbsentOrEqual => "the key exists and holds a different value (nex=true)",
+        Precondition::ValueMatches => "the key holds a different value than the one given",
+    }
+}
+
+fn pool_detail(error: &PoolError) -> String {
+    match error {
+        PoolError::ConnectionLost => format!("{error}; a write may or may not have been applied"),
+        PoolError::Timeout(_) => format!("{error}; a write may or may not have been applied"),
+        other => other.to_string(),
+    }
+}
+
+fn store_detail(error: &StoreError, client_token: bool) -> String {
+    match error {
+        StoreError::FencingTokenRequired => {
+            "the key is protected by a fencing token: send the Fencing-Token header".into()
+        }
+        StoreError::FencingTokenLowerVersion => {
+            "the Fencing-Token is older than the token protecting the key".into()
+        }
+        StoreError::FencingTokenSkew => {
+            "the store finds the Fencing-Token too far in the future".into()
+        }
+        StoreError::TimestampSkew => {
+            "the gateway's clock is ahead of the state store's; the request was refused".into()
+        }
+        StoreError::QuotaExceeded => "the state store's quota has been exceeded".into(),
+        StoreError::NotAuthorized => "the gateway may not access this key".into(),
+        StoreError::KeyLengthZero => "the key is empty".into(),
+        StoreError::MalformedTimestamp if client_token => {
+            "the store refused the Fencing-Token as malformed".into()
+        }
+        other => format!("the state store refused the request: {}", other.message()),
+    }
+}
+
+/// How loudly a failure is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Routine client-side outcomes (404, 412, bad input).
+    Info,
+    /// Failures an operator may need to act on (403, 507, 503, 504).
+    Warn,
+    /// The gateway or the store misbehave (502, 500, clock skew).
+    Error,
+}
+
+/// The cause of a failed response, for the request log line. Put in the
+/// response's extensions by [`ApiError::into_response`].
+#[derive(Debug, Clone)]
+pub struct FailureLog {
+    /// How loudly to log.
+    pub severity: Severity,
+    /// The error's text (never secrets: tokens are not part of any error).
+    pub cause: String,
+}
+
+/// The problem document (RFC 9457) plus the status and extra headers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Stable relative URI naming the problem type.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Short summary of the type.
+    pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong with this request.
+    pub detail: String,
+    /// The raw `-ERR` text from the store, when the store sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
+    #[serde(skip)]
+    retry_after: bool,
+    #[serde(skip)]
+    severity: Severity,
+}
+
+impl ApiError {
+    /// The store's `-ERR`, with whether the client sent a fencing token.
+    pub fn store(error: StoreError, client_token: bool) -> Self {
+        Self::Store {
+            error,
+            client_token,
+        }
+    }
+
+    /// The one mapping from failure to status, problem type and log level.
+    pub fn problem(&self) -> Problem {
+        use Severity::{Error, Info, Warn};
+        let (status, kind, title, severity) = match self {
+            Self::KeyNotFound => (404, "/problems/key-not-found", "Key not found", Info),
+            Self::RouteNotFound => (404, "/problems/not-found", "Not found", Info),
+            Self::MethodNotAllowed => (
+                405,
+                "/problems/method-not-allowed",
+                "Method not allowed",
+                Info,
+            ),
+            Self::PreconditionFailed(_) => (
+                412,
+                "/problems/precondition-failed",
+                "Precondition failed",
+                Info,
+            ),
+            Self::Store {
+                error,
+                client_token,
+            } => match error {
+                StoreError::FencingTokenRequired => (
+                    428,
+                    "/problems/fencing-token-required",
+                    "Fencing token required",
+                    Info,
+                ),
+                StoreError::FencingTokenLowerVersion => (
+                    409,
+                    "/problems/fencing-token-outdated",
+                    "Fencing token outdated",
+                    Info,
+                ),
+                StoreError::FencingTokenSkew => (
+                    400,
+                    "/problems/fencing-token-too-far-ahead",
+                    "Fencing token too far in the future",
+                    Info,
+                ),
+                StoreError::KeyLengthZero => (400, "/problems/empty-key", "Empty key", Info),
+                StoreError::MalformedTimestamp if *client_token => (
+                    400,
+                    "/problems/invalid-fencing-token",
+                    "Invalid fencing token",
+                    Info,
+                ),
+                StoreError::NotAuthorized => (403, "/problems/forbidden", "Forbidden", Warn),
+                StoreError::QuotaExceeded => {
+                    (507, "/problems/quota-exceeded", "Quota exceeded", Warn)
+                }
+                StoreError::TimestampSkew => (503, "/problems/clock-skew", "Clock skew", Error),
+                StoreError::SyntaxError
+                | StoreError::UnknownCommand
+                | StoreError::WrongNumberOfArguments
+                | StoreError::MissingTimestamp
+                | StoreError::MalformedTimestamp
+                | StoreError::Unknown(_) => {
+                    (502, "/problems/store-error", "State store error", Error)
+                }
+            },
+            Self::Pool(error) => match error {
+                PoolError::Unavailable
+                | PoolError::ConnectionLost
+                | PoolError::Overloaded
+                | PoolError::ShuttingDown => (
+                    503,
+                    "/problems/unavailable",
+                    "State store unavailable",
+                    Warn,
+                ),
+                PoolError::Timeout(_) => {
+                    (504, "/problems/store-timeout", "State store timeout", Warn)
+                }
+                PoolError::Decode(_) | PoolError::BadVersion(_) => (
+                    502,
+                    "/problems/bad-store-reply",
+                    "Bad reply from the state store",
+                    Error,
+                ),
+                PoolError::TooLarge { .. } => {
+                    (413, "/problems/value-too-large", "Value too large", Info)
+                }
+                PoolError::Clock(_) => (500, "/problems/clock-error", "Gateway clock error", Error),
+            },
+            Self::UnexpectedReply { .. } => (
+                502,
+                "/problems/bad-store-reply",
+                "Bad reply from the state store",
+                Error,
+            ),
+            Self::EmptyKey => (400, "/problems/empty-key", "Empty key", Info),
+            Self::BadPercentEncoding(_) => (
+                400,
+                "/problems/bad-percent-encoding",
+                "Malformed percent-encoding",
+                Info,
+            ),
+            Self::KeyTooLong { .. } => (414, "/problems/key-too-long", "Key too long", Info),
+            Self::ValueTooLarge { .. } => {
+                (413, "/problems/value-too-large", "Value too large", Info)
+            }
+            Self::BadFencingToken(_) => (
+                400,
+                "/problems/invalid-fencing-token",
+                "Invalid fencing token",
+                Info,
+            ),
+            Self::FencingTokenTooFarAhead => (
+                400,
+                "/problems/fencing-token-too-far-ahead",
+                "Fencing token too far in the future",
+                Info,
+            ),
+            Self::BadTtl(_) => (400, "/problems/invalid-ttl", "Invalid ttl", Info),
+            Self::BadQuery(_) => (400, "/problems/invalid-query", "Invalid query", Info),
+            Self::BadHeader(_) => (400, "/problems/invalid-header", "Invalid header", Info),
+            Self::ConflictingConditions => (
+                400,
+                "/problems/conflicting-conditions",
+                "Conflicting conditions",
+                Info,
+            ),
+            Self::BodyRead(_) => (400, "/problems/bad-body", "Unreadable body", Info),
+            Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
+            Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
+            Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
+        };
+        let store_error = match self {
+            Self::Store { error, .. } => Some(error.message().to_owned()),
+            _ => None,
+        };
+        Problem {
+            kind,
+            title,
+            status,
+            detail: self.to_string(),
+            store_error,
+            retry_after: status == 503 && matches!(self, Self::Pool(_)),
+            severity,
+        }
+    }
+}
+
+impl Problem {
+    /// Whether the response carries `Retry-After`.
+    pub fn retry_after(&self) -> bool {
+        self.retry_after
+    }
+
+    /// How loudly the failure is logged.
+    pub fn severity(&self) -> Severity {
+        self.severity
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(
+            HeaderName::from_static("x-content-type-options"),
+            HeaderValue::from_static("nosniff"),
+        );
+        if problem.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        if matches!(self, Self::Unauthorized) {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"statestore-gateway\""),
+            );
+        }
+        response.extensions_mut().insert(FailureLog {
+            severity: problem.severity,
+            cause: problem_cause(&self, &problem),
+        });
+        response
+    }
+}
+
+/// The log text: the detail, plus the raw store error or the pool error's
+/// source when they say more.
+fn problem_cause(error: &ApiError, problem: &Problem) -> String {
+    match (error, &problem.store_error) {
+        (_, Some(raw)) => format!("{} (store: {raw})", problem.detail),
+        (ApiError::Pool(PoolError::Clock(HlcError::CounterOverflow)), None) => {
+            format!("{} (counter overflow)", problem.detail)
+        }
+        _ => problem.detail.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::DecodeError;
+
+    fn status(error: ApiError) -> u16 {
+        error.problem().status
+    }
+
+    #[test]
+    fn store_replies_map_to_the_documented_statuses() {
+        let cases = [
+            (StoreError::FencingTokenRequired, false, 428),
+            (StoreError::FencingTokenLowerVersion, true, 409),
+            (StoreError::FencingTokenSkew, true, 400),
+            (StoreError::NotAuthorized, false, 403),
+            (StoreError::QuotaExceeded, false, 507),
+            (StoreError::TimestampSkew, false, 503),
+            (StoreError::SyntaxError, false, 502),
+            (StoreError::UnknownCommand, false, 502),
+            (StoreError::WrongNumberOfArguments, false, 502),
+            (StoreError::MissingTimestamp, false, 502),
+            (StoreError::MalformedTimestamp, false, 502),
+            (StoreError::MalformedTimestamp, true, 400),
+            (StoreError::KeyLengthZero, false, 400),
+            (StoreError::Unknown("brand new".into()), false, 502),
+        ];
+        for (error, client_token, expected) in cases {
+            let problem = ApiError::store(error.clone(), client_token).problem();
+            assert_eq!(problem.status, expected, "{error:?} token={client_token}");
+            assert_eq!(problem.store_error.as_deref(), Some(error.message()));
+            assert!(!problem.retry_after(), "{error:?} has no Retry-After");
+        }
+    }
+
+    #[test]
+    fn every_documented_store_error_has_a_status() {
+        for error in StoreError::KNOWN {
+            let status = status(ApiError::store(error.clone(), false));
+            assert!((400..600).contains(&status), "{error:?} -> {status}");
+        }
+    }
+
+    #[test]
+    fn pool_failures_are_503_with_retry_after_or_504() {
+        for error in [
+            PoolError::Unavailable,
+            PoolError::ConnectionLost,
+            PoolError::Overloaded,
+            PoolError::ShuttingDown,
+        ] {
+            let problem = ApiError::Pool(error).problem();
+            assert_eq!(problem.status, 503);
+            assert!(problem.retry_after());
+        }
+        let timeout = ApiError::Pool(PoolError::Timeout(Duration::from_secs(1))).problem();
+        assert_eq!(timeout.status, 504);
+        assert!(!timeout.retry_after());
+        assert_eq!(
+            status(ApiError::Pool(PoolError::Decode(DecodeError::Incomplete))),
+            502
+        );
+        assert_eq!(
+            status(ApiError::Pool(PoolError::TooLarge { size: 2, max: 1 })),
+            413
+        );
+    }
+
+    #[test]
+    fn local_failures_map_to_their_statuses() {
+        let cases = [
+            (ApiError::KeyNotFound, 404),
+            (ApiError::PreconditionFailed(Precondition::KeyAbsent), 412),
+            (
+                ApiError::PreconditionFailed(Precondition::ValueMatches),
+                412,
+            ),
+            (ApiError::EmptyKey, 400),
+            (ApiError::BadPercentEncoding("key"), 400),
+            (ApiError::BadFencingToken("x".into()), 400),
+            (ApiError::FencingTokenTooFarAhead, 400),
+            (ApiError::BadTtl("x".into()), 400),
+            (ApiError::ConflictingConditions, 400),
+            (ApiError::KeyTooLong { len: 2, max: 1 }, 414),
+            (ApiError::ValueTooLarge { max: 1 }, 413),
+            (ApiError::Unauthorized, 401),
+            (ApiError::MethodNotAllowed, 405),
+            (
+                ApiError::UnexpectedReply {
+                    verb: "GET",
+                    reply: "+OK".into(),
+                },
+                502,
+            ),
+            (ApiError::BodyTimeout(Duration::from_secs(1)), 408),
+            (ApiError::HandlerTimeout(Duration::from_secs(1)), 504),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(status(error), expected);
+        }
+    }
+
+    #[test]
+    fn response_is_problem_json_with_headers() {
+        let response = ApiError::Pool(PoolError::Unavailable).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert!(response.extensions().get::<FailureLog>().is_some());
+
+        let response = ApiError::Unauthorized.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(
+            response.headers()[header::WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer")
+        );
+    }
+
+    #[test]
+    fn body_has_the_rfc_9457_members_and_the_raw_store_error() {
+        let problem = ApiError::store(StoreError::QuotaExceeded, false).problem();
+        let json = serde_json::to_value(&problem).unwrap();
+        assert_eq!(json["type"], "/problems/quota-exceeded");
+        assert_eq!(json["title"], "Quota exceeded");
+        assert_eq!(json["status"], 507);
+        assert!(json["detail"].as_str().unwrap().contains("quota"));
+        assert_eq!(json["store_error"], "the quota has been exceeded");
+
+        let json = serde_json::to_value(ApiError::KeyNotFound.problem()).unwrap();
+        assert!(json.get("store_error").is_none());
+    }
+}

@@ -1,0 +1,489 @@
+//! How a pool member proves who it is: TLS (server CA, client certificate),
+//! `K8S-SAT` enhanced authentication, username and password.
+//!
+//! Every file is read anew for every connection attempt, because Kubernetes
+//! rotates projected tokens, mounted secrets and trust bundles in place; a
+//! bad file at start fails [`check`] with an error naming the setting.
+//!
+//! TLS uses a rustls `ClientConfig` built here rather than rumqttc's
+//! `TlsConfiguration::Simple`: that variant calls `ClientConfig::builder()`,
+//! which panics when more than one rustls crypto provider is compiled in (as
+//! it is in the test build), and it only reports unusable PEM files at
+//! connect time. We pin the aws-lc-rs provider that rumqttc's `use-rustls`
+//! feature brings and parse the files up front.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rumqttc::tokio_rustls::rustls::{
+    self, ClientConfig, RootCertStore,
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
+};
+use rumqttc::v5::MqttOptions;
+use rumqttc::{TlsConfiguration, Transport};
+use thiserror::Error;
+
+use super::base_options;
+use super::pool::BrokerSettings;
+
+/// The enhanced authentication method of the AIO broker's service-account
+/// token authentication.
+pub const SAT_METHOD: &str = "K8S-SAT";
+
+/// Where the system's CA bundle lives when `AIO_TLS_CA_FILE` is not given
+/// (the paths OpenSSL's probe looks at first; `SSL_CERT_FILE` wins).
+const SYSTEM_CA_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+];
+
+/// A setting that cannot work; the message names the setting (by its
+/// environment variable) so an operator can fix it.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// `AIO_BROKER_HOSTNAME` is empty.
+    #[error("AIO_BROKER_HOSTNAME: the broker host name is empty")]
+    EmptyHost,
+    /// `AIO_BROKER_TCP_PORT` is 0.
+    #[error("AIO_BROKER_TCP_PORT: 0 is not a broker port")]
+    ZeroPort,
+    /// The host cannot be checked against a server certificate.
+    #[error("AIO_BROKER_HOSTNAME: {0:?} is not a valid TLS server name")]
+    InvalidServerName(String),
+    /// A file could not be read.
+    #[error("{setting}: cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// The environment variable naming the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A file is empty or has no usable content.
+    #[error("{setting}: {} {problem}", path.display())]
+    Unusable {
+        /// The environment variable naming the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// No CA file and no system bundle to fall back on.
+    #[error(
+        "AIO_TLS_CA_FILE is not set and no system CA bundle was found (set AIO_TLS_CA_FILE or SSL_CERT_FILE)"
+    )]
+    NoSystemRoots,
+    /// A TLS file without `AIO_MQTT_USE_TLS`.
+    #[error("{0} is set but AIO_MQTT_USE_TLS is false")]
+    TlsFileWithoutTls(&'static str),
+    /// Only one half of the client certificate pair.
+    #[error("AIO_TLS_CERT_FILE and AIO_TLS_KEY_FILE must be set together")]
+    IncompleteClientCertificate,
+    /// rustls refused the certificate/key pair or the protocol set-up.
+    #[error("AIO_TLS_CERT_FILE/AIO_TLS_KEY_FILE: {0}")]
+    ClientCertificate(rustls::Error),
+    /// Two ways of authenticating at once (the SDKs refuse this too).
+    #[error("AIO_SAT_FILE and AIO_MQTT_PASSWORD_FILE cannot both be set")]
+    SatAndPassword,
+    /// `AIO_MQTT_KEEP_ALIVE` is zero or too large for MQTT.
+    #[error("AIO_MQTT_KEEP_ALIVE: must be between 1 and 65535 seconds")]
+    KeepAlive,
+    /// A pool setting is out of range.
+    #[error("{setting}: {problem}")]
+    Pool {
+        /// The setting.
+        setting: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// `Pool::start` was called outside a Tokio runtime.
+    #[error("the pool must be started inside a Tokio runtime")]
+    NoRuntime,
+}
+
+/// The options of one connection attempt, and the token it authenticates
+/// with (to tell when the token file has moved on).
+#[derive(Debug)]
+pub(crate) struct ConnectOptions {
+    /// Ready for `AsyncClient::new`.
+    pub options: MqttOptions,
+    /// The `K8S-SAT` token sent, if any.
+    pub sat_token: Option<Bytes>,
+}
+
+/// Checks every setting and file once, so that `Pool::start` fails with a
+/// clear error instead of members retrying forever.
+pub(crate) fn check(broker: &BrokerSettings) -> Result<(), ConfigError> {
+    connect_options(broker, "check").map(drop)
+}
+
+/// Builds the options for one connection attempt of `client_id`, reading
+/// the token, password and TLS files now.
+pub(crate) fn connect_options(
+    broker: &BrokerSettings,
+    client_id: &str,
+) -> Result<ConnectOptions, ConfigError> {
+    if broker.host.trim().is_empty() {
+        return Err(ConfigError::EmptyHost);
+    }
+    if broker.port == 0 {
+        return Err(ConfigError::ZeroPort);
+    }
+    if broker.keep_alive.as_secs() == 0 || broker.keep_alive.as_secs() > u64::from(u16::MAX) {
+        return Err(ConfigError::KeepAlive);
+    }
+    if broker.sat_file.is_some() && broker.password_file.is_some() {
+        return Err(ConfigError::SatAndPassword);
+    }
+    let mut options = base_options(client_id, &broker.host, broker.port, broker.keep_alive);
+    // We re-subscribe and re-register after every connect, so an old
+    // session is of no use; a clean start also drops QoS 1 replies queued
+    // for a previous connection.
+    options.set_clean_start(true);
+    let session_expiry = u32::try_from(broker.session_expiry.as_secs()).unwrap_or(u32::MAX);
+    options.set_session_expiry_interval(Some(session_expiry));
+
+    if broker.use_tls {
+        let config = tls_config(broker)?;
+        options.set_transport(Transport::Tls(TlsConfiguration::Rustls(config)));
+    } else {
+        for (setting, file) in [
+            ("AIO_TLS_CA_FILE", &broker.ca_file),
+            ("AIO_TLS_CERT_FILE", &broker.cert_file),
+            ("AIO_TLS_KEY_FILE", &broker.key_file),
+        ] {
+            if file.is_some() {
+                return Err(ConfigError::TlsFileWithoutTls(setting));
+            }
+        }
+    }
+
+    let password = match &broker.password_file {
+        Some(path) => Some(read_password(path)?),
+        None => None,
+    };
+    if broker.username.is_some() || password.is_some() {
+        // rumqttc leaves an empty user name or password out of CONNECT.
+        options.set_credentials(
+            broker.username.clone().unwrap_or_default(),
+            password.unwrap_or_default(),
+        );
+    }
+
+    let sat_token = match &broker.sat_file {
+        Some(path) => {
+            let token = read_sat(path)?;
+            options
+                .set_authentication_method(Some(SAT_METHOD.to_owned()))
+                .set_authentication_data(Some(token.clone()));
+            Some(token)
+        }
+        None => None,
+    };
+    Ok(ConnectOptions { options, sat_token })
+}
+
+/// The service-account token, byte for byte (the SDK sends the file as is).
+pub(crate) fn read_sat(path: &Path) -> Result<Bytes, ConfigError> {
+    let token = read("AIO_SAT_FILE", path)?;
+    if token.is_empty() {
+        return Err(unusable("AIO_SAT_FILE", path, "is empty"));
+    }
+    Ok(Bytes::from(token))
+}
+
+/// The password, verbatim as the SDK reads it (a trailing newline is part
+/// of the password).
+fn read_password(path: &Path) -> Result<String, ConfigError> {
+    let bytes = read("AIO_MQTT_PASSWORD_FILE", path)?;
+    String::from_utf8(bytes)
+        .map_err(|_| unusable("AIO_MQTT_PASSWORD_FILE", path, "is not UTF-8 text"))
+}
+
+fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, ConfigError> {
+    ServerName::try_from(broker.host.as_str())
+        .map_err(|_| ConfigError::InvalidServerName(broker.host.clone()))?;
+
+    let (setting, ca_path) = match &broker.ca_file {
+        Some(path) => ("AIO_TLS_CA_FILE", path.clone()),
+        None => ("SSL_CERT_FILE", system_ca_bundle()?),
+    };
+    let ca_certificates = certificates(setting, &ca_path)?;
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(ca_certificates);
+    if added == 0 {
+        return Err(unusable(
+            setting,
+            &ca_path,
+            "holds no usable CA certificate",
+        ));
+    }
+
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(ConfigError::ClientCertificate)?
+        .with_root_certificates(roots);
+    let config = match (&broker.cert_file, &broker.key_file) {
+        (Some(cert_path), Some(key_path)) => {
+            let chain = certificates("AIO_TLS_CERT_FILE", cert_path)?;
+            let key_pem = read("AIO_TLS_KEY_FILE", key_path)?;
+            let key = PrivateKeyDer::from_pem_slice(&key_pem)
+                .map_err(|error| unusable("AIO_TLS_KEY_FILE", key_path, &error.to_string()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(ConfigError::ClientCertificate)?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err(ConfigError::IncompleteClientCertificate),
+    };
+    Ok(Arc::new(config))
+}
+
+/// Every certificate of a PEM file; an error if there is none.
+fn certificates(
+    setting: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let pem = read(setting, path)?;
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| unusable(setting, path, &format!("is not valid PEM: {error}")))?;
+    if certificates.is_empty() {
+        return Err(unusable(setting, path, "holds no PEM certificate"));
+    }
+    Ok(certificates)
+}
+
+fn system_ca_bundle() -> Result<PathBuf, ConfigError> {
+    if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
+        return Ok(PathBuf::from(path));
+    }
+    SYSTEM_CA_BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|path| path.is_file())
+        .ok_or(ConfigError::NoSystemRoots)
+}
+
+fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|source| ConfigError::Unreadable {
+        setting,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn unusable(setting: &'static str, path: &Path, problem: &str) -> ConfigError {
+    ConfigError::Unusable {
+        setting,
+        path: path.to_owned(),
+        problem: problem.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn settings() -> BrokerSettings {
+        BrokerSettings::new("localhost", 1883)
+    }
+
+    fn file(dir: &tempfile::TempDir, name: &str, contents: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    fn ca_pem() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn plain_settings_give_clean_start_and_session_expiry() {
+        let mut broker = settings();
+        broker.session_expiry = Duration::from_secs(3600);
+        let built = connect_options(&broker, "gw-0").unwrap();
+        assert!(built.options.clean_start());
+        assert_eq!(built.options.session_expiry_interval(), Some(3600));
+        assert_eq!(
+            built.options.max_packet_size(),
+            Some(super::super::MAX_PACKET_SIZE)
+        );
+        assert_eq!(built.options.client_id(), "gw-0");
+        assert!(built.sat_token.is_none());
+        assert!(built.options.credentials().is_none());
+    }
+
+    #[test]
+    fn sat_token_is_read_verbatim_as_k8s_sat() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.sat_file = Some(file(&dir, "token", b"eyJhbGciOi.token\n"));
+        let built = connect_options(&broker, "gw-0").unwrap();
+        assert_eq!(
+            built.options.authentication_method().as_deref(),
+            Some("K8S-SAT")
+        );
+        assert_eq!(
+            built.options.authentication_data().as_deref(),
+            Some(&b"eyJhbGciOi.token\n"[..])
+        );
+        assert_eq!(built.sat_token.as_deref(), Some(&b"eyJhbGciOi.token\n"[..]));
+        // The base options' maximum packet size survives the auth properties.
+        assert_eq!(
+            built.options.max_packet_size(),
+            Some(super::super::MAX_PACKET_SIZE)
+        );
+    }
+
+    #[test]
+    fn missing_sat_file_names_the_setting() {
+        let mut broker = settings();
+        broker.sat_file = Some("/nonexistent/token".into());
+        let error = check(&broker).unwrap_err().to_string();
+        assert!(
+            error.starts_with("AIO_SAT_FILE: cannot read /nonexistent/token"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn empty_sat_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.sat_file = Some(file(&dir, "token", b""));
+        assert!(matches!(
+            check(&broker),
+            Err(ConfigError::Unusable {
+                setting: "AIO_SAT_FILE",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn password_file_is_read_verbatim() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.username = Some("user".into());
+        broker.password_file = Some(file(&dir, "password", b"s3cret"));
+        let login = connect_options(&broker, "gw-0")
+            .unwrap()
+            .options
+            .credentials()
+            .unwrap();
+        assert_eq!(login.username, "user");
+        assert_eq!(login.password, "s3cret");
+    }
+
+    #[test]
+    fn sat_and_password_together_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.sat_file = Some(file(&dir, "token", b"t"));
+        broker.password_file = Some(file(&dir, "password", b"p"));
+        assert!(matches!(check(&broker), Err(ConfigError::SatAndPassword)));
+    }
+
+    #[test]
+    fn unreadable_ca_file_names_the_setting() {
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.ca_file = Some("/nonexistent/ca.crt".into());
+        let error = check(&broker).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("AIO_TLS_CA_FILE: cannot read"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn ca_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.ca_file = Some(file(&dir, "ca.crt", b"not a certificate\n"));
+        let error = check(&broker).unwrap_err().to_string();
+        assert!(
+            error.contains("AIO_TLS_CA_FILE") && error.contains("no PEM certificate"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tls_with_a_ca_file_builds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.ca_file = Some(file(&dir, "ca.crt", ca_pem().as_bytes()));
+        let built = connect_options(&broker, "gw-0").unwrap();
+        assert!(matches!(
+            built.options.transport(),
+            Transport::Tls(TlsConfiguration::Rustls(_))
+        ));
+    }
+
+    #[test]
+    fn tls_without_host_is_refused() {
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.host = String::new();
+        assert!(matches!(check(&broker), Err(ConfigError::EmptyHost)));
+        broker.host = "bad host name".into();
+        assert!(matches!(
+            check(&broker),
+            Err(ConfigError::InvalidServerName(_))
+        ));
+    }
+
+    #[test]
+    fn half_a_client_certificate_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.ca_file = Some(file(&dir, "ca.crt", ca_pem().as_bytes()));
+        broker.cert_file = Some(file(&dir, "client.crt", ca_pem().as_bytes()));
+        assert!(matches!(
+            check(&broker),
+            Err(ConfigError::IncompleteClientCertificate)
+        ));
+    }
+
+    #[test]
+    fn client_key_file_without_a_key_names_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut broker = settings();
+        broker.use_tls = true;
+        broker.ca_file = Some(file(&dir, "ca.crt", ca_pem().as_bytes()));
+        broker.cert_file = Some(file(&dir, "client.crt", ca_pem().as_bytes()));
+        broker.key_file = Some(file(&dir, "client.key", ca_pem().as_bytes()));
+        let error = check(&broker).unwrap_err().to_string();
+        assert!(error.starts_with("AIO_TLS_KEY_FILE"), "{error}");
+    }
+
+    #[test]
+    fn tls_files_without_tls_are_refused() {
+        let mut broker = settings();
+        broker.ca_file = Some("/some/ca.crt".into());
+        assert!(matches!(
+            check(&broker),
+            Err(ConfigError::TlsFileWithoutTls("AIO_TLS_CA_FILE"))
+        ));
+    }
+}

@@ -1,0 +1,908 @@
+//! The key API over real TCP: mosquitto, the emulator (or a scripted store)
+//! and the gateway, driven with reqwest. Every row of the API's request and
+//! failure tables has a test here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{self, HeaderMap};
+use reqwest::{Response, StatusCode};
+use serde_json::Value;
+use statestore_gateway::emulator::AccessList;
+use statestore_gateway::protocol::{Hlc, Request, hlc};
+
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
+use crate::support::mosquitto::MosquittoConfig;
+use crate::support::scripted_store::{Script, Scripted};
+
+/// The version in an `ETag`, without its quotes.
+fn etag(headers: &HeaderMap) -> String {
+    let value = headers
+        .get(header::ETAG)
+        .expect("an ETag")
+        .to_str()
+        .unwrap();
+    value
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+        .expect("a quoted ETag")
+        .to_owned()
+}
+
+async fn put(gateway: &Gateway, key: &[u8], value: impl Into<reqwest::Body>) -> Response {
+    gateway
+        .http
+        .put(gateway.key(key))
+        .body(value)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn get(gateway: &Gateway, key: &[u8]) -> Response {
+    gateway.http.get(gateway.key(key)).send().await.unwrap()
+}
+
+/// Asserts a problem+json response and returns its body.
+async fn problem(response: Response, status: u16, kind: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status, "{response:?}");
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], kind, "{body}");
+    assert_eq!(body["status"], status, "{body}");
+    assert!(body["title"].is_string(), "{body}");
+    assert!(body["detail"].is_string(), "{body}");
+    body
+}
+
+#[tokio::test]
+async fn get_returns_the_raw_value_with_its_version_and_headers() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let response = put(gw, b"greeting", "hello").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let version = etag(response.headers());
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["version"], version.as_str());
+    Hlc::parse(&version).expect("the version is an HLC");
+
+    let response = get(gw, b"greeting").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers[header::CONTENT_TYPE], "application/octet-stream");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+    assert_eq!(etag(&headers), version);
+    assert_eq!(response.bytes().await.unwrap().as_ref(), b"hello");
+}
+
+#[tokio::test]
+async fn head_has_the_headers_and_no_body() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let version = etag(put(gw, b"k", "12345").await.headers());
+    let response = gw.http.head(gw.key(b"k")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_LENGTH], "5");
+    assert_eq!(etag(response.headers()), version);
+    assert!(response.bytes().await.unwrap().is_empty());
+
+    let missing = gw.http.head(gw.key(b"nope")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert!(missing.bytes().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn if_none_match_with_the_current_version_is_304() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let version = etag(put(gw, b"k", "v1").await.headers());
+    let conditional = |value: String| {
+        gw.http
+            .get(gw.key(b"k"))
+            .header(header::IF_NONE_MATCH, value)
+            .send()
+    };
+    for matching in [
+        format!("\"{version}\""),
+        format!("W/\"{version}\""),
+        format!("\"other\", W/\"{version}\""),
+        "*".to_owned(),
+    ] {
+        let response = conditional(matching.clone()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_MODIFIED, "{matching}");
+        assert_eq!(etag(response.headers()), version);
+        assert!(response.bytes().await.unwrap().is_empty());
+    }
+    let response = conditional("\"000000000000001:00000:x\"".into())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.bytes().await.unwrap().as_ref(), b"v1");
+
+    // A new value has a new version: the old tag no longer matches.
+    let newer = etag(put(gw, b"k", "v2").await.headers());
+    assert!(Hlc::parse(&newer).unwrap() > Hlc::parse(&version).unwrap());
+    let response = conditional(format!("\"{version}\"")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(etag(response.headers()), newer);
+
+    let response = gw
+        .http
+        .get(gw.key(b"absent"))
+        .header(header::IF_NONE_MATCH, "*")
+        .send()
+        .await
+        .unwrap();
+    problem(response, 404, "/problems/key-not-found").await;
+
+    let response = conditional("not-a-tag".into()).await.unwrap();
+    problem(response, 400, "/problems/invalid-header").await;
+}
+
+#[tokio::test]
+async fn accept_json_gives_text_and_base64() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let version = etag(put(gw, b"text", "caf\u{e9}").await.headers());
+    let response = gw
+        .http
+        .get(gw.key(b"text"))
+        .header(header::ACCEPT, "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["key"], "text");
+    assert!(body.get("key_base64").is_none());
+    assert_eq!(body["value"], "caf\u{e9}");
+    assert_eq!(body["value_base64"], "Y2Fmw6k=");
+    assert_eq!(body["version"], version.as_str());
+
+    put(gw, b"bin\xff", vec![0u8, 0xfe]).await;
+    let body: Value = gw
+        .http
+        .get(gw.key(b"bin\xff"))
+        .header(header::ACCEPT, "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["key"], Value::Null);
+    assert_eq!(body["key_base64"], "Ymlu/w==");
+    assert_eq!(body["value"], Value::Null);
+    assert_eq!(body["value_base64"], "AP4=");
+}
+
+#[tokio::test]
+async fn missing_key_is_404() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let body = problem(get(gw, b"never-set").await, 404, "/problems/key-not-found").await;
+    assert!(body.get("store_error").is_none());
+    let response = gw.http.delete(gw.key(b"never-set")).send().await.unwrap();
+    problem(response, 404, "/problems/key-not-found").await;
+}
+
+#[tokio::test]
+async fn if_none_match_star_creates_once() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let create = || {
+        gw.http
+            .put(gw.key(b"once"))
+            .header(header::IF_NONE_MATCH, "*")
+            .body("first")
+            .send()
+    };
+    let response = create().await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let version = etag(response.headers());
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["version"], version.as_str());
+
+    problem(create().await.unwrap(), 412, "/problems/precondition-failed").await;
+    let value = get(gw, b"once").await.bytes().await.unwrap();
+    assert_eq!(value.as_ref(), b"first");
+}
+
+#[tokio::test]
+async fn ttl_expires_the_key() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let short = gw
+        .http
+        .put(format!("{}?ttl=300", gw.key(b"short")))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(short.status(), StatusCode::OK);
+    let long = gw
+        .http
+        .put(format!("{}?ttl=30s", gw.key(b"long")))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status(), StatusCode::OK);
+    assert_eq!(get(gw, b"short").await.status(), StatusCode::OK);
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(gw, b"short").await.status() == StatusCode::OK {
+        assert!(Instant::now() < deadline, "a 300 ms key outlived 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(gw, b"long").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn nex_sets_when_absent_or_equal() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let nex = |value: &'static str| {
+        gw.http
+            .put(format!("{}?nex=true&ttl=10s", gw.key(b"lease")))
+            .body(value)
+            .send()
+    };
+    assert_eq!(nex("holder-a").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(nex("holder-a").await.unwrap().status(), StatusCode::OK);
+    problem(nex("holder-b").await.unwrap(), 412, "/problems/precondition-failed").await;
+}
+
+#[tokio::test]
+async fn persist_true_keeps_the_key_across_a_store_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_owned();
+    let mut stack = Stack::start_with(
+        move |config| config.data_dir = Some(dir),
+        GatewayOptions::default(),
+    )
+    .await;
+    let gw = &stack.gateway;
+    let response = gw
+        .http
+        .put(format!("{}?persist=true", gw.key(b"durable")))
+        .body("kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(put(gw, b"volatile", "lost").await.status(), StatusCode::OK);
+
+    stack.restart_emulator().await;
+    let gw = &stack.gateway;
+    let response = get(gw, b"durable").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.bytes().await.unwrap().as_ref(), b"kept");
+    assert_eq!(get(gw, b"volatile").await.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn delete_is_204_with_the_deleted_version() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let written = etag(put(gw, b"k", "v").await.headers());
+    let response = gw.http.delete(gw.key(b"k")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let deleted = etag(response.headers());
+    assert!(Hlc::parse(&deleted).unwrap() >= Hlc::parse(&written).unwrap());
+    assert!(response.bytes().await.unwrap().is_empty());
+    assert_eq!(get(gw, b"k").await.status(), StatusCode::NOT_FOUND);
+    let again = gw.http.delete(gw.key(b"k")).send().await.unwrap();
+    problem(again, 404, "/problems/key-not-found").await;
+}
+
+#[tokio::test]
+async fn delete_with_value_deletes_only_that_value() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let value: Vec<u8> = vec![0, b'+', b' ', b'&', b'=', 0xff, b'%'];
+    put(gw, b"k", value.clone()).await;
+    let vdel = |expected: &[u8]| {
+        gw.http
+            .delete(format!("{}?value={}", gw.key(b"k"), encode(expected)))
+            .send()
+    };
+    problem(
+        vdel(b"something else").await.unwrap(),
+        412,
+        "/problems/precondition-failed",
+    )
+    .await;
+    assert_eq!(get(gw, b"k").await.status(), StatusCode::OK);
+    let response = vdel(&value).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    etag(response.headers());
+    problem(vdel(&value).await.unwrap(), 404, "/problems/key-not-found").await;
+
+    // Form encoding: `+` is a space in the query.
+    put(gw, b"k", "a b").await;
+    let response = gw
+        .http
+        .delete(format!("{}?value=a+b", gw.key(b"k")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn fencing_tokens_guard_writes() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    // A lease: its version is the fencing token.
+    let lease = gw
+        .http
+        .put(format!("{}?nex=true&ttl=30s", gw.key(b"lock")))
+        .body("holder")
+        .send()
+        .await
+        .unwrap();
+    let token = etag(lease.headers());
+
+    let write = |token: Option<String>, value: &'static str| {
+        let mut request = gw.http.put(gw.key(b"resource")).body(value);
+        if let Some(token) = token {
+            request = request.header("Fencing-Token", token);
+        }
+        request.send()
+    };
+    // The first fenced write stores the token with the key.
+    let first = write(Some(token.clone()), "one").await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+
+    let body = problem(
+        write(None, "unfenced").await.unwrap(),
+        428,
+        "/problems/fencing-token-required",
+    )
+    .await;
+    assert_eq!(
+        body["store_error"],
+        "a fencing token is required for this request"
+    );
+
+    let mut older = Hlc::parse(&token).unwrap();
+    older.wall_ms -= 1_000;
+    let body = problem(
+        write(Some(older.to_string()), "stale").await.unwrap(),
+        409,
+        "/problems/fencing-token-outdated",
+    )
+    .await;
+    assert!(
+        body["store_error"]
+            .as_str()
+            .unwrap()
+            .contains("lower version")
+    );
+
+    // Renewing the lease gives a newer token; the ETag form (quoted) works.
+    let renewed = gw
+        .http
+        .put(format!("{}?nex=true&ttl=30s", gw.key(b"lock")))
+        .body("holder")
+        .send()
+        .await
+        .unwrap();
+    let newer = renewed.headers()[header::ETAG].to_str().unwrap().to_owned();
+    assert_eq!(
+        write(Some(newer.clone()), "two").await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    let unfenced_delete = gw.http.delete(gw.key(b"resource")).send().await.unwrap();
+    problem(unfenced_delete, 428, "/problems/fencing-token-required").await;
+    let fenced_delete = gw
+        .http
+        .delete(gw.key(b"resource"))
+        .header("Fencing-Token", newer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fenced_delete.status(), StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn bad_input_is_400() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let far_ahead = Hlc::new(hlc::now_ms() + 120_000, "client").to_string();
+    let cases = [
+        (
+            gw.http
+                .put(gw.key(b"k"))
+                .header("Fencing-Token", "not-a-clock"),
+            "/problems/invalid-fencing-token",
+        ),
+        (
+            gw.http.put(gw.key(b"k")).header("Fencing-Token", far_ahead),
+            "/problems/fencing-token-too-far-ahead",
+        ),
+        (
+            gw.http.put(format!("{}?ttl=soon", gw.key(b"k"))),
+            "/problems/invalid-ttl",
+        ),
+        (
+            gw.http.put(format!("{}?ttl=-5", gw.key(b"k"))),
+            "/problems/invalid-ttl",
+        ),
+        (gw.http.put(gw.url("/keys/")), "/problems/empty-key"),
+        (gw.http.get(gw.url("/keys/")), "/problems/empty-key"),
+        (
+            gw.http.get(gw.url("/keys/%zz")),
+            "/problems/bad-percent-encoding",
+        ),
+        (
+            gw.http.get(gw.url("/keys/abc%4")),
+            "/problems/bad-percent-encoding",
+        ),
+        (
+            gw.http
+                .put(format!("{}?nex=true", gw.key(b"k")))
+                .header(header::IF_NONE_MATCH, "*"),
+            "/problems/conflicting-conditions",
+        ),
+        (
+            gw.http.put(format!("{}?expire=1s", gw.key(b"k"))),
+            "/problems/invalid-query",
+        ),
+        (
+            gw.http.put(gw.key(b"k")).header(header::IF_MATCH, "\"x\""),
+            "/problems/invalid-header",
+        ),
+    ];
+    for (request, kind) in cases {
+        let response = request.body("v").send().await.unwrap();
+        problem(response, 400, kind).await;
+    }
+    // Nothing was written by any of them.
+    assert_eq!(get(gw, b"k").await.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn key_over_the_limit_is_414() {
+    let stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            max_key_bytes: 64,
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    assert_eq!(put(gw, &[b'k'; 64], "v").await.status(), StatusCode::OK);
+    let body = problem(put(gw, &[b'k'; 65], "v").await, 414, "/problems/key-too-long").await;
+    assert!(body["detail"].as_str().unwrap().contains("64"));
+    // Escapes count as the bytes they decode to.
+    assert_eq!(put(gw, &[0xff; 64], "v").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn value_over_the_configured_limit_is_413() {
+    let stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            max_value_bytes: Some(1000),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    assert_eq!(put(gw, b"k", vec![7u8; 1000]).await.status(), StatusCode::OK);
+    problem(
+        put(gw, b"k", vec![7u8; 1001]).await,
+        413,
+        "/problems/value-too-large",
+    )
+    .await;
+    // A chunked body (no Content-Length) is cut off at the limit too.
+    let chunks = futures_util::stream::iter(
+        (0..4).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![1u8; 300]))),
+    );
+    let response = gw
+        .http
+        .put(gw.key(b"k"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    problem(response, 413, "/problems/value-too-large").await;
+    assert_eq!(
+        get(gw, b"k").await.bytes().await.unwrap().as_ref(),
+        &[7u8; 1000][..]
+    );
+}
+
+#[tokio::test]
+async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
+    let stack = Stack::start_full(
+        MosquittoConfig {
+            extra: "max_packet_size 65536\n".into(),
+            ..MosquittoConfig::default()
+        },
+        |_| {},
+        GatewayOptions::default(),
+    )
+    .await;
+    let gw = &stack.gateway;
+    assert_eq!(put(gw, b"k", vec![1u8; 60_000]).await.status(), StatusCode::OK);
+    problem(
+        put(gw, b"k", vec![1u8; 70_000]).await,
+        413,
+        "/problems/value-too-large",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn value_limit_is_4_mib_when_nothing_says_otherwise() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    problem(
+        put(gw, b"big", vec![0u8; 4 * 1024 * 1024 + 1]).await,
+        413,
+        "/problems/value-too-large",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn store_refusing_access_is_403() {
+    let options = GatewayOptions::default();
+    let acl = AccessList::from_json(&format!(
+        r#"{{ "{}*": {{ "read": [""], "write": ["app/"] }} }}"#,
+        options.client_id
+    ))
+    .unwrap();
+    let stack = Stack::start_with(move |config| config.acl = Some(acl), options).await;
+    let gw = &stack.gateway;
+    assert_eq!(put(gw, b"app/x", "v").await.status(), StatusCode::OK);
+    let body = problem(put(gw, b"system/x", "v").await, 403, "/problems/forbidden").await;
+    assert_eq!(body["store_error"], "not authorized");
+    // Reading is allowed everywhere.
+    assert_eq!(get(gw, b"system/x").await.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn store_over_quota_is_507() {
+    let stack = Stack::start_with(
+        |config| config.max_keys = Some(2),
+        GatewayOptions::default(),
+    )
+    .await;
+    let gw = &stack.gateway;
+    assert_eq!(put(gw, b"a", "1").await.status(), StatusCode::OK);
+    assert_eq!(put(gw, b"b", "2").await.status(), StatusCode::OK);
+    let body = problem(put(gw, b"c", "3").await, 507, "/problems/quota-exceeded").await;
+    assert_eq!(body["store_error"], "the quota has been exceeded");
+    // Overwriting an existing key still fits.
+    assert_eq!(put(gw, b"a", "9").await.status(), StatusCode::OK);
+}
+
+fn reply_to_everything(payload: &'static [u8]) -> Script {
+    Arc::new(move |_: &Request, _: Option<&str>| Scripted::Reply(payload.to_vec()))
+}
+
+#[tokio::test]
+async fn store_clock_skew_is_503_logged_and_counted() {
+    let stack = Stack::scripted(
+        reply_to_everything(b"-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"),
+        GatewayOptions::default(),
+    )
+    .await;
+    let gw = &stack.gateway;
+    let response = put(gw, b"k", "v").await;
+    assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    let body = problem(response, 503, "/problems/clock-skew").await;
+    assert!(
+        body["store_error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the request timestamp is too far in the future")
+    );
+    assert!(
+        gw.metrics
+            .render()
+            .contains(r#"store_errors_total{kind="timestamp_skew"} 1"#)
+    );
+}
+
+#[tokio::test]
+async fn store_protocol_failures_are_502() {
+    // The key names the reply the scripted store sends.
+    let script: Script = Arc::new(|request: &Request, _: Option<&str>| {
+        let payload: &[u8] = match request.key().as_ref() {
+            b"syntax" => b"-ERR syntax error\r\n",
+            b"unknown-command" => b"-ERR unknown command\r\n",
+            b"arguments" => b"-ERR wrong number of arguments\r\n",
+            b"missing-ts" => b"-ERR missing timestamp\r\n",
+            b"malformed-ts" => b"-ERR malformed timestamp\r\n",
+            b"brand-new" => b"-ERR something nobody documented\r\n",
+            b"garbage" => b"this is not RESP",
+            b"wrong-shape" => b"+OK\r\n",
+            _ => b"$-1\r\n",
+        };
+        Scripted::Reply(payload.to_vec())
+    });
+    let stack = Stack::scripted(script, GatewayOptions::default()).await;
+    let gw = &stack.gateway;
+    for (key, raw) in [
+        (&b"syntax"[..], Some("syntax error")),
+        (b"unknown-command", Some("unknown command")),
+        (b"arguments", Some("wrong number of arguments")),
+        (b"missing-ts", Some("missing timestamp")),
+        (b"malformed-ts", Some("malformed timestamp")),
+        (b"brand-new", Some("something nobody documented")),
+        (b"garbage", None),
+    ] {
+        let body = problem(put(gw, key, "v").await, 502, match raw {
+            Some(_) => "/problems/store-error",
+            None => "/problems/bad-store-reply",
+        })
+        .await;
+        assert_eq!(body["store_error"].as_str(), raw, "{body}");
+    }
+    // `+OK` does not answer a GET.
+    problem(get(gw, b"wrong-shape").await, 502, "/problems/bad-store-reply").await;
+    // With a client token, `malformed timestamp` is the client's fault.
+    let token = Hlc::new(hlc::now_ms(), "client").to_string();
+    let response = gw
+        .http
+        .put(gw.key(b"malformed-ts"))
+        .header("Fencing-Token", token)
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    problem(response, 400, "/problems/invalid-fencing-token").await;
+}
+
+#[tokio::test]
+async fn no_broker_connection_is_503_with_retry_after() {
+    let mut stack = Stack::start().await;
+    stack.broker.kill();
+    let gw = &stack.gateway;
+    gw.wait_readyz(503, Duration::from_secs(10)).await;
+    let started = Instant::now();
+    let response = get(gw, b"k").await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    problem(response, 503, "/problems/unavailable").await;
+    problem(put(gw, b"k", "v").await, 503, "/problems/unavailable").await;
+}
+
+#[tokio::test]
+async fn silent_store_is_504_within_the_request_timeout() {
+    let mut stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            request_timeout: Duration::from_millis(500),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    stack.stop_emulator().await;
+    let gw = &stack.gateway;
+    let started = Instant::now();
+    let response = get(gw, b"k").await;
+    let elapsed = started.elapsed();
+    problem(response, 504, "/problems/store-timeout").await;
+    assert!(
+        elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_byte_round_trips_in_keys_and_values() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let all: Vec<u8> = (0..=255).collect();
+    assert_eq!(put(gw, &all, all.clone()).await.status(), StatusCode::OK);
+    let response = get(gw, &all).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.bytes().await.unwrap().as_ref(), all.as_slice());
+
+    // Each byte alone as a key, one request per byte value.
+    for byte in 0..=255u8 {
+        let key = [b'k', byte];
+        assert_eq!(
+            put(gw, &key, vec![byte]).await.status(),
+            StatusCode::OK,
+            "{byte}"
+        );
+    }
+    for byte in 0..=255u8 {
+        let value = get(gw, &[b'k', byte]).await.bytes().await.unwrap();
+        assert_eq!(value.as_ref(), &[byte], "{byte}");
+    }
+
+    // `/` and `%` in keys, raw `/` separating path segments too.
+    put(gw, b"a/b%c", "slash").await;
+    let raw_path = gw.url("/keys/a/b%25c");
+    let value = gw.http.get(raw_path).send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(value.as_ref(), b"slash");
+
+    // The empty value is a value.
+    assert_eq!(put(gw, b"empty", Vec::new()).await.status(), StatusCode::OK);
+    let response = get(gw, b"empty").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_LENGTH], "0");
+    assert!(response.bytes().await.unwrap().is_empty());
+
+    // A 1 MiB value of every byte.
+    let big: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 256) as u8).collect();
+    assert_eq!(put(gw, b"big", big.clone()).await.status(), StatusCode::OK);
+    let value = get(gw, b"big").await.bytes().await.unwrap();
+    assert_eq!(value.len(), big.len());
+    assert!(value.as_ref() == big.as_slice());
+}
+
+#[tokio::test]
+async fn concurrent_writers_each_see_their_writes_ordered() {
+    let stack = Stack::start().await;
+    let gw = Arc::new(stack.gateway.key(b""));
+    let http = stack.gateway.http.clone();
+    let writers = 8;
+    let writes = 25;
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let http = http.clone();
+        let base = gw.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last: Option<Hlc> = None;
+            for n in 0..writes {
+                for key in ["shared".to_owned(), format!("own-{writer}")] {
+                    let response = http
+                        .put(format!("{base}{key}"))
+                        .body(format!("{writer}:{n}"))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), StatusCode::OK);
+                    let version = Hlc::parse(&etag(response.headers())).unwrap();
+                    if let Some(previous) = &last {
+                        assert!(version > *previous, "versions go forward per writer");
+                    }
+                    last = Some(version);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let gw = &stack.gateway;
+    for writer in 0..writers {
+        let value = get(gw, format!("own-{writer}").as_bytes())
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(value, format!("{writer}:{}", writes - 1));
+    }
+    let shared = get(gw, b"shared").await.text().await.unwrap();
+    let (writer, n) = shared.split_once(':').unwrap();
+    assert!(writer.parse::<usize>().unwrap() < writers);
+    assert_eq!(n.parse::<usize>().unwrap(), writes - 1);
+}
+
+#[tokio::test]
+async fn broker_restart_under_load_never_hangs_and_service_resumes() {
+    let mut stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            request_timeout: Duration::from_secs(2),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let base = stack.gateway.key(b"");
+    let http = stack.gateway.http.clone();
+    let mut workers = Vec::new();
+    for worker in 0..4 {
+        let http = http.clone();
+        let base = base.clone();
+        workers.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            let until = Instant::now() + Duration::from_secs(4);
+            let mut n = 0;
+            while Instant::now() < until && n < 2_000 {
+                n += 1;
+                let started = Instant::now();
+                let response = http
+                    .put(format!("{base}load-{worker}"))
+                    .body(format!("{n}"))
+                    .send()
+                    .await
+                    .expect("the gateway always answers");
+                let elapsed = started.elapsed();
+                assert!(elapsed < Duration::from_secs(6), "a request took {elapsed:?}");
+                statuses.push(response.status().as_u16());
+            }
+            statuses
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.broker.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.broker.restart().await;
+    let mut all = Vec::new();
+    for worker in workers {
+        all.extend(worker.await.unwrap());
+    }
+    assert!(all.iter().all(|status| [200, 503, 504].contains(status)), "{all:?}");
+    assert!(all.contains(&200));
+    assert!(all.iter().any(|status| *status != 200), "the outage was seen");
+
+    let gw = &stack.gateway;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if put(gw, b"after", "restart").await.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "service did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let value = get(gw, b"after").await.bytes().await.unwrap();
+    assert_eq!(value.as_ref(), b"restart");
+    gw.wait_readyz(200, Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn api_token_is_required_on_the_key_api_only() {
+    let stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            api_token: Some("s3cret-token".into()),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    let response = put(gw, b"k", "v").await;
+    assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer realm=\"statestore-gateway\"");
+    problem(response, 401, "/problems/unauthorized").await;
+    let wrong = gw
+        .http
+        .get(gw.key(b"k"))
+        .bearer_auth("s3cret-tokem")
+        .send()
+        .await
+        .unwrap();
+    problem(wrong, 401, "/problems/unauthorized").await;
+    let right = gw
+        .http
+        .put(gw.key(b"k"))
+        .bearer_auth("s3cret-token")
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), StatusCode::OK);
+    // The admin port needs no token.
+    let metrics = gw.http.get(gw.admin_url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn other_methods_are_405_with_allow() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let response = gw.http.post(gw.key(b"k")).body("v").send().await.unwrap();
+    let allow = response.headers()[header::ALLOW].to_str().unwrap().to_owned();
+    for method in ["GET", "HEAD", "PUT", "DELETE"] {
+        assert!(allow.contains(method), "{allow}");
+    }
+    problem(response, 405, "/problems/method-not-allowed").await;
+}

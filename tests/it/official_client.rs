@@ -1,0 +1,507 @@
+//! The official Azure IoT Operations Rust client (`azure_iot_operations_services`
+//! 1.3, with its own MQTT session) against the emulator on mosquitto: the
+//! proof that the emulator speaks the protocol the real SDKs expect.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
+use azure_iot_operations_services::leased_lock::{self, lease};
+use azure_iot_operations_services::state_store::{
+    self, ErrorKind, KeyObservation, Operation, ServiceError, SetCondition, SetOptions,
+};
+use statestore_gateway::protocol::Hlc;
+
+use crate::support::Mosquitto;
+use crate::support::emulator::start_emulator;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One SDK client with its session running in the background.
+struct SdkClient {
+    client: Arc<state_store::Client>,
+    exit: SessionExitHandle,
+    session: tokio::task::JoinHandle<()>,
+}
+
+impl SdkClient {
+    fn connect(broker: &Mosquitto, client_id: &str) -> Self {
+        let settings = MqttConnectionSettingsBuilder::default()
+            .client_id(client_id)
+            .hostname("127.0.0.1")
+            .tcp_port(broker.port())
+            .keep_alive(Duration::from_secs(10))
+            .clean_start(true)
+            .use_tls(false)
+            .build()
+            .unwrap();
+        let options = SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .build()
+            .unwrap();
+        let session = Session::new(options).unwrap();
+        let client = state_store::Client::new(
+            ApplicationContextBuilder::default().build().unwrap(),
+            session.create_managed_client(),
+            session.create_session_monitor(),
+            state_store::ClientOptionsBuilder::default()
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        let exit = session.create_exit_handle();
+        let session = tokio::spawn(async move {
+            let _ = session.run().await;
+        });
+        Self {
+            client: Arc::new(client),
+            exit,
+            session,
+        }
+    }
+
+    async fn close(self) {
+        let _ = tokio::time::timeout(TIMEOUT, self.client.shutdown()).await;
+        if self.exit.try_exit().is_err() {
+            self.exit.force_exit();
+        }
+        let _ = tokio::time::timeout(TIMEOUT, self.session).await;
+    }
+}
+
+/// The SDK's clock value as ours, to compare versions.
+fn hlc(version: &HybridLogicalClock) -> Hlc {
+    Hlc::parse(&version.to_string()).unwrap()
+}
+
+fn service_error(error: &state_store::Error) -> &ServiceError {
+    match error.kind() {
+        ErrorKind::ServiceError(service) => service,
+        other => panic!("not a service error: {other:?}"),
+    }
+}
+
+async fn next_notification(observation: &mut KeyObservation) -> state_store::KeyNotification {
+    tokio::time::timeout(TIMEOUT, observation.recv_notification())
+        .await
+        .expect("a notification in time")
+        .expect("the observation is open")
+        .0
+}
+
+#[tokio::test]
+async fn official_client_sets_gets_deletes_with_conditions() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let sdk = SdkClient::connect(&broker, "sdk-basic");
+    let client = &sdk.client;
+    let key = b"sdk-key".to_vec();
+
+    let set = client
+        .set(
+            key.clone(),
+            b"v1".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(set.response);
+    let set_version = set.version.expect("SET returns a version");
+    assert_eq!(set_version.node_id, "StateStore");
+
+    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    assert_eq!(get.response, Some(b"v1".to_vec()));
+    assert_eq!(get.version.as_ref().map(hlc), Some(hlc(&set_version)));
+
+    let only_if_missing = SetOptions {
+        set_condition: SetCondition::OnlyIfDoesNotExist,
+        ..SetOptions::default()
+    };
+    let nx = client
+        .set(
+            key.clone(),
+            b"v2".to_vec(),
+            TIMEOUT,
+            None,
+            only_if_missing.clone(),
+        )
+        .await
+        .unwrap();
+    assert!(!nx.response, "NX on an existing key is not applied");
+    let if_equal = SetOptions {
+        set_condition: SetCondition::OnlyIfEqualOrDoesNotExist,
+        ..SetOptions::default()
+    };
+    let nex_same = client
+        .set(key.clone(), b"v1".to_vec(), TIMEOUT, None, if_equal.clone())
+        .await
+        .unwrap();
+    assert!(nex_same.response, "NEX with the same value is applied");
+    let nex_other = client
+        .set(key.clone(), b"v3".to_vec(), TIMEOUT, None, if_equal)
+        .await
+        .unwrap();
+    assert!(!nex_other.response, "NEX with another value is not applied");
+
+    let vdel = client
+        .vdel(key.clone(), b"nope".to_vec(), None, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(vdel.response, -1);
+    let vdel = client
+        .vdel(key.clone(), b"v1".to_vec(), None, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(vdel.response, 1);
+    assert_eq!(
+        client
+            .del(key.clone(), None, TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        0
+    );
+    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    assert_eq!(get.response, None);
+    assert!(get.version.is_none());
+
+    let nx = client
+        .set(key.clone(), b"v4".to_vec(), TIMEOUT, None, only_if_missing)
+        .await
+        .unwrap();
+    assert!(nx.response, "NX on a missing key is applied");
+    assert_eq!(client.del(key, None, TIMEOUT).await.unwrap().response, 1);
+
+    // Binary key, empty value, persistence flag.
+    let binary: Vec<u8> = (0..=255).collect();
+    let persist = SetOptions {
+        persist: true,
+        ..SetOptions::default()
+    };
+    assert!(
+        client
+            .set(binary.clone(), Vec::new(), TIMEOUT, None, persist)
+            .await
+            .unwrap()
+            .response
+    );
+    assert_eq!(
+        client.get(binary, TIMEOUT).await.unwrap().response,
+        Some(Vec::new())
+    );
+    sdk.close().await;
+}
+
+#[tokio::test]
+async fn official_client_meets_fencing_tokens() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let sdk = SdkClient::connect(&broker, "sdk-fencing");
+    let client = &sdk.client;
+    let key = b"protected".to_vec();
+
+    let first_token = HybridLogicalClock::new();
+    let older = HybridLogicalClock {
+        timestamp: first_token.timestamp - Duration::from_secs(5),
+        ..first_token.clone()
+    };
+    let set = client
+        .set(
+            key.clone(),
+            b"1".to_vec(),
+            TIMEOUT,
+            Some(first_token.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(set.response);
+
+    let required = client
+        .set(
+            key.clone(),
+            b"2".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        service_error(&required),
+        ServiceError::MissingFencingToken
+    ));
+    let stale = client
+        .set(
+            key.clone(),
+            b"2".to_vec(),
+            TIMEOUT,
+            Some(older.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        service_error(&stale),
+        ServiceError::FencingTokenLowerVersion
+    ));
+
+    // A newer token (the key's own version) is accepted and now required.
+    let newer = set.version.unwrap();
+    let set = client
+        .set(
+            key.clone(),
+            b"3".to_vec(),
+            TIMEOUT,
+            Some(newer.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(set.response);
+    let stale = client
+        .set(
+            key.clone(),
+            b"4".to_vec(),
+            TIMEOUT,
+            Some(first_token),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        service_error(&stale),
+        ServiceError::FencingTokenLowerVersion
+    ));
+
+    let del = client.del(key.clone(), None, TIMEOUT).await.unwrap_err();
+    assert!(matches!(
+        service_error(&del),
+        ServiceError::MissingFencingToken
+    ));
+    let vdel = client
+        .vdel(key.clone(), b"3".to_vec(), Some(older), TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        service_error(&vdel),
+        ServiceError::FencingTokenLowerVersion
+    ));
+    // GET needs no token.
+    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    assert_eq!(get.response, Some(b"3".to_vec()));
+    let del = client.del(key, Some(newer), TIMEOUT).await.unwrap();
+    assert_eq!(del.response, 1);
+    sdk.close().await;
+}
+
+#[tokio::test]
+async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let watcher = SdkClient::connect(&broker, "sdk-watcher");
+    let writer = SdkClient::connect(&broker, "sdk-writer");
+    let key = b"observed".to_vec();
+
+    let mut observation = watcher
+        .client
+        .observe(key.clone(), TIMEOUT)
+        .await
+        .unwrap()
+        .response;
+
+    let set = writer
+        .client
+        .set(
+            key.clone(),
+            b"v1".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    let notification = next_notification(&mut observation).await;
+    assert_eq!(notification.key, key);
+    assert_eq!(notification.operation, Operation::Set(b"v1".to_vec()));
+    assert_eq!(hlc(&notification.version), hlc(&set.version.unwrap()));
+
+    let del = writer.client.del(key.clone(), None, TIMEOUT).await.unwrap();
+    assert_eq!(del.response, 1);
+    let notification = next_notification(&mut observation).await;
+    assert_eq!(notification.operation, Operation::Del);
+    assert_eq!(hlc(&notification.version), hlc(&del.version.unwrap()));
+
+    // Expiry: a SET with PX, then the delete notification without any read.
+    let expiring = SetOptions {
+        expires: Some(Duration::from_millis(400)),
+        ..SetOptions::default()
+    };
+    let set = writer
+        .client
+        .set(key.clone(), b"short".to_vec(), TIMEOUT, None, expiring)
+        .await
+        .unwrap();
+    let notification = next_notification(&mut observation).await;
+    assert_eq!(notification.operation, Operation::Set(b"short".to_vec()));
+    let notification = next_notification(&mut observation).await;
+    assert_eq!(notification.operation, Operation::Del);
+    assert!(hlc(&notification.version) > hlc(&set.version.unwrap()));
+    assert_eq!(
+        writer
+            .client
+            .get(key.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        None
+    );
+
+    let unobserved = watcher
+        .client
+        .unobserve(key.clone(), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(unobserved.response);
+    let again = watcher
+        .client
+        .unobserve(key.clone(), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(
+        !again.response,
+        "unobserving twice reports it was not observed"
+    );
+    // Observing again works after an unobserve.
+    let mut observation = watcher
+        .client
+        .observe(key.clone(), TIMEOUT)
+        .await
+        .unwrap()
+        .response;
+    writer
+        .client
+        .set(
+            key.clone(),
+            b"v2".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    let notification = next_notification(&mut observation).await;
+    assert_eq!(notification.operation, Operation::Set(b"v2".to_vec()));
+
+    watcher.close().await;
+    writer.close().await;
+}
+
+#[tokio::test]
+async fn official_lease_client_acquires_renews_and_releases() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let first = SdkClient::connect(&broker, "sdk-holder-1");
+    let second = SdkClient::connect(&broker, "sdk-holder-2");
+    let lease_name = b"the-lease".to_vec();
+    let lease1 = lease::Client::new(
+        first.client.clone(),
+        lease_name.clone(),
+        b"holder-1".to_vec(),
+    )
+    .unwrap();
+    let lease2 = lease::Client::new(
+        second.client.clone(),
+        lease_name.clone(),
+        b"holder-2".to_vec(),
+    )
+    .unwrap();
+
+    let token = lease1
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        lease2.get_holder(TIMEOUT).await.unwrap(),
+        Some(b"holder-1".to_vec())
+    );
+    let refused = lease2
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        refused.kind(),
+        leased_lock::ErrorKind::LeaseAlreadyHeld
+    ));
+
+    // Renewing is acquiring again; the token moves forward.
+    let renewed = lease1
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap();
+    assert!(hlc(&renewed) > hlc(&token));
+
+    // The token fences a protected key.
+    let protected = b"guarded".to_vec();
+    assert!(
+        first
+            .client
+            .set(
+                protected.clone(),
+                b"by-1".to_vec(),
+                TIMEOUT,
+                Some(renewed.clone()),
+                SetOptions::default(),
+            )
+            .await
+            .unwrap()
+            .response
+    );
+    let stale = second
+        .client
+        .set(
+            protected,
+            b"by-2".to_vec(),
+            TIMEOUT,
+            Some(token),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        service_error(&stale),
+        ServiceError::FencingTokenLowerVersion
+    ));
+
+    lease1.release(TIMEOUT).await.unwrap();
+    assert_eq!(lease2.get_holder(TIMEOUT).await.unwrap(), None);
+
+    // Auto-renewal keeps a short lease alive past its expiry.
+    let token2 = lease2
+        .acquire(
+            Duration::from_secs(1),
+            TIMEOUT,
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    assert_eq!(
+        lease1.get_holder(TIMEOUT).await.unwrap(),
+        Some(b"holder-2".to_vec())
+    );
+    let current = lease2.current_lease_fencing_token().expect("still held");
+    assert!(hlc(&current) > hlc(&token2));
+    lease2.release(TIMEOUT).await.unwrap();
+    assert_eq!(lease1.get_holder(TIMEOUT).await.unwrap(), None);
+
+    first.close().await;
+    second.close().await;
+}

@@ -1,0 +1,275 @@
+//! The gateway in-process on port-0 listeners (the real HTTP server over
+//! TCP), and a whole stack: mosquitto + emulator (or a scripted store) +
+//! gateway.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
+use statestore_gateway::emulator::{Emulator, EmulatorConfig};
+use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
+use statestore_gateway::metrics::Metrics;
+use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
+
+use super::scripted_store::{Script, ScriptedStore};
+use super::mosquitto::MosquittoConfig;
+use super::{Mosquitto, init_logging};
+
+/// What the tests vary about a gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// Pool members.
+    pub pool_size: usize,
+    /// Store request timeout.
+    pub request_timeout: Duration,
+    /// `--max-key-bytes`
+    pub max_key_bytes: usize,
+    /// `--max-value-bytes`
+    pub max_value_bytes: Option<usize>,
+    /// `--api-token-file` contents.
+    pub api_token: Option<String>,
+    /// `--shutdown-grace`
+    pub shutdown_grace: Duration,
+    /// Client id prefix of the pool members.
+    pub client_id: String,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        Self {
+            pool_size: 2,
+            request_timeout: Duration::from_secs(5),
+            max_key_bytes: 1024,
+            max_value_bytes: None,
+            api_token: None,
+            shutdown_grace: Duration::from_secs(5),
+            client_id: format!("gw-{:08x}", rand::random::<u32>()),
+        }
+    }
+}
+
+/// A running gateway and an HTTP client for it.
+#[derive(Debug)]
+pub struct Gateway {
+    server: Option<Server>,
+    /// Key API address.
+    pub api: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// A client with a timeout, so no test waits forever.
+    pub http: reqwest::Client,
+    /// Its metrics.
+    pub metrics: Metrics,
+}
+
+/// A client that never hangs a test and ignores proxy settings.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()
+        .expect("http client")
+}
+
+/// Percent-encodes every byte but ASCII letters and digits.
+pub fn encode(bytes: &[u8]) -> String {
+    percent_encode(bytes, NON_ALPHANUMERIC).to_string()
+}
+
+impl Gateway {
+    /// Starts a gateway against the broker at `broker_port` (plain TCP).
+    pub async fn start(broker_port: u16, options: GatewayOptions) -> Gateway {
+        init_logging();
+        let settings = ServeSettings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            pool: PoolSettings {
+                broker: BrokerSettings {
+                    host: "127.0.0.1".into(),
+                    port: broker_port,
+                    use_tls: false,
+                    ca_file: None,
+                    cert_file: None,
+                    key_file: None,
+                    sat_file: None,
+                    username: None,
+                    password_file: None,
+                    keep_alive: Duration::from_secs(30),
+                    session_expiry: Duration::from_secs(60),
+                },
+                client_id: options.client_id.clone(),
+                size: options.pool_size,
+                request_timeout: options.request_timeout,
+                max_in_flight_per_member: 256,
+                slot_wait: statestore_gateway::config::slot_wait(options.request_timeout),
+            },
+            limits: Limits {
+                max_key_bytes: options.max_key_bytes,
+                max_value_bytes: options.max_value_bytes,
+                request_timeout: options.request_timeout,
+            },
+            api_token: options
+                .api_token
+                .as_ref()
+                .map(|token| ApiToken::new(token.as_bytes().to_vec())),
+            shutdown_grace: options.shutdown_grace,
+        };
+        let metrics = Metrics::new();
+        let server = Server::start(settings, metrics.clone())
+            .await
+            .expect("gateway starts");
+        Gateway {
+            api: server.api_addr(),
+            admin: server.admin_addr(),
+            server: Some(server),
+            http: http_client(),
+            metrics,
+        }
+    }
+
+    /// The URL of a key, every byte but letters and digits percent-encoded.
+    pub fn key(&self, key: &[u8]) -> String {
+        format!("http://{}/keys/{}", self.api, encode(key))
+    }
+
+    /// A URL on the key API listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.api)
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// `/readyz`'s status.
+    pub async fn readyz(&self) -> u16 {
+        match self.http.get(self.admin_url("/readyz")).send().await {
+            Ok(response) => response.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Waits until `/readyz` answers `status`.
+    pub async fn wait_readyz(&self, status: u16, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let now = self.readyz().await;
+            if now == status {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "/readyz is {now}, not {status}, after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits until a pool member is subscribed.
+    pub async fn wait_ready(&self) {
+        self.wait_readyz(200, Duration::from_secs(15)).await;
+    }
+
+    /// The running server (shared state, addresses).
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().expect("gateway is running")
+    }
+
+    /// Graceful shutdown, as on SIGTERM.
+    pub async fn shutdown(mut self) {
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(60), server.shutdown())
+                .await
+                .expect("shutdown finishes within the grace period")
+                .expect("clean shutdown");
+        }
+    }
+}
+
+/// Broker, store and gateway, each on its own free port.
+#[derive(Debug)]
+pub struct Stack {
+    /// The broker.
+    pub broker: Mosquitto,
+    /// The emulator, unless the store is scripted or was stopped.
+    pub emulator: Option<Emulator>,
+    /// How the emulator was started, to start it again.
+    pub emulator_config: Option<EmulatorConfig>,
+    /// A scripted store instead of the emulator.
+    pub scripted: Option<ScriptedStore>,
+    /// The gateway.
+    pub gateway: Gateway,
+}
+
+impl Stack {
+    /// Defaults everywhere.
+    pub async fn start() -> Stack {
+        Self::start_with(|_| {}, GatewayOptions::default()).await
+    }
+
+    /// An emulator configured by `configure`, a gateway with `options`;
+    /// returns once the gateway is ready.
+    pub async fn start_with(
+        configure: impl FnOnce(&mut EmulatorConfig),
+        options: GatewayOptions,
+    ) -> Stack {
+        Self::start_full(MosquittoConfig::default(), configure, options).await
+    }
+
+    /// Like [`Stack::start_with`], with extra broker settings.
+    pub async fn start_full(
+        broker: MosquittoConfig,
+        configure: impl FnOnce(&mut EmulatorConfig),
+        options: GatewayOptions,
+    ) -> Stack {
+        init_logging();
+        let broker = Mosquitto::start_with(broker).await;
+        let mut config = EmulatorConfig::new("127.0.0.1", broker.port());
+        config.client_id = format!("emulator-{:08x}", rand::random::<u32>());
+        configure(&mut config);
+        let emulator = Emulator::start(config.clone())
+            .await
+            .expect("emulator starts");
+        let gateway = Gateway::start(broker.port(), options).await;
+        gateway.wait_ready().await;
+        Stack {
+            broker,
+            emulator: Some(emulator),
+            emulator_config: Some(config),
+            scripted: None,
+            gateway,
+        }
+    }
+
+    /// A store that answers as `script` says, instead of the emulator: for
+    /// replies the emulator never sends (clock skew, syntax errors, garbage).
+    pub async fn scripted(script: Script, options: GatewayOptions) -> Stack {
+        init_logging();
+        let broker = Mosquitto::start().await;
+        let scripted = ScriptedStore::start(broker.port(), script).await;
+        let gateway = Gateway::start(broker.port(), options).await;
+        gateway.wait_ready().await;
+        Stack {
+            broker,
+            emulator: None,
+            emulator_config: None,
+            scripted: Some(scripted),
+            gateway,
+        }
+    }
+
+    /// Stops the emulator (the store goes silent; the broker stays up).
+    pub async fn stop_emulator(&mut self) {
+        if let Some(emulator) = self.emulator.take() {
+            emulator.shutdown().await.expect("emulator stops");
+        }
+    }
+
+    /// Stops the emulator and starts it again with the same settings.
+    pub async fn restart_emulator(&mut self) {
+        self.stop_emulator().await;
+        let config = self.emulator_config.clone().expect("an emulator stack");
+        self.emulator = Some(Emulator::start(config).await.expect("emulator restarts"));
+    }
+}
