@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::mqtt::{BrokerSettings, PoolSettings};
+use crate::watch::WatchSettings;
 
 /// How often the SAT file is re-read to notice a rotated token.
 const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -62,6 +63,18 @@ pub mod serve_env {
     pub const SHUTDOWN_GRACE: &str = "STATESTORE_GATEWAY_SHUTDOWN_GRACE";
     /// `--log-format`
     pub const LOG_FORMAT: &str = "STATESTORE_GATEWAY_LOG_FORMAT";
+    /// `--max-watchers`
+    pub const MAX_WATCHERS: &str = "STATESTORE_GATEWAY_MAX_WATCHERS";
+    /// `--max-keys-per-watch`
+    pub const MAX_KEYS_PER_WATCH: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH";
+    /// `--watch-keepalive`
+    pub const WATCH_KEEPALIVE: &str = "STATESTORE_GATEWAY_WATCH_KEEPALIVE";
+    /// `--watch-buffer`
+    pub const WATCH_BUFFER: &str = "STATESTORE_GATEWAY_WATCH_BUFFER";
+    /// `--watch-resync-interval`
+    pub const WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
+    /// `--cors-allow-origin`
+    pub const CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
     /// `--broker-host`
     pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
     /// `--broker-port`
@@ -135,8 +148,26 @@ pub struct ServeArgs {
     /// Log line format.
     #[arg(long, env = serve_env::LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    // Watch settings (`--max-watchers`, `--max-keys-per-watch`,
-    // `--watch-keepalive`, `--cors-allow-origin`) go here.
+    /// Open SSE watch streams the gateway serves before answering 429.
+    #[arg(long, env = serve_env::MAX_WATCHERS, default_value = "10000", value_parser = parse_positive_usize)]
+    pub max_watchers: usize,
+    /// Keys one watch stream may name.
+    #[arg(long, env = serve_env::MAX_KEYS_PER_WATCH, default_value = "64", value_parser = parse_positive_usize)]
+    pub max_keys_per_watch: usize,
+    /// Interval of keep-alive comments on idle watch streams.
+    #[arg(long, env = serve_env::WATCH_KEEPALIVE, default_value = "15s", value_parser = parse_positive_duration)]
+    pub watch_keepalive: Duration,
+    /// Events buffered per watched key; a watcher that falls further behind
+    /// skips to a `sync` of the latest state.
+    #[arg(long, env = serve_env::WATCH_BUFFER, default_value = "64", value_parser = parse_positive_usize)]
+    pub watch_buffer: usize,
+    /// How often every watched key is registered and read again as a safety
+    /// net (`0` disables); reconnects trigger it at once anyway.
+    #[arg(long, env = serve_env::WATCH_RESYNC_INTERVAL, default_value = "60s", value_parser = parse_duration)]
+    pub watch_resync_interval: Duration,
+    /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
+    #[arg(long, env = serve_env::CORS_ALLOW_ORIGIN, value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -250,6 +281,21 @@ impl ServeArgs {
             limits,
             api_token,
             shutdown_grace: self.shutdown_grace,
+            watch: WatchSettings {
+                max_watchers: self.max_watchers,
+                max_keys_per_stream: self.max_keys_per_watch,
+                buffer: self.watch_buffer,
+                register_timeout: self.request_timeout,
+                keep_alive: self.watch_keepalive,
+                resync_interval: (!self.watch_resync_interval.is_zero())
+                    .then_some(self.watch_resync_interval),
+            },
+            cors_allow_origins: self
+                .cors_allow_origin
+                .iter()
+                .map(|origin| origin.trim().to_owned())
+                .filter(|origin| !origin.is_empty())
+                .collect(),
         })
     }
 }

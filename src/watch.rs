@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +42,13 @@ pub struct WatchSettings {
     pub buffer: usize,
     /// How long a new watcher waits for its keys' first registration.
     pub register_timeout: Duration,
+    /// How often an idle stream gets a keep-alive comment.
+    pub keep_alive: Duration,
+    /// How often every watched key is registered and read again, even with
+    /// no reconnect seen: catches a store that lost its registrations
+    /// without dropping our connection (e.g. a restarted emulator). `None`
+    /// disables it.
+    pub resync_interval: Option<Duration>,
 }
 
 impl Default for WatchSettings {
@@ -51,6 +58,8 @@ impl Default for WatchSettings {
             max_keys_per_stream: 64,
             buffer: 64,
             register_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(15),
+            resync_interval: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -72,7 +81,7 @@ pub enum WatchError {
     EmptyKey,
     /// The first registration of a key failed.
     #[error("registering the key with the state store failed: {0}")]
-    Register(Arc<PoolError>),
+    Register(PoolError),
     /// The store refused KEYNOTIFY or the GET after it.
     #[error("the state store refused the watch: {0}")]
     Store(StoreError),
@@ -128,6 +137,9 @@ pub struct KeyEvent {
     pub version: Option<Hlc>,
     /// Why following the key failed (for [`EventKind::Error`]).
     pub error: Option<String>,
+    /// The event's wire form, rendered once by the first watcher that sends
+    /// it and shared by the others (10,000 watchers, one serialisation).
+    pub rendered: OnceLock<String>,
 }
 
 impl KeyEvent {
@@ -138,6 +150,7 @@ impl KeyEvent {
             value: snapshot.value.clone(),
             version: snapshot.version.clone(),
             error: None,
+            rendered: OnceLock::new(),
         }
     }
 }
@@ -192,6 +205,7 @@ impl KeyWatch {
             value,
             version,
             error: None,
+            rendered: OnceLock::new(),
         }));
         true
     }
@@ -526,6 +540,11 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
     let mut registered: HashSet<Bytes> = HashSet::new();
     let mut holder = NO_HOLDER;
     let mut retry_after: Option<Duration> = None;
+    // Consecutive failed passes; watchers hear of it from the third on
+    // (about a second), so a broker restart does not flash errors.
+    let mut failed_passes = 0u32;
+    let resync_every = inner.settings.resync_interval;
+    let mut next_resync = resync_every.map(|every| tokio::time::Instant::now() + every);
     loop {
         let retry = async {
             match retry_after {
@@ -533,9 +552,20 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
                 None => std::future::pending().await,
             }
         };
+        let resync = async {
+            match next_resync {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = inner.reconcile.notified() => {}
             _ = retry => {}
+            _ = resync => {
+                // Registering again is idempotent; the GETs tell what moved.
+                registered.clear();
+                next_resync = resync_every.map(|every| tokio::time::Instant::now() + every);
+            }
             _ = shutdown.wait_for(|down| *down) => return,
             event = member_events.recv() => match event {
                 Ok(MemberEvent::Subscribed { member } | MemberEvent::Down { member })
@@ -565,9 +595,17 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
             holder = member;
             inner.holder.store(member, Ordering::Release);
         }
-        retry_after = match sync_registrations(&inner, holder, &mut registered).await {
-            Ok(()) => None,
-            Err(()) => Some(Duration::from_millis(500)),
+        let tell_watchers = failed_passes >= 2;
+        retry_after = match sync_registrations(&inner, holder, &mut registered, tell_watchers).await
+        {
+            Ok(()) => {
+                failed_passes = 0;
+                None
+            }
+            Err(()) => {
+                failed_passes = failed_passes.saturating_add(1);
+                Some(Duration::from_millis(500))
+            }
         };
     }
 }
@@ -578,6 +616,7 @@ async fn sync_registrations(
     inner: &Inner,
     holder: usize,
     registered: &mut HashSet<Bytes>,
+    tell_watchers: bool,
 ) -> Result<(), ()> {
     let wanted: Vec<Arc<KeyWatch>> = inner.keys().values().cloned().collect();
     let wanted_keys: HashSet<&Bytes> = wanted.iter().map(|w| &w.key).collect();
@@ -631,7 +670,7 @@ async fn sync_registrations(
                     key_watch
                         .registration
                         .send_replace(Registration::Failed(error));
-                } else {
+                } else if tell_watchers {
                     tracing::warn!(%error, "re-registering a watched key failed; retrying");
                     let _ = key_watch.events.send(Arc::new(KeyEvent {
                         kind: EventKind::Error,
@@ -639,7 +678,10 @@ async fn sync_registrations(
                         value: None,
                         version: None,
                         error: Some(error.to_string()),
+                        rendered: OnceLock::new(),
                     }));
+                } else {
+                    tracing::debug!(%error, "re-registering a watched key failed; retrying");
                 }
             }
         }
@@ -658,7 +700,7 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         .pool
         .request_on(holder, &notify, &options)
         .await
-        .map_err(|e| WatchError::Register(Arc::new(e)))?;
+        .map_err(WatchError::Register)?;
     match reply.reply {
         Reply::Ok => {}
         Reply::Error(error) => return Err(WatchError::Store(error)),
@@ -671,7 +713,7 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         .pool
         .request_on(holder, &get, &options)
         .await
-        .map_err(|e| WatchError::Register(Arc::new(e)))?;
+        .map_err(WatchError::Register)?;
     let current = match reply.reply {
         Reply::Value(value) => Snapshot {
             value: Some(value),

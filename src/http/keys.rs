@@ -228,7 +228,18 @@ fn unexpected(request: &Request, reply: &Reply) -> ApiError {
 
 /// The key from a `/keys/...` request path, percent-decoded strictly.
 pub fn key_from_uri(uri: &Uri, max_key_bytes: usize) -> Result<Bytes, ApiError> {
-    let raw = uri.path().strip_prefix("/keys/").unwrap_or_default();
+    key_from_path(uri.path(), "/keys/", max_key_bytes)
+}
+
+/// The key after `prefix` in a request path, percent-decoded strictly.
+pub fn key_from_path(path: &str, prefix: &str, max_key_bytes: usize) -> Result<Bytes, ApiError> {
+    let raw = path.strip_prefix(prefix).unwrap_or_default();
+    decode_key(raw, false, max_key_bytes)
+}
+
+/// A percent-encoded key (from a path, or with `plus_as_space` from a
+/// query string), decoded strictly and checked against the limit.
+pub fn decode_key(raw: &str, plus_as_space: bool, max_key_bytes: usize) -> Result<Bytes, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::EmptyKey);
     }
@@ -241,8 +252,8 @@ pub fn key_from_uri(uri: &Uri, max_key_bytes: usize) -> Result<Bytes, ApiError> 
             max: max_key_bytes,
         });
     }
-    let key =
-        percent_decode_strict(raw.as_bytes(), false).ok_or(ApiError::BadPercentEncoding("key"))?;
+    let key = percent_decode_strict(raw.as_bytes(), plus_as_space)
+        .ok_or(ApiError::BadPercentEncoding("key"))?;
     if key.is_empty() {
         return Err(ApiError::EmptyKey);
     }

@@ -4,6 +4,7 @@
 //! - [`keys`]: `/keys/{key}` handlers.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
+//! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
 //!
 //! [`router`] builds the key API so tests can drive it; [`Server`] binds
 //! both listeners and runs them until [`Server::shutdown`].
@@ -11,6 +12,7 @@
 pub mod admin;
 pub mod keys;
 pub mod problem;
+pub mod watch;
 
 use std::fmt;
 use std::io;
@@ -21,20 +23,21 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{Method, header};
+use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::serve::ListenerExt;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 
 use crate::config::DEFAULT_MAX_VALUE_BYTES;
 use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
+use crate::watch::{WatchHub, WatchSettings};
 use problem::{ApiError, FailureLog, Severity};
 
 /// Request size and time limits of the key API.
@@ -99,12 +102,22 @@ pub struct AppState {
     pub api_token: Option<ApiToken>,
     /// Set once shutdown starts: `/readyz` answers 503 from then on.
     pub draining: Arc<AtomicBool>,
+    /// Key watches shared by every SSE stream.
+    pub hub: WatchHub,
 }
 
 impl AppState {
-    /// State over a started pool, with the system clock.
-    pub fn new(pool: Pool, metrics: Metrics, limits: Limits, api_token: Option<ApiToken>) -> Self {
+    /// State over a started pool, with the system clock; starts the watch
+    /// hub's tasks (so it must run inside a Tokio runtime).
+    pub fn new(
+        pool: Pool,
+        metrics: Metrics,
+        limits: Limits,
+        api_token: Option<ApiToken>,
+        watch: WatchSettings,
+    ) -> Self {
         Self {
+            hub: WatchHub::start(pool.clone(), metrics.clone(), watch),
             pool,
             metrics,
             limits,
@@ -145,7 +158,7 @@ pub fn router(state: AppState) -> Router {
 
 /// The API's routes; the watch routes merge in here.
 fn api_routes() -> Router<AppState> {
-    Router::new().merge(keys::routes())
+    Router::new().merge(keys::routes()).merge(watch::routes())
 }
 
 async fn route_not_found() -> ApiError {
@@ -263,6 +276,10 @@ pub struct ServeSettings {
     pub api_token: Option<ApiToken>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
+    /// Watch limits and keep-alive.
+    pub watch: WatchSettings,
+    /// Origins allowed to call the API from a browser (CORS); empty: none.
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// Why the gateway could not start or stopped with an error.
@@ -298,8 +315,8 @@ pub struct Server {
     admin_addr: SocketAddr,
     state: AppState,
     grace: Duration,
-    stop_api: watch::Sender<bool>,
-    stop_admin: watch::Sender<bool>,
+    stop_api: signal::Sender<bool>,
+    stop_admin: signal::Sender<bool>,
     api_task: JoinHandle<io::Result<()>>,
     admin_task: JoinHandle<io::Result<()>>,
 }
@@ -313,11 +330,18 @@ impl Server {
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
         let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
         let pool = Pool::start(settings.pool, metrics.clone())?;
-        let state = AppState::new(pool, metrics, settings.limits, settings.api_token);
-        let (stop_api, api_stopped) = watch::channel(false);
-        let (stop_admin, admin_stopped) = watch::channel(false);
+        let state = AppState::new(
+            pool,
+            metrics,
+            settings.limits,
+            settings.api_token,
+            settings.watch,
+        );
+        let api = cors(router(state.clone()), &settings.cors_allow_origins);
+        let (stop_api, api_stopped) = signal::channel(false);
+        let (stop_admin, admin_stopped) = signal::channel(false);
         let api_task = tokio::spawn(
-            axum::serve(api_listener.tap_io(set_nodelay), router(state.clone()))
+            axum::serve(api_listener.tap_io(set_nodelay), api)
                 .with_graceful_shutdown(stopped(api_stopped))
                 .into_future(),
         );
@@ -372,6 +396,8 @@ impl Server {
             ..
         } = self;
         state.draining.store(true, Ordering::Release);
+        // SSE streams never end by themselves: end them so the drain can finish.
+        state.hub.shutdown();
         let _ = stop_api.send(true);
         let api_result = match tokio::time::timeout(grace, &mut api_task).await {
             Ok(joined) => flatten("api", joined),
@@ -406,6 +432,37 @@ impl Server {
     }
 }
 
+/// Lets browsers on the configured origins call the API and read its
+/// versions; `*` allows any origin (never with credentials).
+fn cors(router: Router, origins: &[String]) -> Router {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return router;
+    }
+    let allow_origin = if origins.iter().any(|origin| origin == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|origin| HeaderValue::from_str(origin).ok()),
+        )
+    };
+    let layer = CorsLayer::new()
+        .allow_origin(allow_origin)
+        .allow_methods([Method::GET, Method::HEAD, Method::PUT, Method::DELETE])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::IF_NONE_MATCH,
+            header::AUTHORIZATION,
+            HeaderName::from_static("fencing-token"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .expose_headers([header::ETAG, header::RETRY_AFTER])
+        .max_age(Duration::from_secs(600));
+    router.layer(layer)
+}
+
 async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
@@ -435,7 +492,7 @@ fn set_nodelay(stream: &mut tokio::net::TcpStream) {
     }
 }
 
-async fn stopped(mut receiver: watch::Receiver<bool>) {
+async fn stopped(mut receiver: signal::Receiver<bool>) {
     // A dropped sender also means stop.
     let _ = receiver.wait_for(|stop| *stop).await;
 }
@@ -517,7 +574,7 @@ mod tests {
             max_value_bytes: Some(16),
             request_timeout: Duration::from_millis(200),
         };
-        AppState::new(pool, metrics, limits, api_token)
+        AppState::new(pool, metrics, limits, api_token, WatchSettings::default())
     }
 
     async fn send(

@@ -124,6 +124,12 @@ pub enum ApiError {
     /// Missing or wrong bearer token.
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// The gateway already serves `--max-watchers` streams.
+    #[error("the gateway already serves its maximum of {0} watchers; retry later")]
+    TooManyWatchers(usize),
+    /// A stream names more than `--max-keys-per-watch` keys.
+    #[error("a stream may watch at most {0} keys")]
+    TooManyWatchKeys(usize),
     /// The whole request outlived the gateway's backstop timeout.
     #[error("the request did not complete within {0:?}")]
     HandlerTimeout(Duration),
@@ -347,6 +353,13 @@ impl ApiError {
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
+            Self::TooManyWatchers(_) => (
+                429,
+                "/problems/too-many-watchers",
+                "Too many watchers",
+                Warn,
+            ),
+            Self::TooManyWatchKeys(_) => (429, "/problems/too-many-keys", "Too many keys", Info),
         };
         let store_error = match self {
             Self::Store { error, .. } => Some(error.message().to_owned()),
@@ -358,7 +371,7 @@ impl ApiError {
             status,
             detail: self.to_string(),
             store_error,
-            retry_after: status == 503 && matches!(self, Self::Pool(_)),
+            retry_after: status == 429 || (status == 503 && matches!(self, Self::Pool(_))),
             severity,
         }
     }

@@ -186,7 +186,7 @@ pub struct StoreResponse {
 }
 
 /// Why a request got no reply.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum PoolError {
     /// No member is connected and subscribed, or the broker has nothing
     /// serving the state store's request topic (PUBACK "no matching

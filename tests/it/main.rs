@@ -1,11 +1,15 @@
 //! Integration tests: one binary, real broker, real sockets.
 
+// Test helpers may unwrap: a failure there is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 mod auth;
 mod emulator;
 mod official_client;
 mod pool;
+mod watch;
 
 mod broker {
     use crate::support::Mosquitto;

@@ -10,9 +10,10 @@ use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
+use statestore_gateway::watch::WatchSettings;
 
-use super::scripted_store::{Script, ScriptedStore};
 use super::mosquitto::MosquittoConfig;
+use super::scripted_store::{Script, ScriptedStore};
 use super::{Mosquitto, init_logging};
 
 /// What the tests vary about a gateway.
@@ -32,6 +33,10 @@ pub struct GatewayOptions {
     pub shutdown_grace: Duration,
     /// Client id prefix of the pool members.
     pub client_id: String,
+    /// Watch limits.
+    pub watch: WatchSettings,
+    /// `--cors-allow-origin`
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl Default for GatewayOptions {
@@ -44,6 +49,8 @@ impl Default for GatewayOptions {
             api_token: None,
             shutdown_grace: Duration::from_secs(5),
             client_id: format!("gw-{:08x}", rand::random::<u32>()),
+            watch: WatchSettings::default(),
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -102,6 +109,7 @@ impl Gateway {
                 request_timeout: options.request_timeout,
                 max_in_flight_per_member: 256,
                 slot_wait: statestore_gateway::config::slot_wait(options.request_timeout),
+                sat_check_interval: Duration::from_secs(5),
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
@@ -113,6 +121,8 @@ impl Gateway {
                 .as_ref()
                 .map(|token| ApiToken::new(token.as_bytes().to_vec())),
             shutdown_grace: options.shutdown_grace,
+            watch: options.watch.clone(),
+            cors_allow_origins: options.cors_allow_origins.clone(),
         };
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())

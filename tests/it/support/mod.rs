@@ -7,8 +7,11 @@
 pub mod auth_proxy;
 pub mod certs;
 pub mod emulator;
+pub mod gateway;
 pub mod mosquitto;
 pub mod responder;
+pub mod scripted_store;
+pub mod sse;
 
 pub use auth_proxy::AuthProxy;
 pub use certs::TestPki;

@@ -1,0 +1,278 @@
+//! `GET /watch/{key}` and `GET /watch?key=a&key=b`: key changes as
+//! Server-Sent Events, from the [`WatchHub`](crate::watch::WatchHub).
+//!
+//! Each event's `id:` is the key's version, so a reconnecting `EventSource`
+//! sends it back as `Last-Event-ID` and gets a `sync` only for keys that
+//! changed meanwhile.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use futures_util::Stream;
+
+use super::AppState;
+use super::keys::{decode_key, key_from_path};
+use super::problem::ApiError;
+use crate::mqtt::PoolError;
+use crate::protocol::Hlc;
+use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
+
+/// How long a browser waits before reconnecting a dropped stream.
+const RECONNECT_AFTER: Duration = Duration::from_secs(2);
+
+/// The watch routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/watch", get(watch_query))
+        .route("/watch/{*key}", get(watch_path))
+}
+
+/// `GET /watch/{key}`
+async fn watch_path(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = key_from_path(uri.path(), "/watch/", state.limits.max_key_bytes)?;
+    start(&state, vec![key], &headers).await
+}
+
+/// `GET /watch?key=a&key=b`
+async fn watch_query(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let mut keys = Vec::new();
+    for pair in uri.query().unwrap_or_default().split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "key" {
+            return Err(ApiError::BadQuery(format!(
+                "unknown query parameter {name:?}; use key=<name> once per key"
+            )));
+        }
+        keys.push(decode_key(value, true, state.limits.max_key_bytes)?);
+        // Refuse early rather than decode an unbounded list.
+        if keys.len() > state.hub.settings().max_keys_per_stream {
+            return Err(WatchError::TooManyKeys(state.hub.settings().max_keys_per_stream).into());
+        }
+    }
+    start(&state, keys, &headers).await
+}
+
+async fn start(
+    state: &AppState,
+    keys: Vec<Bytes>,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    if state.is_draining() {
+        return Err(ApiError::Pool(PoolError::ShuttingDown));
+    }
+    // An unparsable Last-Event-ID is not the client's fault: start afresh.
+    let last_version = headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| Hlc::parse(text.trim()).ok());
+    let watcher = state.hub.watch(keys, last_version).await?;
+    let keep_alive = KeepAlive::new()
+        .interval(state.hub.settings().keep_alive)
+        .text("keep-alive");
+    let mut response = Sse::new(events(watcher))
+        .keep_alive(keep_alive)
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    Ok(response)
+}
+
+/// `retry:` once, then the watcher's events until the gateway shuts down.
+fn events(watcher: Watcher) -> impl Stream<Item = Result<Event, Infallible>> {
+    let first = Event::default().retry(RECONNECT_AFTER);
+    futures_util::stream::unfold((Some(first), watcher), |(first, mut watcher)| async move {
+        if let Some(first) = first {
+            return Some((Ok(first), (None, watcher)));
+        }
+        let event = watcher.next().await?;
+        Some((Ok(sse_event(&event)), (None, watcher)))
+    })
+}
+
+/// The SSE form of an event. The JSON is rendered once per event and
+/// shared by every watcher of the key.
+fn sse_event(event: &Arc<KeyEvent>) -> Event {
+    let name = match event.kind {
+        EventKind::Sync { .. } => "sync",
+        EventKind::Set => "set",
+        EventKind::Delete => "delete",
+        EventKind::Error => "error",
+    };
+    let data = event.rendered.get_or_init(|| event_json(event));
+    let mut sse = Event::default().event(name).data(data.as_str());
+    if let Some(version) = &event.version {
+        sse = sse.id(version.to_string());
+    }
+    sse
+}
+
+/// `{"key", "op", "version", "value", "value_base64", ...}`: text fields
+/// are `null` when the bytes are not UTF-8, the base64 fields always hold
+/// the exact bytes.
+fn event_json(event: &KeyEvent) -> String {
+    let mut data = serde_json::Map::new();
+    match std::str::from_utf8(&event.key) {
+        Ok(key) => {
+            data.insert("key".into(), key.into());
+        }
+        Err(_) => {
+            data.insert("key".into(), serde_json::Value::Null);
+            data.insert("key_base64".into(), BASE64.encode(&event.key).into());
+        }
+    }
+    let op = match event.kind {
+        EventKind::Sync { .. } => "sync",
+        EventKind::Set => "set",
+        EventKind::Delete => "delete",
+        EventKind::Error => "error",
+    };
+    data.insert("op".into(), op.into());
+    data.insert(
+        "version".into(),
+        event
+            .version
+            .as_ref()
+            .map_or(serde_json::Value::Null, |v| v.to_string().into()),
+    );
+    let value = event.value.as_ref();
+    data.insert(
+        "value".into(),
+        value
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map_or(serde_json::Value::Null, Into::into),
+    );
+    data.insert(
+        "value_base64".into(),
+        value.map_or(serde_json::Value::Null, |v| BASE64.encode(v).into()),
+    );
+    match event.kind {
+        EventKind::Sync { resync, lagged } => {
+            data.insert("exists".into(), value.is_some().into());
+            data.insert("resync".into(), resync.into());
+            if lagged {
+                data.insert("lagged".into(), true.into());
+            }
+        }
+        EventKind::Error => {
+            data.insert(
+                "error".into(),
+                event.error.clone().unwrap_or_default().into(),
+            );
+        }
+        EventKind::Set | EventKind::Delete => {}
+    }
+    serde_json::Value::Object(data).to_string()
+}
+
+impl From<WatchError> for ApiError {
+    fn from(error: WatchError) -> Self {
+        match error {
+            WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
+            WatchError::TooManyKeys(max) => ApiError::TooManyWatchKeys(max),
+            WatchError::NoKeys => ApiError::BadQuery(
+                "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
+            ),
+            WatchError::EmptyKey => ApiError::EmptyKey,
+            WatchError::Register(error) => ApiError::Pool(error),
+            WatchError::Store(error) => ApiError::store(error, false),
+            WatchError::UnexpectedReply(verb) => ApiError::UnexpectedReply {
+                verb,
+                reply: "a reply that is not +OK or a value".into(),
+            },
+            WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
+            WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: EventKind, key: &[u8], value: Option<&[u8]>) -> KeyEvent {
+        KeyEvent {
+            kind,
+            key: Bytes::copy_from_slice(key),
+            value: value.map(Bytes::copy_from_slice),
+            version: Some(Hlc::new(1_700_000_000_000, "StateStore")),
+            error: None,
+            rendered: Default::default(),
+        }
+    }
+
+    fn json(event: &KeyEvent) -> serde_json::Value {
+        serde_json::from_str(&event_json(event)).unwrap()
+    }
+
+    #[test]
+    fn set_event_has_text_and_base64() {
+        let data = json(&event(EventKind::Set, b"k", Some(b"hi")));
+        assert_eq!(
+            data,
+            serde_json::json!({
+                "key": "k", "op": "set", "version": "001700000000000:00000:StateStore",
+                "value": "hi", "value_base64": "aGk="
+            })
+        );
+    }
+
+    #[test]
+    fn binary_key_and_value_are_base64_only() {
+        let data = json(&event(EventKind::Set, &[0xff, 0], Some(&[0xfe])));
+        assert_eq!(data["key"], serde_json::Value::Null);
+        assert_eq!(data["key_base64"], "/wA=");
+        assert_eq!(data["value"], serde_json::Value::Null);
+        assert_eq!(data["value_base64"], "/g==");
+    }
+
+    #[test]
+    fn sync_of_an_absent_key_says_so() {
+        let mut absent = event(
+            EventKind::Sync {
+                resync: true,
+                lagged: false,
+            },
+            b"k",
+            None,
+        );
+        absent.version = None;
+        let data = json(&absent);
+        assert_eq!(data["exists"], false);
+        assert_eq!(data["resync"], true);
+        assert_eq!(data["version"], serde_json::Value::Null);
+        assert_eq!(data["value_base64"], serde_json::Value::Null);
+        assert!(data.get("lagged").is_none());
+    }
+
+    #[test]
+    fn delete_event_carries_its_version() {
+        let data = json(&event(EventKind::Delete, b"k", None));
+        assert_eq!(data["op"], "delete");
+        assert_eq!(data["version"], "001700000000000:00000:StateStore");
+    }
+}

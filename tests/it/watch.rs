@@ -1,0 +1,413 @@
+//! `/watch`: key changes as Server-Sent Events, over the real stack.
+
+use std::time::Duration;
+
+use statestore_gateway::watch::WatchSettings;
+
+use crate::support::gateway::{GatewayOptions, Stack, encode};
+use crate::support::sse;
+
+fn options(watch: WatchSettings) -> GatewayOptions {
+    GatewayOptions {
+        watch,
+        ..GatewayOptions::default()
+    }
+}
+
+async fn put(stack: &Stack, key: &str, value: &str) -> String {
+    let response = stack
+        .gateway
+        .http
+        .put(stack.gateway.url(&format!("/keys/{key}")))
+        .body(value.to_owned())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let etag = response.headers()["etag"].to_str().unwrap();
+    etag.trim_matches('"').to_owned()
+}
+
+async fn delete(stack: &Stack, key: &str) {
+    let response = stack
+        .gateway
+        .http
+        .delete(stack.gateway.url(&format!("/keys/{key}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+}
+
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "{what} within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sync_first_then_set_and_delete_with_versions() {
+    let stack = Stack::start().await;
+    let v1 = put(&stack, "greeting", "hello").await;
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url("/watch/greeting"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(stream.headers["content-type"], "text/event-stream");
+    assert_eq!(stream.headers["cache-control"], "no-store");
+    assert_eq!(stream.headers["x-accel-buffering"], "no");
+
+    let sync = stream.expect("sync").await;
+    assert_eq!(stream.retries.len(), 1, "retry: once at the start");
+    assert_eq!(sync.id.as_deref(), Some(v1.as_str()));
+    assert_eq!(sync.data["key"], "greeting");
+    assert_eq!(sync.data["value"], "hello");
+    assert_eq!(sync.data["value_base64"], "aGVsbG8=");
+    assert_eq!(sync.data["exists"], true);
+    assert_eq!(sync.data["resync"], false);
+    assert_eq!(sync.data["version"], v1.as_str());
+
+    let v2 = put(&stack, "greeting", "bonjour").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["value"], "bonjour");
+    assert_eq!(set.id.as_deref(), Some(v2.as_str()));
+    assert!(v2 > v1, "versions grow: {v2} > {v1}");
+
+    delete(&stack, "greeting").await;
+    let deleted = stream.expect("delete").await;
+    assert_eq!(deleted.data["op"], "delete");
+    assert_eq!(deleted.data["value"], serde_json::Value::Null);
+    let deleted_version = deleted.id.expect("a delete carries its version");
+    assert!(deleted_version > v2);
+}
+
+#[tokio::test]
+async fn absent_key_syncs_as_absent_and_binary_values_come_as_base64() {
+    let stack = Stack::start().await;
+    let key = encode(&[0xff, b'/', 0]);
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url(&format!("/watch/{key}")),
+        None,
+    )
+    .await
+    .unwrap();
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["exists"], false);
+    assert_eq!(sync.data["key"], serde_json::Value::Null);
+    assert_eq!(sync.data["key_base64"], "/y8A");
+    assert_eq!(sync.id, None);
+
+    let response = stack
+        .gateway
+        .http
+        .put(stack.gateway.url(&format!("/keys/{key}")))
+        .body(vec![0u8, 159, 146, 150])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["value"], serde_json::Value::Null);
+    assert_eq!(set.data["value_base64"], "AJ+Slg==");
+}
+
+#[tokio::test]
+async fn one_stream_watches_several_keys() {
+    let stack = Stack::start().await;
+    put(&stack, "a", "1").await;
+    let url = stack.gateway.url("/watch?key=a&key=b+c&key=a");
+    let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
+    let first = stream.expect("sync").await;
+    let second = stream.expect("sync").await;
+    let mut keys = [first.data["key"].clone(), second.data["key"].clone()];
+    keys.sort_by_key(|key| key.to_string());
+    assert_eq!(keys, [serde_json::json!("a"), serde_json::json!("b c")]);
+    put(&stack, "b%20c", "2").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["key"], "b c");
+    put(&stack, "a", "3").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["key"], "a");
+    assert_eq!(set.data["value"], "3");
+}
+
+#[tokio::test]
+async fn watchers_of_a_key_share_one_registration_released_by_the_last() {
+    let stack = Stack::start().await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let emulator = stack.emulator.as_ref().unwrap().handle();
+    let url = stack.gateway.url("/watch/shared");
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
+        stream.expect("sync").await;
+        streams.push(stream);
+    }
+    assert_eq!(hub.watchers(), 3);
+    assert_eq!(hub.watched_keys(), 1);
+    assert_eq!(
+        emulator.registrations(),
+        1,
+        "one KEYNOTIFY for three watchers"
+    );
+
+    put(&stack, "shared", "x").await;
+    for stream in &mut streams {
+        assert_eq!(stream.expect("set").await.data["value"], "x");
+    }
+
+    drop(streams);
+    wait_until("the hub forgets the key", || {
+        hub.watchers() == 0 && hub.watched_keys() == 0
+    })
+    .await;
+    wait_until("KEYNOTIFY STOP reaches the store", || {
+        emulator.registrations() == 0
+    })
+    .await;
+
+    // And a new watcher registers again.
+    let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
+    assert_eq!(stream.expect("sync").await.data["value"], "x");
+    put(&stack, "shared", "y").await;
+    assert_eq!(stream.expect("set").await.data["value"], "y");
+}
+
+#[tokio::test]
+async fn last_event_id_skips_the_sync_unless_the_key_changed() {
+    let stack = Stack::start().await;
+    let version = put(&stack, "resume", "one").await;
+    let url = stack.gateway.url("/watch/resume");
+    let mut stream = sse::open(&stack.gateway.http, &url, Some(&version))
+        .await
+        .unwrap();
+    stream.expect_silence(Duration::from_millis(300)).await;
+    let newer = put(&stack, "resume", "two").await;
+    assert_eq!(
+        stream.expect("set").await.id.as_deref(),
+        Some(newer.as_str())
+    );
+    drop(stream);
+
+    // Reconnecting with an older id: the key changed meanwhile, so a sync.
+    let mut stream = sse::open(&stack.gateway.http, &url, Some(&version))
+        .await
+        .unwrap();
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["value"], "two");
+}
+
+#[tokio::test]
+async fn limits_answer_429_with_retry_after_before_streaming() {
+    let stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            max_watchers: 1,
+            max_keys_per_stream: 2,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    let client = &stack.gateway.http;
+    let (status, headers, body) =
+        sse::open(client, &stack.gateway.url("/watch?key=a&key=b&key=c"), None)
+            .await
+            .unwrap_err();
+    assert_eq!(status, 429);
+    assert_eq!(headers["retry-after"], "1");
+    assert!(body.contains("at most 2 keys"), "{body}");
+
+    let mut first = sse::open(client, &stack.gateway.url("/watch/a"), None)
+        .await
+        .unwrap();
+    first.expect("sync").await;
+    let (status, headers, body) = sse::open(client, &stack.gateway.url("/watch/b"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status, 429);
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert!(body.contains("too-many-watchers"), "{body}");
+
+    drop(first);
+    let hub = stack.gateway.server().state().hub.clone();
+    wait_until("the watcher leaves", || hub.watchers() == 0).await;
+    let mut again = sse::open(client, &stack.gateway.url("/watch/b"), None)
+        .await
+        .unwrap();
+    again.expect("sync").await;
+}
+
+#[tokio::test]
+async fn bad_watch_requests_are_400() {
+    let stack = Stack::start().await;
+    let client = &stack.gateway.http;
+    for path in [
+        "/watch",
+        "/watch?key=",
+        "/watch?nope=1",
+        "/watch/%zz",
+        "/watch/",
+    ] {
+        let (status, _, body) = sse::open(client, &stack.gateway.url(path), None)
+            .await
+            .unwrap_err();
+        assert!(status == 400 || status == 404, "{path}: {status} {body}");
+    }
+}
+
+#[tokio::test]
+async fn watch_comes_back_after_a_broker_restart() {
+    let mut stack = Stack::start().await;
+    put(&stack, "durable", "before").await;
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url("/watch/durable"),
+        None,
+    )
+    .await
+    .unwrap();
+    stream.expect("sync").await;
+
+    stack.broker.restart().await;
+    stack
+        .gateway
+        .wait_readyz(200, Duration::from_secs(10))
+        .await;
+    // The store is reachable again once a PUT goes through.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let version = loop {
+        let response = stack
+            .gateway
+            .http
+            .put(stack.gateway.url("/keys/durable"))
+            .body("after")
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            break response.headers()["etag"]
+                .to_str()
+                .unwrap()
+                .trim_matches('"')
+                .to_owned();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "PUT works again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The change arrives either as a `set` (registered again first) or as
+    // a resync `sync` (changed while the registration was being restored).
+    // While the store is still coming back the stream may say so with
+    // `error` events; they are not the change.
+    let event = loop {
+        let event = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        if event.event != "error" {
+            break event;
+        }
+    };
+    assert!(event.event == "set" || event.event == "sync", "{event:?}");
+    assert_eq!(event.data["value"], "after");
+    assert_eq!(event.id.as_deref(), Some(version.as_str()));
+    // And later changes keep coming.
+    put(&stack, "durable", "later").await;
+    assert_eq!(stream.expect("set").await.data["value"], "later");
+}
+
+#[tokio::test]
+async fn a_store_that_lost_its_registrations_is_resynced() {
+    let mut stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            resync_interval: Some(Duration::from_millis(300)),
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    put(&stack, "volatile", "v1").await;
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url("/watch/volatile"),
+        None,
+    )
+    .await
+    .unwrap();
+    stream.expect("sync").await;
+
+    // A restarted in-memory emulator forgets the key and the registration,
+    // and the gateway's connection never dropped.
+    stack.restart_emulator().await;
+    let resync = stream.expect("sync").await;
+    assert_eq!(resync.data["resync"], true);
+    assert_eq!(resync.data["exists"], false);
+
+    // The registration is back: a change arrives as a set.
+    put(&stack, "volatile", "v2").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["value"], "v2");
+    let metrics = stack
+        .gateway
+        .http
+        .get(stack.gateway.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("statestore_gateway_watch_resyncs_total 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_watcher_skips_to_a_sync_of_the_latest_state() {
+    let stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            buffer: 4,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    let mut slow = sse::open(&stack.gateway.http, &stack.gateway.url("/watch/busy"), None)
+        .await
+        .unwrap();
+    slow.expect("sync").await;
+    // Not reading `slow` while 300 changes of 64 KiB happen; TCP buffers hold a few
+    // events, the per-key buffer holds 4, the rest are skipped.
+    let mut last = String::new();
+    for i in 0..300 {
+        last = put(
+            &stack,
+            "busy",
+            &format!("value-{i}-{}", "x".repeat(64 * 1024)),
+        )
+        .await;
+    }
+    let mut saw_lagged = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let event = slow
+            .next(Duration::from_secs(5))
+            .await
+            .expect("events keep coming");
+        if event.data["lagged"] == true {
+            saw_lagged = true;
+        }
+        if event.id.as_deref() == Some(last.as_str()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+    }
+    assert!(saw_lagged, "the slow watcher was told it skipped events");
+}
