@@ -10,10 +10,15 @@ use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use statestore_gateway::dev::EmbeddedBroker;
+use statestore_gateway::config::DevArgs;
+use statestore_gateway::dev::{DevStack, EmbeddedBroker};
+use statestore_gateway::protocol::Request;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::support::dev::DevProcess;
+use crate::support::emulator::RawClient;
+use crate::support::gateway::http_client;
 use crate::support::init_logging;
 
 /// How long any single network wait in these tests may take.
@@ -471,4 +476,251 @@ async fn request_response_round_trips_are_not_delayed_by_nagle() {
         f64::from(PIPELINED) / pipelined.as_secs_f64()
     );
     assert!(pipelined < Duration::from_secs(30));
+}
+
+/// Dev mode in-process, everything on port 0.
+async fn start_stack(data_dir: Option<std::path::PathBuf>) -> DevStack {
+    init_logging();
+    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    let args = DevArgs {
+        listen: any_port,
+        admin_listen: any_port,
+        broker_listen: any_port,
+        data_dir,
+    };
+    DevStack::start(&args).await.expect("dev mode starts")
+}
+
+/// Polls `condition` every 20 ms until it holds or [`WAIT`] passes.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what} within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn dev_stack_serves_keys_over_http_once_started() {
+    let stack = start_stack(None).await;
+    let http = http_client();
+    let url = format!("http://{}/keys/greeting", stack.api_addr());
+    let put = http.put(&url).body("hello").send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let get = http.get(&url).send().await.unwrap();
+    assert_eq!(get.status(), 200);
+    assert_eq!(get.text().await.unwrap(), "hello");
+    let ready = http
+        .get(format!("http://{}/readyz", stack.admin_addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    assert!(stack.banner().contains(&format!(
+        "localhost:{}/keys/greeting",
+        stack.api_addr().port()
+    )));
+    stack.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn dev_stack_drops_watches_of_clients_that_disconnect() {
+    let stack = start_stack(None).await;
+    let emulator = stack.emulator();
+    let mut watcher = RawClient::connect_port(stack.broker_addr().port(), "dev-watcher").await;
+    let keynotify = Request::KeyNotify {
+        key: Bytes::from_static(b"watched"),
+        stop: false,
+    }
+    .encode();
+    watcher.request(&keynotify, &[]).await;
+    assert_eq!(emulator.registrations(), 1);
+
+    // Dropping the client closes its socket without DISCONNECT (a polite
+    // DISCONNECT takes the same path: see the broker tests above).
+    drop(watcher);
+    eventually("the disconnected client's registration is dropped", || {
+        emulator.registrations() == 0
+    })
+    .await;
+
+    stack.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn dev_stack_keeps_persisted_keys_in_its_data_dir_across_restarts() {
+    let data = tempfile::tempdir().unwrap();
+    let http = http_client();
+    let stack = start_stack(Some(data.path().to_owned())).await;
+    let put = http
+        .put(format!(
+            "http://{}/keys/kept?persist=true",
+            stack.api_addr()
+        ))
+        .body("durable")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    stack.shutdown().await.unwrap();
+
+    let stack = start_stack(Some(data.path().to_owned())).await;
+    let get = http
+        .get(format!("http://{}/keys/kept", stack.api_addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 200);
+    assert_eq!(get.text().await.unwrap(), "durable");
+    stack.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn dev_refuses_a_broker_port_in_use_with_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    let args = DevArgs {
+        listen: any_port,
+        admin_listen: any_port,
+        broker_listen: taken.local_addr().unwrap(),
+        data_dir: None,
+    };
+    let error = DevStack::start(&args).await.unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("cannot listen")
+            && message.contains(&taken.local_addr().unwrap().to_string()),
+        "{message}"
+    );
+}
+
+/// The README's first command, for real: the binary, its banner, the curl
+/// example (through reqwest), and a clean exit on SIGTERM.
+#[tokio::test]
+async fn dev_binary_prints_its_addresses_and_serves_the_readme_example() {
+    init_logging();
+    let mut dev = DevProcess::start(&[]).await;
+    for address in [dev.api, dev.admin, dev.broker] {
+        assert!(
+            dev.banner.contains(&address.to_string()),
+            "{address} in:\n{}",
+            dev.banner
+        );
+    }
+    let curl_put = format!(
+        "curl -X PUT --data-binary hello localhost:{}/keys/greeting",
+        dev.api.port()
+    );
+    assert!(dev.banner.contains(&curl_put), "{}", dev.banner);
+
+    let http = http_client();
+    let put = http
+        .put(dev.url("/keys/greeting"))
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let get = http.get(dev.url("/keys/greeting")).send().await.unwrap();
+    assert_eq!(get.status(), 200);
+    assert_eq!(get.text().await.unwrap(), "hello");
+
+    // Other MQTT clients reach the emulator through the embedded broker.
+    let mut client = RawClient::connect_port(dev.broker.port(), "dev-binary-client").await;
+    let reply = client
+        .request(&crate::support::emulator::get_payload(b"greeting"), &[])
+        .await;
+    assert_eq!(&reply.payload[..], b"$5\r\nhello\r\n");
+    drop(client);
+
+    let status = dev.terminate();
+    assert!(status.success(), "dev exits 0 on SIGTERM, got {status:?}");
+}
+
+/// The official AIO SDK state store client (its own MQTT session) through
+/// the embedded broker: it sees what the gateway writes, and the gateway
+/// sees what it writes.
+#[tokio::test]
+async fn official_sdk_client_and_gateway_share_the_dev_store() {
+    use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+    use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
+    use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+    use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
+
+    let stack = start_stack(None).await;
+    let settings = MqttConnectionSettingsBuilder::default()
+        .client_id("dev-sdk-client")
+        .hostname("127.0.0.1")
+        .tcp_port(stack.broker_addr().port())
+        .keep_alive(Duration::from_secs(10))
+        .clean_start(true)
+        .use_tls(false)
+        .build()
+        .unwrap();
+    let session = Session::new(
+        SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let sdk = state_store::Client::new(
+        ApplicationContextBuilder::default().build().unwrap(),
+        session.create_managed_client(),
+        session.create_session_monitor(),
+        state_store::ClientOptionsBuilder::default()
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let exit = session.create_exit_handle();
+    let session = tokio::spawn(async move {
+        let _ = session.run().await;
+    });
+
+    let http = http_client();
+    let url = format!("http://{}/keys/shared", stack.api_addr());
+    let mut observation = sdk
+        .observe(b"shared".to_vec(), WAIT)
+        .await
+        .unwrap()
+        .response;
+    assert_eq!(stack.emulator().registrations(), 1);
+
+    let put = http.put(&url).body("from http").send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let (notification, _) = tokio::time::timeout(WAIT, observation.recv_notification())
+        .await
+        .expect("a notification in time")
+        .expect("the observation is open");
+    assert_eq!(
+        notification.operation,
+        Operation::Set(b"from http".to_vec())
+    );
+
+    let get = sdk.get(b"shared".to_vec(), WAIT).await.unwrap();
+    assert_eq!(get.response, Some(b"from http".to_vec()));
+    sdk.set(
+        b"shared".to_vec(),
+        b"from sdk".to_vec(),
+        WAIT,
+        None,
+        SetOptions::default(),
+    )
+    .await
+    .unwrap();
+    let get = http.get(&url).send().await.unwrap();
+    assert_eq!(get.text().await.unwrap(), "from sdk");
+
+    let _ = tokio::time::timeout(WAIT, sdk.shutdown()).await;
+    if exit.try_exit().is_err() {
+        exit.force_exit();
+    }
+    let _ = tokio::time::timeout(WAIT, session).await;
+    eventually(
+        "the SDK client's registration is dropped after it leaves",
+        || stack.emulator().registrations() == 0,
+    )
+    .await;
+    stack.shutdown().await.unwrap();
 }
