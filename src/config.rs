@@ -573,9 +573,34 @@ impl std::str::FromStr for HostPort {
     }
 }
 
-/// Settings of `dev`.
+/// Environment fallback of `dev --listen`.
+pub const ENV_DEV_LISTEN: &str = "STATESTORE_GATEWAY_DEV_LISTEN";
+/// Environment fallback of `dev --admin-listen`.
+pub const ENV_DEV_ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_DEV_ADMIN_LISTEN";
+/// Environment fallback of `dev --broker-listen`.
+pub const ENV_DEV_BROKER_LISTEN: &str = "STATESTORE_GATEWAY_DEV_BROKER_LISTEN";
+/// Environment fallback of `dev --data-dir`.
+pub const ENV_DEV_DATA_DIR: &str = "STATESTORE_GATEWAY_DEV_DATA_DIR";
+
+/// Settings of `dev`. Everything listens on loopback by default: the
+/// embedded broker accepts anonymous clients and nothing uses TLS.
 #[derive(Debug, Clone, Args)]
-pub struct DevArgs {}
+pub struct DevArgs {
+    /// Address of the HTTP key and watch API.
+    #[arg(long, env = ENV_DEV_LISTEN, default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Address of the admin endpoints (/live, /ready, /metrics).
+    #[arg(long, env = ENV_DEV_ADMIN_LISTEN, default_value = "127.0.0.1:8081")]
+    pub admin_listen: std::net::SocketAddr,
+    /// Address of the embedded MQTT broker; other MQTT clients (mosquitto_pub,
+    /// the AIO SDKs) can use the emulator through it.
+    #[arg(long, env = ENV_DEV_BROKER_LISTEN, default_value = "127.0.0.1:1883")]
+    pub broker_listen: std::net::SocketAddr,
+    /// Directory where the emulator keeps its data across restarts; without
+    /// it the store lives in memory only.
+    #[arg(long, env = ENV_DEV_DATA_DIR)]
+    pub data_dir: Option<std::path::PathBuf>,
+}
 
 #[cfg(test)]
 mod tests {

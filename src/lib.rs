@@ -5,12 +5,14 @@
 //! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
 //! - [`config`]: command-line and environment settings.
 //! - [`emulator`]: the state store protocol served over any MQTT5 broker.
+//! - [`dev`]: embedded broker + emulator + gateway in one process.
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 //! - [`ui`]: the browser dashboard served at `/ui/`.
 
 pub mod config;
+pub mod dev;
 pub mod emulator;
 pub mod http;
 pub mod metrics;

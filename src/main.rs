@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{Cli, Command, EmulatorArgs, LogFormat, ServeArgs};
+use statestore_gateway::config::{Cli, Command, DevArgs, EmulatorArgs, LogFormat, ServeArgs};
 use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
 use statestore_gateway::http::{ServeError, Server, termination_signal};
 use statestore_gateway::metrics::Metrics;
@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Emulator(args) => emulator(args),
-        Command::Dev(_) => anyhow::bail!("dev is not built yet"),
+        Command::Dev(args) => dev(args),
     }
 }
 
@@ -62,6 +62,13 @@ fn emulator(args: EmulatorArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// `dev`: embedded broker, emulator and gateway until SIGTERM/SIGINT.
+fn dev(args: DevArgs) -> anyhow::Result<()> {
+    init_tracing(LogFormat::Text);
+    runtime()?.block_on(statestore_gateway::dev::run(args))?;
+    Ok(())
 }
 
 fn emulator_config(args: EmulatorArgs) -> anyhow::Result<EmulatorConfig> {

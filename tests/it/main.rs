@@ -28,3 +28,5 @@ mod broker {
         assert!(tokio::net::TcpStream::connect(broker.addr).await.is_ok());
     }
 }
+
+mod dev;

@@ -6,6 +6,7 @@
 
 pub mod auth_proxy;
 pub mod certs;
+pub mod dev;
 pub mod emulator;
 pub mod gateway;
 pub mod mosquitto;
