@@ -67,6 +67,8 @@ pub mod serve_env {
     pub const MAX_WATCHERS: &str = "STATESTORE_GATEWAY_MAX_WATCHERS";
     /// `--max-keys-per-watch`
     pub const MAX_KEYS_PER_WATCH: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH";
+    /// `--max-watched-keys`
+    pub const MAX_WATCHED_KEYS: &str = "STATESTORE_GATEWAY_MAX_WATCHED_KEYS";
     /// `--watch-keepalive`
     pub const WATCH_KEEPALIVE: &str = "STATESTORE_GATEWAY_WATCH_KEEPALIVE";
     /// `--watch-buffer`
@@ -154,6 +156,10 @@ pub struct ServeArgs {
     /// Keys one watch stream may name.
     #[arg(long, env = serve_env::MAX_KEYS_PER_WATCH, default_value = "64", value_parser = parse_positive_usize)]
     pub max_keys_per_watch: usize,
+    /// Distinct keys watched in the whole gateway (each holds a store
+    /// registration and an event buffer).
+    #[arg(long, env = serve_env::MAX_WATCHED_KEYS, default_value = "10000", value_parser = parse_positive_usize)]
+    pub max_watched_keys: usize,
     /// Interval of keep-alive comments on idle watch streams.
     #[arg(long, env = serve_env::WATCH_KEEPALIVE, default_value = "15s", value_parser = parse_positive_duration)]
     pub watch_keepalive: Duration,
@@ -211,8 +217,11 @@ pub struct BrokerArgs {
     /// MQTT keep-alive in seconds (5 to 65535).
     #[arg(long, env = serve_env::MQTT_KEEP_ALIVE, default_value = "60", value_parser = parse_keep_alive)]
     pub keep_alive: u16,
-    /// MQTT session expiry in seconds.
-    #[arg(long, env = serve_env::MQTT_SESSION_EXPIRY, default_value = "3600")]
+    /// MQTT session expiry in seconds. Members connect with clean start and
+    /// subscribe again after every CONNACK, so a session outliving the
+    /// connection only keeps queued messages for nobody: 0 by default
+    /// (the AIO SDKs default to 3600 because they resume sessions).
+    #[arg(long, env = serve_env::MQTT_SESSION_EXPIRY, default_value = "0")]
     pub session_expiry: u32,
 }
 
@@ -284,6 +293,7 @@ impl ServeArgs {
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
                 max_keys_per_stream: self.max_keys_per_watch,
+                max_watched_keys: self.max_watched_keys,
                 buffer: self.watch_buffer,
                 register_timeout: self.request_timeout,
                 keep_alive: self.watch_keepalive,
@@ -702,7 +712,7 @@ mod tests {
         assert_eq!(args.broker.broker_port, 8883);
         assert!(args.broker.use_tls);
         assert_eq!(args.broker.keep_alive, 60);
-        assert_eq!(args.broker.session_expiry, 3600);
+        assert_eq!(args.broker.session_expiry, 0);
         let settings = args.settings().unwrap();
         assert!(settings.pool.client_id.starts_with("statestore-gateway-"));
         assert_eq!(settings.pool.size, 4);

@@ -194,6 +194,7 @@ impl From<WatchError> for ApiError {
         match error {
             WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
             WatchError::TooManyKeys(max) => ApiError::TooManyWatchKeys(max),
+            WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
             WatchError::NoKeys => ApiError::BadQuery(
                 "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
             ),

@@ -67,6 +67,11 @@ impl Hlc {
         };
         let wall_ms = number(wall).ok_or_else(malformed)?;
         let counter = number(counter).ok_or_else(malformed)?;
+        // A version travels on into headers and SSE ids, where control
+        // characters would break (or forge) the framing.
+        if node.chars().any(char::is_control) {
+            return Err(malformed());
+        }
         Ok(Self {
             wall_ms,
             counter,
@@ -244,6 +249,9 @@ mod tests {
         }
         // An empty node id is what the SDKs accept too.
         assert!(Hlc::parse("1:0:").is_ok());
+        for forged in ["1:0:a\nid: x", "1:0:a\r", "1:0:\0", "1:0:a\u{85}"] {
+            assert!(Hlc::parse(forged).is_err(), "{forged:?} parsed");
+        }
     }
 
     #[test]
