@@ -599,7 +599,7 @@ pub struct DevArgs {
     /// Address of the HTTP key and watch API.
     #[arg(long, env = ENV_DEV_LISTEN, default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
-    /// Address of the admin endpoints (/live, /ready, /metrics).
+    /// Address of the admin endpoints (/livez, /readyz, /metrics).
     #[arg(long, env = ENV_DEV_ADMIN_LISTEN, default_value = "127.0.0.1:8081")]
     pub admin_listen: std::net::SocketAddr,
     /// Address of the embedded MQTT broker; other MQTT clients (mosquitto_pub,

@@ -2,7 +2,8 @@
 //! statestore-gateway: the Azure IoT Operations state store over HTTP.
 //!
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
-//! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
+//! - [`mqtt`]: the gateway's pool of MQTT5 connections, TLS/SAT/password
+//!   authentication, and the options every connection starts from.
 //! - [`config`]: command-line and environment settings.
 //! - [`emulator`]: the state store protocol served over any MQTT5 broker.
 //! - [`dev`]: embedded broker + emulator + gateway in one process.

@@ -55,6 +55,13 @@ const RECEIVE_MAXIMUM: u16 = 1024;
 /// Most requests handled (and made durable) together.
 const MAX_BATCH: usize = 256;
 
+/// Requests queued between the poll loop and the worker: room for every
+/// QoS 1 request the broker may have in flight to us, and then some.
+const REQUEST_QUEUE: usize = 4 * RECEIVE_MAXIMUM as usize;
+
+/// How long shutdown waits for the worker to finish its batch.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Keep-alive of the emulator's connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
@@ -225,7 +232,7 @@ impl Emulator {
             );
         }
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
-        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
         let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
             last_error: "none yet".into(),
         });
@@ -302,7 +309,16 @@ impl Emulator {
     pub async fn shutdown(mut self) -> Result<(), EmulatorError> {
         let _ = self.stop.send(true);
         let result = match self.worker.take() {
-            Some(worker) => flatten(worker.await),
+            // A worker stuck publishing to a wedged broker must not hold
+            // shutdown forever.
+            Some(mut worker) => match tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut worker).await {
+                Ok(joined) => flatten(joined),
+                Err(_) => {
+                    worker.abort();
+                    tracing::warn!("the emulator's worker did not stop in time; aborted");
+                    Ok(())
+                }
+            },
             None => Ok(()),
         };
         if self.client.try_disconnect().is_ok() {
@@ -368,15 +384,22 @@ fn live_records(store: &Store) -> Vec<Record> {
 async fn poll_loop(
     mut eventloop: EventLoop,
     client: AsyncClient,
-    requests: mpsc::UnboundedSender<Publish>,
+    requests: mpsc::Sender<Publish>,
     status: watch::Sender<Status>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                if requests.send(publish).is_err() {
-                    return; // the worker is gone
+                // The broker holds QoS 1 requests back at our receive
+                // maximum, so only a QoS 0 flood (which gets no reply
+                // anyway) can fill the queue: drop rather than grow.
+                match requests.try_send(publish) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(dropped)) => {
+                        tracing::warn!(topic = ?dropped.topic, "request queue full; dropping a request");
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return, // the worker is gone
                 }
             }
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
@@ -442,7 +465,7 @@ impl Worker {
 
     async fn run(
         mut self,
-        mut requests: mpsc::UnboundedReceiver<Publish>,
+        mut requests: mpsc::Receiver<Publish>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), EmulatorError> {
         let mut batch = Vec::with_capacity(MAX_BATCH);

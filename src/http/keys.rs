@@ -542,7 +542,10 @@ async fn read_value(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::ValueTooLarge { max: limit });
     }
-    let capacity = declared.map_or(0, |length| length as usize);
+    // Reserve for what arrives, not for what a client merely declares: a
+    // Content-Length alone must not hold megabytes for the body timeout.
+    const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
+    let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
     let read = async move {
         let mut stream = body.into_data_stream();
         let mut value = BytesMut::with_capacity(capacity);
