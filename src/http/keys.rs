@@ -31,6 +31,13 @@ use crate::protocol::{Hlc, Reply, Request, SetCondition, SetOptions};
 /// The header carrying a write's fencing token (an HLC, e.g. a lease's version).
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 
+/// The longest `Fencing-Token` accepted. It travels as the MQTT5 user
+/// property `__ft`, a string of at most 65,535 bytes that rumqttc truncates
+/// silently, corrupting the packet and dropping the broker connection (and
+/// every request in flight on it); real tokens are versions of a few dozen
+/// bytes.
+pub const MAX_FENCING_TOKEN_BYTES: usize = 1024;
+
 /// The key routes. `/keys/` alone is an empty key (400); methods other than
 /// GET, HEAD, PUT and DELETE get 405 with `Allow`.
 pub fn routes() -> Router<AppState> {
@@ -479,6 +486,11 @@ pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, Ap
     if values.next().is_some() {
         return Err(ApiError::BadFencingToken("given more than once".into()));
     }
+    if value.len() > MAX_FENCING_TOKEN_BYTES {
+        return Err(ApiError::BadFencingToken(format!(
+            "longer than {MAX_FENCING_TOKEN_BYTES} bytes"
+        )));
+    }
     let text = value
         .to_str()
         .map_err(|_| ApiError::BadFencingToken("not visible ASCII".into()))?
@@ -800,6 +812,21 @@ mod tests {
             fencing_token(&headers, now),
             Err(ApiError::BadFencingToken(_))
         ));
+    }
+
+    #[test]
+    fn a_fencing_token_too_long_for_mqtt_is_refused() {
+        let now = 1_700_000_000_000;
+        let token = |node_len: usize| {
+            let text = format!("{now}:0:{}", "n".repeat(node_len));
+            let mut headers = HeaderMap::new();
+            headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from_str(&text).unwrap());
+            fencing_token(&headers, now)
+        };
+        let fits = MAX_FENCING_TOKEN_BYTES - "1700000000000:0:".len();
+        assert!(token(fits).unwrap().is_some());
+        assert!(matches!(token(fits + 1), Err(ApiError::BadFencingToken(_))));
+        assert!(matches!(token(70_000), Err(ApiError::BadFencingToken(_))));
     }
 
     #[test]
