@@ -7,6 +7,7 @@ mod support;
 
 mod auth;
 mod emulator;
+mod hostile;
 mod official_client;
 mod pool;
 mod watch;
