@@ -36,7 +36,10 @@ use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
 pub use persist::{LOG_FILE, Log, PersistError, Record};
-pub use store::{Entry, Envelope, KeyEvent, NODE_ID, Outcome, Quota, Store};
+pub use store::{
+    Entry, Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota,
+    Store,
+};
 
 use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
 use crate::protocol::{

@@ -5,12 +5,14 @@
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //!
 //! [`router`] builds the key API so tests can drive it; [`Server`] binds
 //! both listeners and runs them until [`Server::shutdown`].
 
 pub mod admin;
 pub mod keys;
+pub mod openapi;
 pub mod problem;
 pub mod watch;
 
@@ -165,7 +167,10 @@ pub fn router(state: AppState) -> Router {
 
 /// The API's routes; the watch routes merge in here.
 fn api_routes() -> Router<AppState> {
-    Router::new().merge(keys::routes()).merge(watch::routes())
+    Router::new()
+        .merge(keys::routes())
+        .merge(watch::routes())
+        .route("/openapi.json", axum::routing::get(openapi::document))
 }
 
 async fn route_not_found() -> ApiError {

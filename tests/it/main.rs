@@ -9,6 +9,7 @@ mod admin;
 mod auth;
 mod browser;
 mod emulator;
+mod hostile;
 mod keys;
 mod official_client;
 mod pool;
