@@ -25,8 +25,15 @@ use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
 use thiserror::Error;
 
-use super::base_options;
 use super::pool::BrokerSettings;
+use super::{REQUEST_CHANNEL_CAPACITY, base_options};
+
+/// Outgoing QoS 1 publishes a member may have unacknowledged. rumqttc
+/// preallocates one slot per packet id up to this limit, and its default
+/// (65,535) costs about 14 MB of resident memory per connection. The pool
+/// keeps at most half the request channel in flight per member, so this is
+/// never what limits it.
+const OUTGOING_INFLIGHT_LIMIT: u16 = REQUEST_CHANNEL_CAPACITY as u16;
 
 /// The enhanced authentication method of the AIO broker's service-account
 /// token authentication.
@@ -147,6 +154,7 @@ pub(crate) fn connect_options(
     // session is of no use; a clean start also drops QoS 1 replies queued
     // for a previous connection.
     options.set_clean_start(true);
+    options.set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT_LIMIT);
     let session_expiry = u32::try_from(broker.session_expiry.as_secs()).unwrap_or(u32::MAX);
     options.set_session_expiry_interval(Some(session_expiry));
 
@@ -325,6 +333,19 @@ mod tests {
         );
         assert_eq!(built.options.client_id(), "gw-0");
         assert!(built.sat_token.is_none());
+        assert!(built.options.credentials().is_none());
+    }
+
+    #[test]
+    fn outgoing_window_is_small_but_above_the_pools_in_flight_cap() {
+        let built = connect_options(&settings(), "gw-0").unwrap();
+        let limit = built.options.get_outgoing_inflight_upper_limit().unwrap();
+        // rumqttc allocates a slot per packet id up to the limit, at once.
+        assert!(limit <= 4096, "{limit}");
+        assert!(
+            usize::from(limit) >= REQUEST_CHANNEL_CAPACITY / 2,
+            "{limit}"
+        );
         assert!(built.options.credentials().is_none());
     }
 

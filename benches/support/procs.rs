@@ -1,0 +1,255 @@
+//! The processes a run starts (mosquitto, the emulator, the gateway, redis
+//! and webdis) and what `/proc` says about them: resident memory and CPU
+//! time, so the gateway's footprint is its own and nobody else's.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+/// A child process with its log file, killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `command` with stdout and stderr going to `<dir>/<name>.log`.
+    pub fn spawn(name: &str, dir: &Path, command: &mut Command) -> Result<Proc> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name} ({command:?})"))?;
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails with the end of the log when the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("{} exited ({status}); {}", self.name, self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// The last lines of the log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        format!("last lines of {}:\n{tail}", self.log.display())
+    }
+
+    /// Resident set size now, in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        status_field(self.pid(), "VmRSS:")
+    }
+
+    /// User plus system CPU time so far, in clock ticks.
+    pub fn cpu_ticks(&self) -> Result<u64> {
+        cpu_ticks(&format!("/proc/{}/stat", self.pid()))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn status_field(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// utime + stime (fields 14 and 15 of `stat`, counted after the command
+/// name, which may itself hold spaces and parentheses).
+pub fn cpu_ticks(stat_path: &str) -> Result<u64> {
+    let stat =
+        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("unexpected {stat_path}"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let field = |index: usize| -> Result<u64> {
+        fields
+            .get(index)
+            .and_then(|field| field.parse().ok())
+            .with_context(|| format!("unexpected {stat_path}"))
+    };
+    // fields[0] is field 3 (state), so utime (14) and stime (15) are 11 and 12.
+    Ok(field(11)? + field(12)?)
+}
+
+/// CPU time of this process (the benchmark client), in clock ticks.
+pub fn own_cpu_ticks() -> Result<u64> {
+    cpu_ticks("/proc/self/stat")
+}
+
+/// `getconf CLK_TCK` (100 on Linux unless someone rebuilt the kernel).
+pub fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// A port free right now on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until something accepts connections on `port`.
+pub fn wait_for_port(proc: &mut Proc, port: u16, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        proc.check_alive()?;
+        if Instant::now() > deadline {
+            bail!("{} does not listen on {port} after {within:?}", proc.name);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The first of `names` found on the PATH or in the sbin directories
+/// (mosquitto and redis live there on Debian).
+pub fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    dirs.extend(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
+    names.iter().find_map(|name| {
+        dirs.iter()
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// The first line a program prints for its version flag (stdout or stderr).
+pub fn version_line(program: &Path, flag: &str) -> String {
+    Command::new(program)
+        .arg(flag)
+        .output()
+        .ok()
+        .map(|out| {
+            let text = if out.stdout.is_empty() {
+                out.stderr
+            } else {
+                out.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// mosquitto on a free port, with `set_tcp_nodelay true` (without it every
+/// round trip waits for the delayed ACK) and no limits on in-flight or
+/// queued messages, so the broker is not what throttles the pool.
+pub fn start_mosquitto(program: &Path, dir: &Path) -> Result<(Proc, u16)> {
+    let port = free_port()?;
+    let config = dir.join("mosquitto.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n\
+             persistence false\nmax_inflight_messages 0\nmax_queued_messages 100000\n\
+             log_dest stderr\nlog_type error\nlog_type warning\n"
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        "mosquitto",
+        dir,
+        Command::new(program).arg("-c").arg(&config),
+    )?;
+    wait_for_port(&mut proc, port, Duration::from_secs(10))?;
+    Ok((proc, port))
+}
+
+/// The emulator, a separate process of the gateway binary.
+pub fn start_emulator(binary: &Path, dir: &Path, broker_port: u16) -> Result<Proc> {
+    Proc::spawn(
+        "emulator",
+        dir,
+        Command::new(binary)
+            .arg("emulator")
+            .arg("--broker")
+            .arg(format!("127.0.0.1:{broker_port}"))
+            .arg("--client-id")
+            .arg("bench-emulator")
+            .env("RUST_LOG", "warn"),
+    )
+}
+
+/// redis-server without persistence on a free port.
+pub fn start_redis(program: &Path, dir: &Path) -> Result<(Proc, u16)> {
+    let port = free_port()?;
+    let mut proc = Proc::spawn(
+        "redis",
+        dir,
+        Command::new(program)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--loglevel", "warning", "--dir"])
+            .arg(dir),
+    )?;
+    wait_for_port(&mut proc, port, Duration::from_secs(10))?;
+    Ok((proc, port))
+}
+
+/// webdis in front of redis, one worker thread per core.
+pub fn start_webdis(program: &Path, dir: &Path, redis_port: u16) -> Result<(Proc, u16)> {
+    let port = free_port()?;
+    let threads = std::thread::available_parallelism().map_or(2, usize::from);
+    let config = dir.join("webdis.json");
+    let json = serde_json::json!({
+        "redis_host": "127.0.0.1",
+        "redis_port": redis_port,
+        "redis_auth": null,
+        "http_host": "127.0.0.1",
+        "http_port": port,
+        "threads": threads,
+        "pool_size": 16,
+        "daemonize": false,
+        "database": 0,
+        "verbosity": 1,
+        "logfile": dir.join("webdis-internal.log"),
+    });
+    std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
+    let mut proc = Proc::spawn("webdis", dir, Command::new(program).arg(&config))?;
+    wait_for_port(&mut proc, port, Duration::from_secs(10))?;
+    Ok((proc, port))
+}

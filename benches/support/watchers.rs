@@ -1,0 +1,271 @@
+//! Watch fan-out: many SSE watchers of one key, a PUT, and the time from
+//! the PUT's reply until each watcher has read the event; the gateway's
+//! memory before, while and after they watch.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::gateway::GatewayProc;
+use super::http::HttpConn;
+use super::stats::Percentiles;
+
+/// Watchers connecting at the same time (the gateway's accept backlog is
+/// 1024; staying well under it avoids SYN retries that would only measure
+/// the kernel).
+const CONNECT_CONCURRENCY: usize = 256;
+
+/// How long one watcher may take to get its first `sync` event.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long every watcher together may take to receive one PUT's event.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The prefix of the values the PUTs write; the round number follows.
+const TOKEN: &[u8] = b"tok-r";
+
+/// What a fan-out run measured.
+#[derive(Debug, Clone)]
+pub struct FanoutReport {
+    /// Watchers connected.
+    pub watchers: usize,
+    /// Time to connect all of them and get their first `sync`.
+    pub connect_time: Duration,
+    /// Events received (watchers x rounds when none is missing).
+    pub deliveries: usize,
+    /// Events that never arrived within the delivery timeout.
+    pub missing: usize,
+    /// Events read before the PUT's reply arrived (counted as 0).
+    pub early: usize,
+    /// From the PUT's reply to the event at each watcher.
+    pub latency: Percentiles,
+    /// Gateway RSS before the watchers connect, KiB.
+    pub rss_before_kib: u64,
+    /// Highest gateway RSS while they watch, KiB.
+    pub rss_during_kib: u64,
+    /// Gateway RSS after all have left (watcher gauge back at 0, then 1 s), KiB.
+    pub rss_after_kib: u64,
+}
+
+/// Connects `watchers` SSE streams to `/watch/<key>`, makes `rounds` PUTs
+/// (one at a time, each once every watcher got the previous one) and
+/// disconnects them all.
+pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Result<FanoutReport> {
+    let key = format!("fanout-{watchers}");
+    let path = format!("/watch/{key}");
+    let rss_before_kib = gateway.proc.rss_kib()?;
+
+    let (events_tx, mut events) = mpsc::unbounded_channel::<(u32, Instant)>();
+    let (ready_tx, mut ready) = mpsc::unbounded_channel::<Result<()>>();
+    let (stop_tx, stop) = watch::channel(false);
+    let permits = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for _ in 0..watchers {
+        tasks.spawn(watcher(
+            gateway.api,
+            path.clone(),
+            events_tx.clone(),
+            ready_tx.clone(),
+            stop.clone(),
+            permits.clone(),
+        ));
+    }
+    drop((events_tx, ready_tx));
+    for opened in 0..watchers {
+        match tokio::time::timeout(OPEN_TIMEOUT * 2, ready.recv()).await {
+            Ok(Some(Ok(()))) => {}
+            Ok(Some(Err(error))) => {
+                return Err(error.context(format!("watcher {opened} of {watchers}")));
+            }
+            Ok(None) | Err(_) => bail!("only {opened} of {watchers} watchers opened"),
+        }
+    }
+    let connect_time = started.elapsed();
+    let mut rss_during_kib = gateway.proc.rss_kib()?;
+
+    let mut writer = HttpConn::connect(gateway.api).await?;
+    let mut samples = Vec::with_capacity(watchers * rounds);
+    let (mut missing, mut early) = (0, 0);
+    for round in 1..=rounds as u32 {
+        let mut value = TOKEN.to_vec();
+        value.extend_from_slice(format!("{round}-").as_bytes());
+        let response = writer
+            .request("PUT", &format!("/keys/{key}"), &value)
+            .await?;
+        let replied = Instant::now();
+        if response.status != 200 {
+            bail!("PUT of the watched key answered {}", response.status);
+        }
+        let mut received = 0;
+        let deadline = tokio::time::Instant::now() + DELIVERY_TIMEOUT;
+        while received < watchers {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some((seen_round, at))) if seen_round == round => {
+                    received += 1;
+                    match at.checked_duration_since(replied) {
+                        Some(latency) => samples.push(latency),
+                        None => {
+                            early += 1;
+                            samples.push(Duration::ZERO);
+                        }
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => bail!("every watcher has gone"),
+                Err(_) => break,
+            }
+        }
+        missing += watchers - received;
+        rss_during_kib = rss_during_kib.max(gateway.proc.rss_kib()?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    stop_tx.send_replace(true);
+    while tasks.join_next().await.is_some() {}
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gateway.metric("statestore_gateway_watchers").await? > 0.0 {
+        if Instant::now() > deadline {
+            bail!("the gateway still counts watchers 30 s after all left");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after_kib = gateway.proc.rss_kib()?;
+    let deliveries = samples.len();
+    Ok(FanoutReport {
+        watchers,
+        connect_time,
+        deliveries,
+        missing,
+        early,
+        latency: Percentiles::of(&mut samples),
+        rss_before_kib,
+        rss_during_kib,
+        rss_after_kib,
+    })
+}
+
+/// One SSE watcher: opens the stream, reports once its first `sync`
+/// arrived, then reports every new round's value with the time it was read.
+async fn watcher(
+    addr: SocketAddr,
+    path: String,
+    events: mpsc::UnboundedSender<(u32, Instant)>,
+    ready: mpsc::UnboundedSender<Result<()>>,
+    mut stop: watch::Receiver<bool>,
+    permits: Arc<Semaphore>,
+) {
+    let opened = {
+        let Ok(_permit) = permits.acquire().await else {
+            return;
+        };
+        tokio::time::timeout(OPEN_TIMEOUT, open(addr, &path))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no sync event within {OPEN_TIMEOUT:?}")))
+    };
+    let (mut stream, mut window) = match opened {
+        Ok(opened) => opened,
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            return;
+        }
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    let mut last_round = 0;
+    let mut buffer = vec![0u8; 2048];
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            read = stream.read(&mut buffer) => {
+                let n = match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let now = Instant::now();
+                window.extend_from_slice(&buffer[..n]);
+                for round in rounds_in(&window) {
+                    if round > last_round {
+                        last_round = round;
+                        let _ = events.send((round, now));
+                    }
+                }
+                // Keep enough to find a token split across two reads.
+                let keep = TOKEN.len() + 12;
+                if window.len() > keep {
+                    window.drain(..window.len() - keep);
+                }
+            }
+        }
+    }
+}
+
+/// Connects, sends the request and reads until the first `sync` event;
+/// returns the stream and what was read after it.
+async fn open(addr: SocketAddr, path: &str) -> Result<(TcpStream, Vec<u8>)> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting a watcher to {addr}"))?;
+    stream.set_nodelay(true)?;
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut seen = Vec::with_capacity(1024);
+    let mut buffer = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut buffer).await?;
+        if n == 0 {
+            bail!(
+                "the watch stream closed before its first event: {}",
+                String::from_utf8_lossy(&seen)
+            );
+        }
+        seen.extend_from_slice(&buffer[..n]);
+        if !seen.starts_with(b"HTTP/1.1 200") && seen.len() >= 12 {
+            bail!(
+                "the watch request failed: {}",
+                String::from_utf8_lossy(&seen)
+            );
+        }
+        if let Some(at) = find(&seen, b"event: sync") {
+            // The sync's own data is before the next blank line.
+            if let Some(end) = find(&seen[at..], b"\n\n") {
+                return Ok((stream, seen[at + end..].to_vec()));
+            }
+        }
+    }
+}
+
+/// Round numbers of the tokens in `bytes` (`tok-r<round>-`).
+fn rounds_in(bytes: &[u8]) -> Vec<u32> {
+    let mut rounds = Vec::new();
+    let mut rest = bytes;
+    while let Some(at) = find(rest, TOKEN) {
+        let after = &rest[at + TOKEN.len()..];
+        let digits = after.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0
+            && after.get(digits) == Some(&b'-')
+            && let Some(round) = std::str::from_utf8(&after[..digits])
+                .ok()
+                .and_then(|text| text.parse().ok())
+        {
+            rounds.push(round);
+        }
+        rest = after;
+    }
+    rounds
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
