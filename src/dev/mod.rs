@@ -64,6 +64,7 @@ pub fn banner(
         text,
         "  HTTP API     http://{api}  PUT/GET/DELETE /keys/<name>, GET /watch/<name> (SSE)"
     );
+    let _ = writeln!(text, "  dashboard    http://{api}/ui/");
     let _ = writeln!(
         text,
         "  admin        http://{admin}  /livez /readyz /metrics"
