@@ -305,6 +305,11 @@ impl Member {
         self.lock().pending.remove(correlation);
     }
 
+    /// Reply waiters registered now.
+    pub(crate) fn pending_replies(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     fn set_status(&self, new: Status, metrics: &Metrics) {
         let old = Status::from_u8(self.status.swap(new as u8, Ordering::AcqRel));
         if old != new {
