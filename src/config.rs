@@ -77,6 +77,8 @@ pub mod serve_env {
     pub const WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
     /// `--cors-allow-origin`
     pub const CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
+    /// `--header-read-timeout`
+    pub const HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
     /// `--broker-host`
     pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
     /// `--broker-port`
@@ -174,6 +176,11 @@ pub struct ServeArgs {
     /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
     #[arg(long, env = serve_env::CORS_ALLOW_ORIGIN, value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
+    /// How long a client may take to send a request's headers (slow
+    /// clients are disconnected); also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = serve_env::HEADER_READ_TIMEOUT, default_value = "30s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -306,6 +313,7 @@ impl ServeArgs {
                 .map(|origin| origin.trim().to_owned())
                 .filter(|origin| !origin.is_empty())
                 .collect(),
+            header_read_timeout: self.header_read_timeout,
         })
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod keys;
+pub mod listener;
 pub mod openapi;
 pub mod problem;
 pub mod watch;
@@ -28,7 +29,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -40,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
 use crate::watch::{WatchHub, WatchSettings};
+use listener::ConnectionLimits;
 use problem::{ApiError, FailureLog, Severity};
 
 /// Request size and time limits of the key API.
@@ -293,6 +294,9 @@ pub struct ServeSettings {
     pub watch: WatchSettings,
     /// Origins allowed to call the API from a browser (CORS); empty: none.
     pub cors_allow_origins: Vec<String>,
+    /// How long a client may take to send a request's headers; also how
+    /// long an idle keep-alive connection stays open (both listeners).
+    pub header_read_timeout: Duration,
 }
 
 /// Why the gateway could not start or stopped with an error.
@@ -352,21 +356,24 @@ impl Server {
             settings.watch,
         );
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
+        let limits = ConnectionLimits {
+            header_read_timeout: settings.header_read_timeout,
+            max_header_bytes: listener::MAX_HEADER_BYTES,
+        };
         let (stop_api, api_stopped) = signal::channel(false);
         let (stop_admin, admin_stopped) = signal::channel(false);
-        let api_task = tokio::spawn(
-            axum::serve(api_listener.tap_io(set_nodelay), api)
-                .with_graceful_shutdown(stopped(api_stopped))
-                .into_future(),
-        );
-        let admin_task = tokio::spawn(
-            axum::serve(
-                admin_listener.tap_io(set_nodelay),
-                admin::router(state.clone()),
-            )
-            .with_graceful_shutdown(stopped(admin_stopped))
-            .into_future(),
-        );
+        let api_task = tokio::spawn(listener::serve(
+            api_listener,
+            api,
+            limits,
+            stopped(api_stopped),
+        ));
+        let admin_task = tokio::spawn(listener::serve(
+            admin_listener,
+            admin::router(state.clone()),
+            limits,
+            stopped(admin_stopped),
+        ));
         tracing::info!(%api_addr, %admin_addr, "gateway listening");
         Ok(Server {
             api_addr,
@@ -497,13 +504,6 @@ fn local_addr(
         addr,
         source,
     })
-}
-
-fn set_nodelay(stream: &mut tokio::net::TcpStream) {
-    // Small responses must not wait for delayed ACKs (Nagle).
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "cannot set TCP_NODELAY");
-    }
 }
 
 async fn stopped(mut receiver: signal::Receiver<bool>) {

@@ -65,8 +65,10 @@ const SUBACK_TIMEOUT: Duration = Duration::from_secs(10);
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 /// First reconnect delay; doubles per failed attempt up to [`BACKOFF_MAX`].
 const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
-/// Longest reconnect delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest reconnect delay. It bounds how long a returning broker waits
+/// for us: a member is back (and `/readyz` 200) within this plus one
+/// connect, which keeps the promise of being ready within 2 s.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long a connection must have served before its loss restarts the
 /// backoff from the shortest delay.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
@@ -305,6 +307,11 @@ impl Member {
     /// Forgets a reply waiter (timed out, cancelled or failed to publish).
     pub(crate) fn forget(&self, correlation: &CorrelationId) {
         self.lock().pending.remove(correlation);
+    }
+
+    /// Reply waiters registered now.
+    pub(crate) fn pending_replies(&self) -> usize {
+        self.lock().pending.len()
     }
 
     fn set_status(&self, new: Status, metrics: &Metrics) {

@@ -494,6 +494,17 @@ impl Pool {
         self.inner.ctx.events.subscribe()
     }
 
+    /// Reply waiters held by all members: requests sent and not yet
+    /// answered, timed out or failed. Zero whenever nothing is in flight;
+    /// anything else is a leak (the `store_pending_replies` gauge).
+    pub fn pending_replies(&self) -> usize {
+        self.inner
+            .members
+            .iter()
+            .map(|member| member.pending_replies())
+            .sum()
+    }
+
     /// Whether at least one member is subscribed (`/readyz`).
     pub fn is_ready(&self) -> bool {
         !self.inner.shutting_down.load(Ordering::Acquire)
