@@ -357,9 +357,10 @@ mod proptests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Node ids as they can appear: anything without the `:` separator.
+    /// Node ids as they can appear: anything without the `:` separator or
+    /// control characters.
     fn node() -> impl Strategy<Value = String> {
-        "[^:]{0,24}"
+        "[^:\\p{Cc}]{0,24}"
     }
 
     fn hlc() -> impl Strategy<Value = Hlc> {
