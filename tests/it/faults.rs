@@ -56,6 +56,15 @@ fn assert_answered_in_time(outcomes: &[Outcome], allowed: &[u16], bound: Duratio
     }
 }
 
+/// The longest any request waited for its answer.
+fn slowest(outcomes: &[Outcome]) -> Duration {
+    outcomes
+        .iter()
+        .map(|outcome| outcome.elapsed)
+        .max()
+        .unwrap_or_default()
+}
+
 /// Every write that got a 2xx reads back with its value, through `gateway`.
 async fn assert_acknowledged_writes_readable(gateway: &Gateway, outcomes: &[Outcome]) {
     let acknowledged: Vec<&Outcome> = outcomes
@@ -211,8 +220,9 @@ async fn broker_killed_for_5s_under_load_answers_every_request_and_loses_no_ackn
     let counts = tally(&outcomes);
     let rate = outcomes.iter().filter(|o| o.started < killed).count() as f64 / 1.5;
     eprintln!(
-        "broker kill: {counts:?}, {rate:.0} requests/s before the kill, \
-         /readyz 200 again {ready_after:?} after the broker's return"
+        "broker kill: {counts:?}, {rate:.0} requests/s before the kill, slowest answer {:?}, \
+         /readyz 200 again {ready_after:?} after the broker's return",
+        slowest(&outcomes)
     );
     assert_answered_in_time(&outcomes, &[200, 503, 504], REQUEST_TIMEOUT + SLACK);
     let ok_before = outcomes
@@ -235,6 +245,10 @@ async fn broker_killed_for_5s_under_load_answers_every_request_and_loses_no_ackn
     // own delete notification if it got through.
     let gone = next_state(&mut watch, Duration::from_secs(15)).await;
     let resynced = gone.event == "sync" && gone.data["resync"] == true;
+    eprintln!(
+        "broker kill: the watcher heard of the expiry as {}",
+        gone.event
+    );
     assert!(
         resynced || gone.event == "delete",
         "expected a resync or delete, got {gone:?}"
@@ -302,7 +316,11 @@ async fn frozen_broker_gives_504s_within_the_timeout_and_recovers_after_sigcont(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let outcomes = load.stop().await;
     let counts = tally(&outcomes);
-    eprintln!("broker freeze: {counts:?}, writes succeed again {recovered_after:?} after SIGCONT");
+    eprintln!(
+        "broker freeze: {counts:?}, slowest answer {:?}, writes succeed again \
+         {recovered_after:?} after SIGCONT",
+        slowest(&outcomes)
+    );
 
     assert_answered_in_time(&outcomes, &[200, 503, 504], REQUEST_TIMEOUT + SLACK);
     let timeouts: Vec<&Outcome> = outcomes.iter().filter(|o| o.result == Ok(504)).collect();
