@@ -10,6 +10,7 @@
 //! [`router`] builds the key API so tests can drive it; [`Server`] binds
 //! both listeners and runs them until [`Server::shutdown`].
 
+mod accept;
 pub mod admin;
 pub mod keys;
 pub mod openapi;
@@ -28,7 +29,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -345,19 +345,20 @@ impl Server {
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
         let (stop_api, api_stopped) = signal::channel(false);
         let (stop_admin, admin_stopped) = signal::channel(false);
-        let api_task = tokio::spawn(
-            axum::serve(api_listener.tap_io(set_nodelay), api)
-                .with_graceful_shutdown(stopped(api_stopped))
-                .into_future(),
-        );
-        let admin_task = tokio::spawn(
-            axum::serve(
-                admin_listener.tap_io(set_nodelay),
-                admin::router(state.clone()),
-            )
-            .with_graceful_shutdown(stopped(admin_stopped))
-            .into_future(),
-        );
+        // A request head must arrive within the request timeout too.
+        let header_timeout = settings.limits.request_timeout;
+        let api_task = tokio::spawn(accept::serve(
+            api_listener,
+            api,
+            header_timeout,
+            stopped(api_stopped),
+        ));
+        let admin_task = tokio::spawn(accept::serve(
+            admin_listener,
+            admin::router(state.clone()),
+            header_timeout,
+            stopped(admin_stopped),
+        ));
         tracing::info!(%api_addr, %admin_addr, "gateway listening");
         Ok(Server {
             api_addr,
@@ -488,13 +489,6 @@ fn local_addr(
         addr,
         source,
     })
-}
-
-fn set_nodelay(stream: &mut tokio::net::TcpStream) {
-    // Small responses must not wait for delayed ACKs (Nagle).
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "cannot set TCP_NODELAY");
-    }
 }
 
 async fn stopped(mut receiver: signal::Receiver<bool>) {

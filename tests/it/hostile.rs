@@ -632,6 +632,59 @@ async fn non_clock_fencing_tokens_are_400_and_last_event_ids_are_ignored() {
     assert_no_5xx_counted(&stack);
 }
 
+/// Whether the server closes `stream` within `within` (reading and
+/// discarding whatever it sends first).
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn a_request_head_that_never_completes_is_cut_off() {
+    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let gw = &stack.gateway;
+    // The request timeout (2 s here) bounds the head; slowloris-style
+    // clients must not hold connections (and descriptors) forever.
+    let limit = Duration::from_secs(6);
+    for addr in [gw.api, gw.admin] {
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"GET /keys/k HTTP/1.1\r\nHost: gateway\r\nX-Slow: ")
+            .await
+            .unwrap();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /livez HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(closed_within(&mut half, limit).await, "{addr}: half a head");
+        assert!(
+            closed_within(&mut silent, limit).await,
+            "{addr}: nothing sent"
+        );
+        assert!(
+            closed_within(&mut idle, limit).await,
+            "{addr}: idle keep-alive"
+        );
+    }
+    // A stream that is being answered is not cut off.
+    let mut stream = TcpStream::connect(gw.api).await.unwrap();
+    stream
+        .write_all(b"GET /watch/slow HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(!closed_within(&mut stream, Duration::from_secs(4)).await);
+    assert_still_serving(&stack).await;
+}
+
 #[tokio::test]
 async fn an_oversized_fencing_token_is_400_and_does_not_drop_a_broker_connection() {
     let stack = Stack::start_with(|_| {}, quick_gateway()).await;
