@@ -150,6 +150,31 @@ fn assert_no_5xx_counted(stack: &Stack) {
 }
 
 #[tokio::test]
+async fn other_methods_get_405_problem_json_with_allow_on_every_path() {
+    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    for (method, target) in [
+        ("POST", "/keys/k"),
+        ("PATCH", "/keys/"),
+        ("BREW", "/keys/k"),
+        ("POST", "/watch"),
+        ("DELETE", "/watch/k"),
+        ("PUT", "/openapi.json"),
+    ] {
+        let response = raw(
+            stack.gateway.api,
+            &request(method, target.as_bytes(), b"", b""),
+            false,
+        )
+        .await
+        .expect("a response");
+        assert_eq!(response.status, 405, "{method} {target}: {}", response.head);
+        assert_eq!(response.problem_type(), "/problems/method-not-allowed");
+        let head = response.head.to_ascii_lowercase();
+        assert!(head.contains("\nallow: get"), "{method} {target}: {head}");
+    }
+}
+
+#[tokio::test]
 async fn percent_edge_cases_are_400_or_a_key() {
     let stack = Stack::start_with(|_| {}, quick_gateway()).await;
     let bad = "/problems/bad-percent-encoding";
