@@ -63,7 +63,7 @@ async fn empty_key() -> ApiError {
 }
 
 /// axum adds the `Allow` header to what a method router's fallback returns.
-async fn method_not_allowed() -> ApiError {
+pub(super) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 

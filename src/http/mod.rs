@@ -171,7 +171,10 @@ fn api_routes() -> Router<AppState> {
     Router::new()
         .merge(keys::routes())
         .merge(watch::routes())
-        .route("/openapi.json", axum::routing::get(openapi::document))
+        .route(
+            "/openapi.json",
+            axum::routing::get(openapi::document).fallback(keys::method_not_allowed),
+        )
 }
 
 async fn route_not_found() -> ApiError {

@@ -150,6 +150,31 @@ fn assert_no_5xx_counted(stack: &Stack) {
 }
 
 #[tokio::test]
+async fn other_methods_get_405_problem_json_with_allow_on_every_path() {
+    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    for (method, target) in [
+        ("POST", "/keys/k"),
+        ("PATCH", "/keys/"),
+        ("BREW", "/keys/k"),
+        ("POST", "/watch"),
+        ("DELETE", "/watch/k"),
+        ("PUT", "/openapi.json"),
+    ] {
+        let response = raw(
+            stack.gateway.api,
+            &request(method, target.as_bytes(), b"", b""),
+            false,
+        )
+        .await
+        .expect("a response");
+        assert_eq!(response.status, 405, "{method} {target}: {}", response.head);
+        assert_eq!(response.problem_type(), "/problems/method-not-allowed");
+        let head = response.head.to_ascii_lowercase();
+        assert!(head.contains("\nallow: get"), "{method} {target}: {head}");
+    }
+}
+
+#[tokio::test]
 async fn percent_edge_cases_are_400_or_a_key() {
     let stack = Stack::start_with(|_| {}, quick_gateway()).await;
     let bad = "/problems/bad-percent-encoding";
@@ -692,6 +717,58 @@ async fn a_key_too_long_for_a_notification_topic_keeps_the_emulator_serving() {
             .await
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn a_flood_of_garbage_from_one_client_does_not_starve_another() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let mut flooder = RawClient::connect(&broker, "hostile-flood").await;
+    let mut other = RawClient::connect(&broker, "hostile-patient").await;
+    // Fire and forget: junk of every size, declared lengths far beyond the
+    // payload, and a megabyte of zeros.
+    let flood = async {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for i in 0..1_500u32 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let junk = match i % 4 {
+                0 => seed.to_le_bytes().repeat(1 + (i as usize % 9)),
+                1 => format!("*3\r\n$3\r\nSET\r\n${seed}\r\nk\r\n").into_bytes(),
+                2 => format!("*{seed}\r\n").into_bytes(),
+                _ => encode_array(&[b"GET", &seed.to_le_bytes()]),
+            };
+            flooder.send(&junk, &[]).await;
+        }
+        flooder.send(&vec![0u8; 1 << 20], &[]).await;
+    };
+    let patient = async {
+        let mut answered = 0;
+        for i in 0..50u32 {
+            let key = format!("patient-{i}");
+            let reply = other
+                .request(&encode_array(&[b"SET", key.as_bytes(), b"v"]), &[])
+                .await;
+            assert_eq!(&reply.payload[..], b"+OK\r\n");
+            answered += 1;
+        }
+        answered
+    };
+    let ((), answered) = tokio::join!(flood, patient);
+    assert_eq!(answered, 50);
+    // Every piece of junk got its answer: an error, or `$-1` for the GETs.
+    for i in 0..1_501 {
+        let reply = flooder
+            .next_reply(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("only {i} of 1,501 answered"));
+        assert!(
+            reply.payload.starts_with(b"-ERR ") || &reply.payload[..] == b"$-1\r\n",
+            "{:?}",
+            String::from_utf8_lossy(&reply.payload)
+        );
+    }
 }
 
 #[tokio::test]
