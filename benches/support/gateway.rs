@@ -27,17 +27,35 @@ pub struct GatewayProc {
     pub ready_after: Duration,
 }
 
-impl GatewayProc {
-    /// Starts `serve` against mosquitto on `broker_port` (plain TCP) and
-    /// waits until `/readyz` answers 200, polling every millisecond.
-    pub async fn start(
-        binary: &Path,
-        dir: &Path,
-        broker_port: u16,
-        name: &str,
-        pool_size: usize,
-        max_watchers: usize,
-    ) -> Result<GatewayProc> {
+/// How to start gateways.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayLaunch<'a> {
+    /// The `statestore-gateway` binary.
+    pub binary: &'a Path,
+    /// Where logs go.
+    pub dir: &'a Path,
+    /// mosquitto's port on 127.0.0.1.
+    pub broker_port: u16,
+    /// `--pool-size`
+    pub pool_size: usize,
+    /// `--max-watchers`
+    pub max_watchers: usize,
+    /// Extra environment.
+    pub env: &'a [(String, String)],
+}
+
+impl GatewayLaunch<'_> {
+    /// Starts `serve` against mosquitto (plain TCP) and waits until
+    /// `/readyz` answers 200, polling every millisecond.
+    pub async fn start(&self, name: &str) -> Result<GatewayProc> {
+        let GatewayLaunch {
+            binary,
+            dir,
+            broker_port,
+            pool_size,
+            max_watchers,
+            env,
+        } = *self;
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let mut command = Command::new(binary);
@@ -56,7 +74,8 @@ impl GatewayProc {
             .env("AIO_BROKER_HOSTNAME", "127.0.0.1")
             .env("AIO_BROKER_TCP_PORT", broker_port.to_string())
             .env("AIO_MQTT_USE_TLS", "false")
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(name, value)| (name, value)));
         let started = Instant::now();
         let mut proc = Proc::spawn(name, dir, &mut command)?;
         loop {
@@ -83,7 +102,9 @@ impl GatewayProc {
             ready_after,
         })
     }
+}
 
+impl GatewayProc {
     /// A metric's value from `/metrics` (first sample of the family).
     pub async fn metric(&self, name: &str) -> Result<f64> {
         let response = request_once(self.admin, "GET", "/metrics", b"").await?;

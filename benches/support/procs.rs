@@ -106,6 +106,31 @@ pub fn cpu_ticks(stat_path: &str) -> Result<u64> {
     Ok(field(11)? + field(12)?)
 }
 
+/// Busy and total CPU ticks of the whole machine (first line of
+/// `/proc/stat`), to tell whether a run had the cores to itself.
+pub fn machine_ticks() -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("cpu "))
+        .context("unexpected /proc/stat")?
+        .split_whitespace()
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let field = |index: usize| fields.get(index).copied().unwrap_or_default();
+    let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+    Ok((busy, busy + field(3) + field(4)))
+}
+
+/// Cores busy (all processes) between two [`machine_ticks`] readings.
+pub fn busy_cores(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let total = after.1.saturating_sub(before.1).max(1) as f64;
+    after.0.saturating_sub(before.0) as f64 / total * cores
+}
+
 /// CPU time of this process (the benchmark client), in clock ticks.
 pub fn own_cpu_ticks() -> Result<u64> {
     cpu_ticks("/proc/self/stat")

@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
+use super::procs::{clock_ticks_per_second, own_cpu_ticks};
 use super::stats::Percentiles;
 
 /// Watchers connecting at the same time (the gateway's accept backlog is
@@ -45,6 +46,10 @@ pub struct FanoutReport {
     pub early: usize,
     /// From the PUT's reply to the event at each watcher.
     pub latency: Percentiles,
+    /// Gateway CPU time per delivered event over the PUT rounds, us.
+    pub gateway_cpu_us_per_event: f64,
+    /// This program's CPU time (reading every stream) per event, us.
+    pub client_cpu_us_per_event: f64,
     /// Gateway RSS before the watchers connect, KiB.
     pub rss_before_kib: u64,
     /// Highest gateway RSS while they watch, KiB.
@@ -91,6 +96,8 @@ pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Re
     let mut rss_during_kib = gateway.proc.rss_kib()?;
 
     let mut writer = HttpConn::connect(gateway.api).await?;
+    let gateway_cpu_before = gateway.proc.cpu_ticks()?;
+    let client_cpu_before = own_cpu_ticks()?;
     let mut samples = Vec::with_capacity(watchers * rounds);
     let (mut missing, mut early) = (0, 0);
     for round in 1..=rounds as u32 {
@@ -127,6 +134,11 @@ pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    let ticks = clock_ticks_per_second() as f64;
+    let per_event = |cpu_ticks: u64| cpu_ticks as f64 / ticks * 1e6 / samples.len().max(1) as f64;
+    let gateway_cpu_us_per_event = per_event(gateway.proc.cpu_ticks()? - gateway_cpu_before);
+    let client_cpu_us_per_event = per_event(own_cpu_ticks()? - client_cpu_before);
+
     stop_tx.send_replace(true);
     while tasks.join_next().await.is_some() {}
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -146,6 +158,8 @@ pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Re
         missing,
         early,
         latency: Percentiles::of(&mut samples),
+        gateway_cpu_us_per_event,
+        client_cpu_us_per_event,
         rss_before_kib,
         rss_during_kib,
         rss_after_kib,
