@@ -60,6 +60,7 @@ mod tests {
             ApiError::BodyTimeout(Duration::from_secs(1)),
             ApiError::Unauthorized,
             ApiError::TooManyWatchers(1),
+            ApiError::TooManyWatchedKeys(1),
             ApiError::TooManyWatchKeys(1),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
         ];
@@ -115,11 +116,16 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 7] = [
+        let expected: [(&str, &[&str]); 12] = [
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/watch/{key}", &["get"]),
             ("/watch", &["get"]),
             ("/openapi.json", &["get"]),
+            ("/ui", &["get"]),
+            ("/ui/", &["get"]),
+            ("/ui/index.html", &["get"]),
+            ("/ui/app.js", &["get"]),
+            ("/ui/style.css", &["get"]),
             ("/livez", &["get"]),
             ("/readyz", &["get"]),
             ("/metrics", &["get"]),

@@ -676,6 +676,21 @@ async fn an_oversized_fencing_token_is_refused_and_does_not_drop_a_broker_connec
         // The 64 KiB head limit refuses it before the handler's own check
         // (which stays, for a larger limit).
         assert_eq!(response.status, 431, "{method}: {}", response.head);
+        // Within the head limit, the handler refuses anything over 1 KiB.
+        let header = format!(
+            "Fencing-Token: {}:0:{}\r\n",
+            hlc::now_ms(),
+            "n".repeat(2_000)
+        );
+        let response = raw(
+            api,
+            &request(method, b"/keys/k", header.as_bytes(), b""),
+            false,
+        )
+        .await
+        .expect("a response");
+        assert_eq!(response.status, 400, "{method}: {}", response.head);
+        assert_eq!(response.problem_type(), "/problems/invalid-fencing-token");
     }
     // Give a broken connection time to show.
     tokio::time::sleep(Duration::from_millis(300)).await;
