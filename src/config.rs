@@ -67,6 +67,8 @@ pub mod serve_env {
     pub const MAX_WATCHERS: &str = "STATESTORE_GATEWAY_MAX_WATCHERS";
     /// `--max-keys-per-watch`
     pub const MAX_KEYS_PER_WATCH: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH";
+    /// `--max-watched-keys`
+    pub const MAX_WATCHED_KEYS: &str = "STATESTORE_GATEWAY_MAX_WATCHED_KEYS";
     /// `--watch-keepalive`
     pub const WATCH_KEEPALIVE: &str = "STATESTORE_GATEWAY_WATCH_KEEPALIVE";
     /// `--watch-buffer`
@@ -75,6 +77,8 @@ pub mod serve_env {
     pub const WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
     /// `--cors-allow-origin`
     pub const CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
+    /// `--header-read-timeout`
+    pub const HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
     /// `--broker-host`
     pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
     /// `--broker-port`
@@ -154,6 +158,10 @@ pub struct ServeArgs {
     /// Keys one watch stream may name.
     #[arg(long, env = serve_env::MAX_KEYS_PER_WATCH, default_value = "64", value_parser = parse_positive_usize)]
     pub max_keys_per_watch: usize,
+    /// Distinct keys watched in the whole gateway (each holds a store
+    /// registration and an event buffer).
+    #[arg(long, env = serve_env::MAX_WATCHED_KEYS, default_value = "10000", value_parser = parse_positive_usize)]
+    pub max_watched_keys: usize,
     /// Interval of keep-alive comments on idle watch streams.
     #[arg(long, env = serve_env::WATCH_KEEPALIVE, default_value = "15s", value_parser = parse_positive_duration)]
     pub watch_keepalive: Duration,
@@ -168,6 +176,11 @@ pub struct ServeArgs {
     /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
     #[arg(long, env = serve_env::CORS_ALLOW_ORIGIN, value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
+    /// How long a client may take to send a request's headers (slow
+    /// clients are disconnected); also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = serve_env::HEADER_READ_TIMEOUT, default_value = "30s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -211,8 +224,11 @@ pub struct BrokerArgs {
     /// MQTT keep-alive in seconds (5 to 65535).
     #[arg(long, env = serve_env::MQTT_KEEP_ALIVE, default_value = "60", value_parser = parse_keep_alive)]
     pub keep_alive: u16,
-    /// MQTT session expiry in seconds.
-    #[arg(long, env = serve_env::MQTT_SESSION_EXPIRY, default_value = "3600")]
+    /// MQTT session expiry in seconds. Members connect with clean start and
+    /// subscribe again after every CONNACK, so a session outliving the
+    /// connection only keeps queued messages for nobody: 0 by default
+    /// (the AIO SDKs default to 3600 because they resume sessions).
+    #[arg(long, env = serve_env::MQTT_SESSION_EXPIRY, default_value = "0")]
     pub session_expiry: u32,
 }
 
@@ -284,6 +300,7 @@ impl ServeArgs {
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
                 max_keys_per_stream: self.max_keys_per_watch,
+                max_watched_keys: self.max_watched_keys,
                 buffer: self.watch_buffer,
                 register_timeout: self.request_timeout,
                 keep_alive: self.watch_keepalive,
@@ -296,6 +313,7 @@ impl ServeArgs {
                 .map(|origin| origin.trim().to_owned())
                 .filter(|origin| !origin.is_empty())
                 .collect(),
+            header_read_timeout: self.header_read_timeout,
         })
     }
 }
@@ -573,9 +591,34 @@ impl std::str::FromStr for HostPort {
     }
 }
 
-/// Settings of `dev`.
+/// Environment fallback of `dev --listen`.
+pub const ENV_DEV_LISTEN: &str = "STATESTORE_GATEWAY_DEV_LISTEN";
+/// Environment fallback of `dev --admin-listen`.
+pub const ENV_DEV_ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_DEV_ADMIN_LISTEN";
+/// Environment fallback of `dev --broker-listen`.
+pub const ENV_DEV_BROKER_LISTEN: &str = "STATESTORE_GATEWAY_DEV_BROKER_LISTEN";
+/// Environment fallback of `dev --data-dir`.
+pub const ENV_DEV_DATA_DIR: &str = "STATESTORE_GATEWAY_DEV_DATA_DIR";
+
+/// Settings of `dev`. Everything listens on loopback by default: the
+/// embedded broker accepts anonymous clients and nothing uses TLS.
 #[derive(Debug, Clone, Args)]
-pub struct DevArgs {}
+pub struct DevArgs {
+    /// Address of the HTTP key and watch API.
+    #[arg(long, env = ENV_DEV_LISTEN, default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Address of the admin endpoints (/livez, /readyz, /metrics).
+    #[arg(long, env = ENV_DEV_ADMIN_LISTEN, default_value = "127.0.0.1:8081")]
+    pub admin_listen: std::net::SocketAddr,
+    /// Address of the embedded MQTT broker; other MQTT clients (mosquitto_pub,
+    /// the AIO SDKs) can use the emulator through it.
+    #[arg(long, env = ENV_DEV_BROKER_LISTEN, default_value = "127.0.0.1:1883")]
+    pub broker_listen: std::net::SocketAddr,
+    /// Directory where the emulator keeps its data across restarts; without
+    /// it the store lives in memory only.
+    #[arg(long, env = ENV_DEV_DATA_DIR)]
+    pub data_dir: Option<std::path::PathBuf>,
+}
 
 #[cfg(test)]
 mod tests {
@@ -677,7 +720,7 @@ mod tests {
         assert_eq!(args.broker.broker_port, 8883);
         assert!(args.broker.use_tls);
         assert_eq!(args.broker.keep_alive, 60);
-        assert_eq!(args.broker.session_expiry, 3600);
+        assert_eq!(args.broker.session_expiry, 0);
         let settings = args.settings().unwrap();
         assert!(settings.pool.client_id.starts_with("statestore-gateway-"));
         assert_eq!(settings.pool.size, 4);

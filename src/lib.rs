@@ -2,17 +2,22 @@
 //! statestore-gateway: the Azure IoT Operations state store over HTTP.
 //!
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
-//! - [`mqtt`]: MQTT5 connection options shared by the gateway and emulator.
+//! - [`mqtt`]: the gateway's pool of MQTT5 connections, TLS/SAT/password
+//!   authentication, and the options every connection starts from.
 //! - [`config`]: command-line and environment settings.
 //! - [`emulator`]: the state store protocol served over any MQTT5 broker.
+//! - [`dev`]: embedded broker + emulator + gateway in one process.
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
+//! - [`ui`]: the browser dashboard served at `/ui/`.
 
 pub mod config;
+pub mod dev;
 pub mod emulator;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod ui;
 pub mod watch;

@@ -2,9 +2,9 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{Cli, Command, EmulatorArgs, LogFormat, ServeArgs};
+use statestore_gateway::config::{Cli, Command, DevArgs, EmulatorArgs, LogFormat, ServeArgs};
 use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
-use statestore_gateway::http::{Server, termination_signal};
+use statestore_gateway::http::{ServeError, Server, termination_signal};
 use statestore_gateway::metrics::Metrics;
 
 /// Exit code for a setting that parsed but cannot be used (clap uses the
@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Emulator(args) => emulator(args),
-        Command::Dev(_) => anyhow::bail!("dev is not built yet"),
+        Command::Dev(args) => dev(args),
     }
 }
 
@@ -32,10 +32,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     runtime()?.block_on(async move {
-        let server = Server::start(settings, Metrics::new()).await?;
-        server.run_until(termination_signal()).await
-    })?;
-    Ok(())
+        let server = match Server::start(settings, Metrics::new()).await {
+            Ok(server) => server,
+            // The pool's checks (TLS material, SAT file) name the setting.
+            Err(ServeError::Pool(error)) => {
+                eprintln!("statestore-gateway: {error}");
+                std::process::exit(EXIT_BAD_SETTING);
+            }
+            Err(error) => return Err(error.into()),
+        };
+        server.run_until(termination_signal()).await?;
+        anyhow::Ok(())
+    })
 }
 
 /// `emulator`: serve the store until SIGTERM/SIGINT, then disconnect cleanly.
@@ -54,6 +62,13 @@ fn emulator(args: EmulatorArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
+}
+
+/// `dev`: embedded broker, emulator and gateway until SIGTERM/SIGINT.
+fn dev(args: DevArgs) -> anyhow::Result<()> {
+    init_tracing(LogFormat::Text);
+    runtime()?.block_on(statestore_gateway::dev::run(args))?;
+    Ok(())
 }
 
 fn emulator_config(args: EmulatorArgs) -> anyhow::Result<EmulatorConfig> {
@@ -88,7 +103,9 @@ fn init_tracing(format: LogFormat) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rumqttc=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, never into a log file or collector.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

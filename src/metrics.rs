@@ -30,6 +30,9 @@ pub struct Metrics {
     pub pool_members: IntGaugeVec,
     /// Store requests awaiting a reply.
     pub in_flight: IntGauge,
+    /// Reply waiters held by the pool's connections, read at scrape time:
+    /// at most `in_flight`, and zero when nothing is in flight (else a leak).
+    pub pending_replies: IntGauge,
     /// Pool member reconnects.
     pub reconnects: IntCounter,
     /// Open SSE watchers.
@@ -89,6 +92,10 @@ impl Metrics {
                 "store_requests_in_flight",
                 "Store requests awaiting a reply",
             ),
+            pending_replies: gauge(
+                "store_pending_replies",
+                "Reply waiters held by the pool's connections (read at scrape time)",
+            ),
             reconnects: counter("pool_reconnects_total", "MQTT pool member reconnects"),
             watchers: gauge("watchers", "Open SSE watchers"),
             watched_keys: gauge("watched_keys", "Keys with a KEYNOTIFY registration"),
@@ -109,13 +116,14 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 14] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
             Box::new(self.store_errors.clone()),
             Box::new(self.pool_members.clone()),
             Box::new(self.in_flight.clone()),
+            Box::new(self.pending_replies.clone()),
             Box::new(self.reconnects.clone()),
             Box::new(self.watchers.clone()),
             Box::new(self.watched_keys.clone()),

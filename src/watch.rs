@@ -15,7 +15,7 @@
 //! the key's snapshot) instead of growing memory.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -38,6 +38,9 @@ pub struct WatchSettings {
     pub max_watchers: usize,
     /// Keys one stream may watch.
     pub max_keys_per_stream: usize,
+    /// Distinct keys watched in the whole gateway (each costs a store
+    /// registration and a buffer).
+    pub max_watched_keys: usize,
     /// Events buffered per key before a slow watcher skips to a sync.
     pub buffer: usize,
     /// How long a new watcher waits for its keys' first registration.
@@ -56,6 +59,7 @@ impl Default for WatchSettings {
         Self {
             max_watchers: 10_000,
             max_keys_per_stream: 64,
+            max_watched_keys: 10_000,
             buffer: 64,
             register_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(15),
@@ -73,6 +77,9 @@ pub enum WatchError {
     /// The stream names more keys than allowed.
     #[error("a stream may watch at most {0} keys")]
     TooManyKeys(usize),
+    /// The gateway already watches its maximum number of distinct keys.
+    #[error("the gateway already watches its maximum of {0} keys")]
+    TooManyWatchedKeys(usize),
     /// The stream names no key.
     #[error("no key to watch")]
     NoKeys,
@@ -166,6 +173,9 @@ enum Registration {
 struct KeyState {
     watchers: usize,
     snapshot: Option<Snapshot>,
+    /// Bumped by every applied change, so that a GET racing with a
+    /// notification can tell its answer may be stale.
+    changes: u64,
 }
 
 /// The shared state of one watched key.
@@ -197,6 +207,7 @@ impl KeyWatch {
             value: value.clone(),
             version: version.clone(),
         });
+        state.changes += 1;
         // Sent under the lock, so a watcher subscribing under the same lock
         // sees each change either in its snapshot or in its channel.
         let _ = self.events.send(Arc::new(KeyEvent {
@@ -222,6 +233,9 @@ struct Inner {
     keys: Mutex<HashMap<Bytes, Arc<KeyWatch>>>,
     watchers: AtomicUsize,
     holder: AtomicUsize,
+    /// Set by the dispatcher when it lost notifications: every key must be
+    /// read again.
+    resync_requested: AtomicBool,
     reconcile: Notify,
     shutdown: watch::Sender<bool>,
 }
@@ -248,6 +262,7 @@ impl WatchHub {
             keys: Mutex::new(HashMap::new()),
             watchers: AtomicUsize::new(0),
             holder: AtomicUsize::new(NO_HOLDER),
+            resync_requested: AtomicBool::new(false),
             reconcile: Notify::new(),
             shutdown: watch::Sender::new(false),
         });
@@ -286,6 +301,23 @@ impl WatchHub {
         if *self.inner.shutdown.borrow() {
             return Err(WatchError::ShuttingDown);
         }
+        // Without a broker connection the registration cannot succeed:
+        // answer 503 now rather than 504 after the timeout.
+        if !self.inner.pool.is_ready() {
+            return Err(WatchError::Register(PoolError::Unavailable));
+        }
+        {
+            let keys_now = self.inner.keys();
+            let new_keys = keys
+                .iter()
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .filter(|key| !keys_now.contains_key(*key))
+                .count();
+            if keys_now.len() + new_keys > settings.max_watched_keys {
+                return Err(WatchError::TooManyWatchedKeys(settings.max_watched_keys));
+            }
+        }
         let admitted = self
             .inner
             .watchers
@@ -320,9 +352,13 @@ impl WatchHub {
             });
         }
         self.inner.reconcile.notify_one();
+        let deadline = tokio::time::Instant::now() + settings.register_timeout;
         for cursor in &watcher.cursors {
-            wait_registered(&cursor.watch, settings.register_timeout).await?;
+            wait_registered(&cursor.watch, deadline, settings.register_timeout).await?;
         }
+        // One id cannot say what a multi-key stream saw of each key (events
+        // of different keys are not in version order): resume single keys.
+        let last_version = last_version.filter(|_| watcher.cursors.len() == 1);
         for cursor in &mut watcher.cursors {
             let snapshot = cursor.watch.state().snapshot.clone();
             let Some(snapshot) = snapshot else { continue };
@@ -330,9 +366,8 @@ impl WatchHub {
                 (&last_version, &snapshot.version),
                 (Some(last), Some(current)) if current <= last
             );
-            if seen {
-                cursor.delivered = snapshot.version.clone();
-            } else {
+            cursor.delivered = snapshot.version.clone();
+            if !seen {
                 watcher.pending.push(Arc::new(KeyEvent::sync(
                     &cursor.watch.key,
                     &snapshot,
@@ -356,6 +391,7 @@ impl WatchHub {
                 state: Mutex::new(KeyState {
                     watchers: 0,
                     snapshot: None,
+                    changes: 0,
                 }),
                 events: broadcast::channel(self.inner.settings.buffer.max(1)).0,
                 registration: watch::Sender::new(Registration::Pending),
@@ -381,10 +417,14 @@ impl WatchHub {
     }
 }
 
-async fn wait_registered(key_watch: &KeyWatch, timeout: Duration) -> Result<(), WatchError> {
+async fn wait_registered(
+    key_watch: &KeyWatch,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<(), WatchError> {
     let mut registration = key_watch.registration.subscribe();
-    let outcome = tokio::time::timeout(
-        timeout,
+    let outcome = tokio::time::timeout_at(
+        deadline,
         registration.wait_for(|r| !matches!(r, Registration::Pending)),
     )
     .await;
@@ -459,15 +499,17 @@ impl Watcher {
                 event.kind,
                 EventKind::Error | EventKind::Sync { resync: true, .. }
             );
-            if filtered {
-                if let (Some(delivered), Some(version)) = (&cursor.delivered, &event.version)
-                    && version <= delivered
-                {
-                    continue;
-                }
-                if event.version.is_some() {
-                    cursor.delivered.clone_from(&event.version);
-                }
+            if filtered
+                && let (Some(delivered), Some(version)) = (&cursor.delivered, &event.version)
+                && version <= delivered
+            {
+                continue;
+            }
+            if event.kind != EventKind::Error
+                && event.version.is_some()
+                && event.version > cursor.delivered
+            {
+                cursor.delivered.clone_from(&event.version);
             }
             self.pending.push(event);
         }
@@ -514,7 +556,7 @@ async fn dispatch(inner: Arc<Inner>, mut notifications: broadcast::Receiver<KeyN
                     skipped,
                     "notification dispatch fell behind; resyncing all keys"
                 );
-                inner.holder.store(NO_HOLDER, Ordering::Release);
+                inner.resync_requested.store(true, Ordering::Release);
                 inner.reconcile.notify_one();
                 continue;
             }
@@ -522,6 +564,14 @@ async fn dispatch(inner: Arc<Inner>, mut notifications: broadcast::Receiver<KeyN
         };
         inner.metrics.notifications_received.inc();
         if notification.member != inner.holder.load(Ordering::Acquire) {
+            continue;
+        }
+        // A version far ahead of our clock would freeze the key (every
+        // real change after it looks older): not from a sane store.
+        if let Some(version) = &notification.version
+            && version.is_too_far_ahead_of(crate::protocol::hlc::now_ms())
+        {
+            tracing::warn!(%version, "dropping a notification whose version is far in the future");
             continue;
         }
         let key_watch = inner.keys().get(&notification.key).cloned();
@@ -539,6 +589,10 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
     let mut shutdown = inner.shutdown.subscribe();
     let mut registered: HashSet<Bytes> = HashSet::new();
     let mut holder = NO_HOLDER;
+    // The member to prefer when choosing a holder again.
+    let mut last_holder = None;
+    // Register and read every wanted key, not only the missing ones.
+    let mut reread_all = false;
     let mut retry_after: Option<Duration> = None;
     // Consecutive failed passes; watchers hear of it from the third on
     // (about a second), so a broker restart does not flash errors.
@@ -563,7 +617,7 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
             _ = retry => {}
             _ = resync => {
                 // Registering again is idempotent; the GETs tell what moved.
-                registered.clear();
+                reread_all = true;
                 next_resync = resync_every.map(|every| tokio::time::Instant::now() + every);
             }
             _ = shutdown.wait_for(|down| *down) => return,
@@ -576,30 +630,32 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
                 }
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // A missed event may have been the holder's reconnect.
                     registered.clear();
                     holder = NO_HOLDER;
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             },
         }
-        // The dispatcher clears the holder when it lost notifications.
-        if inner.holder.load(Ordering::Acquire) == NO_HOLDER && holder != NO_HOLDER {
-            registered.clear();
-            holder = NO_HOLDER;
+        if inner.resync_requested.swap(false, Ordering::AcqRel) {
+            reread_all = true;
         }
         if holder == NO_HOLDER {
-            let Some(member) = inner.pool.subscribed_member(None) else {
+            inner.holder.store(NO_HOLDER, Ordering::Release);
+            let Some(member) = inner.pool.subscribed_member(last_holder) else {
                 retry_after = None; // a Subscribed event will wake us
                 continue;
             };
             holder = member;
+            last_holder = Some(member);
             inner.holder.store(member, Ordering::Release);
         }
         let tell_watchers = failed_passes >= 2;
-        retry_after = match sync_registrations(&inner, holder, &mut registered, tell_watchers).await
-        {
+        let pass = sync_registrations(&inner, holder, &mut registered, reread_all, tell_watchers);
+        retry_after = match pass.await {
             Ok(()) => {
                 failed_passes = 0;
+                reread_all = false;
                 None
             }
             Err(()) => {
@@ -616,6 +672,7 @@ async fn sync_registrations(
     inner: &Inner,
     holder: usize,
     registered: &mut HashSet<Bytes>,
+    reread_all: bool,
     tell_watchers: bool,
 ) -> Result<(), ()> {
     let wanted: Vec<Arc<KeyWatch>> = inner.keys().values().cloned().collect();
@@ -641,7 +698,8 @@ async fn sync_registrations(
     let missing: Vec<Arc<KeyWatch>> = wanted
         .into_iter()
         .filter(|w| {
-            !registered.contains(&w.key)
+            reread_all
+                || !registered.contains(&w.key)
                 || matches!(*w.registration.borrow(), Registration::Pending)
         })
         .collect();
@@ -706,6 +764,7 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         Reply::Error(error) => return Err(WatchError::Store(error)),
         _ => return Err(WatchError::UnexpectedReply("KEYNOTIFY")),
     }
+    let changes_before = key_watch.state().changes;
     let get = Request::Get {
         key: key_watch.key.clone(),
     };
@@ -727,6 +786,11 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         _ => return Err(WatchError::UnexpectedReply("GET")),
     };
     let mut state = key_watch.state();
+    if state.changes != changes_before && current.version.is_none() {
+        // A notification landed while the GET was out; a miss without a
+        // version cannot be ordered against it, so trust the notification.
+        return Ok(());
+    }
     let Some(known) = state.snapshot.clone() else {
         state.snapshot = Some(current);
         return Ok(());

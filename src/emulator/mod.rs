@@ -36,7 +36,10 @@ use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
 pub use persist::{LOG_FILE, Log, PersistError, Record};
-pub use store::{Entry, Envelope, KeyEvent, NODE_ID, Outcome, Quota, Store};
+pub use store::{
+    Entry, Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota,
+    Store,
+};
 
 use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
 use crate::protocol::{
@@ -44,11 +47,23 @@ use crate::protocol::{
     is_forbidden_response_topic, notify_topic, property,
 };
 
-/// How long [`Emulator::start`] waits to be connected and subscribed.
+/// How long [`Emulator::start`] waits by default to be connected and subscribed.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Requests the broker may send before we ack (MQTT5 receive maximum). Acks
+/// go out once a request is handled, so this bounds the requests held in
+/// memory; a flood waits in the broker's queue instead.
+const RECEIVE_MAXIMUM: u16 = 1024;
 
 /// Most requests handled (and made durable) together.
 const MAX_BATCH: usize = 256;
+
+/// Requests queued between the poll loop and the worker: room for every
+/// QoS 1 request the broker may have in flight to us, and then some.
+const REQUEST_QUEUE: usize = 4 * RECEIVE_MAXIMUM as usize;
+
+/// How long shutdown waits for the worker to finish its batch.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keep-alive of the emulator's connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
@@ -94,6 +109,8 @@ pub struct EmulatorConfig {
     pub max_bytes: Option<usize>,
     /// Who may read and write which keys; `None` allows everything.
     pub acl: Option<AccessList>,
+    /// How long [`Emulator::start`] tries to connect and subscribe.
+    pub startup_timeout: Duration,
 }
 
 impl EmulatorConfig {
@@ -109,6 +126,7 @@ impl EmulatorConfig {
             max_keys: None,
             max_bytes: None,
             acl: None,
+            startup_timeout: STARTUP_TIMEOUT,
         }
     }
 }
@@ -206,7 +224,10 @@ impl Emulator {
             config.broker_port,
             KEEP_ALIVE,
         );
-        options.set_manual_acks(true).set_clean_start(true);
+        options
+            .set_manual_acks(true)
+            .set_receive_maximum(Some(RECEIVE_MAXIMUM))
+            .set_clean_start(true);
         if let Some(username) = &config.username {
             options.set_credentials(
                 username.clone(),
@@ -214,7 +235,7 @@ impl Emulator {
             );
         }
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
-        let (requests_tx, requests_rx) = mpsc::unbounded_channel();
+        let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
         let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
             last_error: "none yet".into(),
         });
@@ -236,15 +257,14 @@ impl Emulator {
             worker: Some(worker),
         };
 
-        let outcome = tokio::time::timeout(
-            STARTUP_TIMEOUT,
+        let _ = tokio::time::timeout(
+            config.startup_timeout,
             status_rx.wait_for(|status| !matches!(status, Status::Connecting { .. })),
         )
-        .await
-        .map(|waited| waited.is_ok());
+        .await;
         let status = status_rx.borrow().clone();
-        match (outcome, status) {
-            (Ok(true), Status::Serving) => {
+        match status {
+            Status::Serving if !emulator.poll.is_finished() => {
                 tracing::info!(
                     broker = %format!("{}:{}", config.broker_host, config.broker_port),
                     client_id = %config.client_id,
@@ -253,14 +273,14 @@ impl Emulator {
                 );
                 Ok(emulator)
             }
-            (_, Status::Refused(reason)) => Err(EmulatorError::SubscriptionRefused(reason)),
-            (_, Status::Connecting { last_error }) => Err(EmulatorError::NotServing {
-                timeout: STARTUP_TIMEOUT,
-                last_error,
-            }),
-            (Ok(false) | Err(_), Status::Serving) => Err(EmulatorError::Stopped(
+            Status::Serving => Err(EmulatorError::Stopped(
                 "the connection task ended during start-up".into(),
             )),
+            Status::Refused(reason) => Err(EmulatorError::SubscriptionRefused(reason)),
+            Status::Connecting { last_error } => Err(EmulatorError::NotServing {
+                timeout: config.startup_timeout,
+                last_error,
+            }),
         }
     }
 
@@ -292,7 +312,16 @@ impl Emulator {
     pub async fn shutdown(mut self) -> Result<(), EmulatorError> {
         let _ = self.stop.send(true);
         let result = match self.worker.take() {
-            Some(worker) => flatten(worker.await),
+            // A worker stuck publishing to a wedged broker must not hold
+            // shutdown forever.
+            Some(mut worker) => match tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut worker).await {
+                Ok(joined) => flatten(joined),
+                Err(_) => {
+                    worker.abort();
+                    tracing::warn!("the emulator's worker did not stop in time; aborted");
+                    Ok(())
+                }
+            },
             None => Ok(()),
         };
         if self.client.try_disconnect().is_ok() {
@@ -331,13 +360,7 @@ fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorErr
             Record::Delete { key } => store.forget(&key),
         }
     }
-    let live: Vec<Record> = store
-        .persistent_entries()
-        .map(|(key, entry)| Record::Set {
-            key: key.clone(),
-            entry: entry.clone(),
-        })
-        .collect();
+    let live = live_records(store);
     log.compact(&live)?;
     tracing::info!(
         dir = %dir.display(),
@@ -348,23 +371,42 @@ fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorErr
     Ok(log)
 }
 
+/// A record for every persisted key: the content of a rewritten log.
+fn live_records(store: &Store) -> Vec<Record> {
+    store
+        .persistent_entries()
+        .map(|(key, entry)| Record::Set {
+            key: key.clone(),
+            entry: entry.clone(),
+        })
+        .collect()
+}
+
 /// Drives the MQTT connection: (re)subscribes after every CONNACK and
 /// forwards requests to the worker. It never awaits the client.
 async fn poll_loop(
     mut eventloop: EventLoop,
     client: AsyncClient,
-    requests: mpsc::UnboundedSender<Publish>,
+    requests: mpsc::Sender<Publish>,
     status: watch::Sender<Status>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                if requests.send(publish).is_err() {
-                    return; // the worker is gone
+                // The broker holds QoS 1 requests back at our receive
+                // maximum, so only a QoS 0 flood (which gets no reply
+                // anyway) can fill the queue: drop rather than grow.
+                match requests.try_send(publish) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(dropped)) => {
+                        tracing::warn!(topic = ?dropped.topic, "request queue full; dropping a request");
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return, // the worker is gone
                 }
             }
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                tracing::info!("connected to the broker");
                 backoff = Duration::from_millis(50);
                 // Subscribing awaits the client, so not here.
                 let client = client.clone();
@@ -391,17 +433,9 @@ async fn poll_loop(
             Ok(_) => {}
             Err(error) => {
                 tracing::warn!(%error, retry_in = ?backoff, "broker connection failed");
-                if matches!(*status.borrow(), Status::Serving) || requests.is_closed() {
-                    status.send_replace(Status::Connecting {
-                        last_error: error.to_string(),
-                    });
-                } else {
-                    status.send_modify(|status| {
-                        if let Status::Connecting { last_error } = status {
-                            *last_error = error.to_string();
-                        }
-                    });
-                }
+                status.send_replace(Status::Connecting {
+                    last_error: error.to_string(),
+                });
                 if requests.is_closed() {
                     return;
                 }
@@ -434,7 +468,7 @@ impl Worker {
 
     async fn run(
         mut self,
-        mut requests: mpsc::UnboundedReceiver<Publish>,
+        mut requests: mpsc::Receiver<Publish>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), EmulatorError> {
         let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -483,7 +517,7 @@ impl Worker {
                 }
             }
         }
-        if let (Some(log), false) = (&self.log, records.is_empty()) {
+        if let (Some(log), false) = (&mut self.log, records.is_empty()) {
             let mut encoded = Vec::new();
             for record in &records {
                 record.encode(&mut encoded);
@@ -491,6 +525,13 @@ impl Worker {
             if let Err(error) = log.append(encoded).await {
                 tracing::error!(%error, "cannot make changes durable; stopping");
                 return Err(error.into());
+            }
+            if log.needs_compaction() {
+                let live = live_records(&self.store.lock().unwrap_or_else(PoisonError::into_inner));
+                if let Err(error) = log.compact_async(live).await {
+                    tracing::error!(%error, "cannot rewrite the persistence log; stopping");
+                    return Err(error.into());
+                }
             }
         }
         for message in messages {
@@ -648,7 +689,8 @@ fn handle_request(
             _ => {}
         }
     }
-    // Without `__srcId`, the SDKs' response topic `clients/{id}/...` names the client.
+    // Without `__srcId`, the SDKs' response topic `clients/{id}/...` names
+    // the client; failing that, KEYNOTIFY registers the empty client id.
     envelope.client_id = client_id
         .or_else(|| client_of_response_topic(&reply_to.topic))
         .unwrap_or_default();
@@ -727,4 +769,195 @@ fn client_of_response_topic(topic: &str) -> Option<&str> {
     let rest = topic.strip_prefix("clients/")?;
     let (client, _) = rest.split_once('/')?;
     (!client.is_empty()).then_some(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Hlc, response_topic};
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn request(payload: &[u8], qos: QoS, edit: impl FnOnce(&mut PublishProperties)) -> Publish {
+        let mut properties = PublishProperties {
+            response_topic: Some(response_topic("app")),
+            correlation_data: Some(Bytes::from_static(&[7; 16])),
+            content_type: Some(CONTENT_TYPE.into()),
+            user_properties: vec![
+                (property::SOURCE_ID.into(), "app".into()),
+                (property::TIMESTAMP.into(), Hlc::new(NOW, "app").to_string()),
+                (property::PROTOCOL_VERSION.into(), "1.0".into()),
+            ],
+            ..PublishProperties::default()
+        };
+        edit(&mut properties);
+        Publish::new(REQUEST_TOPIC, qos, payload.to_vec(), Some(properties))
+    }
+
+    fn handle(publish: Publish, acl: Option<&AccessList>) -> Handled {
+        let mut store = Store::new(Quota::default(), NOW);
+        let mut publish = publish;
+        handle_request(&mut store, acl, &mut publish, NOW)
+    }
+
+    fn refusal(handled: Handled) -> (Option<Bytes>, Vec<(String, String)>) {
+        match handled {
+            Handled::Refused(message) => (
+                message.properties.correlation_data,
+                message.properties.user_properties,
+            ),
+            _ => panic!("not refused"),
+        }
+    }
+
+    fn status_of(properties: &[(String, String)]) -> &str {
+        &properties
+            .iter()
+            .find(|(name, _)| name == property::STATUS)
+            .expect("__stat")
+            .1
+    }
+
+    const GET: &[u8] = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+
+    #[test]
+    fn requests_without_a_usable_response_topic_are_dropped() {
+        let edits: [fn(&mut PublishProperties); 4] = [
+            |p| p.response_topic = None,
+            |p| p.response_topic = Some(REQUEST_TOPIC.into()),
+            |p| p.response_topic = Some(format!("{}/x", crate::protocol::NOTIFY_TOPIC_ROOT)),
+            |p| p.response_topic = Some("replies/#".into()),
+        ];
+        for edit in edits {
+            assert!(matches!(
+                handle(request(GET, QoS::AtLeastOnce, edit), None),
+                Handled::Dropped
+            ));
+        }
+        let mut store = Store::new(Quota::default(), NOW);
+        let mut bare = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, GET.to_vec(), None);
+        assert!(matches!(
+            handle_request(&mut store, None, &mut bare, NOW),
+            Handled::Dropped
+        ));
+    }
+
+    #[test]
+    fn missing_correlation_data_and_qos_0_are_refused_with_400() {
+        let (correlation, properties) = refusal(handle(
+            request(GET, QoS::AtLeastOnce, |p| p.correlation_data = None),
+            None,
+        ));
+        assert_eq!(correlation, None);
+        assert_eq!(status_of(&properties), "400");
+        let (correlation, properties) =
+            refusal(handle(request(GET, QoS::AtMostOnce, |_| {}), None));
+        assert_eq!(correlation, Some(Bytes::from_static(&[7; 16])));
+        assert_eq!(status_of(&properties), "400");
+    }
+
+    #[test]
+    fn unsupported_protocol_versions_are_refused_with_505() {
+        for version in ["2.0", "x", "1.", ""] {
+            let (_, properties) = refusal(handle(
+                request(GET, QoS::AtLeastOnce, |p| {
+                    p.user_properties[2].1 = version.into();
+                }),
+                None,
+            ));
+            assert_eq!(status_of(&properties), "505", "{version:?}");
+        }
+        for version in ["1.0", "1", "1.5"] {
+            let handled = handle(
+                request(GET, QoS::AtLeastOnce, |p| {
+                    p.user_properties[2].1 = version.into()
+                }),
+                None,
+            );
+            assert!(matches!(handled, Handled::Served(..)), "{version:?}");
+        }
+    }
+
+    #[test]
+    fn payload_errors_and_access_refusals_are_served_as_replies() {
+        let Handled::Served(outcome, reply_to) =
+            handle(request(b"nonsense", QoS::AtLeastOnce, |_| {}), None)
+        else {
+            panic!("not served");
+        };
+        assert_eq!(outcome.reply, Reply::Error(StoreError::SyntaxError));
+        assert_eq!(reply_to.topic, response_topic("app"));
+        let acl = AccessList::from_json(r#"{ "other": { "read": [""] } }"#).unwrap();
+        let Handled::Served(outcome, _) =
+            handle(request(GET, QoS::AtLeastOnce, |_| {}), Some(&acl))
+        else {
+            panic!("not served");
+        };
+        assert_eq!(outcome.reply, Reply::Error(StoreError::NotAuthorized));
+    }
+
+    #[test]
+    fn the_client_id_comes_from_src_id_then_the_response_topic() {
+        assert_eq!(
+            client_of_response_topic(&response_topic("gw-1")),
+            Some("gw-1")
+        );
+        assert_eq!(client_of_response_topic("clients//x"), None);
+        assert_eq!(client_of_response_topic("replies/gw-1"), None);
+        let acl = AccessList::from_json(r#"{ "app": { "read": [""] } }"#).unwrap();
+        let without_src_id = request(GET, QoS::AtLeastOnce, |p| {
+            p.user_properties
+                .retain(|(name, _)| name != property::SOURCE_ID);
+        });
+        let Handled::Served(outcome, _) = handle(without_src_id, Some(&acl)) else {
+            panic!("not served");
+        };
+        assert_eq!(outcome.reply, Reply::NotFound);
+    }
+
+    #[test]
+    fn replies_carry_status_version_and_the_key_version() {
+        let mut messages = Vec::new();
+        let mut records = Vec::new();
+        let version = Hlc::new(NOW, NODE_ID);
+        let outcome = Outcome {
+            reply: Reply::Ok,
+            version: Some(version.clone()),
+            events: vec![KeyEvent {
+                client_id: "w".into(),
+                key: Bytes::from_static(b"k"),
+                notification: crate::protocol::Notification::Delete,
+                version: version.clone(),
+            }],
+            records: Vec::new(),
+        };
+        let reply_to = ReplyTo {
+            topic: "r".into(),
+            correlation_data: Bytes::from_static(b"c"),
+            message_expiry_interval: Some(9),
+        };
+        collect(outcome, Some(reply_to), &mut messages, &mut records);
+        let [reply, notification] = &messages[..] else {
+            panic!("two messages");
+        };
+        assert_eq!(reply.payload, b"+OK\r\n");
+        assert_eq!(
+            reply.properties.user_properties,
+            vec![
+                ("__stat".to_owned(), "200".to_owned()),
+                ("__protVer".to_owned(), "1.0".to_owned()),
+                ("__ts".to_owned(), version.to_string()),
+            ]
+        );
+        assert_eq!(reply.properties.message_expiry_interval, Some(9));
+        assert_eq!(notification.topic, notify_topic("w", b"k"));
+        assert_eq!(
+            notification.payload,
+            b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+        );
+        assert_eq!(
+            notification.properties.user_properties[0].1,
+            version.to_string()
+        );
+    }
 }

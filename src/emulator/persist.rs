@@ -4,9 +4,10 @@
 //! Each record is `[len u32 LE][crc32 u32 LE][body]`. A crash can leave the
 //! last records half written; replay keeps the longest valid prefix and cuts
 //! the rest off. That loses nothing acknowledged, because the emulator only
-//! replies once a record is written and `fsync`ed. After replay the log is
-//! rewritten to the live keys alone (write, fsync, rename), so it does not
-//! grow across restarts.
+//! replies once a record is written and `fsync`ed. After replay, and whenever
+//! the appended records outgrow both 64 MiB and the last rewrite, the log is
+//! rewritten to the live keys alone (write, fsync, rename), so its size stays
+//! within a small multiple of the data.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -27,6 +28,8 @@ const LOCK_FILE: &str = "statestore.lock";
 const MAGIC: &[u8; 8] = b"SSEAOF01";
 /// No record is larger (values are bounded by the MQTT packet size).
 const MAX_RECORD: usize = 1 << 30;
+/// Appended bytes that never by themselves trigger a rewrite.
+const COMPACT_AFTER: u64 = 64 << 20;
 
 /// Why the log could not be used.
 #[derive(Debug, Error)]
@@ -237,6 +240,11 @@ pub struct Log {
     path: PathBuf,
     file: Arc<File>,
     _lock: File,
+    /// Bytes appended since the last rewrite.
+    appended: u64,
+    /// Size of the last rewrite (or of the log found at start).
+    rewritten: u64,
+    compact_after: u64,
 }
 
 impl Log {
@@ -271,9 +279,12 @@ impl Log {
         if image.len() < MAGIC.len() && MAGIC.starts_with(&image) {
             let log = Log {
                 dir: dir.to_owned(),
-                file: Arc::new(Self::create(&path, dir, &[])?),
+                file: Arc::new(create(&path, dir, &[])?),
                 path,
                 _lock: lock,
+                appended: 0,
+                rewritten: 0,
+                compact_after: COMPACT_AFTER,
             };
             return Ok((log, Vec::new()));
         }
@@ -302,6 +313,9 @@ impl Log {
             file: Arc::new(file),
             path,
             _lock: lock,
+            appended: 0,
+            rewritten: image.len() as u64,
+            compact_after: COMPACT_AFTER,
         };
         Ok((log, records))
     }
@@ -309,44 +323,42 @@ impl Log {
     /// Writes `records` to a fresh file and atomically puts it in place of
     /// the log, which from then on appends to it.
     pub fn compact(&mut self, records: &[Record]) -> Result<(), PersistError> {
-        let mut image = Vec::new();
-        for record in records {
-            record.encode(&mut image);
-        }
-        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
-        let file = Self::create(&tmp, &self.dir, &image)?;
-        std::fs::rename(&tmp, &self.path).map_err(|source| PersistError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        sync_dir(&self.dir)?;
-        self.file = Arc::new(file);
+        let (file, size) = rewrite(&self.dir, &self.path, records)?;
+        self.replaced(file, size);
         Ok(())
     }
 
-    /// A new file at `path` holding the header and `body`, synced.
-    fn create(path: &Path, dir: &Path, body: &[u8]) -> Result<File, PersistError> {
-        let io = |source| PersistError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
-        file.write_all(MAGIC).map_err(io)?;
-        file.write_all(body).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        sync_dir(dir)?;
-        Ok(file)
+    /// Whether the appended records outgrew both [`COMPACT_AFTER`] and the
+    /// last rewrite, so that [`Log::compact_async`] is worth its cost.
+    pub fn needs_compaction(&self) -> bool {
+        self.appended > self.compact_after.max(self.rewritten)
+    }
+
+    /// [`Log::compact`] off the async threads.
+    pub async fn compact_async(&mut self, records: Vec<Record>) -> Result<(), PersistError> {
+        let (dir, path) = (self.dir.clone(), self.path.clone());
+        let rewritten = tokio::task::spawn_blocking(move || rewrite(&dir, &path, &records))
+            .await
+            .map_err(|error| PersistError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other(error),
+            })?;
+        let (file, size) = rewritten?;
+        self.replaced(file, size);
+        Ok(())
+    }
+
+    fn replaced(&mut self, file: File, size: u64) {
+        self.file = Arc::new(file);
+        self.appended = 0;
+        self.rewritten = size;
     }
 
     /// Appends encoded records and waits until they are on disk (the
     /// blocking write runs off the async threads). One call per batch of
     /// requests is the group commit.
-    pub async fn append(&self, encoded: Vec<u8>) -> Result<(), PersistError> {
+    pub async fn append(&mut self, encoded: Vec<u8>) -> Result<(), PersistError> {
+        self.appended += encoded.len() as u64;
         let file = Arc::clone(&self.file);
         let path = self.path.clone();
         let io = move |source| PersistError::Io { path, source };
@@ -358,6 +370,42 @@ impl Log {
         .map_err(std::io::Error::other);
         written.and_then(|result| result).map_err(io)
     }
+}
+
+/// The log's image for `records` written next to it, synced, and renamed
+/// over it; returns the new file (open for appends) and its size.
+fn rewrite(dir: &Path, path: &Path, records: &[Record]) -> Result<(File, u64), PersistError> {
+    let mut image = Vec::new();
+    for record in records {
+        record.encode(&mut image);
+    }
+    let tmp = dir.join(format!("{LOG_FILE}.tmp"));
+    let file = create(&tmp, dir, &image)?;
+    std::fs::rename(&tmp, path).map_err(|source| PersistError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    sync_dir(dir)?;
+    Ok((file, (MAGIC.len() + image.len()) as u64))
+}
+
+/// A new file at `path` holding the header and `body`, synced.
+fn create(path: &Path, dir: &Path, body: &[u8]) -> Result<File, PersistError> {
+    let io = |source| PersistError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
+    file.write_all(MAGIC).map_err(io)?;
+    file.write_all(body).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    sync_dir(dir)?;
+    Ok(file)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), PersistError> {
@@ -535,9 +583,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_log_asks_for_a_rewrite_once_appends_outgrow_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path()).unwrap();
+        log.compact_after = 1_000;
+        let mut encoded = Vec::new();
+        for i in 0..50 {
+            set(&format!("k{}", i % 2), "value", None, None).encode(&mut encoded);
+        }
+        assert!(encoded.len() > 1_000);
+        log.append(encoded).await.unwrap();
+        assert!(log.needs_compaction());
+        log.compact_async(vec![
+            set("k0", "value", None, None),
+            set("k1", "value", None, None),
+        ])
+        .await
+        .unwrap();
+        assert!(!log.needs_compaction());
+        let size = std::fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
+        assert_eq!(size, log.rewritten);
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed.len(), 2);
+    }
+
+    #[tokio::test]
     async fn append_is_durable_when_it_returns() {
         let dir = tempfile::tempdir().unwrap();
-        let (log, _) = Log::open(dir.path()).unwrap();
+        let (mut log, _) = Log::open(dir.path()).unwrap();
         let mut encoded = Vec::new();
         sample()[0].encode(&mut encoded);
         log.append(encoded).await.unwrap();

@@ -9,10 +9,23 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use bytes::Bytes;
 
 use super::persist::Record;
-use crate::protocol::{Hlc, Notification, Reply, SetCondition, SetOptions, StoreError};
+use crate::protocol::{
+    Hlc, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,
+};
 
 /// The node id of every version the store hands out, as the real service.
 pub const NODE_ID: &str = "StateStore";
+
+/// The longest MQTT topic (a UTF-8 string with a 16-bit length). A
+/// notification topic carries the client id and the key in hex, so a key
+/// over ~32 KiB cannot be notified; rumqttc would truncate the length and
+/// corrupt the connection, so such a registration is refused instead.
+pub const MAX_TOPIC_BYTES: usize = 65_535;
+
+/// The error for a KEYNOTIFY whose notification topic cannot exist (the
+/// service documents no string for it; clients survive unknown strings).
+pub const KEY_TOO_LONG_TO_WATCH: &str =
+    "the key is too long to be watched: its notification topic would exceed 65535 bytes";
 
 /// Limits that make `the quota has been exceeded` reachable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -298,6 +311,9 @@ impl Store {
     /// nothing. Registering twice is one registration.
     pub fn key_notify(&mut self, client_id: &str, key: Bytes, stop: bool) -> Outcome {
         if !stop {
+            if notify_topic(client_id, &key).len() > MAX_TOPIC_BYTES {
+                return Outcome::error(StoreError::Unknown(KEY_TOO_LONG_TO_WATCH.into()));
+            }
             self.watchers
                 .entry(key.clone())
                 .or_default()
@@ -1038,5 +1054,21 @@ mod tests {
         let second = f.set("k", "2", SetOptions::default()).version.unwrap();
         let third = f.set("k", "3", SetOptions::default()).version.unwrap();
         assert!(first < second && second < third);
+    }
+
+    #[test]
+    fn keynotify_of_a_key_too_long_for_a_topic_is_refused() {
+        let mut store = Store::new(Quota::default(), NOW);
+        // HEX doubles the key: 32 KiB of key makes a topic over 64 KiB.
+        let outcome = store.key_notify("client", Bytes::from(vec![b'k'; 32 * 1024]), false);
+        assert_eq!(
+            outcome.reply,
+            Reply::Error(StoreError::Unknown(KEY_TOO_LONG_TO_WATCH.into()))
+        );
+        assert_eq!(store.registrations(), 0);
+        let longest = (MAX_TOPIC_BYTES - notify_topic("client", b"").len()) / 2;
+        let outcome = store.key_notify("client", Bytes::from(vec![b'k'; longest]), false);
+        assert_eq!(outcome.reply, Reply::Ok);
+        assert_eq!(store.registrations(), 1);
     }
 }

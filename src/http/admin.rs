@@ -43,6 +43,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    let pending = i64::try_from(state.pool.pending_replies()).unwrap_or(i64::MAX);
+    state.metrics.pending_replies.set(pending);
     let mut response = state.metrics.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -31,6 +31,13 @@ use crate::protocol::{Hlc, Reply, Request, SetCondition, SetOptions};
 /// The header carrying a write's fencing token (an HLC, e.g. a lease's version).
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
 
+/// The longest `Fencing-Token` accepted. It travels as the MQTT5 user
+/// property `__ft`, a string of at most 65,535 bytes that rumqttc truncates
+/// silently, corrupting the packet and dropping the broker connection (and
+/// every request in flight on it); real tokens are versions of a few dozen
+/// bytes.
+pub const MAX_FENCING_TOKEN_BYTES: usize = 1024;
+
 /// The key routes. `/keys/` alone is an empty key (400); methods other than
 /// GET, HEAD, PUT and DELETE get 405 with `Allow`.
 pub fn routes() -> Router<AppState> {
@@ -56,7 +63,7 @@ async fn empty_key() -> ApiError {
 }
 
 /// axum adds the `Allow` header to what a method router's fallback returns.
-async fn method_not_allowed() -> ApiError {
+pub(super) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
@@ -479,6 +486,11 @@ pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, Ap
     if values.next().is_some() {
         return Err(ApiError::BadFencingToken("given more than once".into()));
     }
+    if value.len() > MAX_FENCING_TOKEN_BYTES {
+        return Err(ApiError::BadFencingToken(format!(
+            "longer than {MAX_FENCING_TOKEN_BYTES} bytes"
+        )));
+    }
     let text = value
         .to_str()
         .map_err(|_| ApiError::BadFencingToken("not visible ASCII".into()))?
@@ -542,7 +554,10 @@ async fn read_value(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::ValueTooLarge { max: limit });
     }
-    let capacity = declared.map_or(0, |length| length as usize);
+    // Reserve for what arrives, not for what a client merely declares: a
+    // Content-Length alone must not hold megabytes for the body timeout.
+    const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
+    let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
     let read = async move {
         let mut stream = body.into_data_stream();
         let mut value = BytesMut::with_capacity(capacity);
@@ -803,6 +818,21 @@ mod tests {
     }
 
     #[test]
+    fn a_fencing_token_too_long_for_mqtt_is_refused() {
+        let now = 1_700_000_000_000;
+        let token = |node_len: usize| {
+            let text = format!("{now}:0:{}", "n".repeat(node_len));
+            let mut headers = HeaderMap::new();
+            headers.insert(FENCING_TOKEN_HEADER, HeaderValue::from_str(&text).unwrap());
+            fencing_token(&headers, now)
+        };
+        let fits = MAX_FENCING_TOKEN_BYTES - "1700000000000:0:".len();
+        assert!(token(fits).unwrap().is_some());
+        assert!(matches!(token(fits + 1), Err(ApiError::BadFencingToken(_))));
+        assert!(matches!(token(70_000), Err(ApiError::BadFencingToken(_))));
+    }
+
+    #[test]
     fn json_is_chosen_only_when_preferred() {
         let accept = |value: &'static str| {
             let mut headers = HeaderMap::new();
@@ -833,5 +863,191 @@ mod tests {
             response.headers()[header::ETAG],
             "\"000000000000001:00002:S\""
         );
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use percent_encoding::{AsciiSet, CONTROLS, NON_ALPHANUMERIC};
+    use proptest::prelude::*;
+
+    /// What must be escaped in a path segment so it parses as one URI path.
+    const PATH: &AsciiSet = &CONTROLS
+        .add(b' ')
+        .add(b'"')
+        .add(b'#')
+        .add(b'%')
+        .add(b'<')
+        .add(b'>')
+        .add(b'?')
+        .add(b'`')
+        .add(b'{')
+        .add(b'}')
+        .add(b'\\')
+        .add(b'^')
+        .add(b'|');
+
+    /// Text made of what URIs and escapes are made of.
+    fn escape_like() -> impl Strategy<Value = String> {
+        "(%|%[0-9a-fA-F]{0,2}|%[g-zG-Z]{1,2}|\\+|/|[a-z0-9]{1,3}|[\u{80}-\u{10ffff}])*"
+    }
+
+    /// Percent-encodes every byte, or just the ones that must be, or a mix.
+    fn encode_key(key: &[u8], style: u8) -> String {
+        match style % 3 {
+            0 => percent_encoding::percent_encode(key, NON_ALPHANUMERIC).to_string(),
+            1 => key.iter().map(|byte| format!("%{byte:02x}")).collect(),
+            _ => percent_encoding::percent_encode(key, PATH).to_string(),
+        }
+    }
+
+    fn headers(name: &'static str, value: &[u8]) -> Option<HeaderMap> {
+        let value = HeaderValue::from_bytes(value).ok()?;
+        let mut headers = HeaderMap::new();
+        headers.insert(name, value);
+        Some(headers)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn strict_decoding_never_panics(input in prop::collection::vec(any::<u8>(), 0..64), plus in any::<bool>()) {
+            if let Some(decoded) = percent_decode_strict(&input, plus) {
+                prop_assert!(decoded.len() <= input.len());
+            }
+        }
+
+        #[test]
+        fn strict_decoding_of_escape_like_text_agrees_with_its_rule(text in escape_like()) {
+            let bytes = text.as_bytes();
+            let well_formed = bytes.iter().enumerate().all(|(i, &byte)| {
+                byte != b'%'
+                    || bytes.get(i + 1..i + 3).is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+            });
+            prop_assert_eq!(percent_decode_strict(bytes, false).is_some(), well_formed);
+        }
+
+        #[test]
+        fn encoded_bytes_decode_back(bytes in prop::collection::vec(any::<u8>(), 0..64), style in any::<u8>()) {
+            let encoded = encode_key(&bytes, style);
+            prop_assert_eq!(percent_decode_strict(encoded.as_bytes(), false), Some(bytes.clone()));
+            // Form encoding: a space may be written `+`, a plus must be escaped.
+            let form = encoded.replace('+', "%2B").replace("%20", "+");
+            prop_assert_eq!(percent_decode_strict(form.as_bytes(), true), Some(bytes));
+        }
+
+        #[test]
+        fn any_key_within_the_limit_survives_the_path(
+            key in prop::collection::vec(any::<u8>(), 1..=64),
+            style in any::<u8>(),
+        ) {
+            let path = format!("/keys/{}", encode_key(&key, style));
+            let uri: Uri = path.parse().map_err(|e| TestCaseError::fail(format!("{path}: {e}")))?;
+            prop_assert_eq!(key_from_uri(&uri, 64).map_err(|e| e.to_string()), Ok(Bytes::from(key)));
+        }
+
+        #[test]
+        fn keys_over_the_limit_are_414(key in prop::collection::vec(any::<u8>(), 17..64), style in any::<u8>()) {
+            let raw = encode_key(&key, style);
+            let error = decode_key(&raw, false, 16).map(|_| ());
+            prop_assert!(matches!(error, Err(ApiError::KeyTooLong { .. })), "{error:?}");
+            prop_assert_eq!(
+                error.map_err(|e| e.problem().status),
+                Err(414)
+            );
+        }
+
+        #[test]
+        fn any_path_gives_a_key_or_a_client_error(text in escape_like(), max in 1usize..32, plus in any::<bool>()) {
+            match decode_key(&text, plus, max) {
+                Ok(key) => prop_assert!(!key.is_empty() && key.len() <= max),
+                Err(error) => {
+                    let status = error.problem().status;
+                    prop_assert!(status == 400 || status == 414, "{error:?}");
+                }
+            }
+            let _ = key_from_path(&text, "/keys/", max);
+        }
+
+        #[test]
+        fn any_ttl_is_positive_milliseconds_or_400(raw in prop::collection::vec(any::<u8>(), 0..24)) {
+            match parse_ttl(&raw) {
+                Ok(ms) => prop_assert!(ms > 0),
+                Err(error) => prop_assert_eq!(error.problem().status, 400),
+            }
+        }
+
+        #[test]
+        fn ttls_with_units_are_exact(n in 1u64..1_000_000, unit in 0usize..5) {
+            let (suffix, scale) = [("", 1), ("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)][unit];
+            prop_assert_eq!(
+                parse_ttl(format!("{n}{suffix}").as_bytes()).map_err(|e| e.to_string()),
+                Ok(n * scale)
+            );
+        }
+
+        #[test]
+        fn if_none_match_parses_or_refuses_any_text(text in "[ \t,*W/\"a-z0-9]{0,32}") {
+            if let Some(IfNoneMatch::Tags(tags)) = IfNoneMatch::parse(&text) {
+                prop_assert!(!tags.is_empty());
+                prop_assert!(tags.iter().all(|tag| !tag.contains('"')));
+            }
+        }
+
+        #[test]
+        fn if_none_match_lists_give_back_their_tags(
+            tags in prop::collection::vec(("[!#-~]{0,20}", any::<bool>()), 1..6)
+        ) {
+            let text = tags
+                .iter()
+                .map(|(tag, weak)| format!("{}\"{tag}\"", if *weak { "W/" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let expected: Vec<String> = tags.into_iter().map(|(tag, _)| tag).collect();
+            prop_assert_eq!(IfNoneMatch::parse(&text), Some(IfNoneMatch::Tags(expected)));
+        }
+
+        #[test]
+        fn any_fencing_token_header_is_a_clock_or_400(value in prop::collection::vec(any::<u8>(), 0..48)) {
+            if let Some(headers) = headers(FENCING_TOKEN_HEADER, &value) {
+                match fencing_token(&headers, 1_700_000_000_000) {
+                    Ok(token) => prop_assert!(token.is_some()),
+                    Err(error) => prop_assert_eq!(error.problem().status, 400),
+                }
+            }
+        }
+
+        #[test]
+        fn versions_are_valid_fencing_tokens_quoted_or_not(
+            wall in 0u64..1_700_000_060_000,
+            counter in any::<u64>(),
+            node in "[!-9;-~]{0,16}",
+            quoted in any::<bool>(),
+        ) {
+            let version = Hlc { wall_ms: wall, counter, node };
+            let text = if quoted { format!("\"{version}\"") } else { version.to_string() };
+            let headers = headers(FENCING_TOKEN_HEADER, text.as_bytes())
+                .ok_or_else(|| TestCaseError::fail("not a header value"))?;
+            prop_assert_eq!(
+                fencing_token(&headers, 1_700_000_000_000).map_err(|e| e.to_string()),
+                Ok(Some(version))
+            );
+        }
+
+        #[test]
+        fn any_query_is_parsed_or_refused_with_400(query in "[a-z=&%+0-9]{0,40}") {
+            if let Err(error) = QueryParams::parse(Some(&query), &["ttl", "nex", "persist", "value"]) {
+                prop_assert_eq!(error.problem().status, 400);
+            }
+        }
+
+        #[test]
+        fn any_accept_header_is_a_choice(value in "[a-z/*;=., 0-9qQ-]{0,48}") {
+            if let Some(headers) = headers("accept", value.as_bytes()) {
+                let _ = wants_json(&headers);
+            }
+        }
     }
 }

@@ -5,12 +5,15 @@
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //!
 //! [`router`] builds the key API so tests can drive it; [`Server`] binds
 //! both listeners and runs them until [`Server::shutdown`].
 
 pub mod admin;
 pub mod keys;
+pub mod listener;
+pub mod openapi;
 pub mod problem;
 pub mod watch;
 
@@ -26,7 +29,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -38,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
 use crate::watch::{WatchHub, WatchSettings};
+use listener::ConnectionLimits;
 use problem::{ApiError, FailureLog, Severity};
 
 /// Request size and time limits of the key API.
@@ -45,8 +48,8 @@ use problem::{ApiError, FailureLog, Severity};
 pub struct Limits {
     /// Longest key, in bytes after percent-decoding (longer: 414).
     pub max_key_bytes: usize,
-    /// Largest value when configured; otherwise the broker's limit, else
-    /// [`DEFAULT_MAX_VALUE_BYTES`] (larger: 413).
+    /// Largest value when configured (capped by the broker's limit once
+    /// known); see [`AppState::value_limit`] (larger: 413).
     pub max_value_bytes: Option<usize>,
     /// How long a store request may take; bounds body reads too.
     pub request_timeout: Duration,
@@ -127,12 +130,15 @@ impl AppState {
         }
     }
 
-    /// The largest value a PUT may carry right now.
+    /// The largest value a PUT may carry right now: the configured limit,
+    /// capped by what the broker's packet size allows once known; with
+    /// neither, [`DEFAULT_MAX_VALUE_BYTES`].
     pub fn value_limit(&self) -> usize {
-        self.limits
-            .max_value_bytes
-            .or_else(|| self.pool.max_value_bytes())
-            .unwrap_or(DEFAULT_MAX_VALUE_BYTES)
+        match (self.limits.max_value_bytes, self.pool.max_value_bytes()) {
+            (Some(configured), Some(broker)) => configured.min(broker),
+            (Some(limit), None) | (None, Some(limit)) => limit,
+            (None, None) => DEFAULT_MAX_VALUE_BYTES,
+        }
     }
 
     /// Whether shutdown has started.
@@ -150,6 +156,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(route_not_found)
         .layer(from_fn_with_state(backstop, backstop_timeout))
         .layer(from_fn_with_state(state.api_token.clone(), require_token))
+        // The dashboard's static files are public; the API calls it makes
+        // are not (a browser cannot send a bearer token on an EventSource,
+        // so the dashboard is for gateways without --api-token-file).
+        .merge(crate::ui::router())
         .layer(from_fn_with_state(state.metrics.clone(), observe))
         // Bodies are read by the handlers against the value limit.
         .layer(DefaultBodyLimit::disable())
@@ -158,7 +168,13 @@ pub fn router(state: AppState) -> Router {
 
 /// The API's routes; the watch routes merge in here.
 fn api_routes() -> Router<AppState> {
-    Router::new().merge(keys::routes()).merge(watch::routes())
+    Router::new()
+        .merge(keys::routes())
+        .merge(watch::routes())
+        .route(
+            "/openapi.json",
+            axum::routing::get(openapi::document).fallback(keys::method_not_allowed),
+        )
 }
 
 async fn route_not_found() -> ApiError {
@@ -199,7 +215,8 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
         return response;
     };
     let status = status.as_u16();
-    let ms = elapsed.as_secs_f64() * 1e3;
+    // Microsecond precision is plenty for a log line.
+    let ms = (elapsed.as_secs_f64() * 1e6).round() / 1e3;
     let cause = failure.cause.as_str();
     match failure.severity {
         Severity::Info => tracing::info!(method, route, path, status, ms, cause, "request failed"),
@@ -280,6 +297,9 @@ pub struct ServeSettings {
     pub watch: WatchSettings,
     /// Origins allowed to call the API from a browser (CORS); empty: none.
     pub cors_allow_origins: Vec<String>,
+    /// How long a client may take to send a request's headers; also how
+    /// long an idle keep-alive connection stays open (both listeners).
+    pub header_read_timeout: Duration,
 }
 
 /// Why the gateway could not start or stopped with an error.
@@ -295,8 +315,9 @@ pub enum ServeError {
         /// Why.
         source: io::Error,
     },
-    /// The pool refused its settings.
-    #[error("cannot start the broker connection pool: {0}")]
+    /// The pool refused its settings (TLS material, the SAT file, ...);
+    /// the message names the setting.
+    #[error("{0}")]
     Pool(#[from] ConfigError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
@@ -338,21 +359,24 @@ impl Server {
             settings.watch,
         );
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
+        let limits = ConnectionLimits {
+            header_read_timeout: settings.header_read_timeout,
+            max_header_bytes: listener::MAX_HEADER_BYTES,
+        };
         let (stop_api, api_stopped) = signal::channel(false);
         let (stop_admin, admin_stopped) = signal::channel(false);
-        let api_task = tokio::spawn(
-            axum::serve(api_listener.tap_io(set_nodelay), api)
-                .with_graceful_shutdown(stopped(api_stopped))
-                .into_future(),
-        );
-        let admin_task = tokio::spawn(
-            axum::serve(
-                admin_listener.tap_io(set_nodelay),
-                admin::router(state.clone()),
-            )
-            .with_graceful_shutdown(stopped(admin_stopped))
-            .into_future(),
-        );
+        let api_task = tokio::spawn(listener::serve(
+            api_listener,
+            api,
+            limits,
+            stopped(api_stopped),
+        ));
+        let admin_task = tokio::spawn(listener::serve(
+            admin_listener,
+            admin::router(state.clone()),
+            limits,
+            stopped(admin_stopped),
+        ));
         tracing::info!(%api_addr, %admin_addr, "gateway listening");
         Ok(Server {
             api_addr,
@@ -483,13 +507,6 @@ fn local_addr(
         addr,
         source,
     })
-}
-
-fn set_nodelay(stream: &mut tokio::net::TcpStream) {
-    // Small responses must not wait for delayed ACKs (Nagle).
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "cannot set TCP_NODELAY");
-    }
 }
 
 async fn stopped(mut receiver: signal::Receiver<bool>) {

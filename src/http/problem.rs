@@ -45,7 +45,7 @@ pub enum ApiError {
     #[error("no such resource; keys live under /keys/")]
     RouteNotFound,
     /// A method the resource does not serve.
-    #[error("method not allowed")]
+    #[error("keys support GET, HEAD, PUT and DELETE")]
     MethodNotAllowed,
     /// The condition of a conditional write did not hold (`:-1`).
     #[error("{}", precondition_detail(*.0))]
@@ -127,6 +127,9 @@ pub enum ApiError {
     /// The gateway already serves `--max-watchers` streams.
     #[error("the gateway already serves its maximum of {0} watchers; retry later")]
     TooManyWatchers(usize),
+    /// The gateway already watches `--max-watched-keys` distinct keys.
+    #[error("the gateway already watches its maximum of {0} distinct keys; retry later")]
+    TooManyWatchedKeys(usize),
     /// A stream names more than `--max-keys-per-watch` keys.
     #[error("a stream may watch at most {0} keys")]
     TooManyWatchKeys(usize),
@@ -357,6 +360,12 @@ impl ApiError {
                 429,
                 "/problems/too-many-watchers",
                 "Too many watchers",
+                Warn,
+            ),
+            Self::TooManyWatchedKeys(_) => (
+                429,
+                "/problems/too-many-watched-keys",
+                "Too many watched keys",
                 Warn,
             ),
             Self::TooManyWatchKeys(_) => (429, "/problems/too-many-keys", "Too many keys", Info),

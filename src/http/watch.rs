@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 use super::AppState;
-use super::keys::{decode_key, key_from_path};
+use super::keys::{decode_key, key_from_path, method_not_allowed};
 use super::problem::ApiError;
 use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
@@ -33,8 +33,11 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(2);
 /// The watch routes.
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/watch", get(watch_query))
-        .route("/watch/{*key}", get(watch_path))
+        .route("/watch", get(watch_query).fallback(method_not_allowed))
+        .route(
+            "/watch/{*key}",
+            get(watch_path).fallback(method_not_allowed),
+        )
 }
 
 /// `GET /watch/{key}`
@@ -194,6 +197,7 @@ impl From<WatchError> for ApiError {
         match error {
             WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
             WatchError::TooManyKeys(max) => ApiError::TooManyWatchKeys(max),
+            WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
             WatchError::NoKeys => ApiError::BadQuery(
                 "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
             ),

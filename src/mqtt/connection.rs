@@ -65,8 +65,13 @@ const SUBACK_TIMEOUT: Duration = Duration::from_secs(10);
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 /// First reconnect delay; doubles per failed attempt up to [`BACKOFF_MAX`].
 const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
-/// Longest reconnect delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest reconnect delay. It bounds how long a returning broker waits
+/// for us: a member is back (and `/readyz` 200) within this plus one
+/// connect, which keeps the promise of being ready within 2 s.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long a connection must have served before its loss restarts the
+/// backoff from the shortest delay.
+const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// How often a member looks for requests the broker never acknowledged.
 const ACK_CHECK: Duration = Duration::from_millis(250);
 /// How long the same connect failure stays quiet before it is warned again.
@@ -113,6 +118,8 @@ pub(crate) struct MemberContext {
     pub events: broadcast::Sender<MemberEvent>,
     /// Woken when a request slot frees up or a member becomes usable.
     pub slot_freed: Notify,
+    /// Requests waiting for a slot (frees only notify when there are any).
+    pub slot_waiters: AtomicUsize,
     /// `true` once the pool shuts down.
     pub shutdown: watch::Sender<bool>,
     /// The request timeout: how long a draining member waits for its
@@ -184,6 +191,15 @@ struct MemberState {
     /// Whether the current connection got a CONNACK (so that losing it is
     /// a `Down` event).
     connected: bool,
+}
+
+/// How far one connection got.
+#[derive(Debug, Default)]
+struct Progress {
+    /// CONNACK received.
+    connected: bool,
+    /// When SUBACK arrived.
+    subscribed_at: Option<Instant>,
 }
 
 /// Why a connection ended.
@@ -291,6 +307,11 @@ impl Member {
     /// Forgets a reply waiter (timed out, cancelled or failed to publish).
     pub(crate) fn forget(&self, correlation: &CorrelationId) {
         self.lock().pending.remove(correlation);
+    }
+
+    /// Reply waiters registered now.
+    pub(crate) fn pending_replies(&self) -> usize {
+        self.lock().pending.len()
     }
 
     fn set_status(&self, new: Status, metrics: &Metrics) {
@@ -454,17 +475,26 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
         // files anew anyway.
         let _ = member.reconnect.notified().now_or_never();
         let (client, mut eventloop) = AsyncClient::new(built.options, REQUEST_CHANNEL_CAPACITY);
-        let mut connected = false;
+        let mut progress = Progress::default();
         let end = drive(
             &member,
             &ctx,
             &client,
             &mut eventloop,
             &mut shutdown,
-            &mut backoff,
-            &mut connected,
+            &mut progress,
         )
         .await;
+        // Only a connection that stayed up a while resets the backoff, so
+        // a broker that accepts and then drops us (two gateways sharing a
+        // client id take each other's session) is not hammered.
+        if progress
+            .subscribed_at
+            .is_some_and(|at| at.elapsed() >= STABLE_AFTER)
+        {
+            backoff.reset();
+        }
+        let connected = progress.connected;
         match end {
             End::Shutdown => {
                 member.lost(|| PoolError::ShuttingDown, &ctx);
@@ -508,8 +538,7 @@ async fn drive(
     client: &AsyncClient,
     eventloop: &mut EventLoop,
     shutdown: &mut watch::Receiver<bool>,
-    backoff: &mut Backoff,
-    connected: &mut bool,
+    progress: &mut Progress,
 ) -> End {
     // rumqttc bounds TCP/TLS + CONNACK by the connection timeout; this
     // bounds the whole way to SUBACK.
@@ -570,7 +599,7 @@ async fn drive(
         match event {
             Err(error) => return End::Lost(error.to_string()),
             Ok(Event::Incoming(Packet::ConnAck(connack))) => {
-                *connected = true;
+                progress.connected = true;
                 member.on_connack(&connack, client, ctx);
                 let filters = [
                     Filter::new(member.response_topic.clone(), QoS::AtLeastOnce),
@@ -591,7 +620,7 @@ async fn drive(
                     return End::Lost(format!("the broker refused the subscriptions: {refused:?}"));
                 }
                 subscribed = true;
-                backoff.reset();
+                progress.subscribed_at = Some(Instant::now());
                 member.on_subscribed(ctx);
                 tracing::info!(member = member.index, client_id = %member.client_id, "connected and subscribed");
             }
@@ -749,6 +778,7 @@ mod tests {
             notifications,
             events: broadcast::channel(16).0,
             slot_freed: Notify::new(),
+            slot_waiters: AtomicUsize::new(0),
             shutdown: watch::channel(false).0,
             request_timeout: Duration::from_secs(1),
             broker_limit: PacketLimit::default(),

@@ -8,7 +8,10 @@
 //! correlation data. A member that drops fails its requests at once and
 //! reconnects on its own (see [`super::connection`]); when the SAT token
 //! file changes, members reconnect one at a time, each after finishing its
-//! requests, so the pool keeps serving.
+//! requests, so the pool keeps serving. Members connect with clean start:
+//! they subscribe again after every CONNACK (and the watch hub re-registers
+//! its keys on `MemberEvent::Subscribed`), so an old session would only
+//! hold replies nobody waits for.
 //!
 //! The envelope is the official SDK's, in its order: `__ft` and
 //! `aio-persistence` (when asked), then `__srcId`, `__ts`, `__protVer`,
@@ -326,9 +329,30 @@ impl Drop for Slot {
         if let Some(correlation) = self.correlation {
             self.member.forget(&correlation);
         }
-        self.member.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // SeqCst with the waiter count: either a waiter sees this slot free
+        // or we see the waiter (see `Waiting`).
+        self.member.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.ctx.metrics.in_flight.dec();
-        self.ctx.slot_freed.notify_waiters();
+        if self.ctx.slot_waiters.load(Ordering::SeqCst) > 0 {
+            self.ctx.slot_freed.notify_waiters();
+        }
+    }
+}
+
+/// A request waiting for a slot, counted in `slot_waiters` for as long as
+/// it waits.
+struct Waiting<'a>(&'a MemberContext);
+
+impl<'a> Waiting<'a> {
+    fn new(ctx: &'a MemberContext) -> Self {
+        ctx.slot_waiters.fetch_add(1, Ordering::SeqCst);
+        Self(ctx)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.slot_waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -364,6 +388,7 @@ impl Pool {
             notifications: broadcast::channel(NOTIFICATION_BUFFER).0,
             events: broadcast::channel(EVENT_BUFFER).0,
             slot_freed: Notify::new(),
+            slot_waiters: AtomicUsize::new(0),
             shutdown: watch::channel(false).0,
             request_timeout: settings.request_timeout,
             broker_limit: Default::default(),
@@ -469,6 +494,17 @@ impl Pool {
         self.inner.ctx.events.subscribe()
     }
 
+    /// Reply waiters held by all members: requests sent and not yet
+    /// answered, timed out or failed. Zero whenever nothing is in flight;
+    /// anything else is a leak (the `store_pending_replies` gauge).
+    pub fn pending_replies(&self) -> usize {
+        self.inner
+            .members
+            .iter()
+            .map(|member| member.pending_replies())
+            .sum()
+    }
+
     /// Whether at least one member is subscribed (`/readyz`).
     pub fn is_ready(&self) -> bool {
         !self.inner.shutting_down.load(Ordering::Acquire)
@@ -544,17 +580,20 @@ impl Pool {
             .max_packet_size()
             .unwrap_or(MAX_PACKET_SIZE)
             .min(MAX_PACKET_SIZE) as usize;
-        // The packet as it will go out (packet id included).
-        let size = Publish::new(
-            REQUEST_TOPIC,
-            QoS::AtLeastOnce,
-            payload.clone(),
-            Some(properties.clone()),
-        )
-        .size()
-            + 2;
-        if size > max {
-            return Err(PoolError::TooLarge { size, max });
+        if payload.len() + envelope_bound(&properties) > max {
+            // Close to the limit: size the packet exactly as it will go out
+            // (packet id included).
+            let size = Publish::new(
+                REQUEST_TOPIC,
+                QoS::AtLeastOnce,
+                payload.clone(),
+                Some(properties.clone()),
+            )
+            .size()
+                + 2;
+            if size > max {
+                return Err(PoolError::TooLarge { size, max });
+            }
         }
 
         let (reply_tx, reply_rx) = oneshot::channel();
@@ -582,7 +621,12 @@ impl Pool {
     /// Takes a slot on the least-loaded usable member (or on `target`),
     /// waiting up to the slot wait for one to free up.
     async fn acquire(&self, target: Option<usize>) -> Result<Slot, PoolError> {
+        if let Ok(slot) = self.try_acquire(target) {
+            return Ok(slot);
+        }
         let deadline = Instant::now() + self.inner.slot_wait;
+        // Counted so that freeing a slot only wakes anyone when someone waits.
+        let _waiting = Waiting::new(&self.inner.ctx);
         loop {
             let notified = self.inner.ctx.slot_freed.notified();
             tokio::pin!(notified);
@@ -623,7 +667,7 @@ impl Pool {
                     continue;
                 }
                 usable = true;
-                let load = member.in_flight.load(Ordering::Acquire);
+                let load = member.in_flight.load(Ordering::SeqCst);
                 if load < max && best.is_none_or(|(_, least)| load < least) {
                     best = Some((member, load));
                 }
@@ -637,7 +681,7 @@ impl Pool {
             };
             let taken = member
                 .in_flight
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                     (n < max).then_some(n + 1)
                 })
                 .is_ok();
@@ -787,6 +831,24 @@ fn refusal(reason: PubAckReason) -> Result<StoreResponse, PoolError> {
     })
 }
 
+/// An upper bound of a request packet's bytes besides its payload: fixed
+/// header, topic, packet id and properties (each with its id and lengths).
+fn envelope_bound(properties: &PublishProperties) -> usize {
+    let strings = |value: &Option<String>| value.as_ref().map_or(0, |text| text.len() + 3);
+    64 + REQUEST_TOPIC.len()
+        + strings(&properties.response_topic)
+        + strings(&properties.content_type)
+        + properties
+            .correlation_data
+            .as_ref()
+            .map_or(0, |data| data.len() + 3)
+        + properties
+            .user_properties
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 5)
+            .sum::<usize>()
+}
+
 /// The message expiry the SDK sends: the timeout rounded up to whole
 /// seconds, at least one.
 fn message_expiry(timeout: Duration) -> u32 {
@@ -874,6 +936,41 @@ async fn roll_out(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_envelope_bound_is_never_below_the_exact_size() {
+        let properties = PublishProperties {
+            message_expiry_interval: Some(10),
+            response_topic: Some(crate::protocol::response_topic("a-rather-long-client-id-0")),
+            correlation_data: Some(Bytes::from_static(&[9; 16])),
+            content_type: Some(CONTENT_TYPE.into()),
+            user_properties: vec![
+                ("__ft".into(), "001700000000000:00001:holder".into()),
+                ("aio-persistence".into(), "true".into()),
+                ("__srcId".into(), "a-rather-long-client-id-0".into()),
+                (
+                    "__ts".into(),
+                    "001700000000000:00001:a-rather-long-client-id".into(),
+                ),
+                ("__protVer".into(), "1.0".into()),
+                ("$partition".into(), "a-rather-long-client-id-0".into()),
+                ("$high_priority".into(), String::new()),
+            ],
+            ..Default::default()
+        };
+        for payload_len in [0, 100, 200_000] {
+            let payload = Bytes::from(vec![0; payload_len]);
+            let exact = Publish::new(
+                REQUEST_TOPIC,
+                QoS::AtLeastOnce,
+                payload,
+                Some(properties.clone()),
+            )
+            .size()
+                + 2;
+            assert!(payload_len + envelope_bound(&properties) >= exact);
+        }
+    }
 
     #[test]
     fn message_expiry_rounds_up_to_whole_seconds() {

@@ -444,3 +444,100 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use crate::protocol::resp::encode_array;
+    use proptest::prelude::*;
+
+    fn bytes(max: usize) -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 0..max).prop_map(Bytes::from)
+    }
+
+    fn key() -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 1..64).prop_map(Bytes::from)
+    }
+
+    fn set_options() -> impl Strategy<Value = SetOptions> {
+        let condition = prop_oneof![
+            Just(SetCondition::Always),
+            Just(SetCondition::OnlyIfMissing),
+            Just(SetCondition::OnlyIfMissingOrEqual),
+        ];
+        // PX 0 is not a valid expiry: the decoder refuses it, the gateway never sends it.
+        (condition, proptest::option::of(1..=u64::MAX)).prop_map(|(condition, expires_in_ms)| {
+            SetOptions {
+                condition,
+                expires_in_ms,
+            }
+        })
+    }
+
+    pub(crate) fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            (key(), bytes(128), set_options()).prop_map(|(key, value, options)| Request::Set {
+                key,
+                value,
+                options
+            }),
+            key().prop_map(|key| Request::Get { key }),
+            key().prop_map(|key| Request::Del { key }),
+            (key(), bytes(128)).prop_map(|(key, value)| Request::VDel { key, value }),
+            (key(), any::<bool>()).prop_map(|(key, stop)| Request::KeyNotify { key, stop }),
+        ]
+    }
+
+    /// Arrays of words a request is made of, in any order and number.
+    fn request_like_array() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        let word = prop_oneof![
+            Just(b"SET".to_vec()),
+            Just(b"GET".to_vec()),
+            Just(b"DEL".to_vec()),
+            Just(b"VDEL".to_vec()),
+            Just(b"KEYNOTIFY".to_vec()),
+            Just(b"STOP".to_vec()),
+            Just(b"NX".to_vec()),
+            Just(b"NEX".to_vec()),
+            Just(b"PX".to_vec()),
+            Just(Vec::new()),
+            any::<u64>().prop_map(|n| n.to_string().into_bytes()),
+            any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+            prop::collection::vec(any::<u8>(), 0..8),
+        ];
+        prop::collection::vec(word, 0..9)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn requests_round_trip(request in request()) {
+            let encoded = Bytes::from(request.encode());
+            prop_assert_eq!(Request::decode(&encoded), Ok(request));
+        }
+
+        #[test]
+        fn any_bytes_decode_to_a_request_or_a_store_error(
+            payload in prop::collection::vec(any::<u8>(), 0..256)
+        ) {
+            match Request::decode(&Bytes::from(payload)) {
+                Ok(request) => prop_assert!(!request.key().is_empty()),
+                Err(error) => prop_assert!(StoreError::KNOWN.contains(&error), "{error:?}"),
+            }
+        }
+
+        #[test]
+        fn request_like_arrays_decode_canonically(words in request_like_array()) {
+            let refs: Vec<&[u8]> = words.iter().map(Vec::as_slice).collect();
+            match Request::decode(&Bytes::from(encode_array(&refs))) {
+                // Whatever decodes encodes to something that decodes the same.
+                Ok(request) => {
+                    let again = Request::decode(&Bytes::from(request.encode()));
+                    prop_assert_eq!(again, Ok(request));
+                }
+                Err(error) => prop_assert!(StoreError::KNOWN.contains(&error), "{error:?}"),
+            }
+        }
+    }
+}

@@ -67,6 +67,11 @@ impl Hlc {
         };
         let wall_ms = number(wall).ok_or_else(malformed)?;
         let counter = number(counter).ok_or_else(malformed)?;
+        // A version travels on into headers and SSE ids, where control
+        // characters would break (or forge) the framing.
+        if node.chars().any(char::is_control) {
+            return Err(malformed());
+        }
         Ok(Self {
             wall_ms,
             counter,
@@ -244,6 +249,9 @@ mod tests {
         }
         // An empty node id is what the SDKs accept too.
         assert!(Hlc::parse("1:0:").is_ok());
+        for forged in ["1:0:a\nid: x", "1:0:a\r", "1:0:\0", "1:0:a\u{85}"] {
+            assert!(Hlc::parse(forged).is_err(), "{forged:?} parsed");
+        }
     }
 
     #[test]
@@ -341,5 +349,112 @@ mod tests {
         let merged = clock.observe(&remote).unwrap();
         assert!((merged.wall_ms, merged.counter) > (remote.wall_ms, remote.counter));
         assert!(clock.now().unwrap() > merged);
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Node ids as they can appear: anything without the `:` separator or
+    /// control characters.
+    fn node() -> impl Strategy<Value = String> {
+        "[^:\\p{Cc}]{0,24}"
+    }
+
+    fn hlc() -> impl Strategy<Value = Hlc> {
+        (any::<u64>(), any::<u64>(), node()).prop_map(|(wall_ms, counter, node)| Hlc {
+            wall_ms,
+            counter,
+            node,
+        })
+    }
+
+    /// Clocks near the present, where tick and merge do their work.
+    fn recent_hlc(now: u64) -> impl Strategy<Value = Hlc> {
+        (now - 120_000..now + 120_000, 0u64..1_000, node()).prop_map(|(wall_ms, counter, node)| {
+            Hlc {
+                wall_ms,
+                counter,
+                node,
+            }
+        })
+    }
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn display_parses_back_to_the_same_clock(hlc in hlc()) {
+            prop_assert_eq!(Hlc::parse(&hlc.to_string()), Ok(hlc));
+        }
+
+        #[test]
+        fn unpadded_text_parses_to_the_same_clock(hlc in hlc()) {
+            let text = format!("{}:{}:{}", hlc.wall_ms, hlc.counter, hlc.node);
+            prop_assert_eq!(Hlc::parse(&text), Ok(hlc));
+        }
+
+        #[test]
+        fn any_text_parses_or_is_malformed(text in any::<String>()) {
+            match Hlc::parse(&text) {
+                Ok(hlc) => prop_assert_eq!(Hlc::parse(&hlc.to_string()), Ok(hlc)),
+                Err(error) => prop_assert!(matches!(error, HlcError::Malformed(_))),
+            }
+        }
+
+        #[test]
+        fn clock_like_text_parses_or_is_malformed(
+            text in "[0-9]{0,22}:[0-9+-]{0,22}:[a-zA-Z:]{0,4}"
+        ) {
+            if let Ok(hlc) = Hlc::parse(&text) {
+                prop_assert_eq!(Hlc::parse(&hlc.to_string()), Ok(hlc));
+            }
+        }
+
+        #[test]
+        fn order_is_the_order_of_the_parts(a in hlc(), b in hlc()) {
+            let parts = |h: &Hlc| (h.wall_ms, h.counter, h.node.clone());
+            prop_assert_eq!(a.cmp(&b), parts(&a).cmp(&parts(&b)));
+        }
+
+        #[test]
+        fn tick_moves_strictly_forward(mut hlc in recent_hlc(NOW), now in NOW - 1_000..NOW + 1_000) {
+            let before = (hlc.wall_ms, hlc.counter);
+            if hlc.tick(now).is_ok() {
+                prop_assert!((hlc.wall_ms, hlc.counter) > before);
+                prop_assert!(hlc.wall_ms >= now);
+            }
+        }
+
+        #[test]
+        fn merge_passes_both_clocks_or_refuses(
+            mut mine in recent_hlc(NOW),
+            theirs in recent_hlc(NOW),
+            now in NOW - 1_000..NOW + 1_000,
+        ) {
+            let before = (mine.wall_ms, mine.counter);
+            match mine.merge(&theirs, now) {
+                Ok(()) => {
+                    prop_assert!((mine.wall_ms, mine.counter) > before);
+                    prop_assert!((mine.wall_ms, mine.counter) > (theirs.wall_ms, theirs.counter));
+                    prop_assert!(mine.wall_ms >= now);
+                }
+                Err(error) => prop_assert_eq!(error, HlcError::TooFarInFuture),
+            }
+        }
+
+        #[test]
+        fn merge_never_panics_at_the_extremes(
+            mut mine in hlc(),
+            theirs in hlc(),
+            now in any::<u64>(),
+        ) {
+            let _ = mine.merge(&theirs, now);
+            let _ = mine.tick(now);
+        }
     }
 }

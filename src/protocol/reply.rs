@@ -205,3 +205,90 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An error text as the service could send it: one line, not a known one.
+    fn unknown_message() -> impl Strategy<Value = String> {
+        "[^\r\n]{0,80}".prop_filter("a known message", |text| {
+            matches!(StoreError::from_message(text), StoreError::Unknown(_))
+        })
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            Just(Reply::Ok),
+            prop_oneof![Just(i64::MIN), Just(i64::MAX), any::<i64>()].prop_map(Reply::Integer),
+            prop::collection::vec(any::<u8>(), 0..256).prop_map(|v| Reply::Value(Bytes::from(v))),
+            Just(Reply::NotFound),
+            prop::sample::select(StoreError::KNOWN.to_vec()).prop_map(Reply::Error),
+            unknown_message().prop_map(|text| Reply::Error(StoreError::Unknown(text))),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn replies_round_trip(reply in reply()) {
+            prop_assert_eq!(Reply::decode(&Bytes::from(reply.encode())), Ok(reply));
+        }
+
+        #[test]
+        fn any_bytes_decode_to_a_reply_or_an_error(payload in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Reply::decode(&Bytes::from(payload));
+        }
+
+        #[test]
+        fn decoded_replies_encode_to_the_same_reply(
+            payload in crate::protocol::resp::proptests::resp_like_bytes()
+        ) {
+            if let Ok(reply) = Reply::decode(&Bytes::from(payload)) {
+                prop_assert_eq!(Reply::decode(&Bytes::from(reply.encode())), Ok(reply));
+            }
+        }
+
+        #[test]
+        fn set_notifications_round_trip(value in prop::collection::vec(any::<u8>(), 0..256)) {
+            let notification = Notification::Set { value: Bytes::from(value) };
+            prop_assert_eq!(
+                Notification::decode(&Bytes::from(notification.encode())),
+                Ok(notification)
+            );
+        }
+
+        #[test]
+        fn any_bytes_decode_to_a_notification_or_an_error(
+            payload in prop::collection::vec(any::<u8>(), 0..256)
+        ) {
+            let _ = Notification::decode(&Bytes::from(payload));
+        }
+
+        #[test]
+        fn notification_like_arrays_decode_or_fail(
+            words in prop::collection::vec(
+                prop_oneof![
+                    Just(b"NOTIFY".to_vec()),
+                    Just(b"SET".to_vec()),
+                    Just(b"VALUE".to_vec()),
+                    Just(b"DELETE".to_vec()),
+                    Just(b"DEL".to_vec()),
+                    prop::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..6,
+            )
+        ) {
+            let refs: Vec<&[u8]> = words.iter().map(Vec::as_slice).collect();
+            let payload = Bytes::from(encode_array(&refs));
+            if let Ok(notification) = Notification::decode(&payload) {
+                prop_assert_eq!(
+                    Notification::decode(&Bytes::from(notification.encode())),
+                    Ok(notification)
+                );
+            }
+        }
+    }
+}

@@ -141,13 +141,19 @@ fn parse_integer(text: &[u8]) -> Result<i64, DecodeError> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return Err(DecodeError::InvalidNumber);
     }
+    // Accumulated unsigned: i64::MIN's magnitude does not fit an i64.
     let magnitude = digits
         .iter()
-        .try_fold(0i64, |acc, d| {
-            acc.checked_mul(10)?.checked_add(i64::from(d - b'0'))
+        .try_fold(0u64, |acc, d| {
+            acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
         })
         .ok_or(DecodeError::InvalidNumber)?;
-    Ok(if negative { -magnitude } else { magnitude })
+    let value = if negative {
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    };
+    value.ok_or(DecodeError::InvalidNumber)
 }
 
 /// Appends `*n\r\n`.
@@ -197,6 +203,14 @@ mod tests {
             Ok(Frame::Error(Bytes::from_static(b"ERR syntax error")))
         );
         assert_eq!(decode(b":-1\r\n"), Ok(Frame::Integer(-1)));
+        assert_eq!(
+            decode(b":-9223372036854775808\r\n"),
+            Ok(Frame::Integer(i64::MIN))
+        );
+        assert_eq!(
+            decode(b":9223372036854775807\r\n"),
+            Ok(Frame::Integer(i64::MAX))
+        );
         assert_eq!(decode(b"$-1\r\n"), Ok(Frame::Null));
         assert_eq!(decode(b"$0\r\n\r\n"), Ok(Frame::Bulk(Bytes::new())));
         assert_eq!(
@@ -242,6 +256,14 @@ mod tests {
             Err(DecodeError::InvalidNumber)
         );
         assert_eq!(decode(b"$-2\r\n"), Err(DecodeError::InvalidNumber));
+        assert_eq!(
+            decode(b":9223372036854775808\r\n"),
+            Err(DecodeError::InvalidNumber)
+        );
+        assert_eq!(
+            decode(b":-9223372036854775809\r\n"),
+            Err(DecodeError::InvalidNumber)
+        );
         assert_eq!(decode(b"*-1\r\n"), Err(DecodeError::InvalidNumber));
     }
 
@@ -270,5 +292,82 @@ mod tests {
             b"*2\r\n$3\r\nGET\r\n$7\r\ntestkey\r\n"
         );
         assert_eq!(encode_array(&[b""]), b"*1\r\n$0\r\n\r\n");
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Bytes that look like RESP often enough to reach deep into the decoder.
+    pub(crate) fn resp_like_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let token = prop_oneof![
+            Just(b"*".to_vec()),
+            Just(b"$".to_vec()),
+            Just(b"+".to_vec()),
+            Just(b"-".to_vec()),
+            Just(b":".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"\r".to_vec()),
+            Just(b"-1".to_vec()),
+            (0u64..40).prop_map(|n| n.to_string().into_bytes()),
+            any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+            prop::collection::vec(any::<u8>(), 0..8),
+        ];
+        prop::collection::vec(token, 0..24).prop_map(|tokens| tokens.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn any_bytes_decode_to_a_frame_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Frame::decode(&Bytes::from(bytes));
+        }
+
+        #[test]
+        fn resp_like_bytes_decode_to_a_frame_or_an_error(bytes in resp_like_bytes()) {
+            let payload = Bytes::from(bytes);
+            if let Ok(Frame::Bulk(body) | Frame::Simple(body) | Frame::Error(body)) = Frame::decode(&payload) {
+                // Whatever was taken lies inside the payload.
+                prop_assert!(body.len() <= payload.len());
+            }
+        }
+
+        #[test]
+        fn arrays_of_bulk_strings_round_trip(
+            items in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..=MAX_ARRAY_LEN)
+        ) {
+            let refs: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+            let encoded = Bytes::from(encode_array(&refs));
+            let expected: Vec<Bytes> = items.into_iter().map(Bytes::from).collect();
+            prop_assert_eq!(Frame::decode(&encoded), Ok(Frame::Array(expected)));
+        }
+
+        #[test]
+        fn integers_round_trip(n in prop_oneof![Just(i64::MIN), Just(i64::MAX), any::<i64>()]) {
+            let mut out = Vec::new();
+            put_integer(&mut out, n);
+            prop_assert_eq!(Frame::decode(&Bytes::from(out)), Ok(Frame::Integer(n)));
+        }
+
+        #[test]
+        fn bulk_strings_round_trip(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            let mut out = Vec::new();
+            put_bulk(&mut out, &body);
+            prop_assert_eq!(Frame::decode(&Bytes::from(out)), Ok(Frame::Bulk(Bytes::from(body))));
+        }
+
+        #[test]
+        fn every_cut_of_a_valid_array_is_an_error(
+            items in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..16), 1..=MAX_ARRAY_LEN),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let refs: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+            let encoded = encode_array(&refs);
+            let cut = cut.index(encoded.len());
+            prop_assert!(Frame::decode(&Bytes::copy_from_slice(&encoded[..cut])).is_err());
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The admin listener, graceful shutdown, and the `serve` binary's
 //! start-up and signal handling.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -47,7 +49,13 @@ async fn metrics_report_requests_by_route_and_store_round_trips() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     for n in 0..3 {
-        let response = gw.http.put(gw.key(format!("m{n}").as_bytes())).body("v").send().await.unwrap();
+        let response = gw
+            .http
+            .put(gw.key(format!("m{n}").as_bytes()))
+            .body("v")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
     }
     let missing = gw.http.get(gw.key(b"absent")).send().await.unwrap();
@@ -78,11 +86,13 @@ async fn metrics_report_requests_by_route_and_store_round_trips() {
 
 /// A store that answers GET `slow` after a second, everything else at once.
 fn slow_store() -> Script {
-    Arc::new(|request: &Request, _: Option<&str>| match request.key().as_ref() {
-        b"slow" => Scripted::ReplyAfter(Duration::from_secs(1), b"$4\r\nlate\r\n".to_vec()),
-        b"never" => Scripted::Silent,
-        _ => Scripted::Reply(b"$-1\r\n".to_vec()),
-    })
+    Arc::new(
+        |request: &Request, _: Option<&str>| match request.key().as_ref() {
+            b"slow" => Scripted::ReplyAfter(Duration::from_secs(1), b"$4\r\nlate\r\n".to_vec()),
+            b"never" => Scripted::Silent,
+            _ => Scripted::Reply(b"$-1\r\n".to_vec()),
+        },
+    )
 }
 
 #[tokio::test]
@@ -109,7 +119,10 @@ async fn shutdown_drains_in_flight_requests_and_turns_readyz_off() {
     assert_eq!(readyz.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(tokio::net::TcpStream::connect(api).await.is_err());
 
-    let response = in_flight.await.unwrap().expect("the in-flight request finishes");
+    let response = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request finishes");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.bytes().await.unwrap().as_ref(), b"late");
     shutdown.await.unwrap();
@@ -140,7 +153,10 @@ async fn shutdown_grace_bounds_a_request_that_never_finishes() {
     let started = Instant::now();
     gw.shutdown().await;
     let elapsed = started.elapsed();
-    assert!(elapsed < Duration::from_secs(3), "shutdown took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "shutdown took {elapsed:?}"
+    );
     // The client learns at once: its connection is closed (or, if the pool
     // failed the request first, it gets a 503).
     let outcome = tokio::time::timeout(Duration::from_secs(2), hung)
@@ -188,10 +204,13 @@ fn gateway_binary() -> Command {
 async fn serve_binary_starts_and_exits_zero_on_sigterm() {
     let broker = Mosquitto::start().await;
     let (api, admin) = (free_port(), free_port());
-    let mut child = gateway_binary()
+    let child = gateway_binary()
         .args(["serve", "--log-format", "json"])
         .env("STATESTORE_GATEWAY_LISTEN", format!("127.0.0.1:{api}"))
-        .env("STATESTORE_GATEWAY_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .env(
+            "STATESTORE_GATEWAY_ADMIN_LISTEN",
+            format!("127.0.0.1:{admin}"),
+        )
         .env("AIO_BROKER_HOSTNAME", "127.0.0.1")
         .env("AIO_BROKER_TCP_PORT", broker.port().to_string())
         .env("AIO_MQTT_USE_TLS", "false")
@@ -230,17 +249,30 @@ async fn serve_binary_starts_and_exits_zero_on_sigterm() {
     let lines: Vec<&str> = stderr.lines().collect();
     assert!(!lines.is_empty());
     for line in lines {
-        let value: serde_json::Value = serde_json::from_str(line)
-            .unwrap_or_else(|error| panic!("not JSON ({error}): {line}"));
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|error| panic!("not JSON ({error}): {line}"));
         assert!(value.get("level").is_some(), "{line}");
     }
 }
 
 #[test]
 fn serve_binary_refuses_a_bad_setting_naming_it() {
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), "not a certificate\n").unwrap();
+    let junk_path = junk.path().to_str().unwrap();
     for (name, value, named) in [
-        ("STATESTORE_GATEWAY_REQUEST_TIMEOUT", "ten seconds", "--request-timeout"),
-        ("STATESTORE_GATEWAY_API_TOKEN_FILE", "/nonexistent/token", "STATESTORE_GATEWAY_API_TOKEN_FILE"),
+        // Refused by the pool's TLS checks, after parsing.
+        ("AIO_TLS_CA_FILE", junk_path, "AIO_TLS_CA_FILE"),
+        (
+            "STATESTORE_GATEWAY_REQUEST_TIMEOUT",
+            "ten seconds",
+            "--request-timeout",
+        ),
+        (
+            "STATESTORE_GATEWAY_API_TOKEN_FILE",
+            "/nonexistent/token",
+            "STATESTORE_GATEWAY_API_TOKEN_FILE",
+        ),
         ("AIO_MQTT_USE_TLS", "maybe", "--use-tls"),
     ] {
         let child = gateway_binary()

@@ -669,3 +669,107 @@ async fn pipelined_requests_are_all_answered_in_order() {
     let reply = client.request(&get_payload(b"counter"), &[]).await;
     assert_eq!(payload(&reply), b"$3\r\n499\r\n");
 }
+
+#[tokio::test]
+async fn the_emulator_serves_again_after_the_broker_restarts() {
+    let mut broker = Mosquitto::start().await;
+    let emulator = start_emulator(&broker).await;
+    let mut client = RawClient::connect(&broker, "raw-10").await;
+    assert_eq!(payload(&client.request(SET, &[]).await), b"+OK\r\n");
+    drop(client);
+
+    broker.restart().await;
+    // The emulator reconnects and subscribes again by itself; the store
+    // (in memory, in the emulator) is intact.
+    let mut client = RawClient::connect(&broker, "raw-10").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let correlation = client.send(GET, &[]).await;
+        if let Some(reply) = client
+            .reply_to(&correlation, Duration::from_millis(500))
+            .await
+        {
+            assert_eq!(payload(&reply), b"$9\r\ntestvalue\r\n");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reply 10 s after the broker restarted"
+        );
+    }
+    emulator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn start_fails_clearly_when_no_broker_listens() {
+    let port = crate::support::free_port();
+    let mut config = statestore_gateway::emulator::EmulatorConfig::new("127.0.0.1", port);
+    config.startup_timeout = Duration::from_millis(500);
+    let error = statestore_gateway::emulator::Emulator::start(config)
+        .await
+        .expect_err("nothing to connect to");
+    let text = error.to_string();
+    assert!(text.contains("not connected and subscribed"), "{text}");
+    assert!(
+        text.contains("refused") || text.contains("onnection"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_binary_refuses_bad_settings_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.json");
+    std::fs::write(&acl, r#"{ "app": { "read": "not-a-list" } }"#).unwrap();
+    let cases: [(Vec<String>, &str); 3] = [
+        (
+            vec!["--acl".into(), acl.display().to_string()],
+            "access list is not valid",
+        ),
+        (
+            vec![
+                "--acl".into(),
+                dir.path().join("missing.json").display().to_string(),
+            ],
+            "missing.json",
+        ),
+        (vec!["--broker".into(), "no-port".into()], "HOST:PORT"),
+    ];
+    for (args, expected) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_statestore-gateway"))
+            .arg("emulator")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_larger_than_the_emulators_packet_limit_does_not_disturb_it() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let mut client = RawClient::connect(&broker, "raw-11").await;
+    // The emulator advertises a 16 MiB maximum packet size, so the broker
+    // drops this request instead of sending it (as the AIO broker would).
+    let value = vec![b'x'; statestore_gateway::mqtt::MAX_PACKET_SIZE as usize];
+    let huge = encode_array(&[b"SET", b"huge", &value]);
+    let correlation = client.send(&huge, &[]).await;
+    assert!(
+        client
+            .reply_to(&correlation, Duration::from_secs(2))
+            .await
+            .is_none()
+    );
+    // A value just inside the limit is stored and read back.
+    let large = vec![b'y'; 8 * 1024 * 1024];
+    let set = encode_array(&[b"SET", b"large", &large]);
+    assert_eq!(payload(&client.request(&set, &[]).await), b"+OK\r\n");
+    let reply = client.request(&get_payload(b"large"), &[]).await;
+    let header = format!("${}\r\n", large.len());
+    assert!(reply.payload.starts_with(header.as_bytes()));
+    assert_eq!(reply.payload.len(), header.len() + large.len() + 2);
+    assert_eq!(payload(&client.request(GET, &[]).await), b"$-1\r\n");
+}

@@ -2,6 +2,8 @@
 //! and the gateway, driven with reqwest. Every row of the API's request and
 //! failure tables has a test here.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,13 @@ async fn get(gateway: &Gateway, key: &[u8]) -> Response {
     gateway.http.get(gateway.key(key)).send().await.unwrap()
 }
 
+/// The body as JSON (reqwest is built without its `json` feature).
+async fn json(response: Response) -> Value {
+    let bytes = response.bytes().await.unwrap();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(&bytes)))
+}
+
 /// Asserts a problem+json response and returns its body.
 async fn problem(response: Response, status: u16, kind: &str) -> Value {
     assert_eq!(response.status().as_u16(), status, "{response:?}");
@@ -50,7 +59,7 @@ async fn problem(response: Response, status: u16, kind: &str) -> Value {
         response.headers()[header::CONTENT_TYPE],
         "application/problem+json"
     );
-    let body: Value = response.json().await.unwrap();
+    let body = json(response).await;
     assert_eq!(body["type"], kind, "{body}");
     assert_eq!(body["status"], status, "{body}");
     assert!(body["title"].is_string(), "{body}");
@@ -65,7 +74,7 @@ async fn get_returns_the_raw_value_with_its_version_and_headers() {
     let response = put(gw, b"greeting", "hello").await;
     assert_eq!(response.status(), StatusCode::OK);
     let version = etag(response.headers());
-    let body: Value = response.json().await.unwrap();
+    let body = json(response).await;
     assert_eq!(body["version"], version.as_str());
     Hlc::parse(&version).expect("the version is an HLC");
 
@@ -157,7 +166,7 @@ async fn accept_json_gives_text_and_base64() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
-    let body: Value = response.json().await.unwrap();
+    let body = json(response).await;
     assert_eq!(body["key"], "text");
     assert!(body.get("key_base64").is_none());
     assert_eq!(body["value"], "caf\u{e9}");
@@ -165,16 +174,15 @@ async fn accept_json_gives_text_and_base64() {
     assert_eq!(body["version"], version.as_str());
 
     put(gw, b"bin\xff", vec![0u8, 0xfe]).await;
-    let body: Value = gw
-        .http
-        .get(gw.key(b"bin\xff"))
-        .header(header::ACCEPT, "application/json")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = json(
+        gw.http
+            .get(gw.key(b"bin\xff"))
+            .header(header::ACCEPT, "application/json")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(body["key"], Value::Null);
     assert_eq!(body["key_base64"], "Ymlu/w==");
     assert_eq!(body["value"], Value::Null);
@@ -205,10 +213,15 @@ async fn if_none_match_star_creates_once() {
     let response = create().await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
     let version = etag(response.headers());
-    let body: Value = response.json().await.unwrap();
+    let body = json(response).await;
     assert_eq!(body["version"], version.as_str());
 
-    problem(create().await.unwrap(), 412, "/problems/precondition-failed").await;
+    problem(
+        create().await.unwrap(),
+        412,
+        "/problems/precondition-failed",
+    )
+    .await;
     let value = get(gw, b"once").await.bytes().await.unwrap();
     assert_eq!(value.as_ref(), b"first");
 }
@@ -255,7 +268,12 @@ async fn nex_sets_when_absent_or_equal() {
     };
     assert_eq!(nex("holder-a").await.unwrap().status(), StatusCode::OK);
     assert_eq!(nex("holder-a").await.unwrap().status(), StatusCode::OK);
-    problem(nex("holder-b").await.unwrap(), 412, "/problems/precondition-failed").await;
+    problem(
+        nex("holder-b").await.unwrap(),
+        412,
+        "/problems/precondition-failed",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -481,7 +499,12 @@ async fn key_over_the_limit_is_414() {
     .await;
     let gw = &stack.gateway;
     assert_eq!(put(gw, &[b'k'; 64], "v").await.status(), StatusCode::OK);
-    let body = problem(put(gw, &[b'k'; 65], "v").await, 414, "/problems/key-too-long").await;
+    let body = problem(
+        put(gw, &[b'k'; 65], "v").await,
+        414,
+        "/problems/key-too-long",
+    )
+    .await;
     assert!(body["detail"].as_str().unwrap().contains("64"));
     // Escapes count as the bytes they decode to.
     assert_eq!(put(gw, &[0xff; 64], "v").await.status(), StatusCode::OK);
@@ -498,7 +521,10 @@ async fn value_over_the_configured_limit_is_413() {
     )
     .await;
     let gw = &stack.gateway;
-    assert_eq!(put(gw, b"k", vec![7u8; 1000]).await.status(), StatusCode::OK);
+    assert_eq!(
+        put(gw, b"k", vec![7u8; 1000]).await.status(),
+        StatusCode::OK
+    );
     problem(
         put(gw, b"k", vec![7u8; 1001]).await,
         413,
@@ -535,7 +561,10 @@ async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
     )
     .await;
     let gw = &stack.gateway;
-    assert_eq!(put(gw, b"k", vec![1u8; 60_000]).await.status(), StatusCode::OK);
+    assert_eq!(
+        put(gw, b"k", vec![1u8; 60_000]).await.status(),
+        StatusCode::OK
+    );
     problem(
         put(gw, b"k", vec![1u8; 70_000]).await,
         413,
@@ -545,15 +574,56 @@ async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
 }
 
 #[tokio::test]
-async fn value_limit_is_4_mib_when_nothing_says_otherwise() {
+async fn value_limit_without_a_broker_limit_is_the_gateways_packet_size() {
+    // Mosquitto sets no maximum packet size: the pool's own 16 MiB bounds
+    // values, not the 4 MiB used before any connection is up.
     let stack = Stack::start().await;
     let gw = &stack.gateway;
+    let over_fallback = vec![3u8; 4 * 1024 * 1024 + 1];
+    assert_eq!(
+        put(gw, b"big", over_fallback.clone()).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(gw, b"big").await.bytes().await.unwrap().len(),
+        over_fallback.len()
+    );
     problem(
-        put(gw, b"big", vec![0u8; 4 * 1024 * 1024 + 1]).await,
+        put(gw, b"big", vec![0u8; 16 * 1024 * 1024 + 1]).await,
         413,
         "/problems/value-too-large",
     )
     .await;
+}
+
+#[tokio::test]
+async fn configured_limit_above_the_brokers_is_still_413() {
+    let stack = Stack::start_full(
+        MosquittoConfig {
+            extra: "max_packet_size 65536\n".into(),
+            ..MosquittoConfig::default()
+        },
+        |_| {},
+        GatewayOptions {
+            max_value_bytes: Some(1_000_000),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    let body = problem(
+        put(gw, b"k", vec![1u8; 100_000]).await,
+        413,
+        "/problems/value-too-large",
+    )
+    .await;
+    // The broker's limit (less the envelope) is the one reported.
+    let detail = body["detail"].as_str().unwrap();
+    assert!(!detail.contains("1000000"), "{detail}");
+    assert_eq!(
+        put(gw, b"k", vec![1u8; 1_000]).await.status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -645,15 +715,24 @@ async fn store_protocol_failures_are_502() {
         (b"brand-new", Some("something nobody documented")),
         (b"garbage", None),
     ] {
-        let body = problem(put(gw, key, "v").await, 502, match raw {
-            Some(_) => "/problems/store-error",
-            None => "/problems/bad-store-reply",
-        })
+        let body = problem(
+            put(gw, key, "v").await,
+            502,
+            match raw {
+                Some(_) => "/problems/store-error",
+                None => "/problems/bad-store-reply",
+            },
+        )
         .await;
         assert_eq!(body["store_error"].as_str(), raw, "{body}");
     }
     // `+OK` does not answer a GET.
-    problem(get(gw, b"wrong-shape").await, 502, "/problems/bad-store-reply").await;
+    problem(
+        get(gw, b"wrong-shape").await,
+        502,
+        "/problems/bad-store-reply",
+    )
+    .await;
     // With a client token, `malformed timestamp` is the client's fault.
     let token = Hlc::new(hlc::now_ms(), "client").to_string();
     let response = gw
@@ -682,8 +761,50 @@ async fn no_broker_connection_is_503_with_retry_after() {
 }
 
 #[tokio::test]
+async fn stopped_store_is_503_with_retry_after() {
+    // The broker acknowledges requests nobody subscribes to with "no
+    // matching subscribers": the pool fails them at once.
+    let mut stack = Stack::start().await;
+    stack.stop_emulator().await;
+    let gw = &stack.gateway;
+    let started = Instant::now();
+    let response = get(gw, b"k").await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    problem(response, 503, "/problems/unavailable").await;
+}
+
+#[tokio::test]
 async fn silent_store_is_504_within_the_request_timeout() {
-    let mut stack = Stack::start_with(
+    let never: Script = Arc::new(|_: &Request, _: Option<&str>| Scripted::Silent);
+    let stack = Stack::scripted(
+        never,
+        GatewayOptions {
+            request_timeout: Duration::from_millis(500),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let gw = &stack.gateway;
+    let started = Instant::now();
+    let response = put(gw, b"k", "v").await;
+    let elapsed = started.elapsed();
+    let body = problem(response, 504, "/problems/store-timeout").await;
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may or may not have been applied")
+    );
+    assert!(
+        elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn frozen_broker_is_504_not_a_hang() {
+    let stack = Stack::start_with(
         |_| {},
         GatewayOptions {
             request_timeout: Duration::from_millis(500),
@@ -691,16 +812,14 @@ async fn silent_store_is_504_within_the_request_timeout() {
         },
     )
     .await;
-    stack.stop_emulator().await;
+    stack.broker.pause();
     let gw = &stack.gateway;
     let started = Instant::now();
     let response = get(gw, b"k").await;
     let elapsed = started.elapsed();
+    stack.broker.resume();
     problem(response, 504, "/problems/store-timeout").await;
-    assert!(
-        elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3),
-        "{elapsed:?}"
-    );
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
 }
 
 #[tokio::test]
@@ -730,7 +849,15 @@ async fn every_byte_round_trips_in_keys_and_values() {
     // `/` and `%` in keys, raw `/` separating path segments too.
     put(gw, b"a/b%c", "slash").await;
     let raw_path = gw.url("/keys/a/b%25c");
-    let value = gw.http.get(raw_path).send().await.unwrap().bytes().await.unwrap();
+    let value = gw
+        .http
+        .get(raw_path)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     assert_eq!(value.as_ref(), b"slash");
 
     // The empty value is a value.
@@ -827,7 +954,10 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
                     .await
                     .expect("the gateway always answers");
                 let elapsed = started.elapsed();
-                assert!(elapsed < Duration::from_secs(6), "a request took {elapsed:?}");
+                assert!(
+                    elapsed < Duration::from_secs(6),
+                    "a request took {elapsed:?}"
+                );
                 statuses.push(response.status().as_u16());
             }
             statuses
@@ -841,9 +971,15 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
     for worker in workers {
         all.extend(worker.await.unwrap());
     }
-    assert!(all.iter().all(|status| [200, 503, 504].contains(status)), "{all:?}");
+    assert!(
+        all.iter().all(|status| [200, 503, 504].contains(status)),
+        "{all:?}"
+    );
     assert!(all.contains(&200));
-    assert!(all.iter().any(|status| *status != 200), "the outage was seen");
+    assert!(
+        all.iter().any(|status| *status != 200),
+        "the outage was seen"
+    );
 
     let gw = &stack.gateway;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -871,7 +1007,10 @@ async fn api_token_is_required_on_the_key_api_only() {
     .await;
     let gw = &stack.gateway;
     let response = put(gw, b"k", "v").await;
-    assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer realm=\"statestore-gateway\"");
+    assert_eq!(
+        response.headers()[header::WWW_AUTHENTICATE],
+        "Bearer realm=\"statestore-gateway\""
+    );
     problem(response, 401, "/problems/unauthorized").await;
     let wrong = gw
         .http
@@ -900,7 +1039,10 @@ async fn other_methods_are_405_with_allow() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     let response = gw.http.post(gw.key(b"k")).body("v").send().await.unwrap();
-    let allow = response.headers()[header::ALLOW].to_str().unwrap().to_owned();
+    let allow = response.headers()[header::ALLOW]
+        .to_str()
+        .unwrap()
+        .to_owned();
     for method in ["GET", "HEAD", "PUT", "DELETE"] {
         assert!(allow.contains(method), "{allow}");
     }

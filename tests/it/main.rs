@@ -5,10 +5,18 @@
 
 mod support;
 
+mod admin;
 mod auth;
+mod browser;
 mod emulator;
+mod faults;
+mod hostile;
+mod keys;
+mod leaks;
+mod lease;
 mod official_client;
 mod pool;
+mod readme;
 mod watch;
 
 mod broker {
@@ -24,3 +32,5 @@ mod broker {
         assert!(tokio::net::TcpStream::connect(broker.addr).await.is_ok());
     }
 }
+
+mod dev;

@@ -773,58 +773,6 @@ async fn shutdown_fails_pending_requests_and_refuses_new_ones() {
     ));
 }
 
-/// Sequential and pipelined round trips through mosquitto; prints figures.
-/// `cargo test --release --test it pool::throughput -- --ignored --nocapture`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a check"]
-async fn throughput() {
-    let broker = Mosquitto::start().await;
-    let _responder = Responder::start(broker.addr).await;
-    let mut settings = pool_settings(broker.addr, "bench");
-    settings.size = 4;
-    let (pool, _) = start_pool(settings).await;
-    let options = RequestOptions::default();
-    for _ in 0..500 {
-        pool.request(&get("warm"), &options).await.unwrap();
-    }
-    let count = 5000;
-    let started = Instant::now();
-    for _ in 0..count {
-        pool.request(&get("seq"), &options).await.unwrap();
-    }
-    let sequential = count as f64 / started.elapsed().as_secs_f64();
-
-    let mut pipelined = Vec::new();
-    for concurrency in [16usize, 64, 256] {
-        let total = 20_000;
-        let started = Instant::now();
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|_| {
-                let pool = pool.clone();
-                tokio::spawn(async move {
-                    for _ in 0..total / concurrency {
-                        pool.request(&get("pipe"), &RequestOptions::default())
-                            .await
-                            .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        pipelined.push((
-            concurrency,
-            (total / concurrency * concurrency) as f64 / started.elapsed().as_secs_f64(),
-        ));
-    }
-    println!("sequential: {sequential:.0} round trips/s");
-    for (concurrency, rate) in pipelined {
-        println!("pipelined, {concurrency} in flight over 4 members: {rate:.0} round trips/s");
-    }
-    pool.shutdown().await;
-}
-
 #[tokio::test]
 async fn nothing_serving_the_request_topic_fails_at_once_as_unavailable() {
     let broker = Mosquitto::start().await;

@@ -411,3 +411,34 @@ async fn a_slow_watcher_skips_to_a_sync_of_the_latest_state() {
     }
     assert!(saw_lagged, "the slow watcher was told it skipped events");
 }
+
+#[tokio::test]
+async fn multi_key_streams_always_start_with_a_sync_per_key() {
+    let stack = Stack::start().await;
+    put(&stack, "left", "l").await;
+    let newest = put(&stack, "right", "r").await;
+    // One id cannot tell what a multi-key stream saw of each key.
+    let url = stack.gateway.url("/watch?key=left&key=right");
+    let mut stream = sse::open(&stack.gateway.http, &url, Some(&newest))
+        .await
+        .unwrap();
+    stream.expect("sync").await;
+    stream.expect("sync").await;
+}
+
+#[tokio::test]
+async fn watch_without_a_broker_is_503_at_once() {
+    let mut stack = Stack::start().await;
+    stack.broker.kill();
+    stack
+        .gateway
+        .wait_readyz(503, Duration::from_secs(10))
+        .await;
+    let started = std::time::Instant::now();
+    let (status, headers, _) = sse::open(&stack.gateway.http, &stack.gateway.url("/watch/k"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status, 503);
+    assert!(headers.contains_key("retry-after"));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}

@@ -2,6 +2,8 @@
 //! TCP), and a whole stack: mosquitto + emulator (or a scripted store) +
 //! gateway.
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -123,6 +125,7 @@ impl Gateway {
             shutdown_grace: options.shutdown_grace,
             watch: options.watch.clone(),
             cors_allow_origins: options.cors_allow_origins.clone(),
+            header_read_timeout: Duration::from_secs(30),
         };
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())

@@ -6,8 +6,11 @@
 
 pub mod auth_proxy;
 pub mod certs;
+pub mod dev;
 pub mod emulator;
 pub mod gateway;
+pub mod gateway_process;
+pub mod load;
 pub mod mosquitto;
 pub mod responder;
 pub mod scripted_store;

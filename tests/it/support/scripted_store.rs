@@ -2,6 +2,8 @@
 //! protocol on the real broker, for replies the emulator never sends (clock
 //! skew, `syntax error`, unparsable payloads, late replies).
 
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,132 @@
+//! The `/ui/` dashboard in a real headless Chromium, driven by
+//! `tests/browser/ui.mjs` (Node + playwright-core) against a running gateway.
+//!
+//! Needs Chromium, Node.js 20+ and the script's npm packages:
+//! `scripts/install-browser-deps` installs them (`scripts/test` calls it).
+//! When they are missing these tests fail and say so; they never skip.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use crate::support::gateway::Stack;
+
+/// The whole browser run: Chromium start, page load, three bounded waits.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+fn chromium_path() -> PathBuf {
+    std::env::var_os("CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from)
+}
+
+/// Panics, naming what is missing and how to install it, unless Chromium,
+/// Node.js 20+ and the script's npm packages are there.
+pub fn require_browser_tools() {
+    let mut missing = Vec::new();
+    if !chromium_path().is_file() {
+        missing.push(format!("Chromium ({})", chromium_path().display()));
+    }
+    match std::process::Command::new("node")
+        .args(["-p", "process.versions.node"])
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let major: u32 = version
+                .split('.')
+                .next()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(0);
+            if major < 20 {
+                missing.push(format!("Node.js 20 or later (found {version})"));
+            }
+        }
+        _ => missing.push("Node.js (`node` on PATH)".to_owned()),
+    }
+    if !browser_dir()
+        .join("node_modules/playwright-core/package.json")
+        .is_file()
+    {
+        missing.push("the npm packages of tests/browser (playwright-core)".to_owned());
+    }
+    assert!(
+        missing.is_empty(),
+        "the browser test cannot run: missing {}. Run scripts/install-browser-deps",
+        missing.join(", ")
+    );
+}
+
+/// Runs `tests/browser/ui.mjs <base_url>` to completion (bounded), and
+/// returns its output; the caller asserts on the exit status.
+pub async fn run_ui_script(base_url: &str) -> Output {
+    require_browser_tools();
+    let child = tokio::process::Command::new("node")
+        .arg(browser_dir().join("ui.mjs"))
+        .arg(base_url)
+        .env("CHROMIUM", chromium_path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node starts");
+    let output = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output()).await {
+        Ok(output) => output.expect("the output of node"),
+        Err(_) => panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}"),
+    };
+    // Its steps, for `cargo test -- --nocapture`.
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    output
+}
+
+/// Asserts that the script passed, showing everything it printed if not.
+pub fn assert_passed(output: &Output) {
+    assert!(
+        output.status.success(),
+        "the browser test failed\n{}",
+        describe(output)
+    );
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "status: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn chromium_node_and_playwright_are_installed() {
+    require_browser_tools();
+}
+
+/// The whole dashboard against mosquitto + emulator + gateway: a key added
+/// in the page follows a PUT and a DELETE made with plain HTTP, and a value
+/// set in the page's form lands in the store.
+#[tokio::test]
+async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() {
+    require_browser_tools();
+    let stack = Stack::start().await;
+    let base = format!("http://{}", stack.gateway.api);
+    let output = run_ui_script(&base).await;
+    assert_passed(&output);
+    stack.gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn ui_script_fails_with_a_clear_message_when_no_gateway_answers() {
+    let port = crate::support::free_port();
+    let output = run_ui_script(&format!("http://127.0.0.1:{port}")).await;
+    assert!(!output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ui test FAILED") && stderr.contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        describe(&output)
+    );
+}

@@ -1,0 +1,399 @@
+//! Leaks and limits, against the real `serve` binary: many SSE connects and
+//! disconnects and many requests with random keys leave no watcher,
+//! registration, pending reply or memory behind (the process's VmRSS:
+//! in-process RSS would measure the test's allocator, not the gateway), and
+//! clients that send their request too slowly or too much are cut off.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use statestore_gateway::emulator::EmulatorHandle;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::support::Mosquitto;
+use crate::support::emulator::start_emulator;
+use crate::support::gateway_process::{GatewayProcess, cpu_time};
+use crate::support::sse;
+
+/// How far RSS may stay above where it was after the warm-up.
+const RSS_TOLERANCE: f64 = 1.10;
+
+/// Concurrent clients.
+const CONCURRENCY: usize = 32;
+
+/// Waits until the gateway and the store hold nothing for anyone: no
+/// watcher, no watched key, no store request in flight or awaiting a
+/// reply, no KEYNOTIFY registration.
+async fn wait_until_idle(gateway: &GatewayProcess, store: &EmulatorHandle) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counts = [
+            gateway.metric("statestore_gateway_watchers").await,
+            gateway.metric("statestore_gateway_watched_keys").await,
+            gateway
+                .metric("statestore_gateway_store_requests_in_flight")
+                .await,
+            gateway
+                .metric("statestore_gateway_store_pending_replies")
+                .await,
+            store.registrations() as f64,
+        ];
+        if counts.iter().all(|count| *count == 0.0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back to zero within 30 s: watchers, watched keys, in flight, \
+             pending replies, store registrations = {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `count` streams opened on random keys among 200, each read up to its
+/// first `sync` and dropped, `CONCURRENCY` at a time.
+async fn watch_cycles(gateway: &GatewayProcess, count: usize) {
+    futures_util::stream::iter(0..count)
+        .map(|_| async {
+            let key = format!("w{}", rand::random::<u32>() % 200);
+            let mut stream = sse::open(&gateway.http, &gateway.url(&format!("/watch/{key}")), None)
+                .await
+                .unwrap_or_else(|(status, _, body)| panic!("watch {key}: {status} {body}"));
+            stream.expect("sync").await;
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// `count` requests on random keys (PUT with a short TTL, and GET and
+/// DELETE of keys nobody wrote), pipelined: `CONNECTIONS` raw HTTP/1.1
+/// connections, each sending `DEPTH` requests before reading their
+/// answers, so the client costs little CPU next to the gateway. Panics on
+/// any answer other than the expected one.
+async fn random_key_requests(addr: SocketAddr, count: usize) {
+    const CONNECTIONS: usize = 48;
+    const DEPTH: usize = 8;
+    let per_connection = count.div_ceil(CONNECTIONS);
+    let connections = (0..CONNECTIONS).map(|_| async move {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut reader = ResponseReader::default();
+        let mut sent = 0;
+        while sent < per_connection {
+            let batch = DEPTH.min(per_connection - sent);
+            let mut requests = Vec::new();
+            let mut expected = Vec::new();
+            for n in sent..sent + batch {
+                let key = format!("r{:016x}", rand::random::<u64>());
+                let (request, status) = match n % 3 {
+                    0 => (
+                        format!("PUT /keys/{key}?ttl=2s HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nv"),
+                        200,
+                    ),
+                    1 => (format!("GET /keys/{key} HTTP/1.1\r\nHost: x\r\n\r\n"), 404),
+                    _ => (format!("DELETE /keys/{key} HTTP/1.1\r\nHost: x\r\n\r\n"), 404),
+                };
+                requests.extend_from_slice(request.as_bytes());
+                expected.push((status, key));
+            }
+            stream.write_all(&requests).await.unwrap();
+            for (status, key) in expected {
+                let got = tokio::time::timeout(Duration::from_secs(30), reader.next(&mut stream))
+                    .await
+                    .unwrap_or_else(|_| panic!("no answer about {key} within 30 s"));
+                assert_eq!(got, status, "{key}");
+            }
+            sent += batch;
+        }
+    });
+    futures_util::future::join_all(connections).await;
+}
+
+/// Reads pipelined responses off one connection: status line, headers,
+/// and a `Content-Length` body (all the gateway's answers here have one).
+#[derive(Debug, Default)]
+struct ResponseReader {
+    buffer: Vec<u8>,
+}
+
+impl ResponseReader {
+    /// The next response's status.
+    async fn next(&mut self, stream: &mut TcpStream) -> u16 {
+        loop {
+            if let Some(end) = self.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.buffer[..end]).into_owned();
+                let status: u16 = head
+                    .get(9..12)
+                    .and_then(|code| code.parse().ok())
+                    .unwrap_or_else(|| panic!("not a status line: {head}"));
+                let length: usize = head
+                    .lines()
+                    .filter_map(|line| line.split_once(':'))
+                    .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                    .map_or(0, |(_, value)| value.trim().parse().unwrap());
+                let total = end + 4 + length;
+                if self.buffer.len() >= total {
+                    self.buffer.drain(..total);
+                    return status;
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the gateway closed a pipelined connection");
+            self.buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn assert_rss_back(what: &str, baseline_kib: u64, after_kib: u64) {
+    eprintln!("{what}: VmRSS {baseline_kib} KiB after the warm-up, {after_kib} KiB after the run");
+    assert!(
+        after_kib as f64 <= baseline_kib as f64 * RSS_TOLERANCE,
+        "{what}: VmRSS grew from {baseline_kib} KiB to {after_kib} KiB"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_sse_connects_and_disconnects_leave_no_registration_or_memory_behind() {
+    let broker = Mosquitto::start().await;
+    let emulator = start_emulator(&broker).await;
+    let store = emulator.handle();
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+
+    // Warm-up at the same concurrency: buffers, allocator arenas and
+    // connection pools reach their working size.
+    watch_cycles(&gateway, 1_000).await;
+    wait_until_idle(&gateway, &store).await;
+    let baseline = gateway.rss_kib();
+
+    let started = Instant::now();
+    let (gateway_cpu, own_cpu) = (gateway.cpu_time(), cpu_time("/proc/self/stat"));
+    watch_cycles(&gateway, 10_000).await;
+    eprintln!(
+        "10,000 watch cycles in {:?}; CPU: gateway {:?}, test process (client, emulator) {:?}",
+        started.elapsed(),
+        gateway.cpu_time() - gateway_cpu,
+        cpu_time("/proc/self/stat") - own_cpu
+    );
+    wait_until_idle(&gateway, &store).await;
+    assert_rss_back("watch cycles", baseline, gateway.rss_kib());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_random_key_requests_leave_no_pending_reply_or_memory_behind() {
+    let broker = Mosquitto::start().await;
+    let emulator = start_emulator(&broker).await;
+    let store = emulator.handle();
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+
+    random_key_requests(gateway.api, 10_000).await;
+    wait_until_idle(&gateway, &store).await;
+    let baseline = gateway.rss_kib();
+
+    let started = Instant::now();
+    let (gateway_cpu, own_cpu) = (gateway.cpu_time(), cpu_time("/proc/self/stat"));
+    random_key_requests(gateway.api, 100_000).await;
+    eprintln!(
+        "100,000 requests in {:?}; CPU: gateway {:?}, test process (client, emulator) {:?}",
+        started.elapsed(),
+        gateway.cpu_time() - gateway_cpu,
+        cpu_time("/proc/self/stat") - own_cpu
+    );
+    wait_until_idle(&gateway, &store).await;
+    assert_rss_back("random-key requests", baseline, gateway.rss_kib());
+    let requests = gateway
+        .metric("statestore_gateway_http_requests_total")
+        .await;
+    assert!(requests >= 110_000.0, "{requests} requests counted");
+}
+
+/// Reads a response head (status line and headers) or until the server
+/// closes; `None` if neither happens within `within`.
+async fn read_head(stream: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut received = Vec::new();
+    tokio::time::timeout(within, async {
+        let mut buffer = [0u8; 4096];
+        while !received.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(String::from_utf8_lossy(&received).into_owned())
+}
+
+/// Whether the server closes the connection within `within` (reading and
+/// discarding whatever it sends first).
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+async fn send(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_oversized_requests_are_cut_off_by_timeouts_and_limits() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let header_timeout = Duration::from_secs(1);
+    let request_timeout = Duration::from_secs(2);
+    let gateway = GatewayProcess::start(
+        broker.port(),
+        &[
+            "--header-read-timeout",
+            "1s",
+            "--request-timeout",
+            "2s",
+            "--max-value-bytes",
+            "1024",
+        ],
+    )
+    .await;
+    let api = gateway.api;
+    // Generous: the limit plus scheduling on a loaded machine.
+    let cut_within = header_timeout + Duration::from_secs(2);
+
+    // A crowd of connections that never send a byte: all closed.
+    let mut silent = Vec::new();
+    for _ in 0..200 {
+        silent.push(TcpStream::connect(api).await.unwrap());
+    }
+    let started = Instant::now();
+    for stream in &mut silent {
+        let left = cut_within.saturating_sub(started.elapsed());
+        assert!(
+            closed_within(stream, left).await,
+            "a silent connection stays open"
+        );
+    }
+
+    // Slow loris: the headers come a byte every 100 ms and never end.
+    let mut loris = TcpStream::connect(api).await.unwrap();
+    let started = Instant::now();
+    let (mut reader, mut writer) = loris.split();
+    let drip = async {
+        for byte in b"GET /keys/a HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let closed = async {
+        let mut buffer = [0u8; 1024];
+        loop {
+            match reader.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = closed => {}
+        () = drip => panic!("the drip stopped on its own"),
+        () = tokio::time::sleep(Duration::from_secs(10)) => panic!("a slow loris keeps its connection"),
+    }
+    assert!(
+        started.elapsed() <= cut_within,
+        "cut after {:?}",
+        started.elapsed()
+    );
+
+    // A keep-alive connection left idle after a request is closed too.
+    let mut idle = send(api, b"GET /keys/a HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let head = read_head(&mut idle, Duration::from_secs(5)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert!(
+        closed_within(&mut idle, cut_within).await,
+        "idle keep-alive stays open"
+    );
+
+    // Headers over the size limit: 431, then closed.
+    let request = format!(
+        "GET /keys/a HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(80 * 1024)
+    );
+    let mut big = TcpStream::connect(api).await.unwrap();
+    // The server may answer and close before reading it all.
+    let _ = big.write_all(request.as_bytes()).await;
+    let head = read_head(&mut big, Duration::from_secs(5)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
+
+    // A declared body over the value limit: 413 before a byte of it is sent.
+    let mut declared = send(
+        api,
+        b"PUT /keys/a HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n",
+    )
+    .await;
+    let head = read_head(&mut declared, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+
+    // A chunked body that grows past the limit: 413 once it does.
+    let mut chunked = send(
+        api,
+        b"PUT /keys/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await;
+    for _ in 0..3 {
+        let chunk = format!("200\r\n{}\r\n", "b".repeat(0x200));
+        if chunked.write_all(chunk.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let head = read_head(&mut chunked, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+
+    // A body that stalls halfway: 408 at the request timeout.
+    let mut stalled = send(
+        api,
+        b"PUT /keys/a HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nten bytes.",
+    )
+    .await;
+    let started = Instant::now();
+    let head = read_head(&mut stalled, request_timeout + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= request_timeout.mul_f64(0.9)
+            && waited <= request_timeout + Duration::from_secs(2),
+        "408 after {waited:?}"
+    );
+
+    // And the gateway still serves everyone else.
+    let response = gateway
+        .http
+        .put(gateway.key(b"after"))
+        .body("ok")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}

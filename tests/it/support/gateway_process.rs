@@ -1,0 +1,193 @@
+//! The `statestore-gateway serve` binary as a child process, for what only
+//! a real process shows: its memory (VmRSS), its exit on SIGTERM.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+use super::gateway::{encode, http_client};
+
+/// A running gateway binary; killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct GatewayProcess {
+    child: Child,
+    /// Key API address.
+    pub api: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// A client with a timeout.
+    pub http: reqwest::Client,
+}
+
+impl GatewayProcess {
+    /// Starts `serve` against the plain-TCP broker on `broker_port` with a
+    /// pool of 2, then `args` (later flags win), and waits until `/readyz`
+    /// is 200.
+    pub async fn start(broker_port: u16, args: &[&str]) -> Self {
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_statestore-gateway"));
+        // The test runner's environment must not configure the child.
+        for (name, _) in std::env::vars() {
+            if name.starts_with("STATESTORE_GATEWAY_") || name.starts_with("AIO_") {
+                command.env_remove(name);
+            }
+        }
+        let stderr = if std::env::var_os("TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        let child = command
+            .arg("serve")
+            .args(["--listen", &api.to_string()])
+            .args(["--admin-listen", &admin.to_string()])
+            .args(["--broker-host", "127.0.0.1"])
+            .args(["--broker-port", &broker_port.to_string()])
+            .args(["--use-tls", "false"])
+            .args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())])
+            .args(["--pool-size", "2"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the gateway binary");
+        let gateway = Self {
+            child,
+            api,
+            admin,
+            http: http_client(),
+        };
+        gateway.wait_readyz(200, Duration::from_secs(20)).await;
+        gateway
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory now, in KiB (`VmRSS` in `/proc/<pid>/status`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("a VmRSS line")
+    }
+
+    /// CPU time used so far (user + system), from `/proc/<pid>/stat`.
+    pub fn cpu_time(&self) -> Duration {
+        cpu_time(&format!("/proc/{}/stat", self.pid()))
+    }
+
+    /// The URL of a key, every byte but letters and digits percent-encoded.
+    pub fn key(&self, key: &[u8]) -> String {
+        format!("http://{}/keys/{}", self.api, encode(key))
+    }
+
+    /// A URL on the key API listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.api)
+    }
+
+    /// `/readyz`'s status; 0 when it does not answer.
+    pub async fn readyz(&self) -> u16 {
+        match self
+            .http
+            .get(format!("http://{}/readyz", self.admin))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(response) => response.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Waits until `/readyz` answers `status`.
+    pub async fn wait_readyz(&self, status: u16, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.readyz().await;
+            if now == status {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz of the gateway binary is {now}, not {status}, after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The sum of every sample of metric `name` (all label sets).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await
+            .expect("scrape /metrics")
+            .text()
+            .await
+            .expect("read /metrics");
+        text.lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit; `None` if it is still running after
+    /// `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the child") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// User + system CPU time of the process whose `stat` file is at `path`
+/// (`/proc/self/stat` for the test itself).
+pub fn cpu_time(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).expect("read a /proc stat file");
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // Linux reports in USER_HZ, 100 on every platform we run on.
+    Duration::from_millis(ticks * 10)
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
