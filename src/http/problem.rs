@@ -45,7 +45,7 @@ pub enum ApiError {
     #[error("no such resource; keys live under /keys/")]
     RouteNotFound,
     /// A method the resource does not serve.
-    #[error("keys support GET, HEAD, PUT and DELETE")]
+    #[error("this resource does not support the method; the Allow header lists those it does")]
     MethodNotAllowed,
     /// The condition of a conditional write did not hold (`:-1`).
     #[error("{}", precondition_detail(*.0))]
