@@ -120,18 +120,24 @@ fn events(watcher: Watcher) -> impl Stream<Item = Result<Event, Infallible>> {
 /// The SSE form of an event. The JSON is rendered once per event and
 /// shared by every watcher of the key.
 fn sse_event(event: &Arc<KeyEvent>) -> Event {
-    let name = match event.kind {
-        EventKind::Sync { .. } => "sync",
-        EventKind::Set => "set",
-        EventKind::Delete => "delete",
-        EventKind::Error => "error",
-    };
     let data = event.rendered.get_or_init(|| event_json(event));
-    let mut sse = Event::default().event(name).data(data.as_str());
+    let mut sse = Event::default()
+        .event(event_name(event.kind))
+        .data(data.as_str());
     if let Some(version) = &event.version {
         sse = sse.id(version.to_string());
     }
     sse
+}
+
+/// The SSE `event:` name, also the JSON `op`.
+fn event_name(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Sync { .. } => "sync",
+        EventKind::Set => "set",
+        EventKind::Delete => "delete",
+        EventKind::Error => "error",
+    }
 }
 
 /// `{"key", "op", "version", "value", "value_base64", ...}`: text fields
@@ -148,13 +154,7 @@ fn event_json(event: &KeyEvent) -> String {
             data.insert("key_base64".into(), BASE64.encode(&event.key).into());
         }
     }
-    let op = match event.kind {
-        EventKind::Sync { .. } => "sync",
-        EventKind::Set => "set",
-        EventKind::Delete => "delete",
-        EventKind::Error => "error",
-    };
-    data.insert("op".into(), op.into());
+    data.insert("op".into(), event_name(event.kind).into());
     data.insert(
         "version".into(),
         event
