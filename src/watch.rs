@@ -144,9 +144,9 @@ pub struct KeyEvent {
     pub version: Option<Hlc>,
     /// Why following the key failed (for [`EventKind::Error`]).
     pub error: Option<String>,
-    /// The event's wire form, rendered once by the first watcher that sends
+    /// The event's SSE frame, rendered once by the first watcher that sends
     /// it and shared by the others (10,000 watchers, one serialisation).
-    pub rendered: OnceLock<String>,
+    pub rendered: OnceLock<Bytes>,
 }
 
 impl KeyEvent {

@@ -10,8 +10,12 @@
 //!   stay idle that long;
 //! - a cap on the size of the request line and headers (431 above it);
 //! - TCP_NODELAY, so small responses do not wait for delayed ACKs.
+//!
+//! A connection that opens with a watch request is answered by
+//! [`event_stream`](super::event_stream) instead of hyper (it explains why).
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -20,6 +24,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+use super::event_stream::{self, FirstRequest, Prefixed};
 
 /// The largest request line plus headers a client may send (431 above).
 /// Keys travel in the path (at most about 3 KiB percent-encoded with the
@@ -55,6 +61,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(limits.max_header_bytes);
+    let builder = Arc::new(builder);
     // Every connection task holds a receiver of `open`; `closed()` on the
     // sender resolves once all are gone. `stop` changes once, after the
     // last connection was accepted, so every connection sees the change.
@@ -73,42 +80,74 @@ pub async fn serve(
             },
         };
         set_nodelay(&stream);
-        let connection = builder.serve_connection(
-            TokioIo::new(stream),
-            TowerToHyperService::new(router.clone()),
-        );
-        let mut stopping = stopping.clone();
-        let alive = connection_alive.clone();
-        tokio::spawn(async move {
-            tokio::pin!(connection);
-            loop {
-                tokio::select! {
-                    result = connection.as_mut() => {
-                        if let Err(error) = result {
-                            // Timeouts, resets, malformed requests: the
-                            // client's business, not an operator's.
-                            tracing::debug!(%error, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    changed = stopping.changed() => {
-                        if changed.is_err() {
-                            // `serve` itself was dropped (the grace period
-                            // ran out): close at once.
-                            break;
-                        }
-                        connection.as_mut().graceful_shutdown();
-                    }
-                }
-            }
-            drop(alive);
-        });
+        tokio::spawn(connection(
+            stream,
+            router.clone(),
+            Arc::clone(&builder),
+            limits,
+            stopping.clone(),
+            connection_alive.clone(),
+        ));
     }
     drop(listener);
     stop.send_replace(true);
     drop(connection_alive);
     open.closed().await;
     Ok(())
+}
+
+/// Serves one connection until it closes; `_alive` is held until then.
+async fn connection(
+    mut stream: TcpStream,
+    router: Router,
+    builder: Arc<http1::Builder>,
+    limits: ConnectionLimits,
+    mut stopping: watch::Receiver<bool>,
+    _alive: watch::Receiver<()>,
+) {
+    // The first request's head is read here at most once per connection;
+    // a client that takes its time before the first byte gets hyper's full
+    // header timeout from the first byte on (at most twice the timeout).
+    let prefix = match event_stream::read_first_request(
+        &mut stream,
+        limits.header_read_timeout,
+        limits.max_header_bytes,
+        &mut stopping,
+    )
+    .await
+    {
+        FirstRequest::Gone => return,
+        FirstRequest::Stream(request) => {
+            event_stream::respond(stream, router, request, stopping).await;
+            return;
+        }
+        FirstRequest::Hyper(prefix) => prefix,
+    };
+    let connection = builder.serve_connection(
+        TokioIo::new(Prefixed::new(prefix, stream)),
+        TowerToHyperService::new(router),
+    );
+    tokio::pin!(connection);
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    // Timeouts, resets, malformed requests: the client's
+                    // business, not an operator's.
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                break;
+            }
+            changed = stopping.changed() => {
+                if changed.is_err() {
+                    // `serve` itself was dropped (the grace period ran
+                    // out): close at once.
+                    break;
+                }
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
 }
 
 fn set_nodelay(stream: &TcpStream) {

@@ -5,12 +5,15 @@
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`listener`], [`event_stream`]: the accept loop; watch streams are
+//!   written straight to their sockets.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //!
 //! [`router`] builds the key API so tests can drive it; [`Server`] binds
 //! both listeners and runs them until [`Server::shutdown`].
 
 pub mod admin;
+pub mod event_stream;
 pub mod keys;
 pub mod listener;
 pub mod openapi;

@@ -6,19 +6,20 @@
 //! changed meanwhile.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures_util::Stream;
+use tokio::time::Instant;
 
 use super::AppState;
 use super::keys::{decode_key, key_from_path, method_not_allowed};
@@ -27,8 +28,13 @@ use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
 
-/// How long a browser waits before reconnecting a dropped stream.
-const RECONNECT_AFTER: Duration = Duration::from_secs(2);
+/// The first frame of every stream: how long (ms) a browser waits before
+/// reconnecting a dropped stream.
+const RETRY_FRAME: &[u8] = b"retry: 2000\n\n";
+
+/// Sent when a stream has been quiet for the keep-alive interval, so
+/// proxies and load balancers do not close it as idle.
+const KEEP_ALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 
 /// The watch routes.
 pub fn routes() -> Router<AppState> {
@@ -90,13 +96,13 @@ async fn start(
         .and_then(|value| value.to_str().ok())
         .and_then(|text| Hlc::parse(text.trim()).ok());
     let watcher = state.hub.watch(keys, last_version).await?;
-    let keep_alive = KeepAlive::new()
-        .interval(state.hub.settings().keep_alive)
-        .text("keep-alive");
-    let mut response = Sse::new(events(watcher))
-        .keep_alive(keep_alive)
-        .into_response();
+    let keep_alive = state.hub.settings().keep_alive;
+    let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
     let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(
         HeaderName::from_static("x-accel-buffering"),
@@ -105,29 +111,54 @@ async fn start(
     Ok(response)
 }
 
-/// `retry:` once, then the watcher's events until the gateway shuts down.
-fn events(watcher: Watcher) -> impl Stream<Item = Result<Event, Infallible>> {
-    let first = Event::default().retry(RECONNECT_AFTER);
-    futures_util::stream::unfold((Some(first), watcher), |(first, mut watcher)| async move {
-        if let Some(first) = first {
-            return Some((Ok(first), (None, watcher)));
-        }
-        let event = watcher.next().await?;
-        Some((Ok(sse_event(&event)), (None, watcher)))
-    })
+/// The stream's bytes: `retry:` once, then each event's frame, and a
+/// keep-alive comment whenever the stream has been quiet for `keep_alive`.
+/// Each frame is one `Bytes` that every watcher of the key shares, so a
+/// fan-out copies nothing per watcher.
+fn frames(watcher: Watcher, keep_alive: Duration) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let first = Bytes::from_static(RETRY_FRAME);
+    futures_util::stream::unfold(
+        (Some(first), watcher),
+        move |(first, mut watcher)| async move {
+            if let Some(first) = first {
+                return Some((Ok(first), (None, watcher)));
+            }
+            // `Watcher::next` is cancel-safe: losing the race to the timer
+            // loses no event.
+            let frame = tokio::select! {
+                biased;
+                event = watcher.next() => match event {
+                    Some(event) => sse_frame(&event),
+                    None => return None,
+                },
+                () = tokio::time::sleep_until(Instant::now() + keep_alive) => {
+                    Bytes::from_static(KEEP_ALIVE_FRAME)
+                }
+            };
+            Some((Ok(frame), (None, watcher)))
+        },
+    )
 }
 
-/// The SSE form of an event. The JSON is rendered once per event and
-/// shared by every watcher of the key.
-fn sse_event(event: &Arc<KeyEvent>) -> Event {
-    let data = event.rendered.get_or_init(|| event_json(event));
-    let mut sse = Event::default()
-        .event(event_name(event.kind))
-        .data(data.as_str());
-    if let Some(version) = &event.version {
-        sse = sse.id(version.to_string());
-    }
-    sse
+/// The SSE frame of an event (`event:`, `id:` = version, one `data:` line
+/// of JSON), rendered by the first watcher that sends it and shared by the
+/// others: 10,000 watchers, one serialisation.
+fn sse_frame(event: &KeyEvent) -> Bytes {
+    event
+        .rendered
+        .get_or_init(|| {
+            let json = event_json(event);
+            let mut frame = String::with_capacity(json.len() + 64);
+            // Writing to a String cannot fail.
+            let _ = writeln!(frame, "event: {}", event_name(event.kind));
+            if let Some(version) = &event.version {
+                let _ = writeln!(frame, "id: {version}");
+            }
+            // Compact JSON has no line breaks: one `data:` line.
+            let _ = write!(frame, "data: {json}\n\n");
+            Bytes::from(frame)
+        })
+        .clone()
 }
 
 /// The SSE `event:` name, also the JSON `op`.
@@ -231,6 +262,32 @@ mod tests {
 
     fn json(event: &KeyEvent) -> serde_json::Value {
         serde_json::from_str(&event_json(event)).unwrap()
+    }
+
+    #[test]
+    fn an_event_is_one_sse_frame_rendered_once() {
+        let event = event(EventKind::Set, b"k", Some(b"line1\nline2"));
+        let frame = sse_frame(&event);
+        let text = std::str::from_utf8(&frame).unwrap();
+        let data = text
+            .strip_prefix("event: set\nid: 001700000000000:00000:StateStore\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .expect(text);
+        assert!(!data.contains('\n'), "one data line: {text:?}");
+        assert_eq!(
+            json(&event),
+            serde_json::from_str::<serde_json::Value>(data).unwrap()
+        );
+        // The second watcher gets the same bytes, not a copy.
+        assert_eq!(sse_frame(&event).as_ptr(), frame.as_ptr());
+    }
+
+    #[test]
+    fn an_event_without_version_has_no_id() {
+        let mut absent = event(EventKind::Delete, b"k", None);
+        absent.version = None;
+        let frame = sse_frame(&absent);
+        assert!(frame.starts_with(b"event: delete\ndata: {"), "{frame:?}");
     }
 
     #[test]

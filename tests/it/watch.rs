@@ -442,3 +442,169 @@ async fn watch_without_a_broker_is_503_at_once() {
     assert!(headers.contains_key("retry-after"));
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// A watch that opens its connection is written by the gateway itself
+/// (not hyper): check the wire form a browser or proxy sees.
+#[tokio::test]
+async fn a_watch_opening_its_connection_is_chunked_and_closes_after() {
+    let stack = Stack::start().await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let v1 = put(&stack, "wire", "one").await;
+    let mut raw = sse::open_raw(
+        stack.gateway.api,
+        &["GET /watch/wire HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"],
+    )
+    .await;
+    assert_eq!(raw.status, 200, "{}", raw.head);
+    assert!(raw.head.starts_with("HTTP/1.1 200 OK\n"), "{}", raw.head);
+    let headers = &raw.stream.headers;
+    assert_eq!(headers["content-type"], "text/event-stream");
+    assert_eq!(headers["cache-control"], "no-store");
+    assert_eq!(headers["transfer-encoding"], "chunked");
+    assert_eq!(headers["connection"], "close");
+    assert!(headers.contains_key("date"));
+    assert!(!headers.contains_key("content-length"));
+
+    let sync = raw.stream.expect("sync").await;
+    assert_eq!(raw.stream.retries, [2000]);
+    assert_eq!(sync.id.as_deref(), Some(v1.as_str()));
+    let v2 = put(&stack, "wire", "two").await;
+    let set = raw.stream.expect("set").await;
+    assert_eq!(
+        (set.id.as_deref(), &set.data["value"]),
+        (Some(v2.as_str()), &"two".into())
+    );
+
+    // The gateway notices the client leaving without waiting for a write.
+    assert_eq!(hub.watchers(), 1);
+    drop(raw);
+    wait_until("the watcher leaves", || hub.watchers() == 0).await;
+}
+
+#[tokio::test]
+async fn an_http_1_0_watch_is_delimited_by_the_close() {
+    let stack = Stack::start().await;
+    put(&stack, "old", "client").await;
+    let mut raw = sse::open_raw(stack.gateway.api, &["GET /watch/old HTTP/1.0\r\n\r\n"]).await;
+    assert_eq!(raw.status, 200, "{}", raw.head);
+    assert!(!raw.stream.headers.contains_key("transfer-encoding"));
+    assert_eq!(raw.stream.expect("sync").await.data["value"], "client");
+    put(&stack, "old", "still").await;
+    assert_eq!(raw.stream.expect("set").await.data["value"], "still");
+}
+
+#[tokio::test]
+async fn a_refused_watch_on_a_new_connection_gets_the_same_problem_and_a_length() {
+    let options = GatewayOptions {
+        cors_allow_origins: vec!["*".into()],
+        ..GatewayOptions::default()
+    };
+    let stack = Stack::start_with(|_| {}, options).await;
+    let mut raw = sse::open_raw(
+        stack.gateway.api,
+        &["GET /watch?colour=red HTTP/1.1\r\nHost: x\r\nOrigin: http://dash.example\r\n\r\n"],
+    )
+    .await;
+    assert_eq!(raw.status, 400, "{}", raw.head);
+    let headers = raw.stream.headers.clone();
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(headers["connection"], "close");
+    // CORS comes from the same router as every other answer.
+    assert_eq!(headers["access-control-allow-origin"], "*");
+    let body = raw.stream.text().await;
+    assert_eq!(headers["content-length"], body.len().to_string().as_str());
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("colour"),
+        "{problem}"
+    );
+}
+
+/// After another request on a keep-alive connection, hyper serves the
+/// watch: same events, hyper's framing.
+#[tokio::test]
+async fn a_watch_after_another_request_on_the_connection_also_streams() {
+    let stack = Stack::start().await;
+    put(&stack, "reuse", "one").await;
+    let mut raw = sse::open_raw(
+        stack.gateway.api,
+        &[
+            "GET /keys/reuse HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /watch/reuse HTTP/1.1\r\nHost: x\r\n\r\n",
+        ],
+    )
+    .await;
+    assert_eq!(raw.status, 200, "{}", raw.head);
+    assert_eq!(raw.stream.headers["content-type"], "text/event-stream");
+    assert!(
+        !raw.stream.headers.contains_key("connection"),
+        "{}",
+        raw.head
+    );
+    assert_eq!(raw.stream.expect("sync").await.data["value"], "one");
+    put(&stack, "reuse", "two").await;
+    assert_eq!(raw.stream.expect("set").await.data["value"], "two");
+}
+
+/// A head that arrives in pieces, with a pipelined request behind it (which
+/// is read and dropped: the stream never ends to answer it).
+#[tokio::test]
+async fn a_watch_head_in_pieces_with_bytes_behind_it_streams() {
+    let stack = Stack::start().await;
+    put(&stack, "pieces", "one").await;
+    let mut tcp = tokio::net::TcpStream::connect(stack.gateway.api)
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    for piece in [
+        "GE",
+        "T /wat",
+        "ch/pieces HTTP/1.1\r\nHo",
+        "st: x\r\n",
+        "\r\nGET /keys/pieces HTTP/1.1\r\n\r\n",
+    ] {
+        tcp.write_all(piece.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&received).contains("event: sync") {
+        let n = tokio::time::timeout_at(deadline, tcp.read(&mut buffer))
+            .await
+            .expect("the sync within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..n]);
+    }
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("\"value\":\"one\""), "{text}");
+    assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
+}
+
+#[tokio::test]
+async fn streams_end_with_their_last_chunk_at_shutdown() {
+    let stack = Stack::start().await;
+    put(&stack, "bye", "one").await;
+    let mut raw = sse::open_raw(
+        stack.gateway.api,
+        &["GET /watch/bye HTTP/1.1\r\nHost: x\r\n\r\n"],
+    )
+    .await;
+    raw.stream.expect("sync").await;
+    let Stack {
+        gateway,
+        broker,
+        emulator,
+        ..
+    } = stack;
+    let shutdown = tokio::spawn(gateway.shutdown());
+    // `open_raw` asserts the terminating chunk is well formed.
+    assert!(
+        raw.stream.ends_within(Duration::from_secs(10)).await,
+        "the stream ends"
+    );
+    shutdown.await.unwrap();
+    drop((broker, emulator));
+}

@@ -1,8 +1,12 @@
 //! A minimal Server-Sent Events reader over a real HTTP connection.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::{Buf as _, Bytes, BytesMut};
 use futures_util::StreamExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 
 /// One event as the browser's `EventSource` would see it.
 #[derive(Debug, Clone)]
@@ -62,7 +66,163 @@ pub async fn open(
     })
 }
 
+/// A response read off the wire by [`open_raw`].
+#[derive(Debug)]
+pub struct RawResponse {
+    /// The status code.
+    pub status: u16,
+    /// The head exactly as sent (status line and header lines).
+    pub head: String,
+    /// The body so far, for answers that are not a stream.
+    pub stream: SseStream,
+}
+
+/// Sends `requests` (one or more raw HTTP/1 requests) on a new connection
+/// to `addr` and reads the response to the last of them by hand: chunked
+/// bodies are decoded strictly, any other body is read until the close.
+/// Earlier responses (keep-alive, `content-length` framed) are skipped.
+pub async fn open_raw(addr: SocketAddr, requests: &[&str]) -> RawResponse {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    let mut buffer = BytesMut::new();
+    let (last, earlier) = requests.split_last().expect("a request");
+    for request in earlier {
+        tcp.write_all(request.as_bytes())
+            .await
+            .expect("send the request");
+        let (_, head) = read_head(&mut tcp, &mut buffer).await;
+        let length = header(&head, "content-length").expect("a keep-alive answer has a length");
+        let length: usize = length.parse().expect("numeric content-length");
+        fill(&mut tcp, &mut buffer, length).await;
+        buffer.advance(length);
+    }
+    tcp.write_all(last.as_bytes())
+        .await
+        .expect("send the request");
+    let (status, head) = read_head(&mut tcp, &mut buffer).await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    for line in head.lines().skip(1) {
+        let (name, value) = line.split_once(':').expect("a header line");
+        headers.append(
+            reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).expect("header name"),
+            value.trim().parse().expect("header value"),
+        );
+    }
+    let chunked = header(&head, "transfer-encoding").as_deref() == Some("chunked");
+    let body = futures_util::stream::unfold(
+        (tcp, buffer, chunked, false),
+        |(mut tcp, mut buffer, chunked, ended)| async move {
+            if ended {
+                return None;
+            }
+            if !chunked {
+                if buffer.is_empty() && tcp.read_buf(&mut buffer).await.ok()? == 0 {
+                    return None;
+                }
+                let data = buffer.split().freeze();
+                return Some((Ok(data), (tcp, buffer, chunked, false)));
+            }
+            let line = read_line(&mut tcp, &mut buffer).await?;
+            let size = usize::from_str_radix(&line, 16).expect("hex chunk size");
+            fill(&mut tcp, &mut buffer, size + 2).await;
+            let data = buffer.split_to(size).freeze();
+            assert_eq!(&buffer[..2], b"\r\n", "a chunk ends with CRLF");
+            buffer.advance(2);
+            if size == 0 {
+                return Some((Ok(Bytes::new()), (tcp, buffer, chunked, true)));
+            }
+            Some((Ok(data), (tcp, buffer, chunked, false)))
+        },
+    );
+    RawResponse {
+        status,
+        head,
+        stream: SseStream {
+            body: body.boxed(),
+            buffer: Vec::new(),
+            retries: Vec::new(),
+            comments: 0,
+            headers,
+        },
+    }
+}
+
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().skip(1).find_map(|line| {
+        let (field, value) = line.split_once(':')?;
+        field
+            .trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
+}
+
+/// Reads until `buffer` holds at least `len` bytes.
+async fn fill(tcp: &mut TcpStream, buffer: &mut BytesMut, len: usize) {
+    while buffer.len() < len {
+        let read = tokio::time::timeout(Duration::from_secs(15), tcp.read_buf(buffer))
+            .await
+            .expect("bytes within 15 s")
+            .expect("read");
+        assert!(read > 0, "closed with {} of {len} bytes", buffer.len());
+    }
+}
+
+/// One CRLF-terminated line, without the CRLF; `None` at a clean close.
+async fn read_line(tcp: &mut TcpStream, buffer: &mut BytesMut) -> Option<String> {
+    loop {
+        if let Some(at) = buffer.windows(2).position(|pair| pair == b"\r\n") {
+            let line = buffer.split_to(at);
+            buffer.advance(2);
+            return Some(String::from_utf8(line.to_vec()).expect("ASCII line"));
+        }
+        let read = tokio::time::timeout(Duration::from_secs(15), tcp.read_buf(buffer))
+            .await
+            .ok()?
+            .ok()?;
+        if read == 0 {
+            assert!(buffer.is_empty(), "closed in the middle of a chunk");
+            return None;
+        }
+    }
+}
+
+/// The status and head of the next response.
+async fn read_head(tcp: &mut TcpStream, buffer: &mut BytesMut) -> (u16, String) {
+    let mut head = Vec::new();
+    loop {
+        let line = read_line(tcp, buffer).await.expect("a complete head");
+        if line.is_empty() {
+            break;
+        }
+        head.push(line);
+    }
+    let status = head[0]
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    (status, head.join("\n"))
+}
+
 impl SseStream {
+    /// The body's remaining bytes as text, until it ends (for error answers).
+    pub async fn text(&mut self) -> String {
+        let mut text = String::from_utf8_lossy(&self.buffer).into_owned();
+        while let Ok(Some(chunk)) =
+            tokio::time::timeout(Duration::from_secs(15), self.body.next()).await
+        {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("body bytes")));
+        }
+        text
+    }
+
+    /// Whether the stream ends (the server closes it) within `within`.
+    pub async fn ends_within(&mut self, within: Duration) -> bool {
+        tokio::time::timeout(within, async { while self.body.next().await.is_some() {} })
+            .await
+            .is_ok()
+    }
+
     /// The next event within `within`, or `None` if none came (or the stream ended).
     pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
         let deadline = tokio::time::Instant::now() + within;

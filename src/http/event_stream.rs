@@ -1,0 +1,503 @@
+//! Event streams served straight on the socket, without hyper's buffers.
+//!
+//! hyper gives every HTTP/1 connection a read buffer and a header write
+//! buffer of 8 KiB each, for as long as the connection lives. A watch
+//! stream lives for hours and writes a few hundred bytes now and then, so
+//! those 16 KiB were most of what a watcher cost (10,000 watchers: about
+//! 147 MiB). So when a connection's *first* request is a plain
+//! `GET /watch…`, the listener reads its head here ([`read_first_request`]),
+//! runs it through the same router (authentication, CORS, limits and error
+//! bodies are exactly the API's) and writes the response itself
+//! ([`respond`]): the head, then each body frame as it is produced, one
+//! `writev` per frame, with no copy of the (shared) event bytes. The
+//! connection closes when the response ends (`Connection: close`).
+//!
+//! Anything else (another method or path, a request with a body, a head
+//! this parser does not take, a watch after another request on a
+//! keep-alive connection) goes to hyper as before, with the bytes already
+//! read handed back first by [`Prefixed`].
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, Method, Request, Uri, Version, header};
+use bytes::{Buf as _, BytesMut};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tower::ServiceExt as _;
+
+/// Request lines served here start with this; other bytes go to hyper as
+/// soon as they differ from it.
+const PREFIX: &[u8] = b"GET /watch";
+
+/// Headers a request served here may have (more: hyper's, which allows 100).
+const MAX_HEADERS: usize = 64;
+
+/// The first read's buffer; it grows up to the head size limit.
+const FIRST_READ_BYTES: usize = 1024;
+
+/// How long one write may wait for a client that does not read, before the
+/// stream is given up (its watcher has long been skipping to `lagged`
+/// syncs by then).
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the first bytes of a connection turned out to be.
+#[derive(Debug)]
+pub enum FirstRequest {
+    /// A complete request head to answer with [`respond`].
+    Stream(Box<Request<Body>>),
+    /// For hyper: these bytes, then the rest of the connection.
+    Hyper(BytesMut),
+    /// The client closed, failed, stayed silent past the header read
+    /// timeout, or the server is shutting down: close without an answer,
+    /// as hyper does.
+    Gone,
+}
+
+/// Reads until the first request is known to be a watch or not; at most
+/// `header_read_timeout` in all, and `max_header_bytes` of head.
+pub async fn read_first_request(
+    stream: &mut TcpStream,
+    header_read_timeout: Duration,
+    max_header_bytes: usize,
+    stopping: &mut watch::Receiver<bool>,
+) -> FirstRequest {
+    let deadline = Instant::now() + header_read_timeout;
+    let mut buffer = BytesMut::with_capacity(FIRST_READ_BYTES);
+    let mut scanned = 0;
+    loop {
+        match classify(&buffer, scanned, max_header_bytes) {
+            Head::Incomplete => scanned = buffer.len(),
+            Head::Stream(request) => return FirstRequest::Stream(request),
+            Head::Other => return FirstRequest::Hyper(buffer),
+        }
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buffer)) => read,
+            _ = stopping.changed() => return FirstRequest::Gone,
+        };
+        match read {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return FirstRequest::Gone,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Head {
+    Incomplete,
+    Stream(Box<Request<Body>>),
+    Other,
+}
+
+/// `buffer[..scanned]` was seen before without a complete head.
+fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
+    let seen = buffer.len().min(PREFIX.len());
+    if buffer[..seen] != PREFIX[..seen] {
+        return Head::Other;
+    }
+    if buffer.len() > max_header_bytes {
+        // hyper answers 431.
+        return Head::Other;
+    }
+    // A head ends with a line feed: parse only when a new one arrived, so
+    // a client trickling bytes costs one scan per line, not per byte.
+    if seen < PREFIX.len() || !buffer[scanned..].contains(&b'\n') {
+        return Head::Incomplete;
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    match parsed.parse(buffer) {
+        Ok(httparse::Status::Complete(_)) => {
+            request(&parsed).map_or(Head::Other, |request| Head::Stream(Box::new(request)))
+        }
+        Ok(httparse::Status::Partial) => Head::Incomplete,
+        // Malformed or too many headers: hyper's answer (400, 431).
+        Err(_) => Head::Other,
+    }
+}
+
+/// The request, if it is one served here: a watch route, no body, nothing
+/// hyper would treat specially.
+fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
+    let path = parsed.path?;
+    let rest = path.strip_prefix("/watch")?;
+    if !(rest.is_empty() || rest.starts_with('/') || rest.starts_with('?')) {
+        return None;
+    }
+    let version = match parsed.version? {
+        0 => Version::HTTP_10,
+        1 => Version::HTTP_11,
+        _ => return None,
+    };
+    let mut request = Request::new(Body::empty());
+    *request.method_mut() = Method::GET;
+    *request.uri_mut() = Uri::try_from(path).ok()?;
+    *request.version_mut() = version;
+    let headers = request.headers_mut();
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes()).ok()?;
+        if name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING
+            || name == header::UPGRADE
+            || name == header::EXPECT
+        {
+            return None;
+        }
+        headers.append(name, HeaderValue::from_bytes(field.value).ok()?);
+    }
+    Some(request)
+}
+
+/// Answers `request` with `router` on `stream`, then closes it. Returns
+/// when the response has ended, the client has gone, a write stalled for
+/// [`WRITE_STALL_TIMEOUT`], or `stopping` changed.
+pub async fn respond(
+    mut stream: TcpStream,
+    router: Router,
+    request: Box<Request<Body>>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let version = request.version();
+    let response = match router.oneshot(*request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let (parts, mut body) = response.into_parts();
+    let framing = match body.size_hint().exact() {
+        Some(length) => Framing::Length(length),
+        None if version == Version::HTTP_11 => Framing::Chunked,
+        None => Framing::UntilClose,
+    };
+    let (mut reader, mut writer) = stream.split();
+    let head = encode_head(&parts, framing);
+    if write_all(&mut writer, &mut [IoSlice::new(&head)])
+        .await
+        .is_err()
+    {
+        return;
+    }
+    // Bytes a client sends after its request (a pipelined request that
+    // will not be answered) are read and dropped; reading also tells at
+    // once when it closes.
+    let mut discard = [0u8; 64];
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = stopping.changed() => break,
+            read = reader.read(&mut discard) => match read {
+                Ok(n) if n > 0 => continue,
+                _ => return,
+            },
+            frame = body.frame() => frame,
+        };
+        let data = match frame {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if !data.is_empty() => data,
+                // Empty frames and trailers: nothing to send.
+                _ => continue,
+            },
+            // Cut short: no last chunk, so the client sees the truncation.
+            Some(Err(error)) => {
+                tracing::debug!(%error, "response body failed");
+                return;
+            }
+        };
+        let written = match framing {
+            Framing::Chunked => {
+                let mut line = [0u8; CHUNK_SIZE_LINE];
+                let size = chunk_size_line(data.len(), &mut line);
+                let mut slices = [
+                    IoSlice::new(size),
+                    IoSlice::new(&data),
+                    IoSlice::new(b"\r\n"),
+                ];
+                write_all(&mut writer, &mut slices).await
+            }
+            Framing::Length(_) | Framing::UntilClose => {
+                write_all(&mut writer, &mut [IoSlice::new(&data)]).await
+            }
+        };
+        if written.is_err() {
+            return;
+        }
+    }
+    if framing == Framing::Chunked {
+        let _ = write_all(&mut writer, &mut [IoSlice::new(b"0\r\n\r\n")]).await;
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// How the body's end is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(u64),
+    Chunked,
+    /// HTTP/1.0 has no chunks: the close ends the body.
+    UntilClose,
+}
+
+fn encode_head(parts: &axum::http::response::Parts, framing: Framing) -> Vec<u8> {
+    let status = parts.status;
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"HTTP/1.1 ");
+    head.extend_from_slice(status.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    head.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        // Framing and connection are this module's to say.
+        if name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING
+            || name == header::CONNECTION
+        {
+            continue;
+        }
+        field(&mut head, name.as_str(), value.as_bytes());
+    }
+    if !parts.headers.contains_key(header::DATE) {
+        let date = httpdate::fmt_http_date(SystemTime::now());
+        field(&mut head, "date", date.as_bytes());
+    }
+    match framing {
+        Framing::Length(length) => {
+            field(&mut head, "content-length", length.to_string().as_bytes())
+        }
+        Framing::Chunked => field(&mut head, "transfer-encoding", b"chunked"),
+        Framing::UntilClose => {}
+    }
+    field(&mut head, "connection", b"close");
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+fn field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
+    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\n");
+}
+
+/// Room for a chunk's size line: 16 hex digits and CRLF.
+const CHUNK_SIZE_LINE: usize = 18;
+
+/// `{length:x}\r\n`, written into `line` (no allocation per frame).
+fn chunk_size_line(length: usize, line: &mut [u8; CHUNK_SIZE_LINE]) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = io::Cursor::new(&mut line[..]);
+    // 16 hex digits hold any usize on 64-bit targets.
+    let _ = write!(cursor, "{length:x}\r\n");
+    let end = usize::try_from(cursor.position()).unwrap_or(CHUNK_SIZE_LINE);
+    &line[..end]
+}
+
+/// Writes every slice, each write bounded by [`WRITE_STALL_TIMEOUT`].
+async fn write_all(
+    writer: &mut (impl AsyncWrite + Unpin),
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    while !slices.is_empty() {
+        let written = tokio::time::timeout(WRITE_STALL_TIMEOUT, writer.write_vectored(slices))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
+}
+
+/// A connection whose first bytes were already read: reads return those
+/// bytes first, then the socket's. Writes go straight to the socket.
+#[derive(Debug)]
+pub struct Prefixed {
+    prefix: BytesMut,
+    io: TcpStream,
+}
+
+impl Prefixed {
+    pub fn new(prefix: BytesMut, io: TcpStream) -> Self {
+        Self { prefix, io }
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.prefix.is_empty() {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
+        let n = this.prefix.len().min(buf.remaining());
+        buf.put_slice(&this.prefix[..n]);
+        this.prefix.advance(n);
+        if this.prefix.is_empty() {
+            // Free the buffer for the connection's remaining life.
+            this.prefix = BytesMut::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 64 * 1024;
+
+    fn classify_all(bytes: &[u8]) -> Head {
+        classify(bytes, 0, MAX)
+    }
+
+    #[test]
+    fn a_plain_watch_request_is_served_here() {
+        for path in ["/watch/a", "/watch?key=a&key=b", "/watch", "/watch/%2Fx"] {
+            let head =
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n");
+            let Head::Stream(request) = classify_all(head.as_bytes()) else {
+                panic!("{path} not served here");
+            };
+            assert_eq!(request.uri().to_string(), path);
+            assert_eq!(request.version(), Version::HTTP_11);
+            assert_eq!(request.headers()["accept"], "text/event-stream");
+        }
+        let Head::Stream(request) = classify_all(b"GET /watch/a HTTP/1.0\r\n\r\n") else {
+            panic!("HTTP/1.0 not served here");
+        };
+        assert_eq!(request.version(), Version::HTTP_10);
+    }
+
+    #[test]
+    fn everything_else_goes_to_hyper() {
+        for head in [
+            &b"PUT /keys/a HTTP/1.1\r\n\r\n"[..],
+            b"POST /watch/a HTTP/1.1\r\n\r\n",
+            b"HEAD /watch/a HTTP/1.1\r\n\r\n",
+            b"GET /watchers HTTP/1.1\r\n\r\n",
+            b"GET /keys/a HTTP/1.1\r\n\r\n",
+            b"get /watch/a HTTP/1.1\r\n\r\n",
+            b"GET /watch/a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+            b"GET /watch/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET /watch/a HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+            b"GET /watch/a HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"GET /watch/a HTTP/2.0\r\n\r\n",
+            b"\x16\x03\x01\x02\x00",
+        ] {
+            assert!(
+                matches!(classify_all(head), Head::Other),
+                "{:?} is not hyper's",
+                String::from_utf8_lossy(head)
+            );
+        }
+        let many = format!(
+            "GET /watch/a HTTP/1.1\r\n{}\r\n",
+            "X-A: b\r\n".repeat(MAX_HEADERS + 1)
+        );
+        assert!(matches!(classify_all(many.as_bytes()), Head::Other));
+    }
+
+    #[test]
+    fn a_head_in_pieces_waits_for_its_end() {
+        for partial in [
+            &b""[..],
+            b"G",
+            b"GET /wat",
+            b"GET /watch/a HTTP/1.1\r\nHost: x\r\n",
+        ] {
+            assert!(
+                matches!(classify_all(partial), Head::Incomplete),
+                "{:?}",
+                String::from_utf8_lossy(partial)
+            );
+        }
+        // No new line feed since the last look: no parse.
+        let head = b"GET /watch/a HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert!(matches!(classify(head, head.len(), MAX), Head::Incomplete));
+        assert!(matches!(
+            classify(head, head.len() - 1, MAX),
+            Head::Stream(_)
+        ));
+    }
+
+    #[test]
+    fn an_oversized_head_goes_to_hyper_for_its_431() {
+        let head = format!("GET /watch/a HTTP/1.1\r\nX-Big: {}", "a".repeat(2048));
+        assert!(matches!(classify(head.as_bytes(), 0, 1024), Head::Other));
+    }
+
+    #[test]
+    fn the_head_says_how_the_body_ends_and_that_the_connection_closes() {
+        let response = axum::http::Response::builder()
+            .status(429)
+            .header("content-type", "application/problem+json")
+            .header("content-length", "999")
+            .header("connection", "keep-alive")
+            .body(())
+            .unwrap();
+        let (parts, ()) = response.into_parts();
+        let head = String::from_utf8(encode_head(&parts, Framing::Length(12))).unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("content-type: application/problem+json\r\n"));
+        assert!(head.contains("content-length: 12\r\n"));
+        assert!(
+            !head.contains("999") && !head.contains("keep-alive"),
+            "{head}"
+        );
+        assert!(head.contains("\r\ndate: "));
+        assert!(head.ends_with("connection: close\r\n\r\n"));
+        let chunked = String::from_utf8(encode_head(&parts, Framing::Chunked)).unwrap();
+        assert!(chunked.contains("transfer-encoding: chunked\r\n"));
+        assert!(!chunked.contains("content-length"));
+        let mut line = [0u8; CHUNK_SIZE_LINE];
+        assert_eq!(chunk_size_line(300, &mut line), b"12c\r\n");
+        assert_eq!(
+            chunk_size_line(usize::MAX, &mut line).len(),
+            CHUNK_SIZE_LINE
+        );
+    }
+}
