@@ -2,7 +2,8 @@
 #
 # Container image for statestore-gateway: the gateway (`serve`) and the state
 # store emulator (`emulator`). The `dev` subcommand (embedded broker) is left
-# out: the build uses --no-default-features, which drops `embedded-broker`.
+# out: the build uses --no-default-features --features jemalloc, which drops
+# `embedded-broker` and keeps the allocator.
 #
 #   docker build -t statestore-gateway:0.1.0 .
 #
@@ -26,9 +27,11 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /src/recipe.json recipe.json
-RUN cargo chef cook --release --no-default-features --recipe-path recipe.json
+# jemalloc's build settings live here ([env]); cook builds jemalloc with them.
+COPY .cargo .cargo
+RUN cargo chef cook --release --no-default-features --features jemalloc --recipe-path recipe.json
 COPY . .
-RUN cargo build --release --locked --no-default-features --bin statestore-gateway \
+RUN cargo build --release --locked --no-default-features --features jemalloc --bin statestore-gateway \
     && install -D -m 0755 target/release/statestore-gateway /out/statestore-gateway
 
 # cc-debian12 carries glibc and libgcc, which a Rust binary links against;

@@ -7,6 +7,14 @@ use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
 use statestore_gateway::http::{ServeError, Server, termination_signal};
 use statestore_gateway::metrics::Metrics;
 
+/// jemalloc instead of glibc's malloc: after a burst (10,000 watchers come
+/// and go) glibc kept the memory for good; jemalloc, with the settings in
+/// `.cargo/config.toml` and its background thread, returns it within
+/// seconds.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Exit code for a setting that parsed but cannot be used (clap uses the
 /// same for the ones that do not parse).
 const EXIT_BAD_SETTING: i32 = 2;

@@ -56,12 +56,20 @@ pub struct FanoutReport {
     pub rss_during_kib: u64,
     /// Gateway RSS after all have left (watcher gauge back at 0, then 1 s), KiB.
     pub rss_after_kib: u64,
+    /// Gateway RSS `settle` after all have left, KiB: what the allocator
+    /// has given back to the system by then.
+    pub rss_settled_kib: u64,
 }
 
 /// Connects `watchers` SSE streams to `/watch/<key>`, makes `rounds` PUTs
 /// (one at a time, each once every watcher got the previous one) and
 /// disconnects them all.
-pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Result<FanoutReport> {
+pub async fn fanout(
+    gateway: &GatewayProc,
+    watchers: usize,
+    rounds: usize,
+    settle: Duration,
+) -> Result<FanoutReport> {
     let key = format!("fanout-{watchers}");
     let path = format!("/watch/{key}");
     let rss_before_kib = gateway.proc.rss_kib()?;
@@ -148,8 +156,11 @@ pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Re
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let left = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_after_kib = gateway.proc.rss_kib()?;
+    tokio::time::sleep_until((left + settle).into()).await;
+    let rss_settled_kib = gateway.proc.rss_kib()?;
     let deliveries = samples.len();
     Ok(FanoutReport {
         watchers,
@@ -163,6 +174,7 @@ pub async fn fanout(gateway: &GatewayProc, watchers: usize, rounds: usize) -> Re
         rss_before_kib,
         rss_during_kib,
         rss_after_kib,
+        rss_settled_kib,
     })
 }
 
