@@ -21,9 +21,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use futures_util::stream::{self, SelectAll};
+use futures_util::future::BoxFuture;
+use futures_util::stream;
 use thiserror::Error;
 use tokio::sync::{Notify, broadcast, watch};
+use tokio_stream::StreamMap;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
@@ -332,20 +334,23 @@ impl WatchHub {
         let mut watcher = Watcher {
             hub: Arc::clone(&self.inner),
             cursors: Vec::with_capacity(keys.len()),
-            events: SelectAll::new(),
+            events: StreamMap::with_capacity(keys.len()),
             pending: Vec::new(),
-            shutdown: self.inner.shutdown.subscribe(),
+            shutdown: {
+                let mut shutdown = self.inner.shutdown.subscribe();
+                Box::pin(async move {
+                    // An error means the hub is gone: shut down too.
+                    let _ = shutdown.wait_for(|down| *down).await;
+                })
+            },
+            shut_down: false,
         };
         let mut unique = HashSet::new();
         for key in keys.into_iter().filter(|key| unique.insert(key.clone())) {
             let key_watch = self.attach(&key);
             let receiver = key_watch.events.subscribe();
             let index = watcher.cursors.len();
-            watcher.events.push(
-                BroadcastStream::new(receiver)
-                    .map(move |item| (index, item))
-                    .boxed(),
-            );
+            watcher.events.insert(index, BroadcastStream::new(receiver));
             watcher.cursors.push(Cursor {
                 watch: key_watch,
                 delivered: None,
@@ -445,18 +450,18 @@ struct Cursor {
     delivered: Option<Hlc>,
 }
 
-type EventStream = futures_util::stream::BoxStream<
-    'static,
-    (usize, Result<Arc<KeyEvent>, BroadcastStreamRecvError>),
->;
-
 /// One open stream of events for a set of keys.
 pub struct Watcher {
     hub: Arc<Inner>,
     cursors: Vec<Cursor>,
-    events: SelectAll<EventStream>,
+    /// Each key's events, by index into `cursors`.
+    events: StreamMap<usize, BroadcastStream<Arc<KeyEvent>>>,
     pending: Vec<Arc<KeyEvent>>,
-    shutdown: watch::Receiver<bool>,
+    /// Resolves when the gateway shuts down. One future for the watcher's
+    /// life: making a new one per event registered and unregistered
+    /// 10,000 waiters on one lock for every event of a fan-out.
+    shutdown: BoxFuture<'static, ()>,
+    shut_down: bool,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -478,9 +483,15 @@ impl Watcher {
                 self.hub.metrics.events_delivered.inc();
                 return Some(event);
             }
+            if self.shut_down {
+                return None;
+            }
             let (index, item) = tokio::select! {
                 biased;
-                _ = self.shutdown.wait_for(|down| *down) => return None,
+                () = &mut self.shutdown => {
+                    self.shut_down = true;
+                    return None;
+                }
                 item = self.events.next() => item?,
             };
             let cursor = &mut self.cursors[index];

@@ -188,10 +188,14 @@ pub async fn respond(
     // will not be answered) are read and dropped; reading also tells at
     // once when it closes.
     let mut discard = [0u8; 64];
+    // One future for the whole stream, not one per frame: each new one
+    // would register with the channel that every connection shares.
+    let stopped = stopping.changed();
+    tokio::pin!(stopped);
     loop {
         let frame = tokio::select! {
             biased;
-            _ = stopping.changed() => break,
+            _ = &mut stopped => break,
             read = reader.read(&mut discard) => match read {
                 Ok(n) if n > 0 => continue,
                 _ => return,

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,7 +20,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures_util::Stream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::AppState;
 use super::keys::{decode_key, key_from_path, method_not_allowed};
@@ -112,32 +113,51 @@ async fn start(
 }
 
 /// The stream's bytes: `retry:` once, then each event's frame, and a
-/// keep-alive comment whenever the stream has been quiet for `keep_alive`.
-/// Each frame is one `Bytes` that every watcher of the key shares, so a
-/// fan-out copies nothing per watcher.
+/// keep-alive comment when nothing was sent for a whole `keep_alive`
+/// period (so at least one write every two periods). Each frame is one
+/// `Bytes` that every watcher of the key shares: a fan-out copies nothing
+/// per watcher, and the timer is not touched per event.
 fn frames(watcher: Watcher, keep_alive: Duration) -> impl Stream<Item = Result<Bytes, Infallible>> {
-    let first = Bytes::from_static(RETRY_FRAME);
-    futures_util::stream::unfold(
-        (Some(first), watcher),
-        move |(first, mut watcher)| async move {
-            if let Some(first) = first {
-                return Some((Ok(first), (None, watcher)));
-            }
+    let mut ticks = tokio::time::interval_at(Instant::now() + keep_alive, keep_alive);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let state = Frames {
+        watcher,
+        ticks,
+        started: false,
+        sent: false,
+    };
+    futures_util::stream::unfold(state, |mut state| async move {
+        if !state.started {
+            state.started = true;
+            return Some((Ok(Bytes::from_static(RETRY_FRAME)), state));
+        }
+        loop {
             // `Watcher::next` is cancel-safe: losing the race to the timer
             // loses no event.
-            let frame = tokio::select! {
+            tokio::select! {
                 biased;
-                event = watcher.next() => match event {
-                    Some(event) => sse_frame(&event),
-                    None => return None,
-                },
-                () = tokio::time::sleep_until(Instant::now() + keep_alive) => {
-                    Bytes::from_static(KEEP_ALIVE_FRAME)
+                event = state.watcher.next() => {
+                    let event: Arc<KeyEvent> = event?;
+                    state.sent = true;
+                    return Some((Ok(sse_frame(&event)), state));
                 }
-            };
-            Some((Ok(frame), (None, watcher)))
-        },
-    )
+                _ = state.ticks.tick() => {
+                    if !std::mem::take(&mut state.sent) {
+                        return Some((Ok(Bytes::from_static(KEEP_ALIVE_FRAME)), state));
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// [`frames`]' state between frames.
+struct Frames {
+    watcher: Watcher,
+    ticks: Interval,
+    started: bool,
+    /// Whether an event was sent since the last tick.
+    sent: bool,
 }
 
 /// The SSE frame of an event (`event:`, `id:` = version, one `data:` line

@@ -608,3 +608,42 @@ async fn streams_end_with_their_last_chunk_at_shutdown() {
     shutdown.await.unwrap();
     drop((broker, emulator));
 }
+
+#[tokio::test]
+async fn a_quiet_stream_gets_keep_alive_comments() {
+    let keep_alive = Duration::from_millis(200);
+    let stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            keep_alive,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    // Both ways a stream is served: on a new connection, and by hyper
+    // after another request on the same connection.
+    let fresh = sse::open_raw(
+        stack.gateway.api,
+        &["GET /watch/quiet HTTP/1.1\r\nHost: x\r\n\r\n"],
+    )
+    .await;
+    let reused = sse::open_raw(
+        stack.gateway.api,
+        &[
+            "GET /keys/quiet HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /watch/quiet HTTP/1.1\r\nHost: x\r\n\r\n",
+        ],
+    )
+    .await;
+    for mut raw in [fresh, reused] {
+        assert_eq!(raw.status, 200, "{}", raw.head);
+        raw.stream.expect("sync").await;
+        // At most two periods without a write.
+        raw.stream.expect_silence(keep_alive * 5).await;
+        assert!(
+            raw.stream.comments >= 1,
+            "no keep-alive in {:?}",
+            keep_alive * 5
+        );
+    }
+}
