@@ -92,9 +92,22 @@ impl fmt::Debug for ApiToken {
     }
 }
 
-/// What every handler shares.
+/// What every handler shares: one `Arc`, since axum clones the state for
+/// each extractor of each request.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The contents of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     /// The broker connections.
     pub pool: Pool,
     /// Metric families.
@@ -122,7 +135,7 @@ impl AppState {
         api_token: Option<ApiToken>,
         watch: WatchSettings,
     ) -> Self {
-        Self {
+        Self(Arc::new(Shared {
             hub: WatchHub::start(pool.clone(), metrics.clone(), watch),
             pool,
             metrics,
@@ -130,7 +143,7 @@ impl AppState {
             clock: hlc::now_ms,
             api_token,
             draining: Arc::new(AtomicBool::new(false)),
-        }
+        }))
     }
 
     /// The largest value a PUT may carry right now: the configured limit,
@@ -157,8 +170,13 @@ pub fn router(state: AppState) -> Router {
     let backstop = state.limits.backstop();
     api_routes()
         .fallback(route_not_found)
-        .layer(from_fn_with_state(backstop, backstop_timeout))
-        .layer(from_fn_with_state(state.api_token.clone(), require_token))
+        .layer(from_fn_with_state(
+            Guard {
+                token: state.api_token.clone(),
+                backstop,
+            },
+            guard,
+        ))
         // The dashboard's static files are public; the API calls it makes
         // are not (a browser cannot send a bearer token on an EventSource,
         // so the dashboard is for gateways without --api-token-file).
@@ -245,22 +263,30 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// `Authorization: Bearer <token>` when a token is configured.
-async fn require_token(
-    State(token): State<Option<ApiToken>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(token) = token else {
-        return next.run(request).await;
-    };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| bearer_token(value.as_bytes()));
-    match presented {
-        Some(presented) if token.matches(presented) => next.run(request).await,
-        _ => ApiError::Unauthorized.into_response(),
+/// What [`guard`] checks (one middleware for both: each layer costs a
+/// service clone and a boxed future per request).
+#[derive(Debug, Clone)]
+struct Guard {
+    /// Required as `Authorization: Bearer <token>` when configured.
+    token: Option<ApiToken>,
+    /// See [`Limits::backstop`].
+    backstop: Duration,
+}
+
+/// The bearer token check, then the request under the backstop timeout.
+async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    if let Some(token) = &guard.token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| bearer_token(value.as_bytes()));
+        if !presented.is_some_and(|presented| token.matches(presented)) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    match tokio::time::timeout(guard.backstop, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::HandlerTimeout(guard.backstop).into_response(),
     }
 }
 
@@ -272,13 +298,6 @@ fn bearer_token(header: &[u8]) -> Option<&[u8]> {
     }
     let token = rest.trim_ascii();
     (!token.is_empty()).then_some(token)
-}
-
-async fn backstop_timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => ApiError::HandlerTimeout(limit).into_response(),
-    }
 }
 
 /// Everything `serve` needs, validated (see `ServeArgs::settings`).
