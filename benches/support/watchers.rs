@@ -208,9 +208,13 @@ async fn watcher(
     }
     let mut last_round = 0;
     let mut buffer = vec![0u8; 2048];
+    // One future for the watcher's life: a new one per read would register
+    // with the channel all 10,000 watchers share, on every event.
+    let stopped = stop.changed();
+    tokio::pin!(stopped);
     loop {
         tokio::select! {
-            _ = stop.changed() => return,
+            _ = &mut stopped => return,
             read = stream.read(&mut buffer) => {
                 let n = match read {
                     Ok(0) | Err(_) => return,
