@@ -25,15 +25,10 @@ use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
 use thiserror::Error;
 
+#[cfg(test)]
+use super::REQUEST_CHANNEL_CAPACITY;
+use super::base_options;
 use super::pool::BrokerSettings;
-use super::{REQUEST_CHANNEL_CAPACITY, base_options};
-
-/// Outgoing QoS 1 publishes a member may have unacknowledged. rumqttc
-/// preallocates one slot per packet id up to this limit, and its default
-/// (65,535) costs about 14 MB of resident memory per connection. The pool
-/// keeps at most half the request channel in flight per member, so this is
-/// never what limits it.
-const OUTGOING_INFLIGHT_LIMIT: u16 = REQUEST_CHANNEL_CAPACITY as u16;
 
 /// The enhanced authentication method of the AIO broker's service-account
 /// token authentication.
@@ -154,7 +149,6 @@ pub(crate) fn connect_options(
     // session is of no use; a clean start also drops QoS 1 replies queued
     // for a previous connection.
     options.set_clean_start(true);
-    options.set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT_LIMIT);
     let session_expiry = u32::try_from(broker.session_expiry.as_secs()).unwrap_or(u32::MAX);
     options.set_session_expiry_interval(Some(session_expiry));
 

@@ -18,8 +18,19 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests queued from clients to a rumqttc event loop before `publish` waits.
 pub const REQUEST_CHANNEL_CAPACITY: usize = 1024;
 
+/// Outgoing QoS 1 publishes a connection may have unacknowledged. rumqttc
+/// preallocates one slot per packet id up to this limit (or the broker's
+/// receive maximum, if lower), and its default (65,535) costs about 14 MB
+/// of resident memory per connection. The pool keeps at most half the
+/// request channel in flight per member; the emulator answers at most its
+/// receive maximum (1,024) requests at a time, and when a burst of
+/// notifications reaches the limit rumqttc waits for acknowledgements
+/// (flow control; nothing is dropped).
+pub const OUTGOING_INFLIGHT_LIMIT: u16 = 1024;
+
 /// MQTT5 options every connection of this crate starts from: TCP_NODELAY,
-/// an explicit maximum packet size, keep-alive and a connect timeout.
+/// an explicit maximum packet size, keep-alive, a connect timeout and a
+/// small outgoing in-flight table.
 pub fn base_options(
     client_id: impl Into<String>,
     host: impl Into<String>,
@@ -34,7 +45,8 @@ pub fn base_options(
         .set_network_options(network)
         .set_max_packet_size(Some(MAX_PACKET_SIZE))
         .set_keep_alive(keep_alive)
-        .set_request_channel_capacity(REQUEST_CHANNEL_CAPACITY);
+        .set_request_channel_capacity(REQUEST_CHANNEL_CAPACITY)
+        .set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT_LIMIT);
     options
 }
 
