@@ -397,3 +397,32 @@ async fn slow_and_oversized_requests_are_cut_off_by_timeouts_and_limits() {
         .unwrap();
     assert_eq!(response.status(), 200);
 }
+
+/// Container runtimes may start the gateway at a soft limit of 1,024 open
+/// files (here: 256) with a much higher hard limit: it raises its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_soft_open_file_limit_is_raised_and_more_watchers_than_it_fit() {
+    const SOFT: u64 = 256;
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start_with_open_file_limit(broker.port(), &[], Some(SOFT)).await;
+    let (soft, hard) = gateway.open_file_limits();
+    assert_eq!(soft, hard, "the soft limit is raised to the hard one");
+    assert!(
+        hard > SOFT * 2,
+        "this machine's hard limit ({hard}) is too low to show it"
+    );
+
+    let mut streams = Vec::new();
+    for _ in 0..SOFT + 100 {
+        let mut raw =
+            sse::open_raw(gateway.api, &["GET /watch/fd HTTP/1.1\r\nHost: x\r\n\r\n"]).await;
+        assert_eq!(raw.status, 200, "{}", raw.head);
+        raw.stream.expect("sync").await;
+        streams.push(raw);
+    }
+    assert_eq!(
+        gateway.metric("statestore_gateway_watchers").await,
+        (SOFT + 100) as f64
+    );
+}

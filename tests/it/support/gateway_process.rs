@@ -25,9 +25,31 @@ impl GatewayProcess {
     /// pool of 2, then `args` (later flags win), and waits until `/readyz`
     /// is 200.
     pub async fn start(broker_port: u16, args: &[&str]) -> Self {
+        Self::start_with_open_file_limit(broker_port, args, None).await
+    }
+
+    /// As [`start`](Self::start), with the soft limit on open files set to
+    /// `soft_limit` (by the shell that then execs the binary, as a container
+    /// runtime would start it).
+    pub async fn start_with_open_file_limit(
+        broker_port: u16,
+        args: &[&str],
+        soft_limit: Option<u64>,
+    ) -> Self {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_statestore-gateway"));
+        let binary = env!("CARGO_BIN_EXE_statestore-gateway");
+        let mut command = match soft_limit {
+            None => Command::new(binary),
+            Some(limit) => {
+                let mut shell = Command::new("sh");
+                shell
+                    .arg("-c")
+                    .arg(format!("ulimit -Sn {limit} && exec \"$0\" \"$@\""))
+                    .arg(binary);
+                shell
+            }
+        };
         // The test runner's environment must not configure the child.
         for (name, _) in std::env::vars() {
             if name.starts_with("STATESTORE_GATEWAY_") || name.starts_with("AIO_") {
@@ -67,6 +89,20 @@ impl GatewayProcess {
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Its (soft, hard) limits on open files, from `/proc/<pid>/limits`.
+    pub fn open_file_limits(&self) -> (u64, u64) {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.pid()))
+            .expect("read /proc/<pid>/limits");
+        let line = limits
+            .lines()
+            .find_map(|line| line.strip_prefix("Max open files"))
+            .expect("a Max open files line");
+        let mut numbers = line
+            .split_whitespace()
+            .map(|n| n.parse().expect("a number"));
+        (numbers.next().expect("soft"), numbers.next().expect("hard"))
     }
 
     /// Resident memory now, in KiB (`VmRSS` in `/proc/<pid>/status`).
