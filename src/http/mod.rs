@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod problem;
 pub mod watch;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -178,8 +179,8 @@ pub fn router(state: AppState) -> Router {
             guard,
         ))
         // The dashboard's static files are public; the API calls it makes
-        // are not (a browser cannot send a bearer token on an EventSource,
-        // so the dashboard is for gateways without --api-token-file).
+        // are not (it asks for the token; its stream sends it as
+        // `access_token`, see `query_token`).
         .merge(crate::ui::router())
         .layer(from_fn_with_state(state.metrics.clone(), observe))
         // Bodies are read by the handlers against the value limit.
@@ -279,8 +280,10 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|value| bearer_token(value.as_bytes()));
-        if !presented.is_some_and(|presented| token.matches(presented)) {
+            .and_then(|value| bearer_token(value.as_bytes()))
+            .map(Cow::Borrowed)
+            .or_else(|| query_token(&request).map(Cow::Owned));
+        if !presented.is_some_and(|presented| token.matches(&presented)) {
             return ApiError::Unauthorized.into_response();
         }
     }
@@ -288,6 +291,24 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
         Ok(response) => response,
         Err(_) => ApiError::HandlerTimeout(guard.backstop).into_response(),
     }
+}
+
+/// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
+/// request: a browser's `EventSource` cannot send an `Authorization`
+/// header, so a dashboard on a gateway with a token has no other way.
+/// Only watch streams take it; the gateway logs paths, never queries.
+fn query_token(request: &Request) -> Option<Vec<u8>> {
+    if request.method() != Method::GET || !watch::is_watch_path(request.uri().path()) {
+        return None;
+    }
+    let value = request.uri().query()?.split('&').find_map(|pair| {
+        pair.strip_prefix(watch::ACCESS_TOKEN_PARAMETER)?
+            .strip_prefix('=')
+    })?;
+    // Form encoding, as RFC 6750 says (and as the watch `key`s are).
+    let value = value.replace('+', " ");
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(&value).collect();
+    (!decoded.is_empty()).then_some(decoded)
 }
 
 /// The credentials of a `Bearer` authorization header (scheme case-insensitive).
@@ -748,6 +769,32 @@ mod tests {
             HeaderValue::from_static("Bearer t0ken"),
         );
         assert_eq!(send(&state, right).await.0, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn watch_streams_may_carry_the_token_as_access_token() {
+        let state = state(Some(ApiToken::new(b"t0/k en".to_vec())));
+        // Past the guard: the store is unreachable here, so 503.
+        for uri in [
+            "/watch/k?access_token=t0%2Fk%20en",
+            "/watch/k?access_token=t0%2Fk+en",
+            "/watch?key=k&access_token=t0%2Fk%20en",
+        ] {
+            let (status, _, body) = send(&state, request("GET", uri)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{uri}: {body}");
+        }
+        for (method, uri) in [
+            ("GET", "/watch/k?access_token=t0%2Fk%20em"),
+            ("GET", "/watch/k?access_token="),
+            ("GET", "/watch/k?token=t0%2Fk%20en"),
+            // Only watch streams: everything else can send the header.
+            ("GET", "/keys/k?access_token=t0%2Fk%20en"),
+            ("PUT", "/keys/k?access_token=t0%2Fk%20en"),
+            ("GET", "/watchers?access_token=t0%2Fk%20en"),
+        ] {
+            let (status, _, body) = send(&state, request(method, uri)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {uri}: {body}");
+        }
     }
 
     #[tokio::test]

@@ -57,6 +57,16 @@ async fn watch_path(
     start(&state, vec![key], &headers).await
 }
 
+/// The query parameter that may carry the API token on watch requests
+/// (see `query_token` in the parent module); not a key.
+pub const ACCESS_TOKEN_PARAMETER: &str = "access_token";
+
+/// Whether `path` is one of the watch routes.
+pub fn is_watch_path(path: &str) -> bool {
+    path.strip_prefix("/watch")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// `GET /watch?key=a&key=b`
 async fn watch_query(
     State(state): State<AppState>,
@@ -69,6 +79,9 @@ async fn watch_query(
             continue;
         }
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == ACCESS_TOKEN_PARAMETER {
+            continue;
+        }
         if name != "key" {
             return Err(ApiError::BadQuery(format!(
                 "unknown query parameter {name:?}; use key=<name> once per key"

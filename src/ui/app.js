@@ -5,6 +5,8 @@
 
 (() => {
   const STORAGE_KEY = 'statestore-gateway.ui.keys';
+  // The API token lives in sessionStorage: this tab only, gone when it closes.
+  const TOKEN_KEY = 'statestore-gateway.ui.token';
   // The page is served at <root>/ui/; the API lives at <root>/.
   const API_ROOT = new URL('../', document.baseURI);
   const REQUEST_TIMEOUT_MS = 15000;
@@ -24,6 +26,9 @@
     rows: $('rows'),
     empty: $('empty'),
     template: $('row-template'),
+    tokenBox: $('token-box'),
+    tokenForm: $('token-form'),
+    token: $('token'),
   };
 
   /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error } */
@@ -44,8 +49,26 @@
   }
 
   function watchUrl(keys) {
-    const query = keys.map((key) => 'key=' + encodeURIComponent(key)).join('&');
-    return new URL('watch?' + query, API_ROOT);
+    const query = keys.map((key) => 'key=' + encodeURIComponent(key));
+    // EventSource cannot send an Authorization header: the gateway takes
+    // the token as `access_token` on watch streams (RFC 6750, 2.3).
+    const token = apiToken();
+    if (token) query.push('access_token=' + encodeURIComponent(token));
+    return new URL('watch?' + query.join('&'), API_ROOT);
+  }
+
+  function apiToken() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || '';
+    } catch {
+      return '';
+    }
+  }
+
+  /** Headers for fetch: the token, when one was given. */
+  function authHeaders() {
+    const token = apiToken();
+    return token ? { Authorization: `Bearer ${token}` } : {};
   }
 
   /** Whether the key can travel in a URL (a lone UTF-16 surrogate cannot). */
@@ -118,6 +141,12 @@
 
   /** A readable message from a failed answer: problem+json title and detail if any. */
   async function describeFailure(response) {
+    if (response.status === 401) {
+      ui.tokenBox.open = true;
+      return apiToken()
+        ? 'the gateway refused the API token (HTTP 401)'
+        : 'the gateway needs an API token: enter it under "API token" (HTTP 401)';
+    }
     const status = `HTTP ${response.status}`;
     let body = '';
     try {
@@ -141,10 +170,15 @@
 
   /** fetch with a deadline and messages a person can act on. */
   async function request(method, url, body) {
-    const init = { method, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS), cache: 'no-store' };
+    const init = {
+      method,
+      signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+      cache: 'no-store',
+      headers: authHeaders(),
+    };
     if (body !== undefined) {
       init.body = body;
-      init.headers = { 'Content-Type': 'text/plain; charset=utf-8' };
+      init.headers['Content-Type'] = 'text/plain; charset=utf-8';
     }
     try {
       return await fetch(url, init);
@@ -220,9 +254,13 @@
       source = null;
       const opened = generation;
       setConnection('refused', 'Not watching');
-      explainRefusal(url).then(({ message, retry }) => {
+      explainRefusal(url).then(({ message, retry, unauthorized }) => {
         if (opened !== generation) return; // the key set changed meanwhile
         showError(message, 'watch');
+        if (unauthorized) {
+          setConnection('refused', 'Not watching: the gateway needs its API token');
+          return;
+        }
         if (!retry) {
           setConnection('refused', 'Not watching: change the keys');
           return;
@@ -240,7 +278,9 @@
 
   /**
    * Why the gateway refused a watch: repeats the request and reads the
-   * problem. `retry` is false when the same keys would be refused again.
+   * problem. `retry` is false when the same keys would be refused again;
+   * `unauthorized` when the token is missing or wrong (the token form
+   * reopens the stream).
    */
   async function explainRefusal(url) {
     const abort = new AbortController();
@@ -255,7 +295,8 @@
         return { message: 'The watch stream was closed by the gateway', retry: true };
       }
       const retry = response.status === 408 || response.status === 429 || response.status >= 500;
-      return { message: `Watching failed: ${await describeFailure(response)}`, retry };
+      const unauthorized = response.status === 401;
+      return { message: `Watching failed: ${await describeFailure(response)}`, retry, unauthorized };
     } catch {
       return { message: 'Watching failed: the gateway cannot be reached', retry: true };
     } finally {
@@ -467,6 +508,24 @@
   ui.addForm.addEventListener('submit', (event) => {
     event.preventDefault();
     if (watch(ui.addKey.value)) ui.addKey.value = '';
+  });
+
+  ui.tokenForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    try {
+      if (ui.token.value) {
+        sessionStorage.setItem(TOKEN_KEY, ui.token.value);
+      } else {
+        sessionStorage.removeItem(TOKEN_KEY);
+      }
+    } catch {
+      showError('This browser does not let the page keep the token');
+      return;
+    }
+    ui.token.value = '';
+    ui.tokenBox.open = false;
+    showNotice(apiToken() ? 'Using the API token' : 'No API token');
+    openStream();
   });
 
   for (const key of loadKeys()) addRow(key);

@@ -17,7 +17,11 @@
 // temporary directory, and exit status 1. The page must also run without a
 // script error or a Content-Security-Policy violation.
 //
-// CHROMIUM overrides the browser (default /usr/bin/chromium).
+// CHROMIUM overrides the browser (default /usr/bin/chromium). With
+// API_TOKEN set, the gateway is expected to require that token: the page
+// must first say so, then work once the token is entered in its form (the
+// stream carries it as access_token, fetch as a bearer header); this
+// script's own requests send it as a bearer header.
 
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -30,6 +34,7 @@ const WAIT_MS = 10_000;
 const REQUEST_MS = 5_000;
 const OVERALL_MS = 50_000;
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const API_TOKEN = process.env.API_TOKEN || '';
 // Without the background-networking flags Chromium keeps dialling out, and
 // a closed network refuses it; none of that traffic is needed here.
 const CHROMIUM_ARGS = [
@@ -72,6 +77,7 @@ function parseBase(arg) {
 /** curl-style: plain fetch from node, bounded. */
 async function http(method, url, { body, accept } = {}) {
   const init = { method, signal: AbortSignal.timeout(REQUEST_MS), headers: {} };
+  if (API_TOKEN) init.headers.Authorization = `Bearer ${API_TOKEN}`;
   if (body !== undefined) init.body = body;
   if (accept) init.headers.Accept = accept;
   try {
@@ -173,6 +179,19 @@ async function run(base, problems, session) {
   step(`adding ${KEY} through the page`);
   await page.getByLabel('Key to watch').fill(KEY);
   await page.getByRole('button', { name: 'Watch', exact: true }).click();
+  if (API_TOKEN) {
+    step('the gateway wants a token: the page says so; entering it');
+    await page
+      .locator('#connection-text')
+      .filter({ hasText: 'needs its API token' })
+      .waitFor({ timeout: WAIT_MS })
+      .catch(() => fail(`the page did not ask for the token: ${JSON.stringify(problems)}`));
+    await page.evaluate(() => {
+      document.getElementById('token-box').open = true;
+    });
+    await page.locator('#token').fill(API_TOKEN);
+    await page.getByRole('button', { name: 'Use', exact: true }).click();
+  }
   await waitForRow(page, KEY, 'the key as absent after its first sync', (c) => c.kind === 'sync' && c.exists === 'false');
   const connection = await page.locator('#connection').getAttribute('data-state');
   if (connection !== 'live') fail(`the connection state is ${connection}, not live`);

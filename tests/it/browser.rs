@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use crate::support::gateway::Stack;
+use crate::support::gateway::{GatewayOptions, Stack};
 
 /// The whole browser run: Chromium start, page load, three bounded waits.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,12 +61,13 @@ pub fn require_browser_tools() {
 
 /// Runs `tests/browser/ui.mjs <base_url>` to completion (bounded), and
 /// returns its output; the caller asserts on the exit status.
-pub async fn run_ui_script(base_url: &str) -> Output {
+pub async fn run_ui_script(base_url: &str, api_token: Option<&str>) -> Output {
     require_browser_tools();
     let child = tokio::process::Command::new("node")
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
+        .env("API_TOKEN", api_token.unwrap_or_default())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -113,7 +114,28 @@ async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() 
     require_browser_tools();
     let stack = Stack::start().await;
     let base = format!("http://{}", stack.gateway.api);
-    let output = run_ui_script(&base).await;
+    let output = run_ui_script(&base, None).await;
+    assert_passed(&output);
+    stack.gateway.shutdown().await;
+}
+
+/// The same behind `--api-token-file`: the page asks for the token, and
+/// once given, its stream (which cannot send a header) and its requests
+/// pass.
+#[tokio::test]
+async fn dashboard_works_behind_an_api_token_once_given() {
+    require_browser_tools();
+    let token = "dash-t0ken/+&=";
+    let stack = Stack::start_with(
+        |_| {},
+        GatewayOptions {
+            api_token: Some(token.into()),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    let base = format!("http://{}", stack.gateway.api);
+    let output = run_ui_script(&base, Some(token)).await;
     assert_passed(&output);
     stack.gateway.shutdown().await;
 }
@@ -121,7 +143,7 @@ async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() 
 #[tokio::test]
 async fn ui_script_fails_with_a_clear_message_when_no_gateway_answers() {
     let port = crate::support::free_port();
-    let output = run_ui_script(&format!("http://127.0.0.1:{port}")).await;
+    let output = run_ui_script(&format!("http://127.0.0.1:{port}"), None).await;
     assert!(!output.status.success(), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
