@@ -108,6 +108,11 @@ pub mod serve_env {
 /// The value limit when neither `--max-value-bytes` nor the broker says one.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The longest `--client-id`: members add `-<n>`, and the id is part of
+/// every request's response topic, which MQTT caps at 65,535 bytes with
+/// the rest of the topic; 1 KiB is far beyond any broker's practice.
+pub const MAX_CLIENT_ID_BYTES: usize = 1024;
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum LogFormat {
@@ -272,6 +277,14 @@ impl ServeArgs {
                     "--client-id",
                     serve_env::MQTT_CLIENT_ID,
                     "must not be empty",
+                ));
+            }
+            // It travels in every request's response topic and `__srcId`.
+            Some(id) if id.len() > MAX_CLIENT_ID_BYTES => {
+                return Err(ConfigError::new(
+                    "--client-id",
+                    serve_env::MQTT_CLIENT_ID,
+                    format!("{} bytes; at most {MAX_CLIENT_ID_BYTES}", id.len()),
                 ));
             }
             Some(id) => id.clone(),
@@ -673,6 +686,18 @@ mod tests {
             Command::Serve(args) => Ok(args),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_client_id_longer_than_1_kib_is_refused() {
+        let long = "a".repeat(MAX_CLIENT_ID_BYTES + 1);
+        let args = serve_args(&["--client-id", &long, "--use-tls", "false"]).unwrap();
+        let error = args.settings().unwrap_err();
+        assert_eq!(error.setting, "--client-id");
+        assert!(error.to_string().contains("1025 bytes"), "{error}");
+        let fits = "a".repeat(MAX_CLIENT_ID_BYTES);
+        let args = serve_args(&["--client-id", &fits, "--use-tls", "false"]).unwrap();
+        assert_eq!(args.settings().unwrap().pool.client_id, fits);
     }
 
     #[test]

@@ -105,6 +105,15 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// A value MQTT carries as a string or binary field is over 65,535
+    /// bytes (rumqttc would silently cut it and write a corrupt packet).
+    #[error("{setting}: {bytes} bytes; MQTT carries at most 65,535")]
+    TooLong {
+        /// The setting.
+        setting: &'static str,
+        /// Its length.
+        bytes: usize,
+    },
     /// `Pool::start` was called outside a Tokio runtime.
     #[error("the pool must be started inside a Tokio runtime")]
     NoRuntime,
@@ -171,6 +180,15 @@ pub(crate) fn connect_options(
         Some(path) => Some(read_password(path)?),
         None => None,
     };
+    fits_mqtt("AIO_MQTT_CLIENT_ID", client_id.len())?;
+    fits_mqtt(
+        "AIO_MQTT_USERNAME",
+        broker.username.as_ref().map_or(0, String::len),
+    )?;
+    fits_mqtt(
+        "AIO_MQTT_PASSWORD_FILE",
+        password.as_ref().map_or(0, String::len),
+    )?;
     if broker.username.is_some() || password.is_some() {
         // rumqttc leaves an empty user name or password out of CONNECT.
         options.set_credentials(
@@ -182,6 +200,7 @@ pub(crate) fn connect_options(
     let sat_token = match &broker.sat_file {
         Some(path) => {
             let token = read_sat(path)?;
+            fits_mqtt("AIO_SAT_FILE", token.len())?;
             options
                 .set_authentication_method(Some(SAT_METHOD.to_owned()))
                 .set_authentication_data(Some(token.clone()));
@@ -190,6 +209,14 @@ pub(crate) fn connect_options(
         None => None,
     };
     Ok(ConnectOptions { options, sat_token })
+}
+
+/// MQTT strings and binary data have a 16-bit length.
+fn fits_mqtt(setting: &'static str, bytes: usize) -> Result<(), ConfigError> {
+    if bytes > usize::from(u16::MAX) {
+        return Err(ConfigError::TooLong { setting, bytes });
+    }
+    Ok(())
 }
 
 /// The service-account token, byte for byte (the SDK sends the file as is).
@@ -312,6 +339,48 @@ mod tests {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn values_longer_than_an_mqtt_string_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(65_536);
+        let mut broker = settings();
+        broker.username = Some(long.clone());
+        assert!(matches!(
+            connect_options(&broker, "gw-0"),
+            Err(ConfigError::TooLong {
+                setting: "AIO_MQTT_USERNAME",
+                bytes: 65_536
+            })
+        ));
+        broker.username = Some(long[1..].to_owned());
+        assert!(connect_options(&broker, "gw-0").is_ok(), "65,535 bytes fit");
+        assert!(matches!(
+            connect_options(&settings(), &long),
+            Err(ConfigError::TooLong {
+                setting: "AIO_MQTT_CLIENT_ID",
+                ..
+            })
+        ));
+        let mut broker = settings();
+        broker.password_file = Some(file(&dir, "password", long.as_bytes()));
+        assert!(matches!(
+            connect_options(&broker, "gw-0"),
+            Err(ConfigError::TooLong {
+                setting: "AIO_MQTT_PASSWORD_FILE",
+                ..
+            })
+        ));
+        let mut broker = settings();
+        broker.sat_file = Some(file(&dir, "token", long.as_bytes()));
+        assert!(matches!(
+            connect_options(&broker, "gw-0"),
+            Err(ConfigError::TooLong {
+                setting: "AIO_SAT_FILE",
+                ..
+            })
+        ));
     }
 
     #[test]
