@@ -79,6 +79,8 @@ pub mod serve_env {
     pub const CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
     /// `--header-read-timeout`
     pub const HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
+    /// `--max-connections`
+    pub const MAX_CONNECTIONS: &str = "STATESTORE_GATEWAY_MAX_CONNECTIONS";
     /// `--broker-host`
     pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
     /// `--broker-port`
@@ -186,6 +188,11 @@ pub struct ServeArgs {
     /// connection stays open.
     #[arg(long, env = serve_env::HEADER_READ_TIMEOUT, default_value = "30s", value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
+    /// Open connections on the API listener; at the limit the gateway
+    /// stops accepting (new clients wait in the kernel's backlog) until one
+    /// closes. Each watch stream is a connection.
+    #[arg(long, env = serve_env::MAX_CONNECTIONS, default_value = "20000", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -327,6 +334,7 @@ impl ServeArgs {
                 .filter(|origin| !origin.is_empty())
                 .collect(),
             header_read_timeout: self.header_read_timeout,
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
         })
     }
 }

@@ -23,7 +23,8 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
 
 use super::event_stream::{self, FirstRequest, Prefixed};
 
@@ -41,6 +42,11 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// See [`MAX_HEADER_BYTES`].
     pub max_header_bytes: usize,
+    /// Open connections at most: at the limit the loop stops accepting
+    /// (new clients wait in the kernel's listen backlog, then are refused
+    /// by it) until a connection closes, rather than running out of file
+    /// descriptors or memory.
+    pub max_connections: usize,
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves; then stops
@@ -67,8 +73,32 @@ pub async fn serve(
     // last connection was accepted, so every connection sees the change.
     let (stop, stopping) = watch::channel(false);
     let (open, connection_alive) = watch::channel(());
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut full_since: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if full_since.is_none() {
+                    tracing::warn!(
+                        limit = limits.max_connections,
+                        "connection limit reached; not accepting until one closes"
+                    );
+                    full_since = Some(Instant::now());
+                }
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    slot = Arc::clone(&slots).acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
+        if let Some(since) = full_since.take() {
+            tracing::info!(after = ?since.elapsed(), "accepting connections again");
+        }
         let stream = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -86,7 +116,7 @@ pub async fn serve(
             Arc::clone(&builder),
             limits,
             stopping.clone(),
-            connection_alive.clone(),
+            (connection_alive.clone(), slot),
         ));
     }
     drop(listener);
@@ -96,14 +126,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one connection until it closes; `_alive` is held until then.
+/// Serves one connection until it closes; `_alive` (the shutdown wait's
+/// receiver and the connection's slot) is held until then.
 async fn connection(
     mut stream: TcpStream,
     router: Router,
     builder: Arc<http1::Builder>,
     limits: ConnectionLimits,
     mut stopping: watch::Receiver<bool>,
-    _alive: watch::Receiver<()>,
+    _alive: (watch::Receiver<()>, OwnedSemaphorePermit),
 ) {
     // The first request's head is read here at most once per connection;
     // a client that takes its time before the first byte gets hyper's full
@@ -191,6 +222,7 @@ mod tests {
     const LIMITS: ConnectionLimits = ConnectionLimits {
         header_read_timeout: Duration::from_millis(300),
         max_header_bytes: 1024,
+        max_connections: 100,
     };
 
     /// Reads until the server closes; `None` if it does not within `within`.
@@ -249,6 +281,37 @@ mod tests {
             .expect("closed after the 431");
         let response = String::from_utf8_lossy(&response);
         assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+    }
+
+    #[tokio::test]
+    async fn at_the_connection_limit_new_clients_wait_until_one_closes() {
+        let (addr, _stop) = start(ConnectionLimits {
+            header_read_timeout: Duration::from_secs(30),
+            max_connections: 2,
+            ..LIMITS
+        })
+        .await;
+        let first = TcpStream::connect(addr).await.unwrap();
+        let _second = TcpStream::connect(addr).await.unwrap();
+        // The kernel completes the handshake; the gateway does not accept.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buffer = [0u8; 1024];
+        let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buffer)).await;
+        assert!(early.is_err(), "answered over the limit: {early:?}");
+        drop(first);
+        let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buffer))
+            .await
+            .expect("served once a connection closed")
+            .unwrap();
+        assert!(
+            buffer[..n].starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            &buffer[..n]
+        );
     }
 
     #[tokio::test]

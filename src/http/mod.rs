@@ -47,6 +47,9 @@ use crate::watch::{WatchHub, WatchSettings};
 use listener::ConnectionLimits;
 use problem::{ApiError, FailureLog, Severity};
 
+/// Open connections the admin listener takes (probes, scrapes).
+const ADMIN_MAX_CONNECTIONS: usize = 256;
+
 /// Request size and time limits of the key API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -343,6 +346,8 @@ pub struct ServeSettings {
     /// How long a client may take to send a request's headers; also how
     /// long an idle keep-alive connection stays open (both listeners).
     pub header_read_timeout: Duration,
+    /// Open connections on the API listener before it stops accepting.
+    pub max_connections: usize,
 }
 
 /// Why the gateway could not start or stopped with an error.
@@ -405,6 +410,13 @@ impl Server {
         let limits = ConnectionLimits {
             header_read_timeout: settings.header_read_timeout,
             max_header_bytes: listener::MAX_HEADER_BYTES,
+            max_connections: settings.max_connections,
+        };
+        // Probes and scrapes need few connections; a flood on the API
+        // listener cannot take them.
+        let admin_limits = ConnectionLimits {
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..limits
         };
         let (stop_api, api_stopped) = signal::channel(false);
         let (stop_admin, admin_stopped) = signal::channel(false);
@@ -417,7 +429,7 @@ impl Server {
         let admin_task = tokio::spawn(listener::serve(
             admin_listener,
             admin::router(state.clone()),
-            limits,
+            admin_limits,
             stopped(admin_stopped),
         ));
         tracing::info!(%api_addr, %admin_addr, "gateway listening");

@@ -39,6 +39,8 @@ pub struct GatewayOptions {
     pub watch: WatchSettings,
     /// `--cors-allow-origin`
     pub cors_allow_origins: Vec<String>,
+    /// `--max-connections`
+    pub max_connections: usize,
 }
 
 impl Default for GatewayOptions {
@@ -53,6 +55,7 @@ impl Default for GatewayOptions {
             client_id: format!("gw-{:08x}", rand::random::<u32>()),
             watch: WatchSettings::default(),
             cors_allow_origins: Vec::new(),
+            max_connections: 20_000,
         }
     }
 }
@@ -126,6 +129,7 @@ impl Gateway {
             watch: options.watch.clone(),
             cors_allow_origins: options.cors_allow_origins.clone(),
             header_read_timeout: Duration::from_secs(30),
+            max_connections: options.max_connections,
         };
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())
