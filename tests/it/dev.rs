@@ -20,6 +20,7 @@ use crate::support::dev::DevProcess;
 use crate::support::emulator::RawClient;
 use crate::support::gateway::http_client;
 use crate::support::init_logging;
+use crate::support::sdk::SdkClient;
 
 /// How long any single network wait in these tests may take.
 const WAIT: Duration = Duration::from_secs(10);
@@ -642,41 +643,10 @@ async fn dev_binary_prints_its_addresses_and_serves_the_readme_example() {
 /// sees what it writes.
 #[tokio::test]
 async fn official_sdk_client_and_gateway_share_the_dev_store() {
-    use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-    use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
-    use azure_iot_operations_protocol::application::ApplicationContextBuilder;
-    use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
+    use azure_iot_operations_services::state_store::{Operation, SetOptions};
 
     let stack = start_stack(None).await;
-    let settings = MqttConnectionSettingsBuilder::default()
-        .client_id("dev-sdk-client")
-        .hostname("127.0.0.1")
-        .tcp_port(stack.broker_addr().port())
-        .keep_alive(Duration::from_secs(10))
-        .clean_start(true)
-        .use_tls(false)
-        .build()
-        .unwrap();
-    let session = Session::new(
-        SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
-    let sdk = state_store::Client::new(
-        ApplicationContextBuilder::default().build().unwrap(),
-        session.create_managed_client(),
-        session.create_session_monitor(),
-        state_store::ClientOptionsBuilder::default()
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
-    let exit = session.create_exit_handle();
-    let session = tokio::spawn(async move {
-        let _ = session.run().await;
-    });
+    let sdk = SdkClient::connect(stack.broker_addr().port(), "dev-sdk-client");
 
     let http = http_client();
     let url = format!("http://{}/keys/shared", stack.api_addr());
@@ -712,11 +682,7 @@ async fn official_sdk_client_and_gateway_share_the_dev_store() {
     let get = http.get(&url).send().await.unwrap();
     assert_eq!(get.text().await.unwrap(), "from sdk");
 
-    let _ = tokio::time::timeout(WAIT, sdk.shutdown()).await;
-    if exit.try_exit().is_err() {
-        exit.force_exit();
-    }
-    let _ = tokio::time::timeout(WAIT, session).await;
+    sdk.close().await;
     eventually(
         "the SDK client's registration is dropped after it leaves",
         || stack.emulator().registrations() == 0,

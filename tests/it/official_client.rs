@@ -4,12 +4,8 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
 use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
 use azure_iot_operations_services::leased_lock::{self, lease};
 use azure_iot_operations_services::state_store::{
@@ -19,60 +15,9 @@ use statestore_gateway::protocol::Hlc;
 
 use crate::support::Mosquitto;
 use crate::support::emulator::start_emulator;
+use crate::support::sdk::SdkClient;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// One SDK client with its session running in the background.
-struct SdkClient {
-    client: Arc<state_store::Client>,
-    exit: SessionExitHandle,
-    session: tokio::task::JoinHandle<()>,
-}
-
-impl SdkClient {
-    fn connect(broker: &Mosquitto, client_id: &str) -> Self {
-        let settings = MqttConnectionSettingsBuilder::default()
-            .client_id(client_id)
-            .hostname("127.0.0.1")
-            .tcp_port(broker.port())
-            .keep_alive(Duration::from_secs(10))
-            .clean_start(true)
-            .use_tls(false)
-            .build()
-            .unwrap();
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .build()
-            .unwrap();
-        let session = Session::new(options).unwrap();
-        let client = state_store::Client::new(
-            ApplicationContextBuilder::default().build().unwrap(),
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default()
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
-        let exit = session.create_exit_handle();
-        let session = tokio::spawn(async move {
-            let _ = session.run().await;
-        });
-        Self {
-            client: Arc::new(client),
-            exit,
-            session,
-        }
-    }
-
-    async fn close(self) {
-        let _ = tokio::time::timeout(TIMEOUT, self.client.shutdown()).await;
-        if self.exit.try_exit().is_err() {
-            self.exit.force_exit();
-        }
-        let _ = tokio::time::timeout(TIMEOUT, self.session).await;
-    }
-}
 
 /// The SDK's clock value as ours, to compare versions.
 fn hlc(version: &HybridLogicalClock) -> Hlc {
@@ -98,7 +43,7 @@ async fn next_notification(observation: &mut KeyObservation) -> state_store::Key
 async fn official_client_sets_gets_deletes_with_conditions() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let sdk = SdkClient::connect(&broker, "sdk-basic");
+    let sdk = SdkClient::connect(broker.port(), "sdk-basic");
     let client = &sdk.client;
     let key = b"sdk-key".to_vec();
 
@@ -203,7 +148,7 @@ async fn official_client_sets_gets_deletes_with_conditions() {
 async fn official_client_meets_fencing_tokens() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let sdk = SdkClient::connect(&broker, "sdk-fencing");
+    let sdk = SdkClient::connect(broker.port(), "sdk-fencing");
     let client = &sdk.client;
     let key = b"protected".to_vec();
 
@@ -306,8 +251,8 @@ async fn official_client_meets_fencing_tokens() {
 async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let watcher = SdkClient::connect(&broker, "sdk-watcher");
-    let writer = SdkClient::connect(&broker, "sdk-writer");
+    let watcher = SdkClient::connect(broker.port(), "sdk-watcher");
+    let writer = SdkClient::connect(broker.port(), "sdk-writer");
     let key = b"observed".to_vec();
 
     let mut observation = watcher
@@ -408,8 +353,8 @@ async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
 async fn official_lease_client_acquires_renews_and_releases() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let first = SdkClient::connect(&broker, "sdk-holder-1");
-    let second = SdkClient::connect(&broker, "sdk-holder-2");
+    let first = SdkClient::connect(broker.port(), "sdk-holder-1");
+    let second = SdkClient::connect(broker.port(), "sdk-holder-2");
     let lease_name = b"the-lease".to_vec();
     let lease1 = lease::Client::new(
         first.client.clone(),

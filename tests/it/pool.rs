@@ -12,6 +12,7 @@ use statestore_gateway::protocol::{
 };
 use tokio::sync::broadcast;
 
+use crate::support::sdk::SdkClient;
 use crate::support::{
     Answer, Mosquitto, MosquittoConfig, Responder, init_logging, pool_settings, start_pool,
     wait_until,
@@ -173,9 +174,6 @@ async fn persistence_is_only_requested_on_set() {
 
 #[tokio::test]
 async fn envelope_matches_the_official_sdk() {
-    use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-    use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
-    use azure_iot_operations_protocol::application::ApplicationContextBuilder;
     use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
     use azure_iot_operations_services::state_store;
 
@@ -183,32 +181,7 @@ async fn envelope_matches_the_official_sdk() {
     let broker = Mosquitto::start().await;
     let responder = Responder::start(broker.addr).await;
 
-    let connection = MqttConnectionSettingsBuilder::default()
-        .client_id("sdk-client")
-        .hostname("127.0.0.1")
-        .tcp_port(broker.port())
-        .keep_alive(Duration::from_secs(10))
-        .use_tls(false)
-        .build()
-        .unwrap();
-    let session = Session::new(
-        SessionOptionsBuilder::default()
-            .connection_settings(connection)
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
-    let sdk = state_store::Client::new(
-        ApplicationContextBuilder::default().build().unwrap(),
-        session.create_managed_client(),
-        session.create_session_monitor(),
-        state_store::ClientOptionsBuilder::default()
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
-    let exit = session.create_exit_handle();
-    let session_task = tokio::spawn(session.run());
+    let sdk = SdkClient::connect(broker.port(), "sdk-client");
 
     let token: HybridLogicalClock = "1700000000000:1:holder".parse().unwrap();
     let sdk_options = state_store::SetOptions {
@@ -293,8 +266,7 @@ async fn envelope_matches_the_official_sdk() {
         "the SDK's response topic is the one we use"
     );
     pool.shutdown().await;
-    let _ = exit.try_exit();
-    let _ = tokio::time::timeout(Duration::from_secs(5), session_task).await;
+    sdk.close().await;
 }
 
 #[tokio::test]

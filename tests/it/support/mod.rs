@@ -14,6 +14,7 @@ pub mod load;
 pub mod mosquitto;
 pub mod responder;
 pub mod scripted_store;
+pub mod sdk;
 pub mod sse;
 
 pub use auth_proxy::AuthProxy;
