@@ -91,27 +91,6 @@ impl DevProcess {
 
     /// Asks it to stop (SIGTERM) and waits (up to 15 s) for its exit status.
     pub fn terminate(&mut self) -> ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no exit 15 s after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for DevProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        super::terminate_and_wait(&mut self.child, Duration::from_secs(15))
     }
 }

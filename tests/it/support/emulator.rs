@@ -92,27 +92,7 @@ impl EmulatorProcess {
 
     /// Asks it to stop (SIGTERM) and waits for its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no exit 10 s after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for EmulatorProcess {
-    fn drop(&mut self) {
-        self.kill();
+        super::terminate_and_wait(&mut self.child, Duration::from_secs(10))
     }
 }
 

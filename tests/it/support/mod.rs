@@ -25,6 +25,29 @@ pub use responder::{Answer, Responder};
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
+/// Sends SIGTERM to `child` and waits (blocking, up to `within`) for its
+/// exit status; panics if it is still running then.
+pub fn terminate_and_wait(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit {within:?} after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A loopback port nothing listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
