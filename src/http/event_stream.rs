@@ -128,8 +128,8 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
 /// hyper would treat specially.
 fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let path = parsed.path?;
-    let rest = path.strip_prefix("/watch")?;
-    if !(rest.is_empty() || rest.starts_with('/') || rest.starts_with('?')) {
+    let route = path.split_once('?').map_or(path, |(route, _)| route);
+    if !super::watch::is_watch_path(route) {
         return None;
     }
     let version = match parsed.version? {

@@ -620,17 +620,9 @@ mod tests {
     fn state(api_token: Option<ApiToken>) -> AppState {
         let settings = PoolSettings {
             broker: BrokerSettings {
-                host: "127.0.0.1".into(),
-                port: 9,
-                use_tls: false,
-                ca_file: None,
-                cert_file: None,
-                key_file: None,
-                sat_file: None,
-                username: None,
-                password_file: None,
                 keep_alive: Duration::from_secs(60),
                 session_expiry: Duration::from_secs(60),
+                ..BrokerSettings::new("127.0.0.1", 9)
             },
             sat_check_interval: Duration::from_secs(5),
             client_id: "http-unit".into(),

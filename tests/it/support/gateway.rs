@@ -97,17 +97,9 @@ impl Gateway {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
                 broker: BrokerSettings {
-                    host: "127.0.0.1".into(),
-                    port: broker_port,
-                    use_tls: false,
-                    ca_file: None,
-                    cert_file: None,
-                    key_file: None,
-                    sat_file: None,
-                    username: None,
-                    password_file: None,
                     keep_alive: Duration::from_secs(30),
                     session_expiry: Duration::from_secs(60),
+                    ..BrokerSettings::new("127.0.0.1", broker_port)
                 },
                 client_id: options.client_id.clone(),
                 size: options.pool_size,
