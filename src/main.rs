@@ -97,19 +97,15 @@ fn emulator_config(args: EmulatorArgs) -> anyhow::Result<EmulatorConfig> {
     Ok(config)
 }
 
-/// Raises the soft limit on open files to the hard limit, as Go and nginx
-/// do. Container runtimes now often start processes at a soft limit of
+/// Raises the soft limit on open files to the hard limit, as the Go runtime
+/// does. Container runtimes now often start processes at a soft limit of
 /// 1,024 (with a hard limit in the hundreds of thousands): the default
 /// `--max-watchers` of 10,000 alone needs ten times that.
 fn raise_open_file_limit() {
-    let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft);
+    let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(soft, _)| soft);
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(now) if before.as_ref().is_ok_and(|before| *before < now) => {
-            tracing::info!(
-                from = before.unwrap_or(0),
-                to = now,
-                "raised the open file limit"
-            );
+        Ok(now) if before < now => {
+            tracing::info!(from = before, to = now, "raised the open file limit");
         }
         Ok(now) => tracing::debug!(limit = now, "open file limit"),
         Err(error) => tracing::warn!(%error, "cannot raise the open file limit"),
