@@ -283,8 +283,9 @@ impl WatchHub {
     /// Starts watching `keys`: returns once every key is registered with the
     /// store, so that the caller can still answer with an HTTP error.
     ///
-    /// `last_version` is the client's `Last-Event-ID`: keys whose version is
-    /// not newer get no initial sync.
+    /// `last_version` is the client's `Last-Event-ID`: on a single-key
+    /// stream, a key whose version is not newer gets no initial sync (a
+    /// multi-key stream always gets every key's sync).
     pub async fn watch(
         &self,
         keys: Vec<Bytes>,
@@ -300,6 +301,12 @@ impl WatchHub {
         if keys.iter().any(Bytes::is_empty) {
             return Err(WatchError::EmptyKey);
         }
+        // A key named twice is watched once.
+        let mut unique = HashSet::new();
+        let keys: Vec<Bytes> = keys
+            .into_iter()
+            .filter(|key| unique.insert(key.clone()))
+            .collect();
         if *self.inner.shutdown.borrow() {
             return Err(WatchError::ShuttingDown);
         }
@@ -312,8 +319,6 @@ impl WatchHub {
             let keys_now = self.inner.keys();
             let new_keys = keys
                 .iter()
-                .collect::<HashSet<_>>()
-                .into_iter()
                 .filter(|key| !keys_now.contains_key(*key))
                 .count();
             if keys_now.len() + new_keys > settings.max_watched_keys {
@@ -345,8 +350,7 @@ impl WatchHub {
             },
             shut_down: false,
         };
-        let mut unique = HashSet::new();
-        for key in keys.into_iter().filter(|key| unique.insert(key.clone())) {
+        for key in keys {
             let key_watch = self.attach(&key);
             let receiver = key_watch.events.subscribe();
             let index = watcher.cursors.len();
@@ -522,13 +526,9 @@ impl Watcher {
             {
                 cursor.delivered.clone_from(&event.version);
             }
-            self.pending.push(event);
+            self.hub.metrics.events_delivered.inc();
+            return Some(event);
         }
-    }
-
-    /// The keys of this stream, in request order.
-    pub fn keys(&self) -> impl Iterator<Item = &Bytes> {
-        self.cursors.iter().map(|cursor| &cursor.watch.key)
     }
 }
 

@@ -289,14 +289,20 @@ pub fn percent_decode_strict(input: &[u8], plus_as_space: bool) -> Option<Vec<u8
             index += 1;
         }
     }
+    Some(form_decode(input, plus_as_space))
+}
+
+/// Percent-decodes `input`, leniently (a `%` without two hex digits stays
+/// as it is); with `plus_as_space`, `+` is a space first (form encoding).
+pub fn form_decode(input: &[u8], plus_as_space: bool) -> Vec<u8> {
     if plus_as_space && input.contains(&b'+') {
         let spaced: Vec<u8> = input
             .iter()
             .map(|&byte| if byte == b'+' { b' ' } else { byte })
             .collect();
-        return Some(percent_decode(&spaced).collect());
+        return percent_decode(&spaced).collect();
     }
-    Some(percent_decode(input).collect())
+    percent_decode(input).collect()
 }
 
 /// The query parameters a method accepts; unknown or repeated ones are
@@ -575,7 +581,9 @@ async fn read_value(
         .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
-fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
+/// `Content-Type` (unless empty), `Cache-Control: no-store` and
+/// `X-Content-Type-Options: nosniff`: on every key API answer, problems too.
+pub(super) fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
     if !content_type.is_empty() {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     }

@@ -68,12 +68,13 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(limits.max_header_bytes);
     let builder = Arc::new(builder);
-    // Every connection task holds a receiver of `open`; `closed()` on the
-    // sender resolves once all are gone. `stop` changes once, after the
-    // last connection was accepted, so every connection sees the change.
+    // Every connection task holds one of the `slots` until it closes, so
+    // having them all back means every connection is closed. `stop`
+    // changes once, after the last connection was accepted, so every
+    // connection sees the change.
     let (stop, stopping) = watch::channel(false);
-    let (open, connection_alive) = watch::channel(());
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let permits = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
+    let slots = Arc::new(Semaphore::new(permits as usize));
     let mut full_since: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
@@ -116,25 +117,24 @@ pub async fn serve(
             Arc::clone(&builder),
             limits,
             stopping.clone(),
-            (connection_alive.clone(), slot),
+            slot,
         ));
     }
     drop(listener);
     stop.send_replace(true);
-    drop(connection_alive);
-    open.closed().await;
+    // Never closed, so this cannot fail.
+    let _ = slots.acquire_many(permits).await;
     Ok(())
 }
 
-/// Serves one connection until it closes; `_alive` (the shutdown wait's
-/// receiver and the connection's slot) is held until then.
+/// Serves one connection until it closes; its `_slot` is held until then.
 async fn connection(
     mut stream: TcpStream,
     router: Router,
     builder: Arc<http1::Builder>,
     limits: ConnectionLimits,
     mut stopping: watch::Receiver<bool>,
-    _alive: (watch::Receiver<()>, OwnedSemaphorePermit),
+    _slot: OwnedSemaphorePermit,
 ) {
     // The first request's head is read here at most once per connection;
     // a client that takes its time before the first byte gets hyper's full

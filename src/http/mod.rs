@@ -124,7 +124,7 @@ pub struct Shared {
     /// The bearer token the key API requires, if any.
     pub api_token: Option<ApiToken>,
     /// Set once shutdown starts: `/readyz` answers 503 from then on.
-    pub draining: Arc<AtomicBool>,
+    pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
     pub hub: WatchHub,
 }
@@ -146,7 +146,7 @@ impl AppState {
             limits,
             clock: hlc::now_ms,
             api_token,
-            draining: Arc::new(AtomicBool::new(false)),
+            draining: AtomicBool::new(false),
         }))
     }
 
@@ -206,28 +206,34 @@ async fn route_not_found() -> ApiError {
     ApiError::RouteNotFound
 }
 
+/// A path as logged: its first 256 characters.
+fn log_path(path: &str) -> &str {
+    path.char_indices()
+        .nth(256)
+        .map_or(path, |(end, _)| &path[..end])
+}
+
 /// Counts every request by route template, method and status, times it,
 /// and writes one log line per failure with the cause the error left in
 /// the response.
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
+    // Both cheap to clone (shared buffers): no allocation per request.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let uri = request.uri().clone();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let path = log_path(uri.path());
     let method = method_label(request.method());
-    let path: String = request.uri().path().chars().take(256).collect();
     let started = Instant::now();
     let response = next.run(request).await;
     let elapsed = started.elapsed();
     let status = response.status();
     metrics
         .http_requests
-        .with_label_values(&[route.as_str(), method, status.as_str()])
+        .with_label_values(&[route, method, status.as_str()])
         .inc();
     metrics
         .http_latency
-        .with_label_values(&[route.as_str(), method])
+        .with_label_values(&[route, method])
         .observe(elapsed.as_secs_f64());
     let Some(failure) = response.extensions().get::<FailureLog>() else {
         tracing::debug!(
@@ -309,8 +315,7 @@ fn query_token(request: &Request) -> Option<Vec<u8>> {
             .strip_prefix('=')
     })?;
     // Form encoding, as RFC 6750 says (and as the watch `key`s are).
-    let value = value.replace('+', " ");
-    let decoded: Vec<u8> = percent_encoding::percent_decode_str(&value).collect();
+    let decoded = keys::form_decode(value.as_bytes(), true);
     (!decoded.is_empty()).then_some(decoded)
 }
 
@@ -534,7 +539,7 @@ fn cors(router: Router, origins: &[String]) -> Router {
             header::CONTENT_TYPE,
             header::IF_NONE_MATCH,
             header::AUTHORIZATION,
-            HeaderName::from_static("fencing-token"),
+            HeaderName::from_static(keys::FENCING_TOKEN_HEADER),
             HeaderName::from_static("last-event-id"),
         ])
         .expose_headers([header::ETAG, header::RETRY_AFTER])

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use thiserror::Error;
@@ -148,8 +148,9 @@ fn precondition_detail(precondition: Precondition) -> &'static str {
 
 fn pool_detail(error: &PoolError) -> String {
     match error {
-        PoolError::ConnectionLost => format!("{error}; a write may or may not have been applied"),
-        PoolError::Timeout(_) => format!("{error}; a write may or may not have been applied"),
+        PoolError::ConnectionLost | PoolError::Timeout(_) => {
+            format!("{error}; a write may or may not have been applied")
+        }
         other => other.to_string(),
     }
 }
@@ -391,11 +392,6 @@ impl Problem {
     pub fn retry_after(&self) -> bool {
         self.retry_after
     }
-
-    /// How loudly the failure is logged.
-    pub fn severity(&self) -> Severity {
-        self.severity
-    }
 }
 
 impl IntoResponse for ApiError {
@@ -406,12 +402,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        headers.insert(
-            HeaderName::from_static("x-content-type-options"),
-            HeaderValue::from_static("nosniff"),
-        );
+        super::keys::set_common_headers(headers, PROBLEM_JSON);
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }

@@ -2,8 +2,8 @@
 //! Server-Sent Events, from the [`WatchHub`](crate::watch::WatchHub).
 //!
 //! Each event's `id:` is the key's version, so a reconnecting `EventSource`
-//! sends it back as `Last-Event-ID` and gets a `sync` only for keys that
-//! changed meanwhile.
+//! sends it back as `Last-Event-ID` and, on a single-key stream, gets a
+//! `sync` only if the key changed meanwhile.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;

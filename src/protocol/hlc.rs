@@ -193,11 +193,6 @@ impl HybridClock {
         clock.merge(received, now_ms())?;
         Ok(clock.clone())
     }
-
-    /// The current value without advancing it.
-    pub fn peek(&self) -> Hlc {
-        self.lock().clone()
-    }
 }
 
 #[cfg(test)]
