@@ -397,7 +397,7 @@ impl Store {
     }
 
     /// Forgets a key without notifications (a delete record at start-up).
-    pub fn forget(&mut self, key: &[u8]) {
+    pub fn forget(&mut self, key: &Bytes) {
         if let Some(entry) = self.entries.remove(key) {
             self.unindex(key, &entry);
         }
@@ -409,19 +409,22 @@ impl Store {
     }
 
     fn insert(&mut self, key: Bytes, entry: Entry) {
+        // The old entry's index goes first: with the same expiry time, the
+        // new index entry is the same tuple and must survive.
+        if let Some(old) = self.entries.remove(&key) {
+            self.unindex(&key, &old);
+        }
         if let Some(at) = entry.expires_at_ms {
             self.expiries.insert((at, key.clone()));
         }
         self.bytes += key.len() + entry.value.len();
-        if let Some(old) = self.entries.insert(key.clone(), entry) {
-            self.unindex(&key, &old);
-        }
+        self.entries.insert(key, entry);
     }
 
     /// Undoes what [`Store::insert`] counted for `entry`.
-    fn unindex(&mut self, key: &[u8], entry: &Entry) {
+    fn unindex(&mut self, key: &Bytes, entry: &Entry) {
         if let Some(at) = entry.expires_at_ms {
-            self.expiries.remove(&(at, Bytes::copy_from_slice(key)));
+            self.expiries.remove(&(at, key.clone()));
         }
         self.bytes -= key.len() + entry.value.len();
     }
@@ -873,6 +876,18 @@ mod tests {
         f.set("k", "v3", px(50));
         f.set("k", "v4", px(500));
         assert_eq!(f.store.next_expiry(), Some(NOW + 500));
+    }
+
+    #[test]
+    fn a_new_set_with_the_same_expiry_time_keeps_it() {
+        // Two `SET PX` in one batch share `now`: the same expiry instant.
+        let mut f = Fixture::new();
+        f.set("k", "v", px(10));
+        f.set("k", "v2", px(10));
+        assert_eq!(f.store.next_expiry(), Some(NOW + 10));
+        let expired = f.store.expire(NOW + 10);
+        assert_eq!(expired.events.len(), 0, "nobody watches k");
+        assert_eq!(f.store.len(), 0, "k expired");
     }
 
     #[test]
