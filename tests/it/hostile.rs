@@ -141,10 +141,17 @@ async fn check_cases(stack: &Stack, cases: &[(&str, Vec<u8>, Option<u16>, &str)]
 
 /// The request metrics count no 5xx at all (the store is healthy here).
 fn assert_no_5xx_counted(stack: &Stack) {
+    const FAMILY: &str = "statestore_gateway_http_requests_total{";
     let metrics = stack.gateway.metrics.render();
-    let server_errors: Vec<&str> = metrics
+    let counted: Vec<&str> = metrics
         .lines()
-        .filter(|line| line.starts_with("http_requests_total") && line.contains("status=\"5"))
+        .filter(|line| line.starts_with(FAMILY))
+        .collect();
+    // Else a renamed family would make the check below pass vacuously.
+    assert!(!counted.is_empty(), "no {FAMILY} samples in\n{metrics}");
+    let server_errors: Vec<&&str> = counted
+        .iter()
+        .filter(|line| line.contains("status=\"5"))
         .collect();
     assert!(server_errors.is_empty(), "{server_errors:?}");
 }

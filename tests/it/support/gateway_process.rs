@@ -161,7 +161,8 @@ impl GatewayProcess {
         }
     }
 
-    /// The sum of every sample of metric `name` (all label sets).
+    /// The sum of every sample of metric `name` (all label sets); panics if
+    /// there is none, so a renamed metric cannot read as 0.
     pub async fn metric(&self, name: &str) -> f64 {
         let text = self
             .http
@@ -172,13 +173,16 @@ impl GatewayProcess {
             .text()
             .await
             .expect("read /metrics");
-        text.lines()
+        let samples: Vec<f64> = text
+            .lines()
             .filter(|line| {
                 line.strip_prefix(name)
                     .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
             })
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .collect();
+        assert!(!samples.is_empty(), "no {name} samples in /metrics");
+        samples.iter().sum()
     }
 
     /// Sends SIGTERM.
