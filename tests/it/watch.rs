@@ -180,6 +180,34 @@ async fn watchers_of_a_key_share_one_registration_released_by_the_last() {
 }
 
 #[tokio::test]
+async fn over_max_watched_keys_a_new_key_is_429_but_a_followed_one_is_not() {
+    let stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            max_watched_keys: 1,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    let client = &stack.gateway.http;
+    let mut first = sse::open(client, &stack.gateway.url("/watch/a"), None)
+        .await
+        .unwrap();
+    first.expect("sync").await;
+    let (status, headers, body) = sse::open(client, &stack.gateway.url("/watch/b"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status, 429);
+    assert!(headers.contains_key("retry-after"));
+    assert!(body.contains("/problems/too-many-watched-keys"), "{body}");
+    // A second watcher of the key already followed costs no new key.
+    let mut second = sse::open(client, &stack.gateway.url("/watch/a"), None)
+        .await
+        .unwrap();
+    second.expect("sync").await;
+}
+
+#[tokio::test]
 async fn last_event_id_skips_the_sync_unless_the_key_changed() {
     let stack = Stack::start().await;
     let version = put(&stack, "resume", "one").await;
