@@ -15,7 +15,7 @@
 //! an external broker **registrations persist until `KEYNOTIFY STOP` or an
 //! emulator restart** (a reconnecting SDK client registers again, which is
 //! harmless). An embedded broker that does see disconnects calls
-//! [`Emulator::client_disconnected`].
+//! [`EmulatorHandle::client_disconnected`].
 
 mod acl;
 mod persist;
@@ -43,7 +43,7 @@ pub use store::{
 
 use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
 use crate::protocol::{
-    CONTENT_TYPE, PROTOCOL_VERSION, REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, hlc,
+    CONTENT_TYPE, PROTOCOL_VERSION, REQUEST_TOPIC, Request, STATUS_OK, StoreError, hlc,
     is_forbidden_response_topic, notify_topic, property,
 };
 
@@ -74,7 +74,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// AIO RPC properties of replies that reject the envelope (not the payload).
 mod status {
     /// `__stMsg`: why.
-    pub const MESSAGE: &str = "__stMsg";
+    pub const MESSAGE: &str = super::property::STATUS_MESSAGE;
     /// `__propName`: which property was wrong.
     pub const PROPERTY_NAME: &str = "__propName";
     /// `__supProtMajVer`: the protocol major versions served.
@@ -696,12 +696,7 @@ fn handle_request(
         .unwrap_or_default();
 
     let outcome = match Request::decode(&request.payload) {
-        Err(error) => Outcome {
-            reply: Reply::Error(error),
-            version: None,
-            events: Vec::new(),
-            records: Vec::new(),
-        },
+        Err(error) => Outcome::error(error),
         Ok(command) => {
             let access = if command.is_write() {
                 Access::Write
@@ -709,12 +704,7 @@ fn handle_request(
                 Access::Read
             };
             if acl.is_some_and(|acl| !acl.allows(envelope.client_id, command.key(), access)) {
-                Outcome {
-                    reply: Reply::Error(StoreError::NotAuthorized),
-                    version: None,
-                    events: Vec::new(),
-                    records: Vec::new(),
-                }
+                Outcome::error(StoreError::NotAuthorized)
             } else {
                 tracing::trace!(
                     verb = command.verb(),
@@ -774,7 +764,7 @@ fn client_of_response_topic(topic: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Hlc, response_topic};
+    use crate::protocol::{Hlc, Reply, response_topic};
 
     const NOW: u64 = 1_700_000_000_000;
 

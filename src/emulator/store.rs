@@ -86,7 +86,7 @@ impl Outcome {
         }
     }
 
-    fn error(error: StoreError) -> Self {
+    pub(crate) fn error(error: StoreError) -> Self {
         Self::reply(Reply::Error(error), None)
     }
 }

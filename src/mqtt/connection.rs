@@ -188,9 +188,6 @@ struct MemberState {
     queued: VecDeque<CorrelationId>,
     /// The token the current connection authenticated with.
     sat_token: Option<Bytes>,
-    /// Whether the current connection got a CONNACK (so that losing it is
-    /// a `Down` event).
-    connected: bool,
 }
 
 /// How far one connection got.
@@ -230,7 +227,6 @@ impl Member {
                 pending: HashMap::new(),
                 queued: VecDeque::new(),
                 sat_token: None,
-                connected: false,
             }),
         }
     }
@@ -322,11 +318,10 @@ impl Member {
         }
     }
 
-    /// A connection attempt starts with these options.
+    /// A connection attempt starts (authenticating with `sat_token`, if any).
     fn begin(&self, sat_token: Option<Bytes>, ctx: &MemberContext) {
         let mut state = self.lock();
         state.sat_token = sat_token;
-        state.connected = false;
         state.client = None;
         state.queued.clear();
         self.set_status(Status::Connecting, &ctx.metrics);
@@ -344,7 +339,6 @@ impl Member {
             .store(max.unwrap_or(0), Ordering::Release);
         ctx.broker_limit.set(max);
         let mut state = self.lock();
-        state.connected = true;
         state.client = Some(client.clone());
     }
 
@@ -363,8 +357,8 @@ impl Member {
     /// The connection is gone: fail its requests at once.
     fn lost(&self, error: fn() -> PoolError, ctx: &MemberContext) {
         let mut state = self.lock();
-        let was_connected = state.connected;
-        state.connected = false;
+        // A client is set from CONNACK on: losing it is a `Down` event.
+        let was_connected = state.client.is_some();
         state.client = None;
         state.queued.clear();
         let pending: Vec<ReplySender> = state.pending.drain().map(|(_, reply)| reply).collect();

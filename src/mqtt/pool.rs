@@ -47,9 +47,6 @@ use crate::protocol::{
 /// up to about 1 KiB; [`Pool::request`] checks each packet exactly.
 pub const ENVELOPE_ALLOWANCE: usize = 2048;
 
-/// `__stMsg`: the status message the SDKs' executors send with a non-200 `__stat`.
-const STATUS_MESSAGE: &str = "__stMsg";
-
 /// Notifications buffered per receiver before it lags.
 const NOTIFICATION_BUFFER: usize = 4096;
 
@@ -221,7 +218,8 @@ pub enum PoolError {
     TooLarge {
         /// Payload plus envelope.
         size: usize,
-        /// The broker's CONNACK maximum.
+        /// The largest packet allowed: the broker's CONNACK maximum or
+        /// ours, whichever is smaller.
         max: usize,
     },
     /// The pool is shutting down.
@@ -744,7 +742,7 @@ impl Pool {
         for (name, value) in &message.user_properties {
             match name.as_str() {
                 property::STATUS => status = Some(value.as_str()),
-                STATUS_MESSAGE => status_message = Some(value.as_str()),
+                property::STATUS_MESSAGE => status_message = Some(value.as_str()),
                 property::TIMESTAMP => timestamp = Some(value.as_str()),
                 _ => {}
             }

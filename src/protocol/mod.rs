@@ -44,6 +44,8 @@ pub mod property {
     pub const PROTOCOL_VERSION: &str = "__protVer";
     /// Reply status, `200`.
     pub const STATUS: &str = "__stat";
+    /// The status message the SDKs' executors send with a non-200 `__stat`.
+    pub const STATUS_MESSAGE: &str = "__stMsg";
     /// `true` on a SET that should survive a restart.
     pub const PERSISTENCE: &str = "aio-persistence";
     /// Broker hint the SDKs send: the client id.
