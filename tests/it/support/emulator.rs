@@ -183,7 +183,7 @@ impl RawClient {
 
     /// The client's clock now, for `__ts`.
     pub fn now(&self) -> String {
-        self.clock.now().unwrap().to_string()
+        self.clock.now().hlc.to_string()
     }
 
     /// The envelope the SDKs send: response topic, fresh correlation data,
