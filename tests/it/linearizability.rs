@@ -33,12 +33,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longer than any answer the gateway can give.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Search steps per key before a history counts as inconclusive.
-const BUDGET: u64 = 50_000_000;
+const BUDGET: u64 = 20_000_000;
 
-/// One recorded operation and its key.
+/// One recorded operation and its key; `not_sent` for an answer that
+/// claims the store never saw the request (kept out of the history).
 struct Recorded {
     key: &'static str,
     op: Operation,
+    not_sent: bool,
 }
 
 /// What an answer says about whether the operation took effect.
@@ -137,7 +139,17 @@ async fn client(
         let result = send(&http, &gateway, key, &input).await;
         let ret = base.elapsed().as_nanos() as u64;
         match meaning(&input, &result) {
-            Meaning::NotSent => {}
+            Meaning::NotSent => recorded.push(Recorded {
+                key,
+                op: Operation {
+                    client: id,
+                    input,
+                    call,
+                    ret,
+                    output: Output::Unknown,
+                },
+                not_sent: true,
+            }),
             Meaning::Known(output) => {
                 if let Input::Put(value) | Input::PutNx(value) | Input::PutNex(value) = &input {
                     last_written.insert(key, value.clone());
@@ -151,6 +163,7 @@ async fn client(
                         ret,
                         output,
                     },
+                    not_sent: false,
                 });
             }
         }
@@ -385,9 +398,18 @@ async fn concurrent_clients_under_faults_see_a_linearizable_store() {
     stop.send_replace(true);
     let injected = faults.await.unwrap();
     let mut histories: BTreeMap<&str, Vec<Operation>> = BTreeMap::new();
+    // Writes answered 503 ("not processed"), by value: a value of one of
+    // them seen later breaks that promise.
+    let mut refused_writes: HashMap<String, Operation> = HashMap::new();
     for client in clients {
         for recorded in client.await.unwrap() {
-            histories.entry(recorded.key).or_default().push(recorded.op);
+            if !recorded.not_sent {
+                histories.entry(recorded.key).or_default().push(recorded.op);
+            } else if let Input::Put(value) | Input::PutNx(value) | Input::PutNex(value) =
+                &recorded.op.input
+            {
+                refused_writes.insert(value.clone(), recorded.op);
+            }
         }
     }
     gateway.wait_ready().await;
@@ -424,7 +446,18 @@ async fn concurrent_clients_under_faults_see_a_linearizable_store() {
         match check(&history, BUDGET) {
             Verdict::Linearizable => {}
             Verdict::Inconclusive => inconclusive.push(*key),
-            Verdict::Violation(report) => violations.push(format!("key {key}: {report}")),
+            Verdict::Violation(report) => {
+                let answered_503: Vec<String> = report
+                    .minimal
+                    .iter()
+                    .filter_map(|op| match &op.output {
+                        Output::Read(Some(value)) => refused_writes.get(value),
+                        _ => None,
+                    })
+                    .map(|op| format!("  written by a write answered 503: {op}\n"))
+                    .collect();
+                violations.push(format!("key {key}: {report}{}", answered_503.concat()));
+            }
         }
         // Watchers catch up (a resync may be due) before their check.
         let events = &watched.iter().find(|(k, _)| k == key).unwrap().1;
@@ -436,8 +469,16 @@ async fn concurrent_clients_under_faults_see_a_linearizable_store() {
         }
         let events = events.lock().unwrap().clone();
         if let Err(problem) = check_watch(&events, &written, &last) {
+            let answered_503 = events
+                .iter()
+                .filter_map(|event| event.value.as_ref())
+                .filter(|value| !written.contains(*value))
+                .filter_map(|value| refused_writes.get(value))
+                .map(|op| format!("; written by a write answered 503: {op}"))
+                .next()
+                .unwrap_or_default();
             violations.push(format!(
-                "watcher of {key} ({} events): {problem}",
+                "watcher of {key} ({} events): {problem}{answered_503}",
                 events.len()
             ));
         }
@@ -450,9 +491,10 @@ async fn concurrent_clients_under_faults_see_a_linearizable_store() {
     eprintln!(
         "linearizability: {seconds} s, {} histories, {operations} operations \
          ({unknown} of unknown outcome), watch streams reopened {reopened} times, \
-         faults {injected:?}, proxy stats gateway {:?} emulator {:?}, \
+         {} writes answered 503, faults {injected:?}, proxy stats gateway {:?} emulator {:?}, \
          {} violations, inconclusive {inconclusive:?}",
         KEYS.len(),
+        refused_writes.len(),
         gateway_proxy.stats(),
         emulator_proxy.stats(),
         violations.len()

@@ -121,15 +121,38 @@ pub enum Verdict {
 pub struct Report {
     /// The longest prefix of some order that the model accepted.
     pub longest_prefix: Vec<Operation>,
-    /// A smallest sub-history found that is still not linearizable.
+    /// The history less the reads and unapplied writes it needs not to
+    /// fail (writes all stay: dropping one could invent a violation).
     pub minimal: Vec<Operation>,
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "minimal non-linearizable history (initially absent):")?;
+        // The observations that still fail, and the writes around them.
+        let observations: Vec<&Operation> =
+            self.minimal.iter().filter(|op| observes_only(op)).collect();
+        let from = observations.iter().map(|op| op.call).min().unwrap_or(0);
+        let to = observations
+            .iter()
+            .map(|op| op.ret)
+            .max()
+            .unwrap_or(u64::MAX);
+        let earlier = self
+            .minimal
+            .iter()
+            .filter(|op| !observes_only(op) && op.output != Output::Unknown && op.ret < from)
+            .count();
+        writeln!(
+            f,
+            "shrunk non-linearizable history: {} operations; {earlier} applied writes \
+             returned before the window below are left out of it:",
+            self.minimal.len()
+        )?;
         for op in &self.minimal {
-            writeln!(f, "  {op}")?;
+            let before = op.output != Output::Unknown && op.ret < from;
+            if op.call <= to && (observes_only(op) || !before) {
+                writeln!(f, "  {op}")?;
+            }
         }
         let tail = self.longest_prefix.len().saturating_sub(5);
         writeln!(
@@ -179,6 +202,11 @@ enum Search {
 }
 
 fn search(history: &[Operation], budget: u64) -> Search {
+    search_counting(history, budget, &mut 0)
+}
+
+/// [`search`], adding the steps it took to `spent`.
+fn search_counting(history: &[Operation], budget: u64, spent: &mut u64) -> Search {
     let n = history.len();
     if n == 0 {
         return Search::Linearizable;
@@ -258,6 +286,7 @@ fn search(history: &[Operation], budget: u64) -> Search {
 
     while events[HEAD].next != NONE {
         steps += 1;
+        *spent += 1;
         if steps > budget {
             return Search::Inconclusive;
         }
@@ -294,19 +323,32 @@ fn search(history: &[Operation], budget: u64) -> Search {
     Search::Linearizable
 }
 
-/// Drops operations one at a time (latest first) while the rest stays
-/// non-linearizable, within a bounded number of checks.
+/// Whether dropping `op` can only make a history more linearizable: it
+/// changes no state (a read, a write that was not applied).
+fn observes_only(op: &Operation) -> bool {
+    matches!(op.output, Output::Read(_) | Output::NotApplied)
+}
+
+/// The history less every observation (read, unapplied write) that is not
+/// needed for the violation, within the search budget. Writes that
+/// may have changed the state all stay: dropping one would invent
+/// violations. Sorted by call time.
 fn shrink(history: &[Operation], budget: u64) -> Vec<Operation> {
     let mut kept: Vec<Operation> = history.to_vec();
-    // Start from the operations up to the first failure, when that helps.
-    let mut checks = 0;
+    // All the checks together get the budget of one search.
+    let mut spent = 0;
     let mut index = kept.len();
-    while index > 0 && checks < 2_000 {
+    while index > 0 && spent < budget {
         index -= 1;
+        if !observes_only(&kept[index]) {
+            continue;
+        }
         let mut candidate = kept.clone();
         candidate.remove(index);
-        checks += 1;
-        if matches!(search(&candidate, budget), Search::Violation(_)) {
+        if matches!(
+            search_counting(&candidate, budget - spent, &mut spent),
+            Search::Violation(_)
+        ) {
             kept = candidate;
         }
     }
@@ -508,6 +550,23 @@ mod tests {
             panic!("not found");
         };
         assert_eq!(report.minimal.len(), 2, "{report}");
+        assert_eq!(report.minimal[1].output, read(None));
+    }
+
+    #[test]
+    fn shrinking_never_drops_a_write_that_explains_a_read() {
+        // put a; delete; nex b -> applied; get -> c (c written, not by
+        // nex): only the last read is wrong, and the delete must stay.
+        let history = [
+            op(0, put("a"), 0, 10, Output::Applied),
+            op(0, Input::Delete, 20, 30, Output::Applied),
+            op(1, Input::PutNex("b".into()), 40, 50, Output::Applied),
+            op(1, Input::Get, 60, 70, read(Some("a"))),
+        ];
+        let Verdict::Violation(report) = check(&history, BUDGET) else {
+            panic!("not found");
+        };
+        assert_eq!(report.minimal.len(), 4, "{report}");
     }
 
     #[test]
