@@ -39,7 +39,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_BAD_SETTING);
         }
     };
-    runtime()?.block_on(async move {
+    serve_runtime()?.block_on(async move {
         let server = match Server::start(settings, Metrics::new()).await {
             Ok(server) => server,
             // The pool's checks (TLS material, SAT file) name the setting.
@@ -115,6 +115,22 @@ fn raise_open_file_limit() {
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     raise_open_file_limit();
     tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// `serve`'s runtime: one thread, unless `TOKIO_WORKER_THREADS` is set
+/// (then tokio's multi-threaded one with that many workers). On one thread
+/// the HTTP task, the pool member's event loop and the reply wake each
+/// other without a futex or a context switch: measured (BENCHMARKS.md,
+/// "CPU against webdis"), that is less CPU per request at every rate; the
+/// cost is a ceiling of one core, which a sidecar is rarely given anyway.
+fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        return runtime();
+    }
+    raise_open_file_limit();
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
 }
