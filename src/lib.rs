@@ -11,11 +11,14 @@
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 //! - [`ui`]: the browser dashboard served at `/ui/`.
+//! - [`inject`]: the sidecar added to Kubernetes YAML (`inject`) and by an
+//!   admission webhook (`injector`).
 
 pub mod config;
 pub mod dev;
 pub mod emulator;
 pub mod http;
+pub mod inject;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;

@@ -2,7 +2,9 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{Cli, Command, DevArgs, EmulatorArgs, LogFormat, ServeArgs};
+use statestore_gateway::config::{
+    Cli, Command, DevArgs, EmulatorArgs, InjectArgs, InjectorArgs, LogFormat, ServeArgs,
+};
 use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
 use statestore_gateway::http::{ServeError, Server, termination_signal};
 use statestore_gateway::metrics::Metrics;
@@ -25,7 +27,62 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve(args),
         Command::Emulator(args) => emulator(args),
         Command::Dev(args) => dev(args),
+        Command::Inject(args) => inject(args),
+        Command::Injector(args) => injector(args),
     }
+}
+
+/// `inject`: the YAML of a file or stdin, with the sidecar, to stdout.
+fn inject(args: InjectArgs) -> anyhow::Result<()> {
+    use statestore_gateway::inject::{manifest, settings::SidecarValues};
+    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
+        .and_then(|values| values.sidecar().map(|_| values))
+        .unwrap_or_else(|error| bad_setting(&error));
+    let text = match args.file.as_deref() {
+        None => std::io::read_to_string(std::io::stdin()).context("reading standard input")?,
+        Some(path) if path.as_os_str() == "-" => {
+            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        }
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+    };
+    let out = manifest::inject_yaml(&text, &values)?;
+    std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
+        .context("writing standard output")
+}
+
+/// `injector`: the admission webhook until SIGTERM/SIGINT.
+fn injector(args: InjectorArgs) -> anyhow::Result<()> {
+    use statestore_gateway::inject::{settings::SidecarValues, webhook};
+    init_tracing(args.log_format);
+    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
+        .and_then(|values| values.sidecar().map(|_| values))
+        .unwrap_or_else(|error| bad_setting(&error));
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, "admission webhook ready");
+        let served = webhook::serve(
+            listener,
+            args.tls_cert_file,
+            args.tls_key_file,
+            values,
+            termination_signal(),
+        )
+        .await;
+        if let Err(error @ webhook::WebhookError::Tls { .. }) = &served {
+            bad_setting(error);
+        }
+        Ok(served?)
+    })
+}
+
+/// Reports a setting that cannot be used and exits with the usage code.
+fn bad_setting(error: &dyn std::fmt::Display) -> ! {
+    eprintln!("statestore-gateway: {error}");
+    std::process::exit(EXIT_BAD_SETTING);
 }
 
 /// `serve`: the gateway until SIGTERM/SIGINT, then a graceful drain; exit 0.

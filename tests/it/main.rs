@@ -11,6 +11,7 @@ mod browser;
 mod emulator;
 mod faults;
 mod hostile;
+mod inject;
 mod keys;
 mod leaks;
 mod lease;
