@@ -19,6 +19,7 @@ mod linearizability;
 mod official_client;
 mod pool;
 mod readme;
+mod scan;
 mod watch;
 
 mod broker {
