@@ -130,7 +130,7 @@ fn store_alone(keys: usize) {
     let now = statestore_gateway::protocol::hlc::now_ms();
     let mut store = Store::new(Quota::default(), now);
     let clock = HybridClock::new(CLIENT_ID);
-    let timestamp = clock.now().unwrap().to_string();
+    let timestamp = clock.now().hlc.to_string();
     let envelope = Envelope {
         client_id: CLIENT_ID,
         timestamp: Some(&timestamp),
