@@ -9,6 +9,8 @@
 //! - [`dev`]: embedded broker + emulator + gateway in one process.
 //! - [`metrics`]: the Prometheus registry and metric families.
 //! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
+//! - [`store`]: the typed store client: one method per verb, replies
+//!   decoded once into outcomes.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 //! - [`ui`]: the browser dashboard served at `/ui/`.
 
@@ -19,5 +21,6 @@ pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod store;
 pub mod ui;
 pub mod watch;

@@ -73,7 +73,7 @@ impl DevStack {
             data_dir: args.data_dir.clone(),
         };
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        while !stack.gateway.state().pool.is_ready() {
+        while !stack.gateway.state().store.pool().is_ready() {
             if tokio::time::Instant::now() >= deadline {
                 let _ = stack.shutdown().await;
                 return Err(DevError::NotReady {

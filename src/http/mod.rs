@@ -43,6 +43,7 @@ use crate::config::DEFAULT_MAX_VALUE_BYTES;
 use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
+use crate::store::StoreClient;
 use crate::watch::{WatchHub, WatchSettings};
 use listener::ConnectionLimits;
 use problem::{ApiError, FailureLog, Severity};
@@ -112,8 +113,8 @@ impl std::ops::Deref for AppState {
 /// The contents of [`AppState`].
 #[derive(Debug)]
 pub struct Shared {
-    /// The broker connections.
-    pub pool: Pool,
+    /// The store, through the broker connections.
+    pub store: StoreClient,
     /// Metric families.
     pub metrics: Metrics,
     /// Request limits.
@@ -140,8 +141,8 @@ impl AppState {
         watch: WatchSettings,
     ) -> Self {
         Self(Arc::new(Shared {
-            hub: WatchHub::start(pool.clone(), metrics.clone(), watch),
-            pool,
+            hub: WatchHub::start(StoreClient::new(pool.clone()), metrics.clone(), watch),
+            store: StoreClient::new(pool),
             metrics,
             limits,
             clock: hlc::now_ms,
@@ -154,7 +155,10 @@ impl AppState {
     /// capped by what the broker's packet size allows once known; with
     /// neither, [`DEFAULT_MAX_VALUE_BYTES`].
     pub fn value_limit(&self) -> usize {
-        match (self.limits.max_value_bytes, self.pool.max_value_bytes()) {
+        match (
+            self.limits.max_value_bytes,
+            self.store.pool().max_value_bytes(),
+        ) {
             (Some(configured), Some(broker)) => configured.min(broker),
             (Some(limit), None) | (None, Some(limit)) => limit,
             (None, None) => DEFAULT_MAX_VALUE_BYTES,
@@ -494,7 +498,7 @@ impl Server {
                 Ok(())
             }
         };
-        state.pool.shutdown().await;
+        state.store.pool().shutdown().await;
         let _ = stop_admin.send(true);
         let admin_result = match tokio::time::timeout(Duration::from_secs(1), &mut admin_task).await
         {

@@ -266,12 +266,7 @@ impl From<WatchError> for ApiError {
                 "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
             ),
             WatchError::EmptyKey => ApiError::EmptyKey,
-            WatchError::Register(error) => ApiError::Pool(error),
-            WatchError::Store(error) => ApiError::store(error, false),
-            WatchError::UnexpectedReply(verb) => ApiError::UnexpectedReply {
-                verb,
-                reply: "a reply that is not +OK or a value".into(),
-            },
+            WatchError::Register(error) => ApiError::from(error),
             WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
             WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
         }

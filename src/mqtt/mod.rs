@@ -56,6 +56,6 @@ pub mod pool;
 
 pub use auth::ConfigError;
 pub use pool::{
-    BrokerSettings, KeyNotification, MemberEvent, Pool, PoolError, PoolSettings, RequestOptions,
-    StoreResponse,
+    BrokerSettings, KeyNotification, Labelled, MemberEvent, Pool, PoolError, PoolSettings,
+    RequestOptions, StoreResponse,
 };

@@ -443,7 +443,7 @@ impl Pool {
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
-        self.send(None, request, options).await
+        self.send(None, request, options, |response| response).await
     }
 
     /// Sends a request on one member: KEYNOTIFY registrations belong to the
@@ -455,10 +455,33 @@ impl Pool {
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
+        self.request_on_as(member, request, options, |response| response)
+            .await
+    }
+
+    /// [`Pool::request`], with the reply read by `read` (the store client's
+    /// decoding): the metrics are labelled from what it makes of the reply.
+    pub async fn request_as<T: Labelled>(
+        &self,
+        request: &Request,
+        options: &RequestOptions,
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
+        self.send(None, request, options, read).await
+    }
+
+    /// [`Pool::request_on`], with the reply read by `read`.
+    pub async fn request_on_as<T: Labelled>(
+        &self,
+        member: usize,
+        request: &Request,
+        options: &RequestOptions,
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
         if member >= self.inner.members.len() {
             return Err(PoolError::Unavailable);
         }
-        self.send(Some(member), request, options).await
+        self.send(Some(member), request, options, read).await
     }
 
     /// A subscribed member, preferring the given one (for KEYNOTIFY);
@@ -546,14 +569,15 @@ impl Pool {
         }
     }
 
-    async fn send(
+    async fn send<T: Labelled>(
         &self,
         target: Option<usize>,
         request: &Request,
         options: &RequestOptions,
-    ) -> Result<StoreResponse, PoolError> {
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
         let started = std::time::Instant::now();
-        let result = self.exchange(target, request, options).await;
+        let result = self.exchange(target, request, options).await.map(read);
         self.record(request, &result, started.elapsed());
         result
     }
@@ -772,38 +796,54 @@ impl Pool {
         Ok(StoreResponse { reply, version })
     }
 
-    fn record(
+    fn record<T: Labelled>(
         &self,
         request: &Request,
-        result: &Result<StoreResponse, PoolError>,
+        result: &Result<T, PoolError>,
         elapsed: Duration,
     ) {
         let metrics = &self.inner.ctx.metrics;
-        let outcome = match result {
-            Ok(response) => match &response.reply {
-                Reply::NotFound => "not_found",
-                Reply::Integer(-1) => "not_applied",
-                Reply::Error(error) => {
-                    metrics
-                        .store_errors
-                        .with_label_values(&[error.kind()])
-                        .inc();
-                    "error"
-                }
-                Reply::Ok | Reply::Integer(_) | Reply::Value(_) => "ok",
-            },
-            Err(error) => {
-                metrics
-                    .store_errors
-                    .with_label_values(&[error.kind()])
-                    .inc();
-                error.kind()
-            }
+        let (outcome, error_kind) = match result {
+            Ok(read) => (read.outcome(), read.store_error()),
+            Err(error) => (error.kind(), Some(error.kind())),
         };
+        if let Some(kind) = error_kind {
+            metrics.store_errors.with_label_values(&[kind]).inc();
+        }
         metrics
             .store_latency
             .with_label_values(&[request.verb(), outcome])
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// What a reply meant, for the metrics: the `outcome` label of
+/// `store_request_duration_seconds` and the `kind` of `store_errors_total`.
+/// The store client's decoded outcomes implement it, so the labels follow
+/// the one reading of replies.
+pub trait Labelled {
+    /// `ok`, `not_found`, `not_applied`, `error`, ...
+    fn outcome(&self) -> &'static str;
+    /// The store error's kind, when the store refused the request.
+    fn store_error(&self) -> Option<&'static str>;
+}
+
+/// A raw reply (tests and tools that speak the protocol themselves): only
+/// shapes that mean the same for every request are named.
+impl Labelled for StoreResponse {
+    fn outcome(&self) -> &'static str {
+        match &self.reply {
+            Reply::NotFound => "not_found",
+            Reply::Error(_) => "error",
+            _ => "ok",
+        }
+    }
+
+    fn store_error(&self) -> Option<&'static str> {
+        match &self.reply {
+            Reply::Error(error) => Some(error.kind()),
+            _ => None,
+        }
     }
 }
 
