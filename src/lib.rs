@@ -21,6 +21,7 @@ pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod settings;
 pub mod store;
 pub mod ui;
 pub mod watch;

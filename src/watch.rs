@@ -32,10 +32,11 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use crate::metrics::Metrics;
 use crate::mqtt::{KeyNotification, MemberEvent, PoolError};
 use crate::protocol::{Hlc, Notification};
+use crate::settings;
 use crate::store::{RequestError, StoreClient, Versioned};
 
 /// Limits of the hub.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSettings {
     /// Open watchers (streams) in the whole gateway.
     pub max_watchers: usize,
@@ -57,16 +58,18 @@ pub struct WatchSettings {
     pub resync_interval: Option<Duration>,
 }
 
+/// The command line's defaults; the registration timeout is the request
+/// timeout.
 impl Default for WatchSettings {
     fn default() -> Self {
         Self {
-            max_watchers: 10_000,
-            max_keys_per_stream: 64,
-            max_watched_keys: 10_000,
-            buffer: 64,
-            register_timeout: Duration::from_secs(10),
-            keep_alive: Duration::from_secs(15),
-            resync_interval: Some(Duration::from_secs(60)),
+            max_watchers: settings::DEFAULT_MAX_WATCHERS,
+            max_keys_per_stream: settings::DEFAULT_MAX_KEYS_PER_WATCH,
+            max_watched_keys: settings::DEFAULT_MAX_WATCHED_KEYS,
+            buffer: settings::DEFAULT_WATCH_BUFFER,
+            register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+            keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
+            resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
         }
     }
 }

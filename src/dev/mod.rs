@@ -133,9 +133,6 @@ pub enum DevError {
     /// The gateway did not start or failed.
     #[error("the gateway failed")]
     Gateway(#[from] ServeError),
-    /// `serve`'s default settings did not parse (a bug, not a user error).
-    #[error("the gateway's default settings are invalid: {0}")]
-    Defaults(String),
     /// The gateway did not connect and subscribe to the embedded broker.
     #[error("the gateway was not connected to the embedded broker within {within:?}")]
     NotReady {

@@ -24,9 +24,9 @@ use serde_json::json;
 
 use super::AppState;
 use super::problem::{ApiError, Precondition};
-use crate::config::parse_duration;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
+use crate::settings::parse_duration;
 use crate::store::{DelOutcome, SetOutcome, VdelOutcome, Versioned};
 
 /// The header carrying a write's fencing token (an HLC, e.g. a lease's version).

@@ -39,10 +39,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 
-use crate::config::DEFAULT_MAX_VALUE_BYTES;
 use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
+use crate::settings::{self, DEFAULT_MAX_VALUE_BYTES};
 use crate::store::StoreClient;
 use crate::watch::{WatchHub, WatchSettings};
 use listener::ConnectionLimits;
@@ -63,13 +63,24 @@ pub struct Limits {
     pub request_timeout: Duration,
 }
 
+/// The command line's defaults.
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_key_bytes: settings::DEFAULT_MAX_KEY_BYTES,
+            max_value_bytes: None,
+            request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
 impl Limits {
     /// The backstop on a whole request: body read plus a slot wait plus the
     /// store round trip, and a second of slack, so nothing hangs even if an
     /// inner timeout fails to fire.
     pub fn backstop(&self) -> Duration {
         self.request_timeout * 2
-            + crate::config::slot_wait(self.request_timeout)
+            + crate::settings::slot_wait(self.request_timeout)
             + Duration::from_secs(1)
     }
 }
@@ -357,6 +368,25 @@ pub struct ServeSettings {
     pub header_read_timeout: Duration,
     /// Open connections on the API listener before it stops accepting.
     pub max_connections: usize,
+}
+
+/// The command line's defaults (no token, no CORS origin).
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            listen: settings::DEFAULT_LISTEN,
+            admin_listen: settings::DEFAULT_ADMIN_LISTEN,
+            pool: PoolSettings::default(),
+            limits: Limits::default(),
+            api_token: None,
+            shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
+            watch: WatchSettings::default(),
+            cors_allow_origins: Vec::new(),
+            header_read_timeout: settings::DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: usize::try_from(settings::DEFAULT_MAX_CONNECTIONS)
+                .unwrap_or(usize::MAX),
+        }
+    }
 }
 
 /// Why the gateway could not start or stopped with an error.

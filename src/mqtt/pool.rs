@@ -41,6 +41,7 @@ use crate::protocol::{
     CONTENT_TYPE, DecodeError, Hlc, HlcError, HybridClock, Notification, PROTOCOL_VERSION,
     REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, property,
 };
+use crate::settings;
 
 /// Bytes of a SET's packet that are not the value: topic, response topic,
 /// correlation data, user properties, the key and RESP framing. Covers keys
@@ -60,7 +61,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 const ROLLOUT_POLL: Duration = Duration::from_millis(20);
 
 /// How to reach and authenticate to the broker (the AIO SDKs' settings).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerSettings {
     /// `AIO_BROKER_HOSTNAME`
     pub host: String,
@@ -88,9 +89,9 @@ pub struct BrokerSettings {
 }
 
 impl BrokerSettings {
-    /// Plain TCP to `host:port` without credentials, with the SDKs' default
-    /// keep-alive (60 s) and session expiry (3600 s); set the TLS and
-    /// credential fields as needed.
+    /// Plain TCP to `host:port` without credentials, with the default
+    /// keep-alive and session expiry (see [`crate::settings`]); set the TLS
+    /// and credential fields as needed.
     pub fn new(host: impl Into<String>, port: u16) -> Self {
         Self {
             host: host.into(),
@@ -102,14 +103,27 @@ impl BrokerSettings {
             sat_file: None,
             username: None,
             password_file: None,
-            keep_alive: Duration::from_secs(60),
-            session_expiry: Duration::from_secs(3600),
+            keep_alive: Duration::from_secs(u64::from(settings::DEFAULT_MQTT_KEEP_ALIVE)),
+            session_expiry: Duration::from_secs(u64::from(settings::DEFAULT_MQTT_SESSION_EXPIRY)),
+        }
+    }
+}
+
+/// The command line's defaults: `localhost:8883` over TLS.
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            use_tls: settings::DEFAULT_MQTT_USE_TLS,
+            ..Self::new(
+                settings::DEFAULT_BROKER_HOSTNAME,
+                settings::DEFAULT_BROKER_TCP_PORT,
+            )
         }
     }
 }
 
 /// Pool sizing and timing.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSettings {
     /// The broker.
     pub broker: BrokerSettings,
@@ -128,18 +142,29 @@ pub struct PoolSettings {
     pub sat_check_interval: Duration,
 }
 
+/// The command line's defaults, with the client id
+/// `statestore-gateway-<hostname>`.
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            broker: BrokerSettings::default(),
+            client_id: settings::default_client_id(),
+            size: settings::DEFAULT_POOL_SIZE,
+            request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+            max_in_flight_per_member: settings::DEFAULT_MAX_IN_FLIGHT,
+            slot_wait: settings::slot_wait(settings::DEFAULT_REQUEST_TIMEOUT),
+            sat_check_interval: settings::DEFAULT_SAT_CHECK_INTERVAL,
+        }
+    }
+}
+
 impl PoolSettings {
-    /// Defaults: 4 members, 10 s request timeout, 128 requests in flight per
-    /// member, 250 ms slot wait, SAT checked every 5 s.
+    /// The defaults, for this broker and client id.
     pub fn new(broker: BrokerSettings, client_id: impl Into<String>) -> Self {
         Self {
             broker,
             client_id: client_id.into(),
-            size: 4,
-            request_timeout: Duration::from_secs(10),
-            max_in_flight_per_member: 128,
-            slot_wait: Duration::from_millis(250),
-            sat_check_interval: Duration::from_secs(5),
+            ..Self::default()
         }
     }
 
