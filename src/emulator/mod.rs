@@ -18,6 +18,7 @@
 //! [`EmulatorHandle::client_disconnected`].
 
 mod acl;
+mod entry;
 mod persist;
 mod store;
 
@@ -35,10 +36,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
+pub use entry::Entry;
 pub use persist::{LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Entry, Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota,
-    Store,
+    Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota, Store,
 };
 
 use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};

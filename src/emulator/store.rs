@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use bytes::Bytes;
 
+use super::entry::Entry;
 use super::persist::Record;
 use crate::protocol::{
     Hlc, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,
@@ -89,22 +90,6 @@ impl Outcome {
     pub(crate) fn error(error: StoreError) -> Self {
         Self::reply(Reply::Error(error), None)
     }
-}
-
-/// One stored key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The value (may be empty).
-    pub value: Bytes,
-    /// The version its last SET got.
-    pub version: Hlc,
-    /// The newest fencing token a write presented; later writes need one at
-    /// least as new.
-    pub fencing_token: Option<Hlc>,
-    /// Wall-clock milliseconds at which the key expires (PX).
-    pub expires_at_ms: Option<u64>,
-    /// Whether its last SET asked for persistence.
-    pub persistent: bool,
 }
 
 /// The whole store.

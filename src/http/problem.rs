@@ -413,7 +413,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        super::keys::set_common_headers(headers, PROBLEM_JSON);
+        super::headers::set_common_headers(headers, PROBLEM_JSON);
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }

@@ -22,9 +22,9 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::AppState;
 use super::keys::{decode_key, key_from_path, method_not_allowed};
 use super::problem::ApiError;
+use super::state::AppState;
 use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
