@@ -30,11 +30,13 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::metrics::Metrics;
-use crate::mqtt::{KeyNotification, MemberEvent, Pool, PoolError, RequestOptions};
-use crate::protocol::{Hlc, Notification, Reply, Request, StoreError};
+use crate::mqtt::{KeyNotification, MemberEvent, PoolError};
+use crate::protocol::{Hlc, Notification};
+use crate::settings;
+use crate::store::{RequestError, StoreClient, Versioned};
 
 /// Limits of the hub.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSettings {
     /// Open watchers (streams) in the whole gateway.
     pub max_watchers: usize,
@@ -56,16 +58,18 @@ pub struct WatchSettings {
     pub resync_interval: Option<Duration>,
 }
 
+/// The command line's defaults; the registration timeout is the request
+/// timeout.
 impl Default for WatchSettings {
     fn default() -> Self {
         Self {
-            max_watchers: 10_000,
-            max_keys_per_stream: 64,
-            max_watched_keys: 10_000,
-            buffer: 64,
-            register_timeout: Duration::from_secs(10),
-            keep_alive: Duration::from_secs(15),
-            resync_interval: Some(Duration::from_secs(60)),
+            max_watchers: settings::DEFAULT_MAX_WATCHERS,
+            max_keys_per_stream: settings::DEFAULT_MAX_KEYS_PER_WATCH,
+            max_watched_keys: settings::DEFAULT_MAX_WATCHED_KEYS,
+            buffer: settings::DEFAULT_WATCH_BUFFER,
+            register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+            keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
+            resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
         }
     }
 }
@@ -88,15 +92,9 @@ pub enum WatchError {
     /// An empty key.
     #[error("the key length is zero")]
     EmptyKey,
-    /// The first registration of a key failed.
+    /// Registering the key (KEYNOTIFY, then GET) failed.
     #[error("registering the key with the state store failed: {0}")]
-    Register(PoolError),
-    /// The store refused KEYNOTIFY or the GET after it.
-    #[error("the state store refused the watch: {0}")]
-    Store(StoreError),
-    /// The store answered KEYNOTIFY or GET with an unexpected reply.
-    #[error("unexpected reply to {0}")]
-    UnexpectedReply(&'static str),
+    Register(#[from] RequestError),
     /// No registration within the timeout.
     #[error("no registration within {0:?}")]
     Timeout(Duration),
@@ -229,7 +227,7 @@ const NO_HOLDER: usize = usize::MAX;
 
 #[derive(Debug)]
 struct Inner {
-    pool: Pool,
+    store: StoreClient,
     metrics: Metrics,
     settings: WatchSettings,
     keys: Mutex<HashMap<Bytes, Arc<KeyWatch>>>,
@@ -255,10 +253,10 @@ pub struct WatchHub {
 }
 
 impl WatchHub {
-    /// Starts the hub's dispatcher and reconciler on the pool.
-    pub fn start(pool: Pool, metrics: Metrics, settings: WatchSettings) -> Self {
+    /// Starts the hub's dispatcher and reconciler on the store's pool.
+    pub fn start(store: StoreClient, metrics: Metrics, settings: WatchSettings) -> Self {
         let inner = Arc::new(Inner {
-            pool,
+            store,
             metrics,
             settings,
             keys: Mutex::new(HashMap::new()),
@@ -268,8 +266,8 @@ impl WatchHub {
             reconcile: Notify::new(),
             shutdown: watch::Sender::new(false),
         });
-        let notifications = inner.pool.notifications();
-        let member_events = inner.pool.member_events();
+        let notifications = inner.store.pool().notifications();
+        let member_events = inner.store.pool().member_events();
         tokio::spawn(dispatch(Arc::clone(&inner), notifications));
         tokio::spawn(reconcile(Arc::clone(&inner), member_events));
         Self { inner }
@@ -312,8 +310,8 @@ impl WatchHub {
         }
         // Without a broker connection the registration cannot succeed:
         // answer 503 now rather than 504 after the timeout.
-        if !self.inner.pool.is_ready() {
-            return Err(WatchError::Register(PoolError::Unavailable));
+        if !self.inner.store.pool().is_ready() {
+            return Err(RequestError::Transport(PoolError::Unavailable).into());
         }
         {
             let keys_now = self.inner.keys();
@@ -653,7 +651,7 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
         }
         if holder == NO_HOLDER {
             inner.holder.store(NO_HOLDER, Ordering::Release);
-            let Some(member) = inner.pool.subscribed_member(last_holder) else {
+            let Some(member) = inner.store.pool().subscribed_member(last_holder) else {
                 retry_after = None; // a Subscribed event will wake us
                 continue;
             };
@@ -695,12 +693,7 @@ async fn sync_registrations(
         .collect();
     for key in stale {
         registered.remove(&key);
-        let stop = Request::KeyNotify { key, stop: true };
-        if let Err(error) = inner
-            .pool
-            .request_on(holder, &stop, &RequestOptions::default())
-            .await
-        {
+        if let Err(error) = inner.store.on_member(holder).stop(key).await {
             tracing::debug!(%error, "KEYNOTIFY STOP failed; the registration ends with the connection");
         }
     }
@@ -760,41 +753,18 @@ async fn sync_registrations(
 
 /// KEYNOTIFY, then GET: no change can fall between the two.
 async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<(), WatchError> {
-    let options = RequestOptions::default();
-    let notify = Request::KeyNotify {
-        key: key_watch.key.clone(),
-        stop: false,
-    };
-    let reply = inner
-        .pool
-        .request_on(holder, &notify, &options)
-        .await
-        .map_err(WatchError::Register)?;
-    match reply.reply {
-        Reply::Ok => {}
-        Reply::Error(error) => return Err(WatchError::Store(error)),
-        _ => return Err(WatchError::UnexpectedReply("KEYNOTIFY")),
-    }
+    let store = inner.store.on_member(holder);
+    store.keynotify(key_watch.key.clone()).await?;
     let changes_before = key_watch.state().changes;
-    let get = Request::Get {
-        key: key_watch.key.clone(),
-    };
-    let reply = inner
-        .pool
-        .request_on(holder, &get, &options)
-        .await
-        .map_err(WatchError::Register)?;
-    let current = match reply.reply {
-        Reply::Value(value) => Snapshot {
+    let current = match store.get(key_watch.key.clone()).await? {
+        Some(Versioned { value, version }) => Snapshot {
             value: Some(value),
-            version: reply.version,
+            version,
         },
-        Reply::NotFound => Snapshot {
+        None => Snapshot {
             value: None,
             version: None,
         },
-        Reply::Error(error) => return Err(WatchError::Store(error)),
-        _ => return Err(WatchError::UnexpectedReply("GET")),
     };
     let mut state = key_watch.state();
     if state.changes != changes_before && current.version.is_none() {

@@ -22,6 +22,7 @@
 //! publish; see [`Store::scan`] for the rest of its rules.
 
 mod acl;
+mod entry;
 pub mod glob;
 mod persist;
 mod store;
@@ -41,10 +42,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
+pub use entry::Entry;
 pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Answer, Entry, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent,
-    MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota, ScanLimits, Store,
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES,
+    NODE_ID, Outcome, Quota, ScanLimits, Store,
 };
 
 use crate::mqtt::{MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY, base_options};

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use thiserror::Error;
 
-use super::store::Entry;
+use super::entry::Entry;
 use crate::protocol::Hlc;
 
 /// The log's file name in the data directory.

@@ -7,7 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use super::AppState;
+use super::state::AppState;
 
 /// The Prometheus text exposition format's content type.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
@@ -32,7 +32,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     if state.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     }
-    if !state.pool.is_ready() {
+    if !state.store.pool().is_ready() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "no broker connection is subscribed\n",
@@ -43,7 +43,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let pending = i64::try_from(state.pool.pending_replies()).unwrap_or(i64::MAX);
+    let pending = i64::try_from(state.store.pool().pending_replies()).unwrap_or(i64::MAX);
     state.metrics.pending_replies.set(pending);
     let mut response = state.metrics.render().into_response();
     response.headers_mut().insert(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{OriginalUri, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
@@ -22,11 +22,13 @@ use futures_util::StreamExt;
 use percent_encoding::percent_decode;
 use serde_json::json;
 
-use super::AppState;
+use super::headers::{set_common_headers, set_etag};
 use super::problem::{ApiError, Precondition};
-use crate::config::parse_duration;
-use crate::mqtt::{RequestOptions, StoreResponse};
-use crate::protocol::{Hlc, Reply, Request, SetCondition, SetOptions};
+use super::state::AppState;
+use crate::mqtt::RequestOptions;
+use crate::protocol::{Hlc, SetCondition, SetOptions};
+use crate::settings::parse_duration;
+use crate::store::{DelOutcome, SetOutcome, VdelOutcome, Versioned};
 
 /// The header carrying a write's fencing token (an HLC, e.g. a lease's version).
 pub const FENCING_TOKEN_HEADER: &str = "fencing-token";
@@ -77,25 +79,13 @@ async fn get_key(
     QueryParams::parse(uri.query(), &[])?;
     let if_none_match = IfNoneMatch::from_headers(&headers)?;
     let json = wants_json(&headers);
-    let request = Request::Get { key: key.clone() };
-    let response = state
-        .pool
-        .request(&request, &RequestOptions::default())
-        .await?;
-    let StoreResponse { reply, version } = response;
-    match reply {
-        Reply::Value(value) => {
-            if let Some(condition) = &if_none_match
-                && condition.matches(version.as_ref())
-            {
-                return Ok(not_modified(version.as_ref()));
-            }
-            Ok(value_response(&key, value, version.as_ref(), json))
-        }
-        Reply::NotFound => Err(ApiError::KeyNotFound),
-        Reply::Error(error) => Err(ApiError::store(error, false)),
-        other => Err(unexpected(&request, &other)),
-    }
+    let value = state.store.get(key.clone()).await?;
+    respond(KeyOutcome::Read {
+        key,
+        value,
+        json,
+        if_none_match,
+    })
 }
 
 /// `PUT /keys/{key}`: SET, with `If-None-Match: *` (NX), `?nex=true` (NEX),
@@ -135,42 +125,16 @@ async fn put_key(
         state.limits.request_timeout,
     )
     .await?;
-    let request = Request::Set {
-        key,
-        value,
-        options: SetOptions {
-            condition,
-            expires_in_ms: ttl_ms,
-        },
+    let options = SetOptions {
+        condition,
+        expires_in_ms: ttl_ms,
     };
-    let options = RequestOptions {
+    let envelope = RequestOptions {
         fencing_token,
         persist,
     };
-    let response = state.pool.request(&request, &options).await?;
-    match response.reply {
-        Reply::Ok => {
-            let status = if only_if_absent {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            let version = response.version.as_ref().map(ToString::to_string);
-            let body = serde_json::to_vec(&json!({ "version": version })).unwrap_or_default();
-            let mut http = (status, body).into_response();
-            set_common_headers(http.headers_mut(), "application/json");
-            set_etag(http.headers_mut(), response.version.as_ref());
-            Ok(http)
-        }
-        Reply::Integer(-1) if condition != SetCondition::Always => {
-            Err(ApiError::PreconditionFailed(match condition {
-                SetCondition::OnlyIfMissing => Precondition::KeyAbsent,
-                _ => Precondition::AbsentOrEqual,
-            }))
-        }
-        Reply::Error(error) => Err(ApiError::store(error, options.fencing_token.is_some())),
-        other => Err(unexpected(&request, &other)),
-    }
+    let outcome = state.store.set(key, value, options, &envelope).await?;
+    respond(KeyOutcome::Written { outcome, condition })
 }
 
 /// `DELETE /keys/{key}`: DEL, or VDEL with `?value=`; `Fencing-Token` too.
@@ -190,46 +154,90 @@ async fn delete_key(
         ));
     }
     let fencing_token = fencing_token(&headers, (state.clock)())?;
-    let is_vdel = expected.is_some();
-    let request = match expected {
-        Some(value) => Request::VDel {
-            key,
-            value: Bytes::from(value),
-        },
-        None => Request::Del { key },
+    let outcome = match expected {
+        Some(value) => KeyOutcome::DeletedValue(
+            state
+                .store
+                .vdel(key, Bytes::from(value), fencing_token)
+                .await?,
+        ),
+        None => KeyOutcome::Deleted(state.store.del(key, fencing_token).await?),
     };
-    let options = RequestOptions {
-        fencing_token,
-        persist: false,
-    };
-    let response = state.pool.request(&request, &options).await?;
-    match response.reply {
-        Reply::Integer(n) if n >= 1 => {
-            let mut http = StatusCode::NO_CONTENT.into_response();
-            set_common_headers(http.headers_mut(), "");
-            set_etag(http.headers_mut(), response.version.as_ref());
-            Ok(http)
-        }
-        Reply::Integer(0) => Err(ApiError::KeyNotFound),
-        Reply::Integer(-1) if is_vdel => {
-            Err(ApiError::PreconditionFailed(Precondition::ValueMatches))
-        }
-        Reply::Error(error) => Err(ApiError::store(error, options.fencing_token.is_some())),
-        other => Err(unexpected(&request, &other)),
-    }
+    respond(outcome)
 }
 
-fn unexpected(request: &Request, reply: &Reply) -> ApiError {
-    let reply = match reply {
-        Reply::Ok => "+OK".to_owned(),
-        Reply::Integer(n) => format!(":{n}"),
-        Reply::Value(value) => format!("a value of {} bytes", value.len()),
-        Reply::NotFound => "$-1".to_owned(),
-        Reply::Error(error) => format!("-ERR {}", error.message()),
-    };
-    ApiError::UnexpectedReply {
-        verb: request.verb(),
-        reply,
+/// What a key request came to, as the store client decoded it.
+#[derive(Debug)]
+enum KeyOutcome {
+    /// GET: the value, or `None` when the key does not exist.
+    Read {
+        key: Bytes,
+        value: Option<Versioned<Bytes>>,
+        json: bool,
+        if_none_match: Option<IfNoneMatch>,
+    },
+    /// PUT: what SET did under its condition.
+    Written {
+        outcome: SetOutcome,
+        condition: SetCondition,
+    },
+    /// DELETE: what DEL did.
+    Deleted(DelOutcome),
+    /// DELETE with `?value=`: what VDEL did.
+    DeletedValue(VdelOutcome),
+}
+
+/// The one mapping from a store outcome to an HTTP status (failures:
+/// [`ApiError::problem`]).
+fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
+    match outcome {
+        KeyOutcome::Read {
+            key,
+            value: Some(Versioned { value, version }),
+            json,
+            if_none_match,
+        } => {
+            if if_none_match.is_some_and(|condition| condition.matches(version.as_ref())) {
+                return Ok(not_modified(version.as_ref()));
+            }
+            Ok(value_response(&key, value, version.as_ref(), json))
+        }
+        KeyOutcome::Read { value: None, .. }
+        | KeyOutcome::Deleted(DelOutcome::Missing)
+        | KeyOutcome::DeletedValue(VdelOutcome::Missing) => Err(ApiError::KeyNotFound),
+        KeyOutcome::Written {
+            outcome: SetOutcome::Applied(version),
+            condition,
+        } => {
+            let status = if condition == SetCondition::OnlyIfMissing {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            let text = version.as_ref().map(ToString::to_string);
+            let body = serde_json::to_vec(&json!({ "version": text })).unwrap_or_default();
+            let mut http = (status, body).into_response();
+            set_common_headers(http.headers_mut(), "application/json");
+            set_etag(http.headers_mut(), version.as_ref());
+            Ok(http)
+        }
+        KeyOutcome::Written {
+            outcome: SetOutcome::NotApplied,
+            condition,
+        } => Err(ApiError::PreconditionFailed(match condition {
+            SetCondition::OnlyIfMissing => Precondition::KeyAbsent,
+            _ => Precondition::AbsentOrEqual,
+        })),
+        KeyOutcome::Deleted(DelOutcome::Deleted(version))
+        | KeyOutcome::DeletedValue(VdelOutcome::Deleted(version)) => {
+            let mut http = StatusCode::NO_CONTENT.into_response();
+            set_common_headers(http.headers_mut(), "");
+            set_etag(http.headers_mut(), version.as_ref());
+            Ok(http)
+        }
+        KeyOutcome::DeletedValue(VdelOutcome::ValueDiffers) => {
+            Err(ApiError::PreconditionFailed(Precondition::ValueMatches))
+        }
     }
 }
 
@@ -581,29 +589,6 @@ async fn read_value(
         .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
-/// `Content-Type` (unless empty), `Cache-Control: no-store` and
-/// `X-Content-Type-Options: nosniff`: on every key API answer, problems too.
-pub(super) fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
-    if !content_type.is_empty() {
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    }
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        HeaderName::from_static("x-content-type-options"),
-        HeaderValue::from_static("nosniff"),
-    );
-}
-
-/// `ETag: "<version>"`; left out when there is no version or it cannot be
-/// a header (a store node id with control characters).
-fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
-    if let Some(version) = version
-        && let Ok(value) = HeaderValue::from_str(&format!("\"{version}\""))
-    {
-        headers.insert(header::ETAG, value);
-    }
-}
-
 fn not_modified(version: Option<&Hlc>) -> Response {
     let mut response = StatusCode::NOT_MODIFIED.into_response();
     set_common_headers(response.headers_mut(), "");
@@ -639,6 +624,7 @@ fn value_response(key: &[u8], value: Bytes, version: Option<&Hlc>, json: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn uri(text: &str) -> Uri {
         text.parse().unwrap()
@@ -877,6 +863,7 @@ mod tests {
 #[cfg(test)]
 mod proptests {
     use super::*;
+    use axum::http::HeaderValue;
     use percent_encoding::{AsciiSet, CONTROLS, NON_ALPHANUMERIC};
     use proptest::prelude::*;
 

@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::mqtt::PoolError;
 use crate::protocol::{HlcError, StoreError};
+use crate::store::RequestError;
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -38,7 +39,7 @@ pub enum Precondition {
 /// Why a request failed. Messages are the `detail` of the problem body.
 #[derive(Debug, Error)]
 pub enum ApiError {
-    /// GET `$-1`, DEL/VDEL `:0`.
+    /// A GET, DEL or VDEL of a key that does not exist.
     #[error("the key does not exist")]
     KeyNotFound,
     /// No route for the path.
@@ -47,7 +48,7 @@ pub enum ApiError {
     /// A method the resource does not serve.
     #[error("this resource does not support the method; the Allow header lists those it does")]
     MethodNotAllowed,
-    /// The condition of a conditional write did not hold (`:-1`).
+    /// The condition of a conditional write did not hold.
     #[error("{}", precondition_detail(*.0))]
     PreconditionFailed(Precondition),
     /// An `-ERR` from the store. `client_token` tells whether the request
@@ -387,6 +388,16 @@ impl ApiError {
     }
 }
 
+impl From<RequestError> for ApiError {
+    fn from(error: RequestError) -> Self {
+        match error {
+            RequestError::Refused { error, fenced } => Self::store(error, fenced),
+            RequestError::Transport(error) => Self::Pool(error),
+            RequestError::UnexpectedReply { verb, reply } => Self::UnexpectedReply { verb, reply },
+        }
+    }
+}
+
 impl Problem {
     /// Whether the response carries `Retry-After`.
     pub fn retry_after(&self) -> bool {
@@ -402,7 +413,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        super::keys::set_common_headers(headers, PROBLEM_JSON);
+        super::headers::set_common_headers(headers, PROBLEM_JSON);
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }

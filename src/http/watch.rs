@@ -22,9 +22,9 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::AppState;
 use super::keys::{decode_key, key_from_path, method_not_allowed};
 use super::problem::ApiError;
+use super::state::AppState;
 use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
@@ -266,12 +266,7 @@ impl From<WatchError> for ApiError {
                 "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
             ),
             WatchError::EmptyKey => ApiError::EmptyKey,
-            WatchError::Register(error) => ApiError::Pool(error),
-            WatchError::Store(error) => ApiError::store(error, false),
-            WatchError::UnexpectedReply(verb) => ApiError::UnexpectedReply {
-                verb,
-                reply: "a reply that is not +OK or a value".into(),
-            },
+            WatchError::Register(error) => ApiError::from(error),
             WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
             WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
         }

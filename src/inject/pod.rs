@@ -6,15 +6,11 @@
 
 use serde_json::{Map, Value, json};
 
-use super::settings::Sidecar;
-use crate::config::serve_env as env;
+use super::settings::{SECRETS_DIR, Sidecar, container_env};
 
 /// The gateway container's name; a container of this name is the sidecar
 /// (replaced on every injection, which makes injection idempotent).
 pub const CONTAINER_NAME: &str = "statestore-gateway";
-
-/// Where the gateway's secrets and tokens are mounted.
-const SECRETS_DIR: &str = "/var/run/secrets/statestore-gateway";
 
 /// Names of the volumes the sidecar may add.
 pub const VOLUME_NAMES: [&str; 5] = [
@@ -132,93 +128,6 @@ fn use_tls(sidecar: &Sidecar) -> bool {
 
 fn use_sat(sidecar: &Sidecar) -> bool {
     sidecar.broker.sat.enabled
-}
-
-fn var(name: &str, value: impl Into<String>) -> Value {
-    json!({"name": name, "value": value.into()})
-}
-
-/// The container's environment, in the template's order.
-pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
-    let g = &sidecar.gateway;
-    let b = &sidecar.broker;
-    let mut vars = vec![
-        var(env::LISTEN, format!("127.0.0.1:{}", g.port)),
-        var(env::ADMIN_LISTEN, format!("0.0.0.0:{}", g.admin_port)),
-        var(env::POOL_SIZE, g.pool_size.to_string()),
-        var(env::REQUEST_TIMEOUT, &g.request_timeout),
-        var(env::MAX_IN_FLIGHT, g.max_in_flight.to_string()),
-        var(env::MAX_KEY_BYTES, g.max_key_bytes.to_string()),
-    ];
-    if g.max_value_bytes > 0 {
-        vars.push(var(env::MAX_VALUE_BYTES, g.max_value_bytes.to_string()));
-    }
-    vars.extend([
-        var(env::MAX_WATCHERS, g.max_watchers.to_string()),
-        var(env::MAX_KEYS_PER_WATCH, g.max_keys_per_watch.to_string()),
-        var(env::MAX_WATCHED_KEYS, g.max_watched_keys.to_string()),
-        var(env::WATCH_KEEPALIVE, &g.watch_keepalive),
-        var(env::WATCH_BUFFER, g.watch_buffer.to_string()),
-        var(env::WATCH_RESYNC_INTERVAL, &g.watch_resync_interval),
-        var(env::HEADER_READ_TIMEOUT, &g.header_read_timeout),
-        var(env::MAX_CONNECTIONS, g.max_connections.to_string()),
-    ]);
-    if !g.cors_allow_origin.is_empty() {
-        vars.push(var(env::CORS_ALLOW_ORIGIN, &g.cors_allow_origin));
-    }
-    vars.extend([
-        var(
-            env::SHUTDOWN_GRACE,
-            format!("{}s", g.shutdown_grace_seconds),
-        ),
-        var(env::LOG_FORMAT, &g.log_format),
-        var("RUST_LOG", &g.log_level),
-    ]);
-    if !g.api_token.name.is_empty() {
-        vars.push(var(
-            env::API_TOKEN_FILE,
-            format!("{SECRETS_DIR}/api-token/token"),
-        ));
-    }
-    vars.extend([
-        var(env::BROKER_HOSTNAME, &b.host),
-        var(env::BROKER_TCP_PORT, b.port.to_string()),
-        var(env::MQTT_USE_TLS, use_tls(sidecar).to_string()),
-    ]);
-    if use_tls(sidecar) {
-        vars.push(var(env::TLS_CA_FILE, format!("{SECRETS_DIR}/ca/ca.crt")));
-        if !b.tls.client_cert_secret.is_empty() {
-            vars.push(var(
-                env::TLS_CERT_FILE,
-                format!("{SECRETS_DIR}/client-cert/tls.crt"),
-            ));
-            vars.push(var(
-                env::TLS_KEY_FILE,
-                format!("{SECRETS_DIR}/client-cert/tls.key"),
-            ));
-        }
-    }
-    if use_sat(sidecar) {
-        vars.push(var(env::SAT_FILE, format!("{SECRETS_DIR}/sat/token")));
-    }
-    if !b.username.is_empty() {
-        vars.push(var(env::MQTT_USERNAME, &b.username));
-    }
-    if !b.password_secret.name.is_empty() {
-        vars.push(var(
-            env::MQTT_PASSWORD_FILE,
-            format!("{SECRETS_DIR}/mqtt-password/password"),
-        ));
-    }
-    if !b.client_id.is_empty() {
-        vars.push(var(env::MQTT_CLIENT_ID, &b.client_id));
-    }
-    vars.extend([
-        var(env::MQTT_KEEP_ALIVE, b.keep_alive.to_string()),
-        var(env::MQTT_SESSION_EXPIRY, b.session_expiry.to_string()),
-    ]);
-    vars.extend(g.extra_env.iter().cloned());
-    vars
 }
 
 /// A probe on the admin port, with the chart's timing fields.

@@ -10,10 +10,11 @@ use std::path::Path;
 
 use clap::CommandFactory as _;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use thiserror::Error;
 
 use crate::config::{Cli, MAX_CLIENT_ID_BYTES};
+use crate::settings as env;
 
 /// The chart's defaults: one source for the chart and for `inject`.
 const CHART_VALUES: &str = include_str!("../../helm/statestore-gateway/values.yaml");
@@ -447,7 +448,7 @@ impl Sidecar {
             .find_subcommand("serve")
             .cloned()
             .ok_or_else(|| SettingsError::Unusable("no serve subcommand".into()))?;
-        let env = super::pod::container_env(self);
+        let env = container_env(self);
         let mut argv = vec!["serve".to_owned()];
         // Kubernetes lets a later variable of the same name win.
         let mut seen = std::collections::HashSet::new();
@@ -484,6 +485,105 @@ impl Sidecar {
     }
 }
 
+/// Where the gateway's secrets and tokens are mounted.
+pub const SECRETS_DIR: &str = "/var/run/secrets/statestore-gateway";
+
+fn var(name: &str, value: impl Into<String>) -> Value {
+    json!({"name": name, "value": value.into()})
+}
+
+/// The container's environment, in the template's order.
+pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
+    let g = &sidecar.gateway;
+    let b = &sidecar.broker;
+    let mut vars = vec![
+        var(env::ENV_LISTEN, format!("127.0.0.1:{}", g.port)),
+        var(env::ENV_ADMIN_LISTEN, format!("0.0.0.0:{}", g.admin_port)),
+        var(env::ENV_POOL_SIZE, g.pool_size.to_string()),
+        var(env::ENV_REQUEST_TIMEOUT, &g.request_timeout),
+        var(env::ENV_MAX_IN_FLIGHT, g.max_in_flight.to_string()),
+        var(env::ENV_MAX_KEY_BYTES, g.max_key_bytes.to_string()),
+    ];
+    if g.max_value_bytes > 0 {
+        vars.push(var(env::ENV_MAX_VALUE_BYTES, g.max_value_bytes.to_string()));
+    }
+    vars.extend([
+        var(env::ENV_MAX_WATCHERS, g.max_watchers.to_string()),
+        var(
+            env::ENV_MAX_KEYS_PER_WATCH,
+            g.max_keys_per_watch.to_string(),
+        ),
+        var(env::ENV_MAX_WATCHED_KEYS, g.max_watched_keys.to_string()),
+        var(env::ENV_WATCH_KEEPALIVE, &g.watch_keepalive),
+        var(env::ENV_WATCH_BUFFER, g.watch_buffer.to_string()),
+        var(env::ENV_WATCH_RESYNC_INTERVAL, &g.watch_resync_interval),
+        var(env::ENV_HEADER_READ_TIMEOUT, &g.header_read_timeout),
+        var(env::ENV_MAX_CONNECTIONS, g.max_connections.to_string()),
+    ]);
+    if !g.cors_allow_origin.is_empty() {
+        vars.push(var(env::ENV_CORS_ALLOW_ORIGIN, &g.cors_allow_origin));
+    }
+    vars.extend([
+        var(
+            env::ENV_SHUTDOWN_GRACE,
+            format!("{}s", g.shutdown_grace_seconds),
+        ),
+        var(env::ENV_LOG_FORMAT, &g.log_format),
+        var("RUST_LOG", &g.log_level),
+    ]);
+    if !g.api_token.name.is_empty() {
+        vars.push(var(
+            env::ENV_API_TOKEN_FILE,
+            format!("{SECRETS_DIR}/api-token/token"),
+        ));
+    }
+    vars.extend([
+        var(env::ENV_BROKER_HOSTNAME, &b.host),
+        var(env::ENV_BROKER_TCP_PORT, b.port.to_string()),
+        var(
+            env::ENV_MQTT_USE_TLS,
+            sidecar.broker.tls.enabled.to_string(),
+        ),
+    ]);
+    if sidecar.broker.tls.enabled {
+        vars.push(var(
+            env::ENV_TLS_CA_FILE,
+            format!("{SECRETS_DIR}/ca/ca.crt"),
+        ));
+        if !b.tls.client_cert_secret.is_empty() {
+            vars.push(var(
+                env::ENV_TLS_CERT_FILE,
+                format!("{SECRETS_DIR}/client-cert/tls.crt"),
+            ));
+            vars.push(var(
+                env::ENV_TLS_KEY_FILE,
+                format!("{SECRETS_DIR}/client-cert/tls.key"),
+            ));
+        }
+    }
+    if sidecar.broker.sat.enabled {
+        vars.push(var(env::ENV_SAT_FILE, format!("{SECRETS_DIR}/sat/token")));
+    }
+    if !b.username.is_empty() {
+        vars.push(var(env::ENV_MQTT_USERNAME, &b.username));
+    }
+    if !b.password_secret.name.is_empty() {
+        vars.push(var(
+            env::ENV_MQTT_PASSWORD_FILE,
+            format!("{SECRETS_DIR}/mqtt-password/password"),
+        ));
+    }
+    if !b.client_id.is_empty() {
+        vars.push(var(env::ENV_MQTT_CLIENT_ID, &b.client_id));
+    }
+    vars.extend([
+        var(env::ENV_MQTT_KEEP_ALIVE, b.keep_alive.to_string()),
+        var(env::ENV_MQTT_SESSION_EXPIRY, b.session_expiry.to_string()),
+    ]);
+    vars.extend(g.extra_env.iter().cloned());
+    vars
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,26 +604,26 @@ mod tests {
     /// a default changed in one place fails here until the other follows.
     #[test]
     fn the_charts_limits_are_the_binarys_defaults() {
-        use crate::config::serve_env as env;
+        use crate::settings as env;
         let same = [
-            env::POOL_SIZE,
-            env::REQUEST_TIMEOUT,
-            env::MAX_IN_FLIGHT,
-            env::MAX_KEY_BYTES,
-            env::MAX_WATCHERS,
-            env::MAX_KEYS_PER_WATCH,
-            env::MAX_WATCHED_KEYS,
-            env::WATCH_KEEPALIVE,
-            env::WATCH_BUFFER,
-            env::WATCH_RESYNC_INTERVAL,
-            env::HEADER_READ_TIMEOUT,
-            env::MAX_CONNECTIONS,
-            env::SHUTDOWN_GRACE,
-            env::MQTT_KEEP_ALIVE,
-            env::MQTT_SESSION_EXPIRY,
+            env::ENV_POOL_SIZE,
+            env::ENV_REQUEST_TIMEOUT,
+            env::ENV_MAX_IN_FLIGHT,
+            env::ENV_MAX_KEY_BYTES,
+            env::ENV_MAX_WATCHERS,
+            env::ENV_MAX_KEYS_PER_WATCH,
+            env::ENV_MAX_WATCHED_KEYS,
+            env::ENV_WATCH_KEEPALIVE,
+            env::ENV_WATCH_BUFFER,
+            env::ENV_WATCH_RESYNC_INTERVAL,
+            env::ENV_HEADER_READ_TIMEOUT,
+            env::ENV_MAX_CONNECTIONS,
+            env::ENV_SHUTDOWN_GRACE,
+            env::ENV_MQTT_KEEP_ALIVE,
+            env::ENV_MQTT_SESSION_EXPIRY,
         ];
         let sidecar = SidecarValues::chart_defaults().sidecar().unwrap();
-        let rendered = crate::inject::pod::container_env(&sidecar);
+        let rendered = container_env(&sidecar);
         let cli = Cli::command();
         let serve = cli.find_subcommand("serve").unwrap();
         for name in same {

@@ -30,8 +30,10 @@ use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::auth;
-use super::pool::{BrokerSettings, KeyNotification, MemberEvent, PoolError};
-use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::error::PoolError;
+use super::events::{KeyNotification, MemberEvent};
+use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::settings::BrokerSettings;
 use crate::metrics::Metrics;
 use crate::protocol::{self, Hlc, Notification, property};
 

@@ -26,20 +26,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, Publish, PublishProperties};
-use thiserror::Error;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::auth::{self, ConfigError};
+use super::auth;
 use super::connection::{
     self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
 };
-use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::error::{ConfigError, PoolError};
+use super::events::{KeyNotification, MemberEvent};
+use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::settings::PoolSettings;
 use crate::metrics::Metrics;
 use crate::protocol::{
-    CONTENT_TYPE, DecodeError, Hlc, HlcError, HybridClock, Notification, PROTOCOL_VERSION,
-    REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, property,
+    CONTENT_TYPE, Hlc, HybridClock, PROTOCOL_VERSION, REQUEST_TOPIC, Reply, Request, STATUS_OK,
+    StoreError, property,
 };
 
 /// Bytes of a SET's packet that are not the value: topic, response topic,
@@ -59,114 +61,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// How often a SAT rollout checks whether the reconnected member is back.
 const ROLLOUT_POLL: Duration = Duration::from_millis(20);
 
-/// How to reach and authenticate to the broker (the AIO SDKs' settings).
-#[derive(Debug, Clone)]
-pub struct BrokerSettings {
-    /// `AIO_BROKER_HOSTNAME`
-    pub host: String,
-    /// `AIO_BROKER_TCP_PORT`
-    pub port: u16,
-    /// `AIO_MQTT_USE_TLS`
-    pub use_tls: bool,
-    /// `AIO_TLS_CA_FILE`: PEM bundle; system roots when absent.
-    pub ca_file: Option<PathBuf>,
-    /// `AIO_TLS_CERT_FILE`: client certificate for mutual TLS.
-    pub cert_file: Option<PathBuf>,
-    /// `AIO_TLS_KEY_FILE`: its private key.
-    pub key_file: Option<PathBuf>,
-    /// `AIO_SAT_FILE`: service-account token sent as `K8S-SAT` enhanced auth,
-    /// read anew at every connect.
-    pub sat_file: Option<PathBuf>,
-    /// `AIO_MQTT_USERNAME`
-    pub username: Option<String>,
-    /// `AIO_MQTT_PASSWORD_FILE`
-    pub password_file: Option<PathBuf>,
-    /// `AIO_MQTT_KEEP_ALIVE`
-    pub keep_alive: Duration,
-    /// `AIO_MQTT_SESSION_EXPIRY`
-    pub session_expiry: Duration,
-}
-
-impl BrokerSettings {
-    /// Plain TCP to `host:port` without credentials, with the SDKs' default
-    /// keep-alive (60 s) and session expiry (3600 s); set the TLS and
-    /// credential fields as needed.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Self {
-            host: host.into(),
-            port,
-            use_tls: false,
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            sat_file: None,
-            username: None,
-            password_file: None,
-            keep_alive: Duration::from_secs(60),
-            session_expiry: Duration::from_secs(3600),
-        }
-    }
-}
-
-/// Pool sizing and timing.
-#[derive(Debug, Clone)]
-pub struct PoolSettings {
-    /// The broker.
-    pub broker: BrokerSettings,
-    /// Members are `<client_id>-<i>`.
-    pub client_id: String,
-    /// Number of connections.
-    pub size: usize,
-    /// How long a request may wait for its reply; also its message expiry.
-    pub request_timeout: Duration,
-    /// Requests in flight per connection before new ones wait for a slot.
-    pub max_in_flight_per_member: usize,
-    /// How long a request waits for a slot before failing as overloaded.
-    pub slot_wait: Duration,
-    /// How often the SAT file is read to notice a rotated token (members
-    /// then reconnect one at a time). Unused without a SAT file.
-    pub sat_check_interval: Duration,
-}
-
-impl PoolSettings {
-    /// Defaults: 4 members, 10 s request timeout, 128 requests in flight per
-    /// member, 250 ms slot wait, SAT checked every 5 s.
-    pub fn new(broker: BrokerSettings, client_id: impl Into<String>) -> Self {
-        Self {
-            broker,
-            client_id: client_id.into(),
-            size: 4,
-            request_timeout: Duration::from_secs(10),
-            max_in_flight_per_member: 128,
-            slot_wait: Duration::from_millis(250),
-            sat_check_interval: Duration::from_secs(5),
-        }
-    }
-
-    fn check(&self) -> Result<(), ConfigError> {
-        let fail = |setting, problem| Err(ConfigError::Pool { setting, problem });
-        if self.size == 0 {
-            return fail("pool size", "must be at least 1");
-        }
-        if self.client_id.is_empty() || self.client_id.contains(['+', '#']) {
-            return fail(
-                "AIO_MQTT_CLIENT_ID",
-                "must be non-empty and free of MQTT wildcards (+, #)",
-            );
-        }
-        if self.request_timeout.is_zero() {
-            return fail("request timeout", "must be greater than zero");
-        }
-        if self.max_in_flight_per_member == 0 {
-            return fail("in-flight requests per member", "must be at least 1");
-        }
-        if self.broker.sat_file.is_some() && self.sat_check_interval.is_zero() {
-            return fail("SAT check interval", "must be greater than zero");
-        }
-        Ok(())
-    }
-}
-
 /// Per-request envelope options.
 #[derive(Debug, Clone, Default)]
 pub struct RequestOptions {
@@ -183,95 +77,6 @@ pub struct StoreResponse {
     pub reply: Reply,
     /// `__ts` of the reply: the key's version (absent on a GET miss).
     pub version: Option<Hlc>,
-}
-
-/// Why a request got no reply.
-#[derive(Debug, Clone, Error)]
-pub enum PoolError {
-    /// No member is connected and subscribed, or the broker has nothing
-    /// serving the state store's request topic (PUBACK "no matching
-    /// subscribers").
-    #[error(
-        "the state store is unreachable: no usable broker connection, or nothing serves its requests"
-    )]
-    Unavailable,
-    /// Every member's in-flight window stayed full for the slot wait.
-    #[error("every broker connection is at its in-flight limit")]
-    Overloaded,
-    /// No reply within the request timeout.
-    #[error("no reply from the state store within {0:?}")]
-    Timeout(Duration),
-    /// The member carrying the request lost its connection.
-    #[error("the broker connection carrying the request was lost")]
-    ConnectionLost,
-    /// The reply payload could not be decoded.
-    #[error("unparsable reply from the state store: {0}")]
-    Decode(#[from] DecodeError),
-    /// A `__ts` in the reply is malformed.
-    #[error("malformed version in reply: {0}")]
-    BadVersion(HlcError),
-    /// Our own clock refused to produce a timestamp.
-    #[error("local clock error: {0}")]
-    Clock(HlcError),
-    /// The request payload exceeds what the broker accepts.
-    #[error("request of {size} bytes exceeds the broker's maximum packet size of {max} bytes")]
-    TooLarge {
-        /// Payload plus envelope.
-        size: usize,
-        /// The largest packet allowed: the broker's CONNACK maximum or
-        /// ours, whichever is smaller.
-        max: usize,
-    },
-    /// The pool is shutting down.
-    #[error("the gateway is shutting down")]
-    ShuttingDown,
-}
-
-impl PoolError {
-    /// A short stable name, used as a metric label (`store_errors{kind}`,
-    /// `store_latency{outcome}`).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Unavailable => "unavailable",
-            Self::Overloaded => "overloaded",
-            Self::Timeout(_) => "timeout",
-            Self::ConnectionLost => "connection_lost",
-            Self::Decode(_) => "decode",
-            Self::BadVersion(_) => "bad_version",
-            Self::Clock(_) => "clock",
-            Self::TooLarge { .. } => "too_large",
-            Self::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-/// A KEYNOTIFY notification received by a member.
-#[derive(Debug, Clone)]
-pub struct KeyNotification {
-    /// The member (index) that received it.
-    pub member: usize,
-    /// The key, from the notification topic.
-    pub key: Bytes,
-    /// What happened.
-    pub notification: Notification,
-    /// `__ts`: the key's version after the change (older services omit it).
-    pub version: Option<Hlc>,
-}
-
-/// A member's connection state changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberEvent {
-    /// Connected and subscribed (response and notification topics): usable.
-    /// After this, KEYNOTIFY registrations held by this member are gone.
-    Subscribed {
-        /// Member index.
-        member: usize,
-    },
-    /// Disconnected; its requests failed with `ConnectionLost`.
-    Down {
-        /// Member index.
-        member: usize,
-    },
 }
 
 /// The pool. Cheap to clone; every clone is the same pool. Dropping the
@@ -443,7 +248,7 @@ impl Pool {
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
-        self.send(None, request, options).await
+        self.send(None, request, options, |response| response).await
     }
 
     /// Sends a request on one member: KEYNOTIFY registrations belong to the
@@ -455,10 +260,33 @@ impl Pool {
         request: &Request,
         options: &RequestOptions,
     ) -> Result<StoreResponse, PoolError> {
+        self.request_on_as(member, request, options, |response| response)
+            .await
+    }
+
+    /// [`Pool::request`], with the reply read by `read` (the store client's
+    /// decoding): the metrics are labelled from what it makes of the reply.
+    pub async fn request_as<T: Labelled>(
+        &self,
+        request: &Request,
+        options: &RequestOptions,
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
+        self.send(None, request, options, read).await
+    }
+
+    /// [`Pool::request_on`], with the reply read by `read`.
+    pub async fn request_on_as<T: Labelled>(
+        &self,
+        member: usize,
+        request: &Request,
+        options: &RequestOptions,
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
         if member >= self.inner.members.len() {
             return Err(PoolError::Unavailable);
         }
-        self.send(Some(member), request, options).await
+        self.send(Some(member), request, options, read).await
     }
 
     /// A subscribed member, preferring the given one (for KEYNOTIFY);
@@ -546,14 +374,15 @@ impl Pool {
         }
     }
 
-    async fn send(
+    async fn send<T: Labelled>(
         &self,
         target: Option<usize>,
         request: &Request,
         options: &RequestOptions,
-    ) -> Result<StoreResponse, PoolError> {
+        read: impl FnOnce(StoreResponse) -> T,
+    ) -> Result<T, PoolError> {
         let started = std::time::Instant::now();
-        let result = self.exchange(target, request, options).await;
+        let result = self.exchange(target, request, options).await.map(read);
         self.record(request, &result, started.elapsed());
         result
     }
@@ -776,38 +605,54 @@ impl Pool {
         Ok(StoreResponse { reply, version })
     }
 
-    fn record(
+    fn record<T: Labelled>(
         &self,
         request: &Request,
-        result: &Result<StoreResponse, PoolError>,
+        result: &Result<T, PoolError>,
         elapsed: Duration,
     ) {
         let metrics = &self.inner.ctx.metrics;
-        let outcome = match result {
-            Ok(response) => match &response.reply {
-                Reply::NotFound => "not_found",
-                Reply::Integer(-1) => "not_applied",
-                Reply::Error(error) => {
-                    metrics
-                        .store_errors
-                        .with_label_values(&[error.kind()])
-                        .inc();
-                    "error"
-                }
-                Reply::Ok | Reply::Integer(_) | Reply::Value(_) => "ok",
-            },
-            Err(error) => {
-                metrics
-                    .store_errors
-                    .with_label_values(&[error.kind()])
-                    .inc();
-                error.kind()
-            }
+        let (outcome, error_kind) = match result {
+            Ok(read) => (read.outcome(), read.store_error()),
+            Err(error) => (error.kind(), Some(error.kind())),
         };
+        if let Some(kind) = error_kind {
+            metrics.store_errors.with_label_values(&[kind]).inc();
+        }
         metrics
             .store_latency
             .with_label_values(&[request.verb(), outcome])
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// What a reply meant, for the metrics: the `outcome` label of
+/// `store_request_duration_seconds` and the `kind` of `store_errors_total`.
+/// The store client's decoded outcomes implement it, so the labels follow
+/// the one reading of replies.
+pub trait Labelled {
+    /// `ok`, `not_found`, `not_applied`, `error`, ...
+    fn outcome(&self) -> &'static str;
+    /// The store error's kind, when the store refused the request.
+    fn store_error(&self) -> Option<&'static str>;
+}
+
+/// A raw reply (tests and tools that speak the protocol themselves): only
+/// shapes that mean the same for every request are named.
+impl Labelled for StoreResponse {
+    fn outcome(&self) -> &'static str {
+        match &self.reply {
+            Reply::NotFound => "not_found",
+            Reply::Error(_) => "error",
+            _ => "ok",
+        }
+    }
+
+    fn store_error(&self) -> Option<&'static str> {
+        match &self.reply {
+            Reply::Error(error) => Some(error.kind()),
+            _ => None,
+        }
     }
 }
 
@@ -938,6 +783,7 @@ async fn roll_out(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mqtt::BrokerSettings;
 
     #[test]
     fn the_envelope_bound_is_never_below_the_exact_size() {
@@ -980,46 +826,6 @@ mod tests {
         assert_eq!(message_expiry(Duration::from_millis(10_001)), 11);
         assert_eq!(message_expiry(Duration::from_millis(200)), 1);
         assert_eq!(message_expiry(Duration::from_secs(u64::MAX / 2)), u32::MAX);
-    }
-
-    #[test]
-    fn error_kinds_are_distinct_labels() {
-        let errors = [
-            PoolError::Unavailable,
-            PoolError::Overloaded,
-            PoolError::Timeout(Duration::from_secs(1)),
-            PoolError::ConnectionLost,
-            PoolError::Decode(DecodeError::Incomplete),
-            PoolError::BadVersion(HlcError::TooFarInFuture),
-            PoolError::Clock(HlcError::CounterOverflow),
-            PoolError::TooLarge { size: 2, max: 1 },
-            PoolError::ShuttingDown,
-        ];
-        let kinds: std::collections::HashSet<&str> = errors.iter().map(PoolError::kind).collect();
-        assert_eq!(kinds.len(), errors.len());
-    }
-
-    #[test]
-    fn bad_pool_settings_name_the_setting() {
-        let broker = BrokerSettings::new("localhost", 1883);
-        let mut settings = PoolSettings::new(broker, "gw");
-        settings.size = 0;
-        assert!(
-            settings
-                .check()
-                .unwrap_err()
-                .to_string()
-                .starts_with("pool size")
-        );
-        settings.size = 1;
-        settings.client_id = "gw/#".into();
-        assert!(
-            settings
-                .check()
-                .unwrap_err()
-                .to_string()
-                .starts_with("AIO_MQTT_CLIENT_ID")
-        );
     }
 
     #[test]
