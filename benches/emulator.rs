@@ -314,7 +314,7 @@ impl BenchClient {
             (property::SOURCE_ID.to_owned(), CLIENT_ID.to_owned()),
             (
                 property::TIMESTAMP.to_owned(),
-                self.clock.now().unwrap().to_string(),
+                self.clock.now().hlc.to_string(),
             ),
             (
                 property::PROTOCOL_VERSION.to_owned(),

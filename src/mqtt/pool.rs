@@ -619,7 +619,11 @@ impl Pool {
         let mut slot = self.acquire(target).await?;
         let member = slot.member.clone();
         let correlation: CorrelationId = rand::random();
-        let timestamp = self.inner.clock.now().map_err(PoolError::Clock)?;
+        let stamp = self.inner.clock.now();
+        if stamp.fell_back {
+            self.inner.ctx.metrics.clock_fallbacks.inc();
+        }
+        let timestamp = stamp.hlc;
         let properties = self.properties(&member, request, options, &timestamp, correlation);
         let payload = Bytes::from(request.encode());
 

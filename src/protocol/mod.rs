@@ -10,7 +10,7 @@ pub mod resp;
 
 pub use command::{Request, SetCondition, SetOptions};
 pub use error::{DecodeError, StoreError};
-pub use hlc::{Hlc, HlcError, HybridClock};
+pub use hlc::{Hlc, HlcError, HybridClock, Stamp};
 pub use reply::{Notification, Reply};
 
 /// The state store's service id, part of every topic.
