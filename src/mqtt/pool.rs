@@ -226,9 +226,14 @@ pub enum PoolError {
     /// No reply within the request timeout.
     #[error("no reply from the state store within {0:?}")]
     Timeout(Duration),
-    /// The member carrying the request lost its connection.
-    #[error("the broker connection carrying the request was lost")]
+    /// The member's connection was lost before the request could leave
+    /// the gateway: the store never saw it, so it is safe to retry.
+    #[error("the broker connection for the request was lost before the request was sent")]
     ConnectionLost,
+    /// The connection was lost after the request may have gone out (it was
+    /// handed to the network): the store may or may not have applied it.
+    #[error("the broker connection was lost after the request was sent")]
+    OutcomeUnknown,
     /// The reply payload could not be decoded.
     #[error("unparsable reply from the state store: {0}")]
     Decode(#[from] DecodeError),
@@ -261,6 +266,7 @@ impl PoolError {
             Self::Overloaded => "overloaded",
             Self::Timeout(_) => "timeout",
             Self::ConnectionLost => "connection_lost",
+            Self::OutcomeUnknown => "outcome_unknown",
             Self::Decode(_) => "decode",
             Self::BadVersion(_) => "bad_version",
             Self::Clock(_) => "clock",
@@ -292,7 +298,8 @@ pub enum MemberEvent {
         /// Member index.
         member: usize,
     },
-    /// Disconnected; its requests failed with `ConnectionLost`.
+    /// Disconnected; its requests failed with `ConnectionLost` (not sent)
+    /// or `OutcomeUnknown` (may have been sent).
     Down {
         /// Member index.
         member: usize,
@@ -461,8 +468,8 @@ impl Pool {
     /// `Unavailable`, "not authorized" and "quota exceeded" give the store's
     /// errors of those names, other reasons an unknown store error.
     ///
-    /// `ConnectionLost` means the outcome is unknown: the request may have
-    /// reached the store before the connection dropped.
+    /// `ConnectionLost` means the request never left the gateway;
+    /// `OutcomeUnknown` and `Timeout` that it may have reached the store.
     pub async fn request(
         &self,
         request: &Request,
@@ -654,8 +661,9 @@ impl Pool {
         let timeout = self.inner.request_timeout;
         let delivery = match tokio::time::timeout(timeout, reply_rx).await {
             Err(_) => return Err(PoolError::Timeout(timeout)),
-            // The member dropped the waiter without an answer: it is gone.
-            Ok(Err(_)) => return Err(PoolError::ConnectionLost),
+            // The member dropped the waiter without an answer: it is gone,
+            // and nobody can tell whether the request went out.
+            Ok(Err(_)) => return Err(PoolError::OutcomeUnknown),
             Ok(Ok(result)) => {
                 // Whoever answered removed the waiter already.
                 slot.correlation = None;
@@ -1054,6 +1062,7 @@ mod tests {
             PoolError::Overloaded,
             PoolError::Timeout(Duration::from_secs(1)),
             PoolError::ConnectionLost,
+            PoolError::OutcomeUnknown,
             PoolError::Decode(DecodeError::Incomplete),
             PoolError::BadVersion(HlcError::TooFarInFuture),
             PoolError::Clock(HlcError::CounterOverflow),
