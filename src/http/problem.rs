@@ -149,7 +149,7 @@ fn precondition_detail(precondition: Precondition) -> &'static str {
 
 fn pool_detail(error: &PoolError) -> String {
     match error {
-        PoolError::ConnectionLost | PoolError::Timeout(_) => {
+        PoolError::OutcomeUnknown | PoolError::Timeout(_) => {
             format!("{error}; a write may or may not have been applied")
         }
         other => other.to_string(),
@@ -304,6 +304,9 @@ impl ApiError {
                 ),
                 PoolError::Timeout(_) => {
                     (504, "/problems/store-timeout", "State store timeout", Warn)
+                }
+                PoolError::OutcomeUnknown => {
+                    (504, "/problems/outcome-unknown", "Outcome unknown", Warn)
                 }
                 PoolError::Decode(_) | PoolError::BadVersion(_) => (
                     502,
@@ -498,9 +501,15 @@ mod tests {
             assert_eq!(problem.status, 503);
             assert!(problem.retry_after());
         }
-        let timeout = ApiError::Pool(PoolError::Timeout(Duration::from_secs(1))).problem();
-        assert_eq!(timeout.status, 504);
-        assert!(!timeout.retry_after());
+        for error in [
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::OutcomeUnknown,
+        ] {
+            let problem = ApiError::Pool(error).problem();
+            assert_eq!(problem.status, 504);
+            assert!(!problem.retry_after());
+            assert!(problem.detail.contains("may or may not have been applied"));
+        }
         assert_eq!(
             status(ApiError::Pool(PoolError::Decode(DecodeError::Incomplete))),
             502

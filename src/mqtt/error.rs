@@ -99,9 +99,14 @@ pub enum PoolError {
     /// No reply within the request timeout.
     #[error("no reply from the state store within {0:?}")]
     Timeout(Duration),
-    /// The member carrying the request lost its connection.
-    #[error("the broker connection carrying the request was lost")]
+    /// The member's connection was lost before the request could leave
+    /// the gateway: the store never saw it, so it is safe to retry.
+    #[error("the broker connection for the request was lost before the request was sent")]
     ConnectionLost,
+    /// The connection was lost after the request may have gone out (it was
+    /// handed to the network): the store may or may not have applied it.
+    #[error("the broker connection was lost after the request was sent")]
+    OutcomeUnknown,
     /// The reply payload could not be decoded.
     #[error("unparsable reply from the state store: {0}")]
     Decode(#[from] DecodeError),
@@ -134,6 +139,7 @@ impl PoolError {
             Self::Overloaded => "overloaded",
             Self::Timeout(_) => "timeout",
             Self::ConnectionLost => "connection_lost",
+            Self::OutcomeUnknown => "outcome_unknown",
             Self::Decode(_) => "decode",
             Self::BadVersion(_) => "bad_version",
             Self::Clock(_) => "clock",
@@ -154,6 +160,7 @@ mod tests {
             PoolError::Overloaded,
             PoolError::Timeout(Duration::from_secs(1)),
             PoolError::ConnectionLost,
+            PoolError::OutcomeUnknown,
             PoolError::Decode(DecodeError::Incomplete),
             PoolError::BadVersion(HlcError::TooFarInFuture),
             PoolError::Clock(HlcError::CounterOverflow),

@@ -26,7 +26,8 @@ pub enum MemberEvent {
         /// Member index.
         member: usize,
     },
-    /// Disconnected; its requests failed with `ConnectionLost`.
+    /// Disconnected; its requests failed with `ConnectionLost` (not sent)
+    /// or `OutcomeUnknown` (may have been sent).
     Down {
         /// Member index.
         member: usize,

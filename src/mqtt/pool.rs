@@ -241,8 +241,8 @@ impl Pool {
     /// `Unavailable`, "not authorized" and "quota exceeded" give the store's
     /// errors of those names, other reasons an unknown store error.
     ///
-    /// `ConnectionLost` means the outcome is unknown: the request may have
-    /// reached the store before the connection dropped.
+    /// `ConnectionLost` means the request never left the gateway;
+    /// `OutcomeUnknown` and `Timeout` that it may have reached the store.
     pub async fn request(
         &self,
         request: &Request,
@@ -434,8 +434,9 @@ impl Pool {
         let timeout = self.inner.request_timeout;
         let delivery = match tokio::time::timeout(timeout, reply_rx).await {
             Err(_) => return Err(PoolError::Timeout(timeout)),
-            // The member dropped the waiter without an answer: it is gone.
-            Ok(Err(_)) => return Err(PoolError::ConnectionLost),
+            // The member dropped the waiter without an answer: it is gone,
+            // and nobody can tell whether the request went out.
+            Ok(Err(_)) => return Err(PoolError::OutcomeUnknown),
             Ok(Ok(result)) => {
                 // Whoever answered removed the waiter already.
                 slot.correlation = None;

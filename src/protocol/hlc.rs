@@ -94,6 +94,20 @@ impl Hlc {
         Ok(())
     }
 
+    /// The smallest value after `self` from the same node: the counter
+    /// bumped (or, at its limit, the next millisecond).
+    pub fn successor(&self) -> Hlc {
+        let (wall_ms, counter) = match self.counter.checked_add(1) {
+            Some(counter) => (self.wall_ms, counter),
+            None => (self.wall_ms.saturating_add(1), 0),
+        };
+        Hlc {
+            wall_ms,
+            counter,
+            node: self.node.clone(),
+        }
+    }
+
     /// The send rule: move to `now_ms` if the wall clock advanced, else bump
     /// the counter.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), HlcError> {

@@ -328,7 +328,6 @@ async fn final_state(gateway: &Gateway, key: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finds violations on today's gateway (issue 13 items 1-3, 11): see the branch report"]
 async fn concurrent_clients_under_faults_see_a_linearizable_store() {
     init_logging();
     let seconds: u64 = std::env::var("LINEARIZABILITY_SECS")
