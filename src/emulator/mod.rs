@@ -16,12 +16,18 @@
 //! emulator restart** (a reconnecting SDK client registers again, which is
 //! harmless). An embedded broker that does see disconnects calls
 //! [`EmulatorHandle::client_disconnected`].
+//!
+//! SCAN pages are sized to the broker's maximum packet size (from CONNACK)
+//! less each reply's topic and properties, so that no reply is too large to
+//! publish; see [`Store::scan`] for the rest of its rules.
 
 mod acl;
+pub mod glob;
 mod persist;
 mod store;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -35,13 +41,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
-pub use persist::{LOG_FILE, Log, PersistError, Record};
+pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Entry, Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota,
-    Store,
+    Answer, Entry, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent,
+    MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota, ScanLimits, Store,
 };
 
-use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
+use crate::mqtt::{MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY, base_options};
 use crate::protocol::{
     CONTENT_TYPE, PROTOCOL_VERSION, REQUEST_TOPIC, Request, STATUS_OK, StoreError, hlc,
     is_forbidden_response_topic, notify_topic, property,
@@ -109,6 +115,8 @@ pub struct EmulatorConfig {
     pub max_bytes: Option<usize>,
     /// Who may read and write which keys; `None` allows everything.
     pub acl: Option<AccessList>,
+    /// How many keys a SCAN page holds and looks at.
+    pub scan_limits: ScanLimits,
     /// How long [`Emulator::start`] tries to connect and subscribe.
     pub startup_timeout: Duration,
 }
@@ -126,6 +134,7 @@ impl EmulatorConfig {
             max_keys: None,
             max_bytes: None,
             acl: None,
+            scan_limits: ScanLimits::default(),
             startup_timeout: STARTUP_TIMEOUT,
         }
     }
@@ -212,11 +221,13 @@ impl Emulator {
             max_bytes: config.max_bytes,
         };
         let mut store = Store::new(quota, hlc::now_ms());
+        store.set_scan_limits(config.scan_limits);
         let log = match &config.data_dir {
             Some(dir) => Some(open_log(dir, &mut store)?),
             None => None,
         };
         let store = Arc::new(Mutex::new(store));
+        let broker_max_packet = Arc::new(AtomicU32::new(0));
 
         let mut options = base_options(
             config.client_id.clone(),
@@ -241,12 +252,19 @@ impl Emulator {
         });
         let (stop, stop_rx) = watch::channel(false);
 
-        let poll = tokio::spawn(poll_loop(eventloop, client.clone(), requests_tx, status_tx));
+        let poll = tokio::spawn(poll_loop(
+            eventloop,
+            client.clone(),
+            requests_tx,
+            status_tx,
+            Arc::clone(&broker_max_packet),
+        ));
         let worker = Worker {
             client: client.clone(),
             store: Arc::clone(&store),
             acl: config.acl,
             log,
+            broker_max_packet,
         };
         let worker = tokio::spawn(worker.run(requests_rx, stop_rx));
         let emulator = Emulator {
@@ -352,6 +370,7 @@ fn flatten(
 /// Opens the log in `dir`, replays it into `store` and compacts it.
 fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorError> {
     let (mut log, records) = Log::open(dir)?;
+    store.set_id(log.store_id(store.id())?);
     let replayed = records.len();
     let now = hlc::now_ms();
     for record in records {
@@ -389,6 +408,7 @@ async fn poll_loop(
     client: AsyncClient,
     requests: mpsc::Sender<Publish>,
     status: watch::Sender<Status>,
+    broker_max_packet: Arc<AtomicU32>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -405,8 +425,10 @@ async fn poll_loop(
                     Err(mpsc::error::TrySendError::Closed(_)) => return, // the worker is gone
                 }
             }
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                tracing::info!("connected to the broker");
+            Ok(Event::Incoming(Packet::ConnAck(connack))) => {
+                let max_packet = connack.properties.and_then(|p| p.max_packet_size);
+                tracing::info!(?max_packet, "connected to the broker");
+                broker_max_packet.store(max_packet.unwrap_or(0), Ordering::Release);
                 backoff = Duration::from_millis(50);
                 // Subscribing awaits the client, so not here.
                 let client = client.clone();
@@ -459,6 +481,8 @@ struct Worker {
     store: Arc<Mutex<Store>>,
     acl: Option<AccessList>,
     log: Option<Log>,
+    /// The broker's maximum packet size from the last CONNACK (0: none).
+    broker_max_packet: Arc<AtomicU32>,
 }
 
 impl Worker {
@@ -507,8 +531,15 @@ impl Worker {
             let now = hlc::now_ms();
             let expired = store.expire(now);
             collect(expired, None, &mut messages, &mut records);
+            let limits = Limits {
+                acl: self.acl.as_ref(),
+                broker_max_packet: match self.broker_max_packet.load(Ordering::Acquire) {
+                    0 => None,
+                    max => Some(max),
+                },
+            };
             for request in batch.iter_mut() {
-                match handle_request(&mut store, self.acl.as_ref(), request, now) {
+                match handle_request(&mut store, &limits, request, now) {
                     Handled::Dropped => {}
                     Handled::Refused(message) => messages.push(message),
                     Handled::Served(outcome, reply_to) => {
@@ -621,10 +652,34 @@ enum Handled {
     Served(Outcome, ReplyTo),
 }
 
+/// What bounds the requests of a batch.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits<'a> {
+    /// Who may read and write which keys.
+    acl: Option<&'a AccessList>,
+    /// The broker's maximum packet size, if it announced one.
+    broker_max_packet: Option<u32>,
+}
+
+/// Room in a reply packet for everything but the payload: fixed header,
+/// packet id, property lengths, content type, message expiry, `__stat`
+/// and `__protVer` take under 100 bytes; topic and correlation data are
+/// added to it.
+const REPLY_OVERHEAD: usize = 128;
+
+/// The largest payload a reply to `reply_to` can carry: what the broker
+/// accepts, and never more than what this crate's clients accept.
+fn reply_limit(broker_max_packet: Option<u32>, reply_to: &ReplyTo) -> usize {
+    let max_packet = broker_max_packet.map_or(MAX_PACKET_SIZE, |max| max.min(MAX_PACKET_SIZE));
+    usize::try_from(max_packet)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(REPLY_OVERHEAD + reply_to.topic.len() + reply_to.correlation_data.len())
+}
+
 /// Checks one request's envelope and runs it.
 fn handle_request(
     store: &mut Store,
-    acl: Option<&AccessList>,
+    limits: &Limits<'_>,
     request: &mut Publish,
     now_ms: u64,
 ) -> Handled {
@@ -666,7 +721,11 @@ fn handle_request(
         );
     }
 
-    let mut envelope = Envelope::default();
+    let mut envelope = Envelope {
+        reply_limit: Some(reply_limit(limits.broker_max_packet, &reply_to)),
+        acl: limits.acl,
+        ..Envelope::default()
+    };
     let mut client_id = None;
     for (name, value) in &properties.user_properties {
         match name.as_str() {
@@ -703,7 +762,12 @@ fn handle_request(
             } else {
                 Access::Read
             };
-            if acl.is_some_and(|acl| !acl.allows(envelope.client_id, command.key(), access)) {
+            // SCAN has no key: it lists only what the client may read.
+            let refused = command
+                .key()
+                .zip(limits.acl)
+                .is_some_and(|(key, acl)| !acl.allows(envelope.client_id, key, access));
+            if refused {
                 Outcome::error(StoreError::NotAuthorized)
             } else {
                 tracing::trace!(
@@ -787,7 +851,11 @@ mod tests {
     fn handle(publish: Publish, acl: Option<&AccessList>) -> Handled {
         let mut store = Store::new(Quota::default(), NOW);
         let mut publish = publish;
-        handle_request(&mut store, acl, &mut publish, NOW)
+        let limits = Limits {
+            acl,
+            ..Limits::default()
+        };
+        handle_request(&mut store, &limits, &mut publish, NOW)
     }
 
     fn refusal(handled: Handled) -> (Option<Bytes>, Vec<(String, String)>) {
@@ -827,7 +895,7 @@ mod tests {
         let mut store = Store::new(Quota::default(), NOW);
         let mut bare = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, GET.to_vec(), None);
         assert!(matches!(
-            handle_request(&mut store, None, &mut bare, NOW),
+            handle_request(&mut store, &Limits::default(), &mut bare, NOW),
             Handled::Dropped
         ));
     }
@@ -911,7 +979,7 @@ mod tests {
         let mut records = Vec::new();
         let version = Hlc::new(NOW, NODE_ID);
         let outcome = Outcome {
-            reply: Reply::Ok,
+            reply: Reply::Ok.into(),
             version: Some(version.clone()),
             events: vec![KeyEvent {
                 client_id: "w".into(),

@@ -24,6 +24,8 @@ use crate::protocol::Hlc;
 pub const LOG_FILE: &str = "statestore.log";
 /// Held locked while an emulator uses the directory.
 const LOCK_FILE: &str = "statestore.lock";
+/// The store's id in decimal: SCAN tokens issued before a restart stay valid.
+pub const ID_FILE: &str = "statestore.id";
 /// The first bytes of a log: a format name and version.
 const MAGIC: &[u8; 8] = b"SSEAOF01";
 /// No record is larger (values are bounded by the MQTT packet size).
@@ -320,6 +322,35 @@ impl Log {
         Ok((log, records))
     }
 
+    /// The store id kept in the directory, or `fresh` written there
+    /// (atomically) when it has none yet.
+    pub fn store_id(&self, fresh: u64) -> Result<u64, PersistError> {
+        let path = self.dir.join(ID_FILE);
+        let io = |source| PersistError::Io {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().map_err(|_| {
+                io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a decimal store id",
+                ))
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let tmp = self.dir.join(format!("{ID_FILE}.tmp"));
+                let mut file = File::create(&tmp).map_err(io)?;
+                file.write_all(format!("{fresh}\n").as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(io)?;
+                std::fs::rename(&tmp, &path).map_err(io)?;
+                sync_dir(&self.dir)?;
+                Ok(fresh)
+            }
+            Err(error) => Err(io(error)),
+        }
+    }
+
     /// Writes `records` to a fresh file and atomically puts it in place of
     /// the log, which from then on appends to it.
     pub fn compact(&mut self, records: &[Record]) -> Result<(), PersistError> {
@@ -468,6 +499,19 @@ mod tests {
         Record::Delete {
             key: Bytes::copy_from_slice(key.as_bytes()),
         }
+    }
+
+    #[test]
+    fn the_store_id_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        assert_eq!(log.store_id(42).unwrap(), 42);
+        assert_eq!(log.store_id(7).unwrap(), 42, "kept, not replaced");
+        drop(log);
+        let (log, _) = Log::open(dir.path()).unwrap();
+        assert_eq!(log.store_id(7).unwrap(), 42, "across a restart");
+        std::fs::write(dir.path().join(ID_FILE), "x").unwrap();
+        assert!(matches!(log.store_id(7), Err(PersistError::Io { .. })));
     }
 
     fn sample() -> Vec<Record> {

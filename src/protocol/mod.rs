@@ -11,7 +11,7 @@ pub mod resp;
 pub use command::{Request, SetCondition, SetOptions};
 pub use error::{DecodeError, StoreError};
 pub use hlc::{Hlc, HlcError, HybridClock};
-pub use reply::{Notification, Reply};
+pub use reply::{KeyPage, Notification, Reply, ScanReply};
 
 /// The state store's service id, part of every topic.
 pub const SERVICE_ID: &str = "FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
