@@ -16,6 +16,7 @@ pub mod admin;
 pub mod event_stream;
 pub mod keys;
 pub mod listener;
+pub mod listing;
 pub mod openapi;
 pub mod problem;
 pub mod watch;
@@ -210,6 +211,7 @@ pub fn router(state: AppState) -> Router {
 fn api_routes() -> Router<AppState> {
     Router::new()
         .merge(keys::routes())
+        .merge(listing::routes())
         .merge(watch::routes())
         .route(
             "/openapi.json",
