@@ -17,6 +17,7 @@ mod lease;
 mod official_client;
 mod pool;
 mod readme;
+mod scan;
 mod watch;
 
 mod broker {

@@ -285,6 +285,8 @@ pub fn store_handler() -> Handler {
                 None => (Reply::Integer(0), Some(version)),
             },
             Request::KeyNotify { .. } => (Reply::Ok, None),
+            // Like a service from before SCAN.
+            Request::Scan { .. } => (Reply::Error(protocol::StoreError::UnknownCommand), None),
         };
         Some(Answer {
             reply,
