@@ -14,6 +14,7 @@ mod hostile;
 mod keys;
 mod leaks;
 mod lease;
+mod listing;
 mod official_client;
 mod pool;
 mod readme;
