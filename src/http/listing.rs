@@ -2,9 +2,11 @@
 //! store's SCAN.
 //!
 //! One response holds up to `limit` keys, filled from as many SCAN pages as
-//! it takes. Its `next` cursor names the store page it stopped in and how
-//! many of that page's keys were already returned, so the next response
-//! resumes exactly there even when a store page was only partly used. The
+//! it takes. Its `next` cursor names the store page it stopped in, how
+//! many of that page's keys were already returned and the last of them, so
+//! the next response resumes exactly there even when a store page was only
+//! partly used (after the last key when it is still in the page, so keys
+//! deleted from the page meanwhile shift nothing). The
 //! gateway holds one store page and one response at a time, whatever the
 //! store's size.
 
@@ -87,11 +89,13 @@ async fn list_keys(
 }
 
 /// Where a listing stands: the store token of the page it is in (`None`:
-/// the first page) and how many of that page's keys were returned.
+/// the first page), how many of that page's keys were returned, and the
+/// last of them (`None` when none was).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Position {
     token: Option<Bytes>,
     skip: usize,
+    last: Option<Bytes>,
 }
 
 /// One response's keys, and where the next response starts (`None`: the
@@ -130,9 +134,14 @@ async fn fill(
                 other => ApiError::from(other),
             })?;
         from_client = false;
-        // A page that shrank since the cursor was made (keys deleted) is
-        // used up: go on to its next one.
-        let skip = at.skip.min(page.keys.len());
+        // Resume after the last key returned while the page still holds
+        // it; otherwise (it was deleted) by count, a page that shrank
+        // below it being used up.
+        let skip = at
+            .last
+            .as_ref()
+            .and_then(|last| page.keys.iter().position(|key| key == last))
+            .map_or(at.skip.min(page.keys.len()), |index| index + 1);
         let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
         listed
             .keys
@@ -141,6 +150,7 @@ async fn fill(
             listed.next = Some(Position {
                 token: at.token,
                 skip: skip + take,
+                last: Some(page.keys[skip + take - 1].clone()),
             });
             return Ok(listed);
         }
@@ -150,6 +160,7 @@ async fn fill(
         at = Position {
             token: Some(token),
             skip: 0,
+            last: None,
         };
         if listed.keys.len() >= limit || Instant::now() >= deadline {
             listed.next = Some(at);
@@ -175,26 +186,30 @@ fn parse_limit(raw: &[u8]) -> Result<usize, ApiError> {
         })
 }
 
-/// The opaque `cursor`: base64url of
-/// `1 | skip (u32) | token length + 1 (u32, 0 = none) | token | pattern`.
+/// The opaque `cursor`: base64url of `1 | skip (u32) | token length + 1
+/// (u32, 0 = none) | last key length + 1 (u32, 0 = none) | token | last
+/// key | pattern`.
 /// The pattern rides along so a cursor used with another `match` is
 /// refused rather than resuming a different listing at a wrong place.
 struct Cursor;
 
 impl Cursor {
     const VERSION: u8 = 1;
-    const HEADER: usize = 9;
+    const HEADER: usize = 13;
 
     fn encode(at: &Position, pattern: &[u8]) -> String {
-        let token = at.token.as_deref();
-        let mut bytes =
-            Vec::with_capacity(Self::HEADER + token.map_or(0, <[u8]>::len) + pattern.len());
+        let (token, last) = (at.token.as_deref(), at.last.as_deref());
+        let len = |field: Option<&[u8]>| field.map_or(0, <[u8]>::len);
+        let mut bytes = Vec::with_capacity(Self::HEADER + len(token) + len(last) + pattern.len());
         bytes.push(Self::VERSION);
-        // A page holds far fewer keys than u32::MAX; saturate regardless.
-        bytes.extend_from_slice(&u32::try_from(at.skip).unwrap_or(u32::MAX).to_be_bytes());
-        let token_field = token.map_or(0, |token| token.len() as u64 + 1);
-        bytes.extend_from_slice(&u32::try_from(token_field).unwrap_or(u32::MAX).to_be_bytes());
+        // Pages, tokens and keys are far below u32::MAX; saturate regardless.
+        let word = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
+        let field = |field: Option<&[u8]>| word(field.map_or(0, |bytes| bytes.len() + 1));
+        bytes.extend_from_slice(&word(at.skip));
+        bytes.extend_from_slice(&field(token));
+        bytes.extend_from_slice(&field(last));
         bytes.extend_from_slice(token.unwrap_or_default());
+        bytes.extend_from_slice(last.unwrap_or_default());
         bytes.extend_from_slice(pattern);
         BASE64URL.encode(bytes)
     }
@@ -211,20 +226,21 @@ impl Cursor {
             word.copy_from_slice(&header[at..at + 4]);
             u32::from_be_bytes(word) as usize
         };
-        let skip = word(1);
-        let (token, cursor_pattern) = match word(5) {
-            0 => (None, rest),
-            n => {
-                let (token, pattern) = rest.split_at_checked(n - 1).ok_or_else(bad)?;
-                (Some(Bytes::copy_from_slice(token)), pattern)
-            }
+        let field = |rest: &[u8], length: usize| match length {
+            0 => Some((None, rest.to_vec())),
+            n => rest
+                .split_at_checked(n - 1)
+                .map(|(field, rest)| (Some(Bytes::copy_from_slice(field)), rest.to_vec())),
         };
+        let skip = word(1);
+        let (token, rest) = field(rest, word(5)).ok_or_else(bad)?;
+        let (last, cursor_pattern) = field(&rest, word(9)).ok_or_else(bad)?;
         if cursor_pattern != pattern {
             return Err(ApiError::BadCursor(
                 "it belongs to a listing with another match".into(),
             ));
         }
-        Ok(Position { token, skip })
+        Ok(Position { token, skip, last })
     }
 }
 
@@ -346,10 +362,12 @@ mod tests {
             Position {
                 token: Some(Bytes::from_static(b"7;sensor/\x00\xff")),
                 skip: 12,
+                last: Some(Bytes::from_static(b"sensor/\x01")),
             },
             Position {
                 token: Some(Bytes::new()),
                 skip: 0,
+                last: Some(Bytes::new()),
             },
         ] {
             let cursor = Cursor::encode(&at, b"sensor/*");
@@ -372,6 +390,7 @@ mod tests {
             &Position {
                 token: Some(Bytes::from_static(b"1;k")),
                 skip: 1,
+                last: Some(Bytes::from_static(b"k1")),
             },
             b"*",
         );

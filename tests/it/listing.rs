@@ -282,8 +282,8 @@ async fn bad_listing_requests_are_400_problems() {
     assert!(body["detail"].as_str().unwrap().contains("another match"));
 
     // A well-formed cursor whose store token the store did not issue:
-    // version 1, skip 0, a 4-byte token, the pattern.
-    let mut forged = vec![1, 0, 0, 0, 0, 0, 0, 0, 5];
+    // version 1, skip 0, a 4-byte token, no last key, the pattern.
+    let mut forged = vec![1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
     forged.extend_from_slice(b"x;k0k*");
     let body = problem(
         gw,
@@ -421,4 +421,30 @@ async fn the_gateway_lists_what_the_sdk_wrote_with_the_sdks_scan_bytes() {
     assert_eq!(sdk_scans.len(), 3, "nine keys in pages of three");
     assert_eq!(gateway_scans, sdk_scans);
     sdk.close().await;
+}
+
+/// A key deleted from the page a cursor points into shifts nothing: the
+/// next response resumes after the last key returned, not by count.
+#[tokio::test]
+async fn deleting_a_listed_key_does_not_skip_the_rest_of_its_page() {
+    let stack = stack_with_pages(5).await;
+    let gw = &stack.gateway;
+    for n in 0..10 {
+        put(gw, format!("d/{n}").as_bytes()).await;
+    }
+    let first = json(
+        gw.http
+            .get(gw.url("/keys?match=d/*&limit=2"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(keys_of(&first), [b"d/0".to_vec(), b"d/1".to_vec()]);
+    let response = gw.http.delete(gw.key(b"d/0")).send().await.unwrap();
+    assert_eq!(response.status(), 204);
+    let cursor = first["next"].as_str().unwrap();
+    let (rest, _) = list_all(gw, &format!("/keys?match=d/*&limit=2&cursor={cursor}")).await;
+    let expected: Vec<Vec<u8>> = (2..10).map(|n| format!("d/{n}").into_bytes()).collect();
+    assert_eq!(rest, expected);
 }
