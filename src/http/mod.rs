@@ -22,6 +22,7 @@ pub mod event_stream;
 mod headers;
 pub mod keys;
 pub mod listener;
+pub mod listing;
 pub mod openapi;
 pub mod problem;
 mod router;

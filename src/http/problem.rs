@@ -111,6 +111,10 @@ pub enum ApiError {
     /// A header the gateway cannot honour (or a malformed one).
     #[error("{0}")]
     BadHeader(String),
+    /// A listing's `cursor` that does not decode, belongs to another
+    /// `match`, or that the store refused.
+    #[error("invalid cursor: {0}; start the listing again without a cursor")]
+    BadCursor(String),
     /// `If-None-Match: *` and `nex=true` together.
     #[error(
         "If-None-Match: * (set only if absent) and nex=true (set if absent or equal) exclude each other"
@@ -351,6 +355,7 @@ impl ApiError {
             Self::BadTtl(_) => (400, "/problems/invalid-ttl", "Invalid ttl", Info),
             Self::BadQuery(_) => (400, "/problems/invalid-query", "Invalid query", Info),
             Self::BadHeader(_) => (400, "/problems/invalid-header", "Invalid header", Info),
+            Self::BadCursor(_) => (400, "/problems/invalid-cursor", "Invalid cursor", Info),
             Self::ConflictingConditions => (
                 400,
                 "/problems/conflicting-conditions",

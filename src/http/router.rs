@@ -12,7 +12,7 @@ use axum::response::Response;
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{keys, openapi, watch};
+use super::{keys, listing, openapi, watch};
 use crate::metrics::Metrics;
 
 /// The key API (everything but the admin endpoints), with its middleware:
@@ -43,6 +43,7 @@ pub fn router(state: AppState) -> Router {
 fn api_routes() -> Router<AppState> {
     Router::new()
         .merge(keys::routes())
+        .merge(listing::routes())
         .merge(watch::routes())
         .route(
             "/openapi.json",

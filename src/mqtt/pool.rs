@@ -445,7 +445,7 @@ impl Pool {
         };
         drop(slot);
         match delivery {
-            Delivery::Reply(message) => self.interpret(message),
+            Delivery::Reply(message) => self.interpret(request, message),
             Delivery::Refused(reason) => refusal(reason),
         }
     }
@@ -569,7 +569,11 @@ impl Pool {
         }
     }
 
-    fn interpret(&self, message: ReplyMessage) -> Result<StoreResponse, PoolError> {
+    fn interpret(
+        &self,
+        request: &Request,
+        message: ReplyMessage,
+    ) -> Result<StoreResponse, PoolError> {
         let mut status = None;
         let mut status_message = None;
         let mut timestamp = None;
@@ -597,7 +601,7 @@ impl Pool {
             .map(Hlc::parse)
             .transpose()
             .map_err(PoolError::BadVersion)?;
-        let reply = Reply::decode(&message.payload)?;
+        let reply = Reply::decode_for(request, &message.payload)?;
         if let Some(version) = &version
             && let Err(error) = self.inner.clock.observe(version)
         {

@@ -6,7 +6,7 @@ use super::resp::{
     Cursor, Frame, MIN_BULK_LEN, bulk_encoded_len, encode_array, put_array_header, put_bulk,
     put_integer,
 };
-use super::{DecodeError, StoreError};
+use super::{DecodeError, Request, StoreError};
 
 /// A reply payload.
 ///
@@ -25,6 +25,9 @@ pub enum Reply {
     NotFound,
     /// `-ERR message`
     Error(StoreError),
+    /// `*1`/`*2`: a page of SCAN; only [`Reply::decode_for`] a SCAN
+    /// request gives it.
+    Keys(KeyPage),
 }
 
 impl Reply {
@@ -44,6 +47,19 @@ impl Reply {
             }
             Self::NotFound => b"$-1\r\n".to_vec(),
             Self::Error(error) => format!("-ERR {}\r\n", error.message()).into_bytes(),
+            Self::Keys(page) => page.encode(),
+        }
+    }
+
+    /// Decodes the reply to `request`: SCAN's with [`ScanReply::decode`],
+    /// every other verb's with [`Reply::decode`].
+    pub fn decode_for(request: &Request, payload: &Bytes) -> Result<Reply, DecodeError> {
+        match request {
+            Request::Scan { .. } => Ok(match ScanReply::decode(payload)? {
+                ScanReply::Page(page) => Self::Keys(page),
+                ScanReply::Error(error) => Self::Error(error),
+            }),
+            _ => Self::decode(payload),
         }
     }
 

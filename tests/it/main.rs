@@ -16,6 +16,7 @@ mod keys;
 mod leaks;
 mod lease;
 mod linearizability;
+mod listing;
 mod modules;
 mod official_client;
 mod pool;

@@ -271,6 +271,11 @@ impl RawClient {
             .ok()?
     }
 
+    /// A notification already received, without waiting.
+    pub fn received_notification(&mut self) -> Option<Publish> {
+        self.notifications.try_recv().ok()
+    }
+
     /// The next notification.
     pub async fn next_notification(&mut self, within: Duration) -> Option<Publish> {
         tokio::time::timeout(within, self.notifications.recv())
