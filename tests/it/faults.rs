@@ -324,17 +324,19 @@ async fn frozen_broker_gives_504s_within_the_timeout_and_recovers_after_sigcont(
     );
 
     assert_answered_in_time(&outcomes, &[200, 503, 504], REQUEST_TIMEOUT + SLACK);
-    let timeouts: Vec<&Outcome> = outcomes.iter().filter(|o| o.result == Ok(504)).collect();
+    // A 504 is either the request timeout or, earlier, a request that was
+    // in flight when the pool rebuilt the silent connection (outcome
+    // unknown); both happen only to requests started during the freeze.
+    let gateway_timeouts: Vec<&Outcome> = outcomes.iter().filter(|o| o.result == Ok(504)).collect();
+    let timeouts: Vec<&&Outcome> = gateway_timeouts
+        .iter()
+        .filter(|o| o.elapsed >= REQUEST_TIMEOUT.mul_f64(0.9))
+        .collect();
     assert!(
         !timeouts.is_empty(),
         "no request timed out during the freeze: {counts:?}"
     );
-    for outcome in &timeouts {
-        assert!(
-            outcome.elapsed >= REQUEST_TIMEOUT.mul_f64(0.9),
-            "a 504 after {:?} is not the request timeout",
-            outcome.elapsed
-        );
+    for outcome in &gateway_timeouts {
         assert!(outcome.started >= paused - SLACK && outcome.started < resumed);
     }
     assert!(
