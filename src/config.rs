@@ -12,6 +12,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::http::{ApiToken, Limits, ServeSettings};
+use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 use crate::watch::WatchSettings;
 
@@ -81,6 +82,10 @@ pub mod serve_env {
     pub const HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
     /// `--max-connections`
     pub const MAX_CONNECTIONS: &str = "STATESTORE_GATEWAY_MAX_CONNECTIONS";
+    /// `--max-lock-wait`
+    pub const MAX_LOCK_WAIT: &str = "STATESTORE_GATEWAY_MAX_LOCK_WAIT";
+    /// `--max-lock-holder-bytes`
+    pub const MAX_LOCK_HOLDER_BYTES: &str = "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES";
     /// `--broker-host`
     pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
     /// `--broker-port`
@@ -193,6 +198,12 @@ pub struct ServeArgs {
     /// closes. Each watch stream is a connection.
     #[arg(long, env = serve_env::MAX_CONNECTIONS, default_value = "20000", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// The longest `wait=` a lock request may ask for.
+    #[arg(long, env = serve_env::MAX_LOCK_WAIT, default_value = "5m", value_parser = parse_duration)]
+    pub max_lock_wait: Duration,
+    /// The longest lock holder name, in bytes.
+    #[arg(long, env = serve_env::MAX_LOCK_HOLDER_BYTES, default_value_t = crate::locks::DEFAULT_MAX_HOLDER_BYTES, value_parser = parse_positive_usize)]
+    pub max_lock_holder_bytes: usize,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -335,6 +346,10 @@ impl ServeArgs {
                 .collect(),
             header_read_timeout: self.header_read_timeout,
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            locks: LockSettings {
+                max_wait: self.max_lock_wait,
+                max_holder_bytes: self.max_lock_holder_bytes,
+            },
         })
     }
 }

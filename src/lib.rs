@@ -12,12 +12,15 @@
 //! - [`store`]: the typed store client: one method per verb, replies
 //!   decoded once into outcomes.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
+//! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
+//!   share one watch per lock.
 //! - [`ui`]: the browser dashboard served at `/ui/`.
 
 pub mod config;
 pub mod dev;
 pub mod emulator;
 pub mod http;
+pub mod locks;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;

@@ -315,12 +315,12 @@ pub fn form_decode(input: &[u8], plus_as_space: bool) -> Vec<u8> {
 /// The query parameters a method accepts; unknown or repeated ones are
 /// refused so a typo (`?tll=30s`) never silently drops a condition.
 #[derive(Debug, Default)]
-struct QueryParams {
+pub(super) struct QueryParams {
     values: Vec<(&'static str, Vec<u8>)>,
 }
 
 impl QueryParams {
-    fn parse(query: Option<&str>, accepted: &[&'static str]) -> Result<Self, ApiError> {
+    pub(super) fn parse(query: Option<&str>, accepted: &[&'static str]) -> Result<Self, ApiError> {
         let mut params = Self::default();
         let Some(query) = query else {
             return Ok(params);
@@ -355,7 +355,7 @@ impl QueryParams {
         Ok(params)
     }
 
-    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
+    pub(super) fn take(&mut self, name: &str) -> Option<Vec<u8>> {
         let index = self.values.iter().position(|(known, _)| *known == name)?;
         Some(self.values.swap_remove(index).1)
     }

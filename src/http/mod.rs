@@ -5,6 +5,7 @@
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
 //! - [`listener`], [`event_stream`]: the accept loop; watch streams are
 //!   written straight to their sockets.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
@@ -16,6 +17,7 @@ pub mod admin;
 pub mod event_stream;
 pub mod keys;
 pub mod listener;
+pub mod locks;
 pub mod openapi;
 pub mod problem;
 pub mod watch;
@@ -40,6 +42,7 @@ use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
 
 use crate::config::DEFAULT_MAX_VALUE_BYTES;
+use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::protocol::hlc;
@@ -128,6 +131,8 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
     pub hub: WatchHub,
+    /// Locks and their waiters (who follow keys through `hub`).
+    pub locks: Locks,
 }
 
 impl AppState {
@@ -139,10 +144,14 @@ impl AppState {
         limits: Limits,
         api_token: Option<ApiToken>,
         watch: WatchSettings,
+        locks: LockSettings,
     ) -> Self {
+        let store = StoreClient::new(pool);
+        let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
         Self(Arc::new(Shared {
-            hub: WatchHub::start(StoreClient::new(pool.clone()), metrics.clone(), watch),
-            store: StoreClient::new(pool),
+            locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
+            hub,
+            store,
             metrics,
             limits,
             clock: hlc::now_ms,
@@ -182,6 +191,7 @@ pub fn router(state: AppState) -> Router {
             Guard {
                 token: state.api_token.clone(),
                 backstop,
+                lock_wait: state.locks.settings().max_wait,
             },
             guard,
         ))
@@ -200,6 +210,7 @@ fn api_routes() -> Router<AppState> {
     Router::new()
         .merge(keys::routes())
         .merge(watch::routes())
+        .merge(locks::routes())
         .route(
             "/openapi.json",
             axum::routing::get(openapi::document).fallback(keys::method_not_allowed),
@@ -285,6 +296,8 @@ struct Guard {
     token: Option<ApiToken>,
     /// See [`Limits::backstop`].
     backstop: Duration,
+    /// Added to the backstop of lock requests, which may wait this long.
+    lock_wait: Duration,
 }
 
 /// The bearer token check, then the request under the backstop timeout.
@@ -300,9 +313,14 @@ async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Resp
             return ApiError::Unauthorized.into_response();
         }
     }
-    match tokio::time::timeout(guard.backstop, next.run(request)).await {
+    let backstop = if request.uri().path().starts_with(locks::LOCKS_PREFIX) {
+        guard.backstop + guard.lock_wait
+    } else {
+        guard.backstop
+    };
+    match tokio::time::timeout(backstop, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::HandlerTimeout(guard.backstop).into_response(),
+        Err(_) => ApiError::HandlerTimeout(backstop).into_response(),
     }
 }
 
@@ -350,6 +368,8 @@ pub struct ServeSettings {
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
     pub watch: WatchSettings,
+    /// Lock request limits.
+    pub locks: LockSettings,
     /// Origins allowed to call the API from a browser (CORS); empty: none.
     pub cors_allow_origins: Vec<String>,
     /// How long a client may take to send a request's headers; also how
@@ -414,6 +434,7 @@ impl Server {
             settings.limits,
             settings.api_token,
             settings.watch,
+            settings.locks,
         );
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
         let limits = ConnectionLimits {
@@ -647,7 +668,14 @@ mod tests {
             max_value_bytes: Some(16),
             request_timeout: Duration::from_millis(200),
         };
-        AppState::new(pool, metrics, limits, api_token, WatchSettings::default())
+        AppState::new(
+            pool,
+            metrics,
+            limits,
+            api_token,
+            WatchSettings::default(),
+            LockSettings::default(),
+        )
     }
 
     async fn send(
