@@ -26,12 +26,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use thiserror::Error;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::mqtt::RequestOptions;
+use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetCondition, SetOptions};
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 use crate::watch::{EventKind, WatchError, WatchHub};
@@ -191,7 +191,12 @@ impl Line {
 
 impl Locks {
     /// Locks over `store`, following keys with `hub`.
-    pub fn new(store: StoreClient, hub: WatchHub, metrics: Metrics, settings: LockSettings) -> Self {
+    pub fn new(
+        store: StoreClient,
+        hub: WatchHub,
+        metrics: Metrics,
+        settings: LockSettings,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -329,31 +334,40 @@ impl Locks {
             .inc();
     }
 
-    /// `SET name holder NEX PX ttl`, releasing the lock again if the
-    /// future is dropped while the SET is out (it may have applied).
+    /// `SET name holder NEX PX ttl`. The SET runs in its own task, so
+    /// that if this future is dropped (the client went away) while the
+    /// SET is out, the lock it may have taken is released after its reply,
+    /// not raced by a VDEL on another connection.
     async fn try_set(&self, request: &Acquire) -> Result<SetOutcome, RequestError> {
-        let mut race = SetRace {
-            store: self.inner.store.clone(),
-            name: request.name.clone(),
-            holder: request.holder.clone(),
-            armed: true,
-        };
+        let (reply, outcome) = oneshot::channel();
+        let store = self.inner.store.clone();
+        let (name, holder) = (request.name.clone(), request.holder.clone());
         let options = SetOptions {
             condition: SetCondition::OnlyIfMissingOrEqual,
             expires_in_ms: Some(request.ttl_ms),
         };
-        let outcome = self
-            .inner
-            .store
-            .set(
-                request.name.clone(),
-                request.holder.clone(),
-                options,
-                &RequestOptions::default(),
-            )
-            .await;
-        race.armed = false;
-        outcome
+        tokio::spawn(async move {
+            let outcome = store
+                .set(
+                    name.clone(),
+                    holder.clone(),
+                    options,
+                    &RequestOptions::default(),
+                )
+                .await;
+            if let Err(Ok(SetOutcome::Applied(_))) = reply.send(outcome) {
+                abandon(store, name, holder).await;
+            }
+        });
+        let mut pending = PendingSet {
+            outcome,
+            store: Some(self.inner.store.clone()),
+            name: request.name.clone(),
+            holder: request.holder.clone(),
+        };
+        let outcome = (&mut pending.outcome).await;
+        pending.store = None;
+        outcome.unwrap_or(Err(RequestError::Transport(PoolError::ShuttingDown)))
     }
 
     /// The answer to a request that did not get the lock: who holds it.
@@ -367,9 +381,9 @@ impl Locks {
                 self.acquired(!request.wait.is_zero());
                 Ok(Acquired::Held(token))
             }
-            SetOutcome::NotApplied => Ok(Acquired::Refused(
-                self.holder(request.name.clone()).await?,
-            )),
+            SetOutcome::NotApplied => {
+                Ok(Acquired::Refused(self.holder(request.name.clone()).await?))
+            }
         }
     }
 
@@ -459,7 +473,10 @@ impl Drop for Place {
         // Lines, then waiters: the order `join` takes them in.
         let mut lines = self.inner.lines();
         let mut waiters = self.line.waiters();
-        let was_head = waiters.queue.front().is_some_and(|(t, _)| *t == self.ticket);
+        let was_head = waiters
+            .queue
+            .front()
+            .is_some_and(|(t, _)| *t == self.ticket);
         waiters.queue.retain(|(ticket, _)| *ticket != self.ticket);
         if waiters.queue.is_empty() {
             if let Some(follower) = waiters.follower.take() {
@@ -484,36 +501,39 @@ impl Drop for Place {
     }
 }
 
-/// Armed while a SET is out: dropped armed, the request was abandoned
-/// and the lock may be held for nobody, so it is released.
-struct SetRace {
-    store: StoreClient,
+/// The requester's end of a SET: dropped before its outcome was read
+/// (the client went away just as the reply came), a lock it took is
+/// released. The SET's task covers the other order (its send fails).
+struct PendingSet {
+    outcome: oneshot::Receiver<Result<SetOutcome, RequestError>>,
+    /// `None` once the outcome was read.
+    store: Option<StoreClient>,
     name: Bytes,
     holder: Bytes,
-    armed: bool,
 }
 
-impl Drop for SetRace {
+impl Drop for PendingSet {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(store) = self.store.take() else {
             return;
         };
-        let store = self.store.clone();
-        let name = std::mem::take(&mut self.name);
-        let holder = std::mem::take(&mut self.holder);
-        runtime.spawn(async move {
-            match store.vdel(name, holder, None).await {
-                Ok(outcome) => {
-                    tracing::debug!(?outcome, "released a lock whose requester went away")
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "could not release a lock whose requester went away")
-                }
-            }
-        });
+        if let Ok(Ok(SetOutcome::Applied(_))) = self.outcome.try_recv()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let name = std::mem::take(&mut self.name);
+            let holder = std::mem::take(&mut self.holder);
+            runtime.spawn(abandon(store, name, holder));
+        }
+    }
+}
+
+/// Releases a lock taken for a requester that went away.
+async fn abandon(store: StoreClient, name: Bytes, holder: Bytes) {
+    match store.vdel(name, holder, None).await {
+        Ok(outcome) => tracing::debug!(?outcome, "released a lock whose requester went away"),
+        Err(error) => {
+            tracing::warn!(%error, "could not release a lock whose requester went away")
+        }
     }
 }
 

@@ -14,6 +14,7 @@ mod hostile;
 mod keys;
 mod leaks;
 mod lease;
+mod locks;
 mod official_client;
 mod pool;
 mod readme;
