@@ -13,7 +13,10 @@
 //!    from a PUT's reply to the event at every watcher, and the gateway's
 //!    RSS before, during and after;
 //! 5. **footprint**: idle RSS, peak RSS under load, CPU at a fixed
-//!    1,000 req/s, and the time from process start to `/readyz` 200.
+//!    1,000 req/s, and the time from process start to `/readyz` 200;
+//! 6. **lock hand-over**: 1 and 1,000 waiters blocked on one lock, the time
+//!    from a release to the next holder's acquire returning, RSS and CPU;
+//!    etcd's lock service beside it when `etcd` is installed.
 //!
 //! `scripts/bench` runs it (`cargo bench --bench gateway`: release build of
 //! both this program and the gateway binary); `scripts/bench --smoke` runs
@@ -36,6 +39,7 @@ use support::gateway::GatewayLaunch;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles};
+use support::locks::HandoverReport;
 use support::watchers::{FanoutReport, fanout};
 use support::wrk::{self, WrkRun};
 
@@ -74,6 +78,10 @@ struct Options {
     keys: bool,
     /// Run the watch fan-out part.
     watch: bool,
+    /// Waiters of the lock hand-over runs (empty: skip them).
+    lock_waiters: Vec<usize>,
+    /// Releases per lock hand-over run.
+    lock_rounds: usize,
     /// Extra environment of the gateway processes (experiments: allocator
     /// settings, `LD_PRELOAD`, ...).
     gateway_env: Vec<(String, String)>,
@@ -105,6 +113,8 @@ impl Options {
                 peer: true,
                 keys: true,
                 watch: true,
+                lock_waiters: vec![1, 50],
+                lock_rounds: 10,
                 gateway_env: Vec::new(),
                 report: None,
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway")),
@@ -124,6 +134,8 @@ impl Options {
                 peer: true,
                 keys: true,
                 watch: true,
+                lock_waiters: vec![1, 1000],
+                lock_rounds: 200,
                 gateway_env: Vec::new(),
                 report: None,
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway")),
@@ -141,6 +153,7 @@ impl Options {
                 }
                 "--sizes" => options.sizes = list(&value("--sizes")?)?,
                 "--watchers" => options.watchers = list(&value("--watchers")?)?,
+                "--lock-waiters" => options.lock_waiters = list(&value("--lock-waiters")?)?,
                 "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
                 "--settle" => {
                     let seconds: u64 = value("--settle")?.parse().context("--settle")?;
@@ -150,12 +163,21 @@ impl Options {
                 "--only" => {
                     let part = value("--only")?;
                     match part.as_str() {
-                        "keys" => options.watch = false,
+                        "keys" => {
+                            options.watch = false;
+                            options.lock_waiters.clear();
+                        }
                         "watch" => {
                             options.keys = false;
                             options.peer = false;
+                            options.lock_waiters.clear();
                         }
-                        _ => bail!("--only takes keys or watch, not {part:?}"),
+                        "locks" => {
+                            options.keys = false;
+                            options.peer = false;
+                            options.watch = false;
+                        }
+                        _ => bail!("--only takes keys, watch or locks, not {part:?}"),
                     }
                 }
                 "--gateway-env" => {
@@ -171,7 +193,8 @@ impl Options {
                 "--gateway-bin" => options.binary = value("--gateway-bin")?.into(),
                 other => bail!(
                     "unknown argument {other:?}; use --seconds N, --sizes 16,1024, \
-                     --watchers 1000,10000, --rounds N, --no-peer, --only keys|watch, \
+                     --watchers 1000,10000, --lock-waiters 1,1000, --rounds N, --no-peer, \
+                     --only keys|watch|locks, \
                      --gateway-env NAME=VALUE, --report FILE, --gateway-bin PATH"
                 ),
             }
@@ -511,6 +534,29 @@ async fn run(options: Options) -> Result<()> {
         fanouts.push(report);
     }
     drop(watch_gateway);
+
+    // Lock hand-over on a fresh gateway, then etcd's when installed.
+    let mut handovers: Vec<HandoverReport> = Vec::new();
+    if !options.lock_waiters.is_empty() {
+        let lock_gateway = launch.start("gateway-locks").await?;
+        for &waiters in &options.lock_waiters {
+            let report =
+                support::locks::gateway_handover(&lock_gateway, waiters, options.lock_rounds)
+                    .await?;
+            println!("{}", support::locks::line(&report));
+            handovers.push(report);
+        }
+        drop(lock_gateway);
+        if let Some(etcd) = procs::find_program(&["etcd"]) {
+            let etcd = support::locks::start_etcd(&etcd, &dir_path)?;
+            for &waiters in &options.lock_waiters {
+                let report =
+                    support::locks::etcd_handover(&etcd, waiters, options.lock_rounds).await?;
+                println!("{}", support::locks::line(&report));
+                handovers.push(report);
+            }
+        }
+    }
     pool.shutdown().await;
     emulator.check_alive()?;
     broker.check_alive()?;
@@ -523,7 +569,7 @@ async fn run(options: Options) -> Result<()> {
         &footprint,
         &fanouts,
         started.elapsed(),
-    );
+    ) + &support::locks::report(&handovers);
     println!("\n{report}");
     if let Some(path) = &options.report {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;

@@ -4,6 +4,7 @@
 pub mod direct;
 pub mod gateway;
 pub mod http;
+pub mod locks;
 pub mod procs;
 pub mod rate;
 pub mod stats;
