@@ -7,8 +7,12 @@
 //! and with persisted SETs (fsync per batch). It first measures a bare echo
 //! responder (rumqttc answering `+OK` at once) on the same broker and client:
 //! the floor of this topology on this machine, so that the emulator's own
-//! cost reads as the difference. Under `cargo test` it does a tiny run that
-//! only checks the replies.
+//! cost reads as the difference. Then the store alone, in process (SET and
+//! GET of 100,000 keys, no MQTT: what the store's ordered map costs), and
+//! SCAN through the broker over a store of 100,000 keys: listing them all
+//! with `*`, and a selective pattern that lists 1 in 100 (every key is
+//! looked at; pages are bounded by keys looked at, so most come back empty).
+//! Under `cargo test` it does a tiny run that only checks the replies.
 
 #![allow(clippy::unwrap_used, clippy::print_stdout)] // a benchmark program
 
@@ -22,11 +26,12 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use statestore_gateway::emulator::{Emulator, EmulatorConfig};
+use statestore_gateway::emulator::{Emulator, EmulatorConfig, Envelope, Quota, Store};
 use statestore_gateway::mqtt::base_options;
 use statestore_gateway::protocol::resp::encode_array;
 use statestore_gateway::protocol::{
-    CONTENT_TYPE, HybridClock, PROTOCOL_VERSION, REQUEST_TOPIC, property, response_topic,
+    CONTENT_TYPE, HybridClock, KeyPage, PROTOCOL_VERSION, REQUEST_TOPIC, Request, ScanReply,
+    property, response_topic,
 };
 use tokio::sync::mpsc;
 
@@ -108,6 +113,99 @@ async fn run(full: bool) {
             .pipelined(&set, &persist, pipelined, b"+OK\r\n")
             .await,
     );
+    emulator.shutdown().await.unwrap();
+
+    let keys = if full { 100_000 } else { 1_000 };
+    store_alone(keys);
+    scan(&mut client, broker.port, keys).await;
+}
+
+/// `sensor/{i:06}`: keys in byte order by number.
+fn sensor_key(i: usize) -> Vec<u8> {
+    format!("sensor/{i:06}").into_bytes()
+}
+
+/// SET then GET of `keys` distinct keys on a [`Store`] in process.
+fn store_alone(keys: usize) {
+    let now = statestore_gateway::protocol::hlc::now_ms();
+    let mut store = Store::new(Quota::default(), now);
+    let clock = HybridClock::new(CLIENT_ID);
+    let timestamp = clock.now().hlc.to_string();
+    let envelope = Envelope {
+        client_id: CLIENT_ID,
+        timestamp: Some(&timestamp),
+        ..Envelope::default()
+    };
+    // A fixed shuffle, so that inserts and reads are not in key order.
+    let order: Vec<usize> = (0..keys).map(|i| (i * 7_919) % keys).collect();
+    let requests: Vec<Request> = order
+        .iter()
+        .map(|&i| Request::Set {
+            key: Bytes::from(sensor_key(i)),
+            value: Bytes::from_static(&[b'v'; 64]),
+            options: Default::default(),
+        })
+        .collect();
+    let started = Instant::now();
+    for request in requests {
+        store.execute(request, &envelope, now);
+    }
+    let set = started.elapsed();
+    assert_eq!(store.len(), keys);
+    let requests: Vec<Request> = order
+        .iter()
+        .map(|&i| Request::Get {
+            key: Bytes::from(sensor_key(i)),
+        })
+        .collect();
+    let started = Instant::now();
+    for request in requests {
+        store.execute(request, &envelope, now);
+    }
+    let get = started.elapsed();
+    println!(
+        "store alone, {keys} keys: SET {:>10.0} ops/s   GET {:>10.0} ops/s",
+        keys as f64 / set.as_secs_f64(),
+        keys as f64 / get.as_secs_f64()
+    );
+}
+
+/// Lists `keys` keys through the broker, sequentially page by page.
+async fn scan(client: &mut BenchClient, port: u16, keys: usize) {
+    let emulator = Emulator::start(EmulatorConfig::new("127.0.0.1", port))
+        .await
+        .unwrap();
+    // Load through the broker, 64 in flight.
+    let mut in_flight = 0;
+    for i in 0..keys {
+        let set = encode_array(&[b"SET", &sensor_key(i), &[b'v'; 16]]);
+        client.send(&set, &[]).await;
+        in_flight += 1;
+        if in_flight == IN_FLIGHT {
+            client.receive(b"+OK\r\n").await;
+            in_flight -= 1;
+        }
+    }
+    for _ in 0..in_flight {
+        client.receive(b"+OK\r\n").await;
+    }
+    // Warm up, then measure.
+    client.list(b"sensor/00000*").await;
+    for (name, pattern, expected) in [
+        ("SCAN `*`", &b"*"[..], keys),
+        ("SCAN `sensor/*77`", b"sensor/*77", keys / 100),
+    ] {
+        let started = Instant::now();
+        let (listed, pages, empty) = client.list(pattern).await;
+        let elapsed = started.elapsed();
+        assert_eq!(listed, expected, "{name}");
+        println!(
+            "{name:<26} {:>9.0} keys/s looked at   {:>9.0} keys/s listed   {pages} pages ({empty} empty), {:.2} ms/page",
+            keys as f64 / elapsed.as_secs_f64(),
+            listed as f64 / elapsed.as_secs_f64(),
+            elapsed.as_secs_f64() * 1e3 / pages as f64
+        );
+    }
     emulator.shutdown().await.unwrap();
 }
 
@@ -314,7 +412,7 @@ impl BenchClient {
             (property::SOURCE_ID.to_owned(), CLIENT_ID.to_owned()),
             (
                 property::TIMESTAMP.to_owned(),
-                self.clock.now().unwrap().to_string(),
+                self.clock.now().hlc.to_string(),
             ),
             (
                 property::PROTOCOL_VERSION.to_owned(),
@@ -347,6 +445,35 @@ impl BenchClient {
             .await
             .unwrap();
         self.next_id
+    }
+
+    /// Every page of a listing: (keys listed, pages, empty pages).
+    async fn list(&mut self, pattern: &[u8]) -> (usize, usize, usize) {
+        let (mut listed, mut pages, mut empty) = (0, 0, 0);
+        let mut token = None;
+        loop {
+            let request = Request::Scan {
+                pattern: Bytes::copy_from_slice(pattern),
+                token: token.take(),
+            };
+            self.send(&request.encode(), &[]).await;
+            let reply = tokio::time::timeout(Duration::from_secs(10), self.replies.recv())
+                .await
+                .expect("a reply within 10 s")
+                .expect("client alive");
+            let ScanReply::Page(KeyPage { keys, token: next }) =
+                ScanReply::decode(&reply.payload).unwrap()
+            else {
+                panic!("SCAN failed: {:?}", String::from_utf8_lossy(&reply.payload));
+            };
+            pages += 1;
+            listed += keys.len();
+            empty += usize::from(keys.is_empty());
+            match next {
+                Some(next) => token = Some(next),
+                None => return (listed, pages, empty),
+            }
+        }
     }
 
     /// The next reply: its request id, after checking its payload.

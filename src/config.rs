@@ -14,10 +14,8 @@ use thiserror::Error;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
+use crate::settings;
 use crate::watch::WatchSettings;
-
-/// How often the SAT file is re-read to notice a rotated token.
-const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -39,81 +37,11 @@ pub enum Command {
     Emulator(EmulatorArgs),
     /// Embedded broker + emulator + gateway in one process, for laptops.
     Dev(DevArgs),
+    /// Add the gateway sidecar to the pods of Kubernetes YAML (stdout).
+    Inject(InjectArgs),
+    /// Mutating admission webhook adding the sidecar to annotated pods.
+    Injector(InjectorArgs),
 }
-
-/// Environment variable names of `serve`'s settings (the Helm chart and the
-/// README name them exactly; the `AIO_*` names are the AIO SDKs').
-pub mod serve_env {
-    /// `--listen`
-    pub const LISTEN: &str = "STATESTORE_GATEWAY_LISTEN";
-    /// `--admin-listen`
-    pub const ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_ADMIN_LISTEN";
-    /// `--pool-size`
-    pub const POOL_SIZE: &str = "STATESTORE_GATEWAY_POOL_SIZE";
-    /// `--request-timeout`
-    pub const REQUEST_TIMEOUT: &str = "STATESTORE_GATEWAY_REQUEST_TIMEOUT";
-    /// `--max-in-flight`
-    pub const MAX_IN_FLIGHT: &str = "STATESTORE_GATEWAY_MAX_IN_FLIGHT";
-    /// `--max-key-bytes`
-    pub const MAX_KEY_BYTES: &str = "STATESTORE_GATEWAY_MAX_KEY_BYTES";
-    /// `--max-value-bytes`
-    pub const MAX_VALUE_BYTES: &str = "STATESTORE_GATEWAY_MAX_VALUE_BYTES";
-    /// `--api-token-file`
-    pub const API_TOKEN_FILE: &str = "STATESTORE_GATEWAY_API_TOKEN_FILE";
-    /// `--shutdown-grace`
-    pub const SHUTDOWN_GRACE: &str = "STATESTORE_GATEWAY_SHUTDOWN_GRACE";
-    /// `--log-format`
-    pub const LOG_FORMAT: &str = "STATESTORE_GATEWAY_LOG_FORMAT";
-    /// `--max-watchers`
-    pub const MAX_WATCHERS: &str = "STATESTORE_GATEWAY_MAX_WATCHERS";
-    /// `--max-keys-per-watch`
-    pub const MAX_KEYS_PER_WATCH: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH";
-    /// `--max-watched-keys`
-    pub const MAX_WATCHED_KEYS: &str = "STATESTORE_GATEWAY_MAX_WATCHED_KEYS";
-    /// `--watch-keepalive`
-    pub const WATCH_KEEPALIVE: &str = "STATESTORE_GATEWAY_WATCH_KEEPALIVE";
-    /// `--watch-buffer`
-    pub const WATCH_BUFFER: &str = "STATESTORE_GATEWAY_WATCH_BUFFER";
-    /// `--watch-resync-interval`
-    pub const WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
-    /// `--cors-allow-origin`
-    pub const CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
-    /// `--header-read-timeout`
-    pub const HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
-    /// `--max-connections`
-    pub const MAX_CONNECTIONS: &str = "STATESTORE_GATEWAY_MAX_CONNECTIONS";
-    /// `--max-lock-wait`
-    pub const MAX_LOCK_WAIT: &str = "STATESTORE_GATEWAY_MAX_LOCK_WAIT";
-    /// `--max-lock-holder-bytes`
-    pub const MAX_LOCK_HOLDER_BYTES: &str = "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES";
-    /// `--broker-host`
-    pub const BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
-    /// `--broker-port`
-    pub const BROKER_TCP_PORT: &str = "AIO_BROKER_TCP_PORT";
-    /// `--use-tls`
-    pub const MQTT_USE_TLS: &str = "AIO_MQTT_USE_TLS";
-    /// `--tls-ca-file`
-    pub const TLS_CA_FILE: &str = "AIO_TLS_CA_FILE";
-    /// `--tls-cert-file`
-    pub const TLS_CERT_FILE: &str = "AIO_TLS_CERT_FILE";
-    /// `--tls-key-file`
-    pub const TLS_KEY_FILE: &str = "AIO_TLS_KEY_FILE";
-    /// `--sat-file`
-    pub const SAT_FILE: &str = "AIO_SAT_FILE";
-    /// `--mqtt-username`
-    pub const MQTT_USERNAME: &str = "AIO_MQTT_USERNAME";
-    /// `--mqtt-password-file`
-    pub const MQTT_PASSWORD_FILE: &str = "AIO_MQTT_PASSWORD_FILE";
-    /// `--client-id`
-    pub const MQTT_CLIENT_ID: &str = "AIO_MQTT_CLIENT_ID";
-    /// `--keep-alive`
-    pub const MQTT_KEEP_ALIVE: &str = "AIO_MQTT_KEEP_ALIVE";
-    /// `--session-expiry`
-    pub const MQTT_SESSION_EXPIRY: &str = "AIO_MQTT_SESSION_EXPIRY";
-}
-
-/// The value limit when neither `--max-value-bytes` nor the broker says one.
-pub const DEFAULT_MAX_VALUE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The longest `--client-id`: members add `-<n>`, and the id is part of
 /// every request's response topic, which MQTT caps at 65,535 bytes with
@@ -134,75 +62,75 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address of the key API listener.
-    #[arg(long, env = serve_env::LISTEN, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = settings::ENV_LISTEN, default_value_t = settings::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
     /// Address of the admin listener (/livez, /readyz, /metrics).
-    #[arg(long, env = serve_env::ADMIN_LISTEN, default_value = "127.0.0.1:8081")]
+    #[arg(long, env = settings::ENV_ADMIN_LISTEN, default_value_t = settings::DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
     /// Number of MQTT connections to the broker.
-    #[arg(long, env = serve_env::POOL_SIZE, default_value = "4", value_parser = parse_pool_size)]
+    #[arg(long, env = settings::ENV_POOL_SIZE, default_value_t = settings::DEFAULT_POOL_SIZE, value_parser = parse_pool_size)]
     pub pool_size: usize,
     /// How long a store request may wait for its reply (`500ms`, `10s`, `2m`).
-    #[arg(long, env = serve_env::REQUEST_TIMEOUT, default_value = "10s", value_parser = parse_positive_duration)]
+    #[arg(long, env = settings::ENV_REQUEST_TIMEOUT, default_value = "10s", value_parser = parse_positive_duration)]
     pub request_timeout: Duration,
     /// Store requests in flight per MQTT connection.
-    #[arg(long, env = serve_env::MAX_IN_FLIGHT, default_value = "256", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_IN_FLIGHT, default_value_t = settings::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_positive_usize)]
     pub max_in_flight: usize,
     /// Longest key accepted, in bytes after percent-decoding.
-    #[arg(long, env = serve_env::MAX_KEY_BYTES, default_value = "1024", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_KEY_BYTES, default_value_t = settings::DEFAULT_MAX_KEY_BYTES, value_parser = parse_positive_usize)]
     pub max_key_bytes: usize,
     /// Largest value accepted; default: the broker's maximum packet size
     /// minus the envelope, else 4 MiB.
-    #[arg(long, env = serve_env::MAX_VALUE_BYTES, value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_VALUE_BYTES, value_parser = parse_positive_usize)]
     pub max_value_bytes: Option<usize>,
     /// File holding a bearer token the key API requires (admin port excluded).
-    #[arg(long, env = serve_env::API_TOKEN_FILE)]
+    #[arg(long, env = settings::ENV_API_TOKEN_FILE)]
     pub api_token_file: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
-    #[arg(long, env = serve_env::SHUTDOWN_GRACE, default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, env = settings::ENV_SHUTDOWN_GRACE, default_value = "20s", value_parser = parse_any_duration)]
     pub shutdown_grace: Duration,
     /// Log line format.
-    #[arg(long, env = serve_env::LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = settings::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Open SSE watch streams the gateway serves before answering 429.
-    #[arg(long, env = serve_env::MAX_WATCHERS, default_value = "10000", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_WATCHERS, default_value_t = settings::DEFAULT_MAX_WATCHERS, value_parser = parse_positive_usize)]
     pub max_watchers: usize,
     /// Keys one watch stream may name.
-    #[arg(long, env = serve_env::MAX_KEYS_PER_WATCH, default_value = "64", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_KEYS_PER_WATCH, default_value_t = settings::DEFAULT_MAX_KEYS_PER_WATCH, value_parser = parse_positive_usize)]
     pub max_keys_per_watch: usize,
     /// Distinct keys watched in the whole gateway (each holds a store
     /// registration and an event buffer).
-    #[arg(long, env = serve_env::MAX_WATCHED_KEYS, default_value = "10000", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_WATCHED_KEYS, default_value_t = settings::DEFAULT_MAX_WATCHED_KEYS, value_parser = parse_positive_usize)]
     pub max_watched_keys: usize,
     /// Interval of keep-alive comments on idle watch streams.
-    #[arg(long, env = serve_env::WATCH_KEEPALIVE, default_value = "15s", value_parser = parse_positive_duration)]
+    #[arg(long, env = settings::ENV_WATCH_KEEPALIVE, default_value = "15s", value_parser = parse_positive_duration)]
     pub watch_keepalive: Duration,
     /// Events buffered per watched key; a watcher that falls further behind
     /// skips to a `sync` of the latest state.
-    #[arg(long, env = serve_env::WATCH_BUFFER, default_value = "64", value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_WATCH_BUFFER, default_value_t = settings::DEFAULT_WATCH_BUFFER, value_parser = parse_positive_usize)]
     pub watch_buffer: usize,
     /// How often every watched key is registered and read again as a safety
     /// net (`0` disables); reconnects trigger it at once anyway.
-    #[arg(long, env = serve_env::WATCH_RESYNC_INTERVAL, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = settings::ENV_WATCH_RESYNC_INTERVAL, default_value = "60s", value_parser = parse_any_duration)]
     pub watch_resync_interval: Duration,
     /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
-    #[arg(long, env = serve_env::CORS_ALLOW_ORIGIN, value_delimiter = ',')]
+    #[arg(long, env = settings::ENV_CORS_ALLOW_ORIGIN, value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
     /// How long a client may take to send a request's headers (slow
     /// clients are disconnected); also how long an idle keep-alive
     /// connection stays open.
-    #[arg(long, env = serve_env::HEADER_READ_TIMEOUT, default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, env = settings::ENV_HEADER_READ_TIMEOUT, default_value = "30s", value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
     /// Open connections on the API listener; at the limit the gateway
     /// stops accepting (new clients wait in the kernel's backlog) until one
     /// closes. Each watch stream is a connection.
-    #[arg(long, env = serve_env::MAX_CONNECTIONS, default_value = "20000", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = settings::ENV_MAX_CONNECTIONS, default_value_t = settings::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// The longest `wait=` a lock request may ask for.
-    #[arg(long, env = serve_env::MAX_LOCK_WAIT, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = settings::ENV_MAX_LOCK_WAIT, default_value = "5m", value_parser = parse_any_duration)]
     pub max_lock_wait: Duration,
     /// The longest lock holder name, in bytes.
-    #[arg(long, env = serve_env::MAX_LOCK_HOLDER_BYTES, default_value_t = crate::locks::DEFAULT_MAX_HOLDER_BYTES, value_parser = parse_positive_usize)]
+    #[arg(long, env = settings::ENV_MAX_LOCK_HOLDER_BYTES, default_value_t = settings::DEFAULT_MAX_LOCK_HOLDER_BYTES, value_parser = parse_positive_usize)]
     pub max_lock_holder_bytes: usize,
     /// The broker.
     #[command(flatten)]
@@ -213,45 +141,45 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct BrokerArgs {
     /// Broker host name.
-    #[arg(long, env = serve_env::BROKER_HOSTNAME, default_value = "localhost")]
+    #[arg(long, env = settings::ENV_BROKER_HOSTNAME, default_value_t = settings::DEFAULT_BROKER_HOSTNAME.to_owned())]
     pub broker_host: String,
     /// Broker TCP port.
-    #[arg(long, env = serve_env::BROKER_TCP_PORT, default_value = "8883")]
+    #[arg(long, env = settings::ENV_BROKER_TCP_PORT, default_value_t = settings::DEFAULT_BROKER_TCP_PORT)]
     pub broker_port: u16,
     /// Whether to connect with TLS (`true`/`false`).
-    #[arg(long, env = serve_env::MQTT_USE_TLS, default_value = "true", action = ArgAction::Set,
+    #[arg(long, env = settings::ENV_MQTT_USE_TLS, default_value_t = settings::DEFAULT_MQTT_USE_TLS, action = ArgAction::Set,
           value_parser = BoolishValueParser::new())]
     pub use_tls: bool,
     /// PEM CA bundle for the broker's certificate (default: system roots).
-    #[arg(long, env = serve_env::TLS_CA_FILE)]
+    #[arg(long, env = settings::ENV_TLS_CA_FILE)]
     pub tls_ca_file: Option<PathBuf>,
     /// PEM client certificate for mutual TLS.
-    #[arg(long, env = serve_env::TLS_CERT_FILE)]
+    #[arg(long, env = settings::ENV_TLS_CERT_FILE)]
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of the client certificate.
-    #[arg(long, env = serve_env::TLS_KEY_FILE)]
+    #[arg(long, env = settings::ENV_TLS_KEY_FILE)]
     pub tls_key_file: Option<PathBuf>,
     /// Service-account token file, sent as `K8S-SAT` enhanced authentication.
-    #[arg(long, env = serve_env::SAT_FILE)]
+    #[arg(long, env = settings::ENV_SAT_FILE)]
     pub sat_file: Option<PathBuf>,
     /// MQTT user name.
-    #[arg(long, env = serve_env::MQTT_USERNAME)]
+    #[arg(long, env = settings::ENV_MQTT_USERNAME)]
     pub mqtt_username: Option<String>,
     /// File holding the MQTT password.
-    #[arg(long, env = serve_env::MQTT_PASSWORD_FILE)]
+    #[arg(long, env = settings::ENV_MQTT_PASSWORD_FILE)]
     pub mqtt_password_file: Option<PathBuf>,
     /// MQTT client id prefix (members are `<id>-<n>`); default
     /// `statestore-gateway-<hostname>`.
-    #[arg(long, env = serve_env::MQTT_CLIENT_ID)]
+    #[arg(long, env = settings::ENV_MQTT_CLIENT_ID)]
     pub client_id: Option<String>,
     /// MQTT keep-alive in seconds (5 to 65535).
-    #[arg(long, env = serve_env::MQTT_KEEP_ALIVE, default_value = "60", value_parser = parse_keep_alive)]
+    #[arg(long, env = settings::ENV_MQTT_KEEP_ALIVE, default_value_t = settings::DEFAULT_MQTT_KEEP_ALIVE, value_parser = parse_keep_alive)]
     pub keep_alive: u16,
     /// MQTT session expiry in seconds. Members connect with clean start and
     /// subscribe again after every CONNACK, so a session outliving the
     /// connection only keeps queued messages for nobody: 0 by default
     /// (the AIO SDKs default to 3600 because they resume sessions).
-    #[arg(long, env = serve_env::MQTT_SESSION_EXPIRY, default_value = "0")]
+    #[arg(long, env = settings::ENV_MQTT_SESSION_EXPIRY, default_value_t = settings::DEFAULT_MQTT_SESSION_EXPIRY)]
     pub session_expiry: u32,
 }
 
@@ -285,7 +213,7 @@ impl ServeArgs {
         let api_token = match &self.api_token_file {
             None => None,
             Some(path) => Some(read_api_token(path).map_err(|message| {
-                ConfigError::new("--api-token-file", serve_env::API_TOKEN_FILE, message)
+                ConfigError::new("--api-token-file", settings::ENV_API_TOKEN_FILE, message)
             })?),
         };
         let broker = self.broker.settings()?;
@@ -293,7 +221,7 @@ impl ServeArgs {
             Some(id) if id.trim().is_empty() => {
                 return Err(ConfigError::new(
                     "--client-id",
-                    serve_env::MQTT_CLIENT_ID,
+                    settings::ENV_MQTT_CLIENT_ID,
                     "must not be empty",
                 ));
             }
@@ -301,12 +229,12 @@ impl ServeArgs {
             Some(id) if id.len() > MAX_CLIENT_ID_BYTES => {
                 return Err(ConfigError::new(
                     "--client-id",
-                    serve_env::MQTT_CLIENT_ID,
+                    settings::ENV_MQTT_CLIENT_ID,
                     format!("{} bytes; at most {MAX_CLIENT_ID_BYTES}", id.len()),
                 ));
             }
             Some(id) => id.clone(),
-            None => default_client_id(),
+            None => settings::default_client_id(),
         };
         let limits = Limits {
             max_key_bytes: self.max_key_bytes,
@@ -322,8 +250,8 @@ impl ServeArgs {
                 size: self.pool_size,
                 request_timeout: self.request_timeout,
                 max_in_flight_per_member: self.max_in_flight,
-                slot_wait: slot_wait(self.request_timeout),
-                sat_check_interval: DEFAULT_SAT_CHECK_INTERVAL,
+                slot_wait: settings::slot_wait(self.request_timeout),
+                sat_check_interval: settings::DEFAULT_SAT_CHECK_INTERVAL,
             },
             limits,
             api_token,
@@ -354,33 +282,30 @@ impl ServeArgs {
     }
 }
 
-/// How long a request waits for an in-flight slot before it fails as
-/// overloaded: long enough to ride out a burst, short enough that the
-/// client hears `503 Retry-After` well before its own timeout.
-pub fn slot_wait(request_timeout: Duration) -> Duration {
-    request_timeout.min(Duration::from_secs(1))
-}
-
 impl BrokerArgs {
     /// The pool's broker settings, after checking every named file.
     pub fn settings(&self) -> Result<BrokerSettings, ConfigError> {
         let files: [(&Option<PathBuf>, &'static str, &'static str); 5] = [
-            (&self.tls_ca_file, "--tls-ca-file", serve_env::TLS_CA_FILE),
+            (
+                &self.tls_ca_file,
+                "--tls-ca-file",
+                settings::ENV_TLS_CA_FILE,
+            ),
             (
                 &self.tls_cert_file,
                 "--tls-cert-file",
-                serve_env::TLS_CERT_FILE,
+                settings::ENV_TLS_CERT_FILE,
             ),
             (
                 &self.tls_key_file,
                 "--tls-key-file",
-                serve_env::TLS_KEY_FILE,
+                settings::ENV_TLS_KEY_FILE,
             ),
-            (&self.sat_file, "--sat-file", serve_env::SAT_FILE),
+            (&self.sat_file, "--sat-file", settings::ENV_SAT_FILE),
             (
                 &self.mqtt_password_file,
                 "--mqtt-password-file",
-                serve_env::MQTT_PASSWORD_FILE,
+                settings::ENV_MQTT_PASSWORD_FILE,
             ),
         ];
         for (path, setting, env) in files {
@@ -398,14 +323,14 @@ impl BrokerArgs {
             (Some(_), None) => {
                 return Err(ConfigError::new(
                     "--tls-key-file",
-                    serve_env::TLS_KEY_FILE,
+                    settings::ENV_TLS_KEY_FILE,
                     "a client certificate needs its private key",
                 ));
             }
             (None, Some(_)) => {
                 return Err(ConfigError::new(
                     "--tls-cert-file",
-                    serve_env::TLS_CERT_FILE,
+                    settings::ENV_TLS_CERT_FILE,
                     "a private key needs its client certificate",
                 ));
             }
@@ -414,7 +339,7 @@ impl BrokerArgs {
         if self.broker_host.trim().is_empty() {
             return Err(ConfigError::new(
                 "--broker-host",
-                serve_env::BROKER_HOSTNAME,
+                settings::ENV_BROKER_HOSTNAME,
                 "must not be empty",
             ));
         }
@@ -452,65 +377,12 @@ fn read_api_token(path: &Path) -> Result<ApiToken, String> {
     Ok(ApiToken::new(token.to_vec()))
 }
 
-/// `statestore-gateway-<hostname>` (the pod name in Kubernetes), or a random
-/// suffix when the host name is unknown, so two gateways never share ids.
-fn default_client_id() -> String {
-    let hostname = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|name| name.trim().to_owned())
-        .filter(|name| !name.is_empty());
-    let suffix = hostname.unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
-    format!("statestore-gateway-{suffix}")
-}
-
-/// Why a duration did not parse.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum DurationError {
-    /// Nothing given.
-    #[error("empty duration")]
-    Empty,
-    /// Not digits followed by an optional unit.
-    #[error(
-        "{0:?} is not a duration: use a whole number with ms, s, m or h (plain numbers are milliseconds)"
-    )]
-    Malformed(String),
-    /// Larger than a u64 of milliseconds.
-    #[error("{0:?} is too large")]
-    TooLarge(String),
-}
-
-/// Parses `500ms`, `10s`, `2m`, `1h`, or a plain number of milliseconds.
-///
-/// One parser for settings and for the `ttl` query parameter, so both
-/// accept the same spellings.
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(DurationError::Empty);
-    }
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(digits_end);
-    if digits.is_empty() {
-        return Err(DurationError::Malformed(text.chars().take(32).collect()));
-    }
-    let scale: u64 = match unit {
-        "" | "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(DurationError::Malformed(text.chars().take(32).collect())),
-    };
-    let too_large = || DurationError::TooLarge(text.chars().take(32).collect());
-    let number: u64 = digits.parse().map_err(|_| too_large())?;
-    let ms = number.checked_mul(scale).ok_or_else(too_large)?;
-    Ok(Duration::from_millis(ms))
+fn parse_any_duration(text: &str) -> Result<Duration, String> {
+    settings::parse_duration(text).map_err(|error| error.to_string())
 }
 
 fn parse_positive_duration(text: &str) -> Result<Duration, String> {
-    match parse_duration(text) {
+    match settings::parse_duration(text) {
         Ok(duration) if duration.is_zero() => Err("must be more than zero".into()),
         Ok(duration) => Ok(duration),
         Err(error) => Err(error.to_string()),
@@ -541,56 +413,37 @@ fn parse_keep_alive(text: &str) -> Result<u16, String> {
     }
 }
 
-/// `emulator --broker`
-pub const EMULATOR_BROKER_ENV: &str = "STATESTORE_EMULATOR_BROKER";
-/// `emulator --client-id`
-pub const EMULATOR_CLIENT_ID_ENV: &str = "STATESTORE_EMULATOR_CLIENT_ID";
-/// `emulator --username`
-pub const EMULATOR_USERNAME_ENV: &str = "STATESTORE_EMULATOR_USERNAME";
-/// `emulator --password-file`
-pub const EMULATOR_PASSWORD_FILE_ENV: &str = "STATESTORE_EMULATOR_PASSWORD_FILE";
-/// `emulator --data-dir`
-pub const EMULATOR_DATA_DIR_ENV: &str = "STATESTORE_EMULATOR_DATA_DIR";
-/// `emulator --max-keys`
-pub const EMULATOR_MAX_KEYS_ENV: &str = "STATESTORE_EMULATOR_MAX_KEYS";
-/// `emulator --max-bytes`
-pub const EMULATOR_MAX_BYTES_ENV: &str = "STATESTORE_EMULATOR_MAX_BYTES";
-/// `emulator --log-format`
-pub const EMULATOR_LOG_FORMAT_ENV: &str = "STATESTORE_EMULATOR_LOG_FORMAT";
-/// `emulator --acl`
-pub const EMULATOR_ACL_ENV: &str = "STATESTORE_EMULATOR_ACL";
-
 /// Settings of `emulator`.
 #[derive(Debug, Clone, Args)]
 pub struct EmulatorArgs {
     /// The MQTT5 broker to serve the state store through, `HOST:PORT`.
-    #[arg(long, env = EMULATOR_BROKER_ENV, default_value = "localhost:1883")]
+    #[arg(long, env = settings::ENV_EMULATOR_BROKER, default_value = settings::DEFAULT_EMULATOR_BROKER)]
     pub broker: HostPort,
     /// The emulator's MQTT client id (one emulator per broker).
-    #[arg(long, env = EMULATOR_CLIENT_ID_ENV, default_value = "statestore-emulator")]
+    #[arg(long, env = settings::ENV_EMULATOR_CLIENT_ID, default_value = settings::DEFAULT_EMULATOR_CLIENT_ID)]
     pub client_id: String,
     /// Broker user name.
-    #[arg(long, env = EMULATOR_USERNAME_ENV)]
+    #[arg(long, env = settings::ENV_EMULATOR_USERNAME)]
     pub username: Option<String>,
     /// File holding the broker password (read once at start).
-    #[arg(long, env = EMULATOR_PASSWORD_FILE_ENV, requires = "username")]
+    #[arg(long, env = settings::ENV_EMULATOR_PASSWORD_FILE, requires = "username")]
     pub password_file: Option<PathBuf>,
     /// Keep keys SET with `aio-persistence: true` in an append-only log in
     /// this directory, replayed at start. Without it everything is in memory.
-    #[arg(long, env = EMULATOR_DATA_DIR_ENV)]
+    #[arg(long, env = settings::ENV_EMULATOR_DATA_DIR)]
     pub data_dir: Option<PathBuf>,
     /// Most keys before SET fails with `the quota has been exceeded`.
-    #[arg(long, env = EMULATOR_MAX_KEYS_ENV)]
+    #[arg(long, env = settings::ENV_EMULATOR_MAX_KEYS)]
     pub max_keys: Option<usize>,
     /// Most bytes (keys plus values) before SET fails with `the quota has been exceeded`.
-    #[arg(long, env = EMULATOR_MAX_BYTES_ENV)]
+    #[arg(long, env = settings::ENV_EMULATOR_MAX_BYTES)]
     pub max_bytes: Option<usize>,
     /// JSON access list (client id or `prefix*` -> `read`/`write` key
     /// prefixes); requests outside it fail with `not authorized`.
-    #[arg(long, env = EMULATOR_ACL_ENV)]
+    #[arg(long, env = settings::ENV_EMULATOR_ACL)]
     pub acl: Option<PathBuf>,
     /// Log line format.
-    #[arg(long, env = EMULATOR_LOG_FORMAT_ENV, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = settings::ENV_EMULATOR_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
@@ -627,33 +480,70 @@ impl std::str::FromStr for HostPort {
     }
 }
 
-/// Environment fallback of `dev --listen`.
-pub const ENV_DEV_LISTEN: &str = "STATESTORE_GATEWAY_DEV_LISTEN";
-/// Environment fallback of `dev --admin-listen`.
-pub const ENV_DEV_ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_DEV_ADMIN_LISTEN";
-/// Environment fallback of `dev --broker-listen`.
-pub const ENV_DEV_BROKER_LISTEN: &str = "STATESTORE_GATEWAY_DEV_BROKER_LISTEN";
-/// Environment fallback of `dev --data-dir`.
-pub const ENV_DEV_DATA_DIR: &str = "STATESTORE_GATEWAY_DEV_DATA_DIR";
-
 /// Settings of `dev`. Everything listens on loopback by default: the
 /// embedded broker accepts anonymous clients and nothing uses TLS.
 #[derive(Debug, Clone, Args)]
 pub struct DevArgs {
     /// Address of the HTTP key and watch API.
-    #[arg(long, env = ENV_DEV_LISTEN, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = settings::ENV_DEV_LISTEN, default_value_t = settings::DEFAULT_DEV_LISTEN)]
     pub listen: std::net::SocketAddr,
     /// Address of the admin endpoints (/livez, /readyz, /metrics).
-    #[arg(long, env = ENV_DEV_ADMIN_LISTEN, default_value = "127.0.0.1:8081")]
+    #[arg(long, env = settings::ENV_DEV_ADMIN_LISTEN, default_value_t = settings::DEFAULT_DEV_ADMIN_LISTEN)]
     pub admin_listen: std::net::SocketAddr,
     /// Address of the embedded MQTT broker; other MQTT clients (mosquitto_pub,
     /// the AIO SDKs) can use the emulator through it.
-    #[arg(long, env = ENV_DEV_BROKER_LISTEN, default_value = "127.0.0.1:1883")]
+    #[arg(long, env = settings::ENV_DEV_BROKER_LISTEN, default_value_t = settings::DEFAULT_DEV_BROKER_LISTEN)]
     pub broker_listen: std::net::SocketAddr,
     /// Directory where the emulator keeps its data across restarts; without
     /// it the store lives in memory only.
-    #[arg(long, env = ENV_DEV_DATA_DIR)]
+    #[arg(long, env = settings::ENV_DEV_DATA_DIR)]
     pub data_dir: Option<std::path::PathBuf>,
+}
+
+/// The sidecar's settings, in the Helm chart's terms, for `inject` and
+/// `injector`: the chart's defaults, then values files, then `--set`.
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    /// A values file of the Helm chart (only image, gateway, broker,
+    /// sidecar, probes, resources, securityContext and podSecurityContext
+    /// are read); repeatable, later files win.
+    #[arg(short = 'f', long = "values", value_name = "FILE")]
+    pub values: Vec<PathBuf>,
+    /// One chart value, `PATH=VALUE` (`gateway.port=9080`,
+    /// `sidecar.native=true`); repeatable, wins over the files.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// Settings of `inject`.
+#[derive(Debug, Clone, Args)]
+pub struct InjectArgs {
+    /// Kubernetes YAML (several documents, `List`s); standard input when
+    /// absent or `-`.
+    pub file: Option<PathBuf>,
+    /// The sidecar.
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+}
+
+/// Settings of `injector`.
+#[derive(Debug, Clone, Args)]
+pub struct InjectorArgs {
+    /// Address of the HTTPS listener (`POST /mutate`, `GET /livez`).
+    #[arg(long, env = settings::ENV_INJECTOR_LISTEN, default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain served; read again when it changes.
+    #[arg(long, env = settings::ENV_INJECTOR_TLS_CERT_FILE)]
+    pub tls_cert_file: PathBuf,
+    /// PEM private key of that certificate.
+    #[arg(long, env = settings::ENV_INJECTOR_TLS_KEY_FILE)]
+    pub tls_key_file: PathBuf,
+    /// Log line format.
+    #[arg(long, env = settings::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// The sidecar (pods' annotations may override single values).
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
 }
 
 #[cfg(test)]
@@ -724,36 +614,6 @@ mod tests {
     }
 
     #[test]
-    fn durations_accept_units_and_plain_milliseconds() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration(" 3s "), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-    }
-
-    #[test]
-    fn malformed_durations_are_refused() {
-        assert_eq!(parse_duration(""), Err(DurationError::Empty));
-        for bad in ["s", "1.5s", "-1s", "10 s", "10sec", "1d", "ms10", "１s"] {
-            assert!(
-                matches!(parse_duration(bad), Err(DurationError::Malformed(_))),
-                "{bad}"
-            );
-        }
-        assert!(matches!(
-            parse_duration("18446744073709551615h"),
-            Err(DurationError::TooLarge(_))
-        ));
-        assert!(matches!(
-            parse_duration("99999999999999999999999"),
-            Err(DurationError::TooLarge(_))
-        ));
-    }
-
-    #[test]
     fn serve_defaults_match_the_documentation() {
         let args = serve_args(&[]).unwrap();
         assert_eq!(args.listen, "127.0.0.1:8080".parse().unwrap());
@@ -773,6 +633,38 @@ mod tests {
         assert!(settings.pool.client_id.starts_with("statestore-gateway-"));
         assert_eq!(settings.pool.size, 4);
         assert_eq!(settings.pool.broker.keep_alive, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn code_defaults_equal_the_command_lines() {
+        let from_cli = serve_args(&[]).unwrap().settings().unwrap();
+        let code = ServeSettings {
+            // Both come from the host name (random when there is none).
+            pool: PoolSettings {
+                client_id: from_cli.pool.client_id.clone(),
+                ..PoolSettings::default()
+            },
+            ..ServeSettings::default()
+        };
+        assert_eq!(from_cli.listen, code.listen);
+        assert_eq!(from_cli.admin_listen, code.admin_listen);
+        assert_eq!(from_cli.pool, code.pool);
+        assert_eq!(from_cli.limits, code.limits);
+        assert!(from_cli.api_token.is_none() && code.api_token.is_none());
+        assert_eq!(from_cli.shutdown_grace, code.shutdown_grace);
+        assert_eq!(from_cli.watch, code.watch);
+        assert_eq!(from_cli.cors_allow_origins, code.cors_allow_origins);
+        assert_eq!(from_cli.header_read_timeout, code.header_read_timeout);
+        assert_eq!(from_cli.max_connections, code.max_connections);
+        assert_eq!(from_cli.locks, code.locks);
+
+        let cli = Cli::try_parse_from(["statestore-gateway", "dev"]).unwrap();
+        let Command::Dev(dev) = cli.command else {
+            panic!("not dev");
+        };
+        assert_eq!(dev.listen, settings::DEFAULT_DEV_LISTEN);
+        assert_eq!(dev.admin_listen, settings::DEFAULT_DEV_ADMIN_LISTEN);
+        assert_eq!(dev.broker_listen, settings::DEFAULT_DEV_BROKER_LISTEN);
     }
 
     #[test]
@@ -812,7 +704,7 @@ mod tests {
         std::fs::write(&path, "\n").unwrap();
         let error = args.settings().unwrap_err();
         assert_eq!(error.setting, "--api-token-file");
-        assert!(error.to_string().contains(serve_env::API_TOKEN_FILE));
+        assert!(error.to_string().contains(settings::ENV_API_TOKEN_FILE));
     }
 
     #[test]

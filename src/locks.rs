@@ -33,14 +33,9 @@ use tokio::time::Instant;
 use crate::metrics::Metrics;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetCondition, SetOptions};
+use crate::settings;
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 use crate::watch::{EventKind, WatchError, WatchHub};
-
-/// The longest `wait` a lock request may ask for, by default.
-pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
-
-/// The longest holder name, by default (the SDKs use their MQTT client id).
-pub const DEFAULT_MAX_HOLDER_BYTES: usize = 1024;
 
 /// How long a waiter pauses before trying again after the store could not
 /// be reached (a reconnect usually takes about a second).
@@ -58,8 +53,8 @@ pub struct LockSettings {
 impl Default for LockSettings {
     fn default() -> Self {
         Self {
-            max_wait: DEFAULT_MAX_LOCK_WAIT,
-            max_holder_bytes: DEFAULT_MAX_HOLDER_BYTES,
+            max_wait: settings::DEFAULT_MAX_LOCK_WAIT,
+            max_holder_bytes: settings::DEFAULT_MAX_LOCK_HOLDER_BYTES,
         }
     }
 }

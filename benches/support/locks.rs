@@ -81,7 +81,9 @@ impl Service {
         match self {
             Service::Gateway(_) => {
                 let path = format!("/locks/{name}?holder={holder}&ttl=300s&wait=300s");
-                let response = conn.request_within("PUT", &path, b"", ACQUIRE_TIMEOUT).await?;
+                let response = conn
+                    .request_within("PUT", &path, b"", ACQUIRE_TIMEOUT)
+                    .await?;
                 if response.status != 200 {
                     bail!("PUT {path}: {}", response.status);
                 }
@@ -94,10 +96,7 @@ impl Service {
             Service::Etcd(_) => {
                 let lease = post_json(conn, "/v3/lease/grant", r#"{"TTL": 300}"#).await?;
                 let id = lease["ID"].as_str().context("no lease ID")?.to_owned();
-                let body = format!(
-                    r#"{{"name": "{}", "lease": "{id}"}}"#,
-                    BASE64.encode(name)
-                );
+                let body = format!(r#"{{"name": "{}", "lease": "{id}"}}"#, BASE64.encode(name));
                 let response = conn
                     .request_within("POST", "/v3/lock/lock", body.as_bytes(), ACQUIRE_TIMEOUT)
                     .await?;
@@ -130,7 +129,8 @@ pub async fn gateway_handover(
     waiters: usize,
     rounds: usize,
 ) -> Result<HandoverReport> {
-    let keynotify = "statestore_gateway_store_request_duration_seconds_count{op=\"KEYNOTIFY\",outcome=\"ok\"}";
+    let keynotify =
+        "statestore_gateway_store_request_duration_seconds_count{op=\"KEYNOTIFY\",outcome=\"ok\"}";
     let before = gateway.metric(keynotify).await.unwrap_or(0.0);
     let mut report = handover(
         Service::Gateway(gateway.api),
@@ -146,7 +146,14 @@ pub async fn gateway_handover(
 
 /// Hand-over through etcd's lock service.
 pub async fn etcd_handover(etcd: &Etcd, waiters: usize, rounds: usize) -> Result<HandoverReport> {
-    handover(Service::Etcd(etcd.client), &etcd.proc, waiters, rounds, None).await
+    handover(
+        Service::Etcd(etcd.client),
+        &etcd.proc,
+        waiters,
+        rounds,
+        None,
+    )
+    .await
 }
 
 async fn handover(
@@ -172,7 +179,9 @@ async fn handover(
                 let permit = permits.acquire_owned().await?;
                 let mut conn = HttpConn::connect(service.addr()).await?;
                 drop(permit);
-                service.acquire(&mut conn, &name, &format!("w{index}")).await
+                service
+                    .acquire(&mut conn, &name, &format!("w{index}"))
+                    .await
             }
             .await;
             let _ = acquired.send((result, Instant::now()));

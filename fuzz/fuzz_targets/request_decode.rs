@@ -11,7 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let payload = Bytes::copy_from_slice(data);
     match Request::decode(&payload) {
         Ok(request) => {
-            assert!(!request.key().is_empty());
+            match &request {
+                Request::Scan { pattern, .. } => assert!(!pattern.is_empty()),
+                _ => assert!(request.key().is_some_and(|key| !key.is_empty())),
+            }
             let again = Request::decode(&Bytes::from(request.encode()));
             assert_eq!(again.as_ref(), Ok(&request));
         }

@@ -4,6 +4,8 @@
 //! panic, and it must keep its promises:
 //!
 //! - every reply has a shape the gateway expects for the verb;
+//! - a SCAN page lists, in byte order, exactly the matching keys between
+//!   the token's key and the page's, and a token resumes after that key;
 //! - versions handed out only grow, and exceed the request's `__ts`;
 //! - a SET that answered `+OK` is what a read sees, a DEL `:1` is gone;
 //! - notifications go to exactly the clients registered for the key;
@@ -18,18 +20,22 @@ use bytes::Bytes;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use statestore_gateway::emulator::{
-    Envelope, KEY_TOO_LONG_TO_WATCH, Outcome, Quota, Record, Store,
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, Outcome, Quota, Record,
+    ScanLimits, Store, glob,
 };
 use statestore_gateway::protocol::{Hlc, Reply, Request, SetCondition, SetOptions, StoreError};
 
 const START_MS: u64 = 1_700_000_000_000;
 const CLIENTS: [&str; 3] = ["gw-0", "gw-1", ""];
 const KEYS: [&[u8]; 4] = [b"k", b"lock", b"\x00\xff", b"k/2"];
+const PATTERNS: [&[u8]; 6] = [b"*", b"k*", b"?", b"[^k]*", b"k\\/?", b"\x00*"];
 const VALUES: [&[u8]; 4] = [b"", b"v", b"holder-a", b"\r\n$3\r\n"];
 
 #[derive(Debug, Arbitrary)]
 struct Input {
     max_keys: Option<u8>,
+    scan_page_keys: u8,
+    scan_examined: u8,
     steps: Vec<Step>,
 }
 
@@ -80,6 +86,12 @@ enum Command {
         key: u8,
         stop: bool,
     },
+    /// SCAN with the token of the last page, if `resume` and there is one.
+    Scan {
+        pattern: u8,
+        resume: bool,
+        reply_limit: Option<u8>,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -107,7 +119,7 @@ fn pick<T: Copy>(items: &[T], index: u8) -> T {
 }
 
 impl Command {
-    fn payload(&self) -> Bytes {
+    fn payload(&self, last_token: Option<&Bytes>) -> Bytes {
         let key = |k: &u8| Bytes::from_static(pick(&KEYS, *k));
         let value = |v: &u8| Bytes::from_static(pick(&VALUES, *v));
         let request = match self {
@@ -139,6 +151,12 @@ impl Command {
                 key: key(k),
                 stop: *stop,
             },
+            Self::Scan {
+                pattern, resume, ..
+            } => Request::Scan {
+                pattern: Bytes::from_static(pick(&PATTERNS, *pattern)),
+                token: last_token.filter(|_| *resume).cloned(),
+            },
         };
         Bytes::from(request.encode())
     }
@@ -152,6 +170,8 @@ struct Model {
     keys: BTreeSet<Bytes>,
     /// The persistence log: records in the order the store emitted them.
     log: Vec<Record>,
+    /// The token of the last SCAN page, and the key it resumes after.
+    last_token: Option<(Bytes, Bytes)>,
     /// The newest version the store handed out.
     last_version: Option<(u64, u64)>,
     max_keys: Option<usize>,
@@ -213,11 +233,20 @@ fn run(input: Input) {
         max_bytes: None,
     };
     let mut now = START_MS;
+    let scan_limits = ScanLimits {
+        max_keys: usize::from(input.scan_page_keys % 4) + 1,
+        max_examined: usize::from(input.scan_examined % 6) + 1,
+        ..ScanLimits::default()
+    };
     let mut store = Store::new(quota, now);
+    // A fixed id keeps runs reproducible (the real one is random).
+    store.set_id(7);
+    store.set_scan_limits(scan_limits);
     let mut model = Model {
         registrations: HashMap::new(),
         keys: BTreeSet::new(),
         log: Vec::new(),
+        last_token: None,
         last_version: None,
         max_keys: quota.max_keys,
     };
@@ -235,24 +264,34 @@ fn run(input: Input) {
                 let client_id = pick(&CLIENTS, client);
                 let timestamp = timestamp.text(now, client_id);
                 let fencing_token = fencing_token.and_then(|t| t.text(now, "StateStore"));
+                let reply_limit = match &command {
+                    Command::Scan { reply_limit, .. } => reply_limit.map(|n| usize::from(n) + 20),
+                    _ => None,
+                };
                 let envelope = Envelope {
                     client_id,
                     timestamp: timestamp.as_deref(),
                     fencing_token: fencing_token.as_deref(),
                     persist,
+                    reply_limit,
+                    acl: None,
                 };
-                let Ok(request) = Request::decode(&command.payload()) else {
+                let last_token = model.last_token.as_ref().map(|(token, _)| token);
+                let Ok(request) = Request::decode(&command.payload(last_token)) else {
                     continue;
                 };
-                model.keys.insert(request.key().clone());
+                if let Some(key) = request.key() {
+                    model.keys.insert(key.clone());
+                }
                 let sent_ts = timestamp.as_deref().and_then(|t| Hlc::parse(t).ok());
                 let outcome = store.execute(request.clone(), &envelope, now);
                 // Expiry deletes happen first; their versions come first.
                 let own_version = match (&request, &outcome.reply) {
-                    (Request::Set { .. }, Reply::Ok)
-                    | (Request::Del { .. } | Request::VDel { .. }, Reply::Integer(1)) => {
-                        outcome.version.clone()
-                    }
+                    (Request::Set { .. }, Answer::Reply(Reply::Ok))
+                    | (
+                        Request::Del { .. } | Request::VDel { .. },
+                        Answer::Reply(Reply::Integer(1)),
+                    ) => outcome.version.clone(),
                     _ => None,
                 };
                 for version in expiry_versions(&outcome) {
@@ -273,7 +312,12 @@ fn run(input: Input) {
                     }
                 }
                 model.check_events(&outcome);
-                check_reply(&request, &outcome, &store, client_id, &mut model);
+                match &outcome.reply {
+                    Answer::Reply(reply) => {
+                        check_reply(&request, reply, &outcome, &store, client_id, &mut model);
+                    }
+                    Answer::Page(page) => check_page(&request, page, reply_limit, &store, &mut model),
+                }
                 model.check_quota(&store);
             }
             Step::Expire { advance_ms } => {
@@ -299,7 +343,7 @@ fn run(input: Input) {
             }
             Step::Restart { advance_ms } => {
                 now += u64::from(advance_ms);
-                store = restart(&store, &mut model, quota, now);
+                store = restart(&store, &mut model, quota, scan_limits, now);
             }
         }
     }
@@ -311,7 +355,13 @@ fn registrations(model: &Model) -> usize {
 
 /// Replays the log into a new store (as the emulator does at start) and
 /// checks it holds exactly the persisted keys that have not expired.
-fn restart(old: &Store, model: &mut Model, quota: Quota, now: u64) -> Store {
+fn restart(
+    old: &Store,
+    model: &mut Model,
+    quota: Quota,
+    scan_limits: ScanLimits,
+    now: u64,
+) -> Store {
     let mut store = Store::new(quota, now);
     for record in &model.log {
         match record {
@@ -330,8 +380,11 @@ fn restart(old: &Store, model: &mut Model, quota: Quota, now: u64) -> Store {
         .collect();
     assert_eq!(restored, expected, "replayed persistence log");
     assert_eq!(store.len(), expected.len(), "only persisted keys come back");
-    // Registrations belong to connections: a restart drops them.
+    // Registrations belong to connections: a restart drops them; a token
+    // survives only with the store's id, which the emulator persists.
     model.registrations.clear();
+    store.set_id(old.id());
+    store.set_scan_limits(scan_limits);
     model.log = expected
         .into_iter()
         .map(|(key, entry)| Record::Set { key, entry })
@@ -348,18 +401,22 @@ fn restart(old: &Store, model: &mut Model, quota: Quota, now: u64) -> Store {
 /// agrees with it afterwards.
 fn check_reply(
     request: &Request,
+    reply: &Reply,
     outcome: &Outcome,
     store: &Store,
     client_id: &str,
     model: &mut Model,
 ) {
-    let reply = &outcome.reply;
-    let entry = store.entry(request.key());
+    let entry = request.key().and_then(|key| store.entry(key));
     match (request, reply) {
         (_, Reply::Error(error)) => {
-            // The one string the emulator adds: a key too long for a topic.
+            // The strings the emulator adds: keys too long for a topic or a page.
             if let StoreError::Unknown(text) = error {
-                assert_eq!(text, KEY_TOO_LONG_TO_WATCH);
+                assert!(text == KEY_TOO_LONG_TO_WATCH || text == KEY_TOO_LONG_TO_LIST);
+            }
+            if let Request::Scan { token: Some(token), .. } = request {
+                let issued = model.last_token.as_ref().is_some_and(|(last, _)| last == token);
+                assert!(!issued || *error != StoreError::SyntaxError, "own token refused");
             }
             assert_eq!(outcome.version, None, "an error carries no version");
         }
@@ -413,6 +470,41 @@ fn check_reply(
         (request, reply) => panic!("{} answered {reply:?}", request.verb()),
     }
     assert_eq!(store.registrations(), registrations(model));
+}
+
+/// A SCAN page lists exactly the matching keys after the token's key, in
+/// order, up to the page's token (or to the end), within the reply limit.
+fn check_page(request: &Request, page: &statestore_gateway::protocol::KeyPage, reply_limit: Option<usize>, store: &Store, model: &mut Model) {
+    let Request::Scan { pattern, token } = request else {
+        panic!("{} answered a page", request.verb());
+    };
+    if let Some(limit) = reply_limit {
+        assert!(page.encode().len() <= limit, "page over the reply limit");
+    }
+    // `{id};{key}`: the store accepted the token, so it has the prefix.
+    let id = format!("{};", store.id());
+    let key_of = |token: &Bytes| {
+        assert!(token.starts_with(id.as_bytes()), "a token starts with the store id");
+        token.slice(id.len()..)
+    };
+    let after = token.as_ref().map(key_of);
+    let upto = page.token.as_ref().map(key_of);
+    let expected: Vec<Bytes> = model
+        .keys
+        .iter()
+        .filter(|key| store.entry(key).is_some())
+        .filter(|key| after.as_ref().is_none_or(|after| *key > after))
+        .filter(|key| upto.as_ref().is_none_or(|upto| *key <= upto))
+        .filter(|key| glob::matches(pattern, key))
+        .cloned()
+        .collect();
+    assert_eq!(page.keys, expected, "page of {pattern:?} after {after:?}");
+    if let Some(upto) = upto {
+        assert!(after.is_none_or(|after| upto > after), "a token moves forward");
+        model.last_token = page.token.clone().map(|token| (token, upto));
+    } else {
+        model.last_token = None;
+    }
 }
 
 fuzz_target!(|input: Input| run(input));

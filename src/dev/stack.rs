@@ -7,12 +7,13 @@ use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::task::JoinHandle;
 
-use super::{DevError, EmbeddedBroker};
-use crate::config::{DevArgs, ServeArgs};
+use super::broker::EmbeddedBroker;
+use super::error::DevError;
+use crate::config::DevArgs;
 use crate::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use crate::http::{ServeSettings, Server};
 use crate::metrics::Metrics;
-use crate::mqtt::BrokerSettings;
+use crate::mqtt::{BrokerSettings, PoolSettings};
 
 /// How long start-up waits for the gateway's pool to be subscribed.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -49,13 +50,16 @@ impl DevStack {
         let emulator = Emulator::start(emulator_config).await?;
         let disconnects = tokio::spawn(forward_disconnects(emulator.handle(), disconnected));
 
-        let mut settings = serve_defaults()?;
-        settings.listen = args.listen;
-        settings.admin_listen = args.admin_listen;
-        settings.pool.broker =
-            BrokerSettings::new(broker_addr.ip().to_string(), broker_addr.port());
-        settings.pool.client_id = GATEWAY_CLIENT_ID.to_owned();
-        settings.shutdown_grace = SHUTDOWN_GRACE;
+        // The code's defaults, never the environment's: dev mode must not
+        // pick up a cluster's `AIO_*` broker, TLS or token settings.
+        let broker_settings = BrokerSettings::new(broker_addr.ip().to_string(), broker_addr.port());
+        let settings = ServeSettings {
+            listen: args.listen,
+            admin_listen: args.admin_listen,
+            pool: PoolSettings::new(broker_settings, GATEWAY_CLIENT_ID),
+            shutdown_grace: SHUTDOWN_GRACE,
+            ..ServeSettings::default()
+        };
         let gateway = match Server::start(settings, Metrics::new()).await {
             Ok(gateway) => gateway,
             Err(error) => {
@@ -107,7 +111,7 @@ impl DevStack {
 
     /// What to print once everything runs: the addresses and a first request.
     pub fn banner(&self) -> String {
-        super::banner(
+        super::banner::banner(
             self.api_addr(),
             self.admin_addr(),
             self.broker_addr(),
@@ -149,22 +153,6 @@ impl DevStack {
     }
 }
 
-/// `serve`'s settings with every flag at its default, whatever the
-/// environment says: dev mode must not pick up a cluster's `AIO_*` broker,
-/// TLS or token settings from the shell.
-fn serve_defaults() -> Result<ServeSettings, DevError> {
-    use clap::{Args as _, FromArgMatches as _};
-    let command = ServeArgs::augment_args(clap::Command::new("serve"))
-        .mut_args(|arg| arg.env(None::<&'static str>));
-    let defaults = command
-        .try_get_matches_from(["serve"])
-        .and_then(|matches| ServeArgs::from_arg_matches(&matches))
-        .map_err(|error| DevError::Defaults(error.to_string()))?;
-    defaults
-        .settings()
-        .map_err(|error| DevError::Defaults(error.to_string()))
-}
-
 /// Tells the emulator about every client the broker saw go, so that its
 /// KEYNOTIFY registrations go too (as the real service does).
 async fn forward_disconnects(
@@ -198,14 +186,6 @@ fn connectable(addr: SocketAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn serve_defaults_parse_without_the_environment() {
-        let settings = serve_defaults().unwrap();
-        assert_eq!(settings.listen, "127.0.0.1:8080".parse().unwrap());
-        assert!(settings.api_token.is_none());
-        assert!(!settings.pool.broker.use_tls || settings.pool.broker.port != 0);
-    }
 
     #[test]
     fn wildcard_addresses_are_dialled_through_loopback() {

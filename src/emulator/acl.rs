@@ -12,8 +12,9 @@
 //!
 //! A pattern is an exact client id, or a prefix followed by `*`. An exact
 //! match wins, then the longest prefix. GET and KEYNOTIFY need `read`; SET,
-//! DEL and VDEL need `write` (which does not imply `read`). A client no
-//! pattern matches may do nothing. The prefix `""` means every key.
+//! DEL and VDEL need `write` (which does not imply `read`); SCAN lists only
+//! the keys the client may read. A client no pattern matches may do
+//! nothing. The prefix `""` means every key.
 //!
 //! The client id is the request's `__srcId`, which the client itself
 //! asserts: this exercises error paths, it is not a security boundary.

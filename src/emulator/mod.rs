@@ -16,12 +16,19 @@
 //! emulator restart** (a reconnecting SDK client registers again, which is
 //! harmless). An embedded broker that does see disconnects calls
 //! [`EmulatorHandle::client_disconnected`].
+//!
+//! SCAN pages are sized to the broker's maximum packet size (from CONNACK)
+//! less each reply's topic and properties, so that no reply is too large to
+//! publish; see [`Store::scan`] for the rest of its rules.
 
 mod acl;
+mod entry;
+pub mod glob;
 mod persist;
 mod store;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -35,13 +42,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
-pub use persist::{LOG_FILE, Log, PersistError, Record};
+pub use entry::Entry;
+pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Entry, Envelope, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota,
-    Store,
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES,
+    NODE_ID, Outcome, Quota, ScanLimits, Store,
 };
 
-use crate::mqtt::{REQUEST_CHANNEL_CAPACITY, base_options};
+use crate::mqtt::{MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY, base_options};
 use crate::protocol::{
     CONTENT_TYPE, PROTOCOL_VERSION, REQUEST_TOPIC, Request, STATUS_OK, StoreError, hlc,
     is_forbidden_response_topic, notify_topic, property,
@@ -58,8 +66,8 @@ const RECEIVE_MAXIMUM: u16 = 1024;
 /// Most requests handled (and made durable) together.
 const MAX_BATCH: usize = 256;
 
-/// Requests queued between the poll loop and the worker: room for every
-/// QoS 1 request the broker may have in flight to us, and then some.
+/// Requests queued between the poll loop and the worker by default: room
+/// for every QoS 1 request the broker may have in flight to us, and then some.
 const REQUEST_QUEUE: usize = 4 * RECEIVE_MAXIMUM as usize;
 
 /// How long shutdown waits for the worker to finish its batch.
@@ -83,6 +91,8 @@ mod status {
     pub const REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
     /// Bad request.
     pub const BAD_REQUEST: &str = "400";
+    /// Overloaded, try again (what the SDK executors send on clock drift).
+    pub const SERVICE_UNAVAILABLE: &str = "503";
     /// Protocol version not supported.
     pub const VERSION_NOT_SUPPORTED: &str = "505";
 }
@@ -109,8 +119,13 @@ pub struct EmulatorConfig {
     pub max_bytes: Option<usize>,
     /// Who may read and write which keys; `None` allows everything.
     pub acl: Option<AccessList>,
+    /// How many keys a SCAN page holds and looks at.
+    pub scan_limits: ScanLimits,
     /// How long [`Emulator::start`] tries to connect and subscribe.
     pub startup_timeout: Duration,
+    /// Requests held between the connection and the worker; a request
+    /// arriving when it is full is refused (`__stat` 503) and acknowledged.
+    pub request_queue: usize,
 }
 
 impl EmulatorConfig {
@@ -126,7 +141,9 @@ impl EmulatorConfig {
             max_keys: None,
             max_bytes: None,
             acl: None,
+            scan_limits: ScanLimits::default(),
             startup_timeout: STARTUP_TIMEOUT,
+            request_queue: REQUEST_QUEUE,
         }
     }
 }
@@ -212,11 +229,13 @@ impl Emulator {
             max_bytes: config.max_bytes,
         };
         let mut store = Store::new(quota, hlc::now_ms());
+        store.set_scan_limits(config.scan_limits);
         let log = match &config.data_dir {
             Some(dir) => Some(open_log(dir, &mut store)?),
             None => None,
         };
         let store = Arc::new(Mutex::new(store));
+        let broker_max_packet = Arc::new(AtomicU32::new(0));
 
         let mut options = base_options(
             config.client_id.clone(),
@@ -235,18 +254,25 @@ impl Emulator {
             );
         }
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
-        let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+        let (requests_tx, requests_rx) = mpsc::channel(config.request_queue.max(1));
         let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
             last_error: "none yet".into(),
         });
         let (stop, stop_rx) = watch::channel(false);
 
-        let poll = tokio::spawn(poll_loop(eventloop, client.clone(), requests_tx, status_tx));
+        let poll = tokio::spawn(poll_loop(
+            eventloop,
+            client.clone(),
+            requests_tx,
+            status_tx,
+            Arc::clone(&broker_max_packet),
+        ));
         let worker = Worker {
             client: client.clone(),
             store: Arc::clone(&store),
             acl: config.acl,
             log,
+            broker_max_packet,
         };
         let worker = tokio::spawn(worker.run(requests_rx, stop_rx));
         let emulator = Emulator {
@@ -352,6 +378,7 @@ fn flatten(
 /// Opens the log in `dir`, replays it into `store` and compacts it.
 fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorError> {
     let (mut log, records) = Log::open(dir)?;
+    store.set_id(log.store_id(store.id())?);
     let replayed = records.len();
     let now = hlc::now_ms();
     for record in records {
@@ -389,24 +416,28 @@ async fn poll_loop(
     client: AsyncClient,
     requests: mpsc::Sender<Publish>,
     status: watch::Sender<Status>,
+    broker_max_packet: Arc<AtomicU32>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 // The broker holds QoS 1 requests back at our receive
-                // maximum, so only a QoS 0 flood (which gets no reply
-                // anyway) can fill the queue: drop rather than grow.
+                // maximum, so mostly a QoS 0 flood fills the queue: refuse
+                // rather than grow.
                 match requests.try_send(publish) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(dropped)) => {
-                        tracing::warn!(topic = ?dropped.topic, "request queue full; dropping a request");
+                        tracing::warn!(topic = ?dropped.topic, "request queue full; refusing a request");
+                        refuse_overloaded(&client, dropped);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return, // the worker is gone
                 }
             }
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                tracing::info!("connected to the broker");
+            Ok(Event::Incoming(Packet::ConnAck(connack))) => {
+                let max_packet = connack.properties.and_then(|p| p.max_packet_size);
+                tracing::info!(?max_packet, "connected to the broker");
+                broker_max_packet.store(max_packet.unwrap_or(0), Ordering::Release);
                 backoff = Duration::from_millis(50);
                 // Subscribing awaits the client, so not here.
                 let client = client.clone();
@@ -446,6 +477,48 @@ async fn poll_loop(
     }
 }
 
+/// Answers a request that found the queue full with `__stat` 503 and
+/// acknowledges it: unacknowledged, it would hold one of the broker's
+/// in-flight slots to us for good. A QoS 0 request is just dropped. The
+/// client is awaited in a task of its own (never in the poll loop); there
+/// are at most [`RECEIVE_MAXIMUM`] of those, as each holds a QoS 1 request.
+fn refuse_overloaded(client: &AsyncClient, mut request: Publish) {
+    if request.qos != QoS::AtLeastOnce {
+        return;
+    }
+    request.payload = Bytes::new();
+    let properties = request.properties.take().unwrap_or_default();
+    let reply = properties
+        .response_topic
+        .filter(|topic| !is_forbidden_response_topic(topic))
+        .map(|topic| {
+            rejection_message(
+                topic,
+                properties.correlation_data,
+                status::SERVICE_UNAVAILABLE,
+                &[(
+                    status::MESSAGE,
+                    "the state store is overloaded; retry later",
+                )],
+            )
+        });
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Some(reply) = reply {
+            let _ = client
+                .publish_with_properties(
+                    reply.topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    reply.payload,
+                    reply.properties,
+                )
+                .await;
+        }
+        let _ = client.ack(&request).await;
+    });
+}
+
 /// One MQTT message to send.
 struct Message {
     topic: String,
@@ -459,6 +532,8 @@ struct Worker {
     store: Arc<Mutex<Store>>,
     acl: Option<AccessList>,
     log: Option<Log>,
+    /// The broker's maximum packet size from the last CONNACK (0: none).
+    broker_max_packet: Arc<AtomicU32>,
 }
 
 impl Worker {
@@ -507,8 +582,15 @@ impl Worker {
             let now = hlc::now_ms();
             let expired = store.expire(now);
             collect(expired, None, &mut messages, &mut records);
+            let limits = Limits {
+                acl: self.acl.as_ref(),
+                broker_max_packet: match self.broker_max_packet.load(Ordering::Acquire) {
+                    0 => None,
+                    max => Some(max),
+                },
+            };
             for request in batch.iter_mut() {
-                match handle_request(&mut store, self.acl.as_ref(), request, now) {
+                match handle_request(&mut store, &limits, request, now) {
                     Handled::Dropped => {}
                     Handled::Refused(message) => messages.push(message),
                     Handled::Served(outcome, reply_to) => {
@@ -621,10 +703,34 @@ enum Handled {
     Served(Outcome, ReplyTo),
 }
 
+/// What bounds the requests of a batch.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits<'a> {
+    /// Who may read and write which keys.
+    acl: Option<&'a AccessList>,
+    /// The broker's maximum packet size, if it announced one.
+    broker_max_packet: Option<u32>,
+}
+
+/// Room in a reply packet for everything but the payload: fixed header,
+/// packet id, property lengths, content type, message expiry, `__stat`
+/// and `__protVer` take under 100 bytes; topic and correlation data are
+/// added to it.
+const REPLY_OVERHEAD: usize = 128;
+
+/// The largest payload a reply to `reply_to` can carry: what the broker
+/// accepts, and never more than what this crate's clients accept.
+fn reply_limit(broker_max_packet: Option<u32>, reply_to: &ReplyTo) -> usize {
+    let max_packet = broker_max_packet.map_or(MAX_PACKET_SIZE, |max| max.min(MAX_PACKET_SIZE));
+    usize::try_from(max_packet)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(REPLY_OVERHEAD + reply_to.topic.len() + reply_to.correlation_data.len())
+}
+
 /// Checks one request's envelope and runs it.
 fn handle_request(
     store: &mut Store,
-    acl: Option<&AccessList>,
+    limits: &Limits<'_>,
     request: &mut Publish,
     now_ms: u64,
 ) -> Handled {
@@ -666,7 +772,11 @@ fn handle_request(
         );
     }
 
-    let mut envelope = Envelope::default();
+    let mut envelope = Envelope {
+        reply_limit: Some(reply_limit(limits.broker_max_packet, &reply_to)),
+        acl: limits.acl,
+        ..Envelope::default()
+    };
     let mut client_id = None;
     for (name, value) in &properties.user_properties {
         match name.as_str() {
@@ -703,7 +813,12 @@ fn handle_request(
             } else {
                 Access::Read
             };
-            if acl.is_some_and(|acl| !acl.allows(envelope.client_id, command.key(), access)) {
+            // SCAN has no key: it lists only what the client may read.
+            let refused = command
+                .key()
+                .zip(limits.acl)
+                .is_some_and(|(key, acl)| !acl.allows(envelope.client_id, key, access));
+            if refused {
                 Outcome::error(StoreError::NotAuthorized)
             } else {
                 tracing::trace!(
@@ -726,6 +841,21 @@ fn rejection(
     details: &[(&str, &str)],
 ) -> Handled {
     tracing::debug!(%topic, status = status_code, ?details, "request refused");
+    Handled::Refused(rejection_message(
+        topic,
+        correlation_data,
+        status_code,
+        details,
+    ))
+}
+
+/// The message of a [`rejection`].
+fn rejection_message(
+    topic: String,
+    correlation_data: Option<Bytes>,
+    status_code: &str,
+    details: &[(&str, &str)],
+) -> Message {
     let mut user_properties = vec![
         (property::STATUS.to_owned(), status_code.to_owned()),
         (
@@ -738,7 +868,7 @@ fn rejection(
             .iter()
             .map(|(name, value)| ((*name).to_owned(), (*value).to_owned())),
     );
-    Handled::Refused(Message {
+    Message {
         topic,
         payload: Vec::new(),
         properties: PublishProperties {
@@ -746,7 +876,7 @@ fn rejection(
             user_properties,
             ..PublishProperties::default()
         },
-    })
+    }
 }
 
 fn is_supported_version(version: &str) -> bool {
@@ -787,7 +917,11 @@ mod tests {
     fn handle(publish: Publish, acl: Option<&AccessList>) -> Handled {
         let mut store = Store::new(Quota::default(), NOW);
         let mut publish = publish;
-        handle_request(&mut store, acl, &mut publish, NOW)
+        let limits = Limits {
+            acl,
+            ..Limits::default()
+        };
+        handle_request(&mut store, &limits, &mut publish, NOW)
     }
 
     fn refusal(handled: Handled) -> (Option<Bytes>, Vec<(String, String)>) {
@@ -827,7 +961,7 @@ mod tests {
         let mut store = Store::new(Quota::default(), NOW);
         let mut bare = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, GET.to_vec(), None);
         assert!(matches!(
-            handle_request(&mut store, None, &mut bare, NOW),
+            handle_request(&mut store, &Limits::default(), &mut bare, NOW),
             Handled::Dropped
         ));
     }
@@ -911,7 +1045,7 @@ mod tests {
         let mut records = Vec::new();
         let version = Hlc::new(NOW, NODE_ID);
         let outcome = Outcome {
-            reply: Reply::Ok,
+            reply: Reply::Ok.into(),
             version: Some(version.clone()),
             events: vec![KeyEvent {
                 client_id: "w".into(),

@@ -3,8 +3,9 @@
 //!
 //! Each record is `[len u32 LE][crc32 u32 LE][body]`. A crash can leave the
 //! last records half written; replay keeps the longest valid prefix and cuts
-//! the rest off. That loses nothing acknowledged, because the emulator only
-//! replies once a record is written and `fsync`ed. After replay, and whenever
+//! the rest off (a tail of zeros, which a file system may leave after a
+//! crash, counts as torn). That loses nothing acknowledged, because the
+//! emulator only replies once a record is written and `fsync`ed. After replay, and whenever
 //! the appended records outgrow both 64 MiB and the last rewrite, the log is
 //! rewritten to the live keys alone (write, fsync, rename), so its size stays
 //! within a small multiple of the data.
@@ -17,13 +18,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use thiserror::Error;
 
-use super::store::Entry;
+use super::entry::Entry;
 use crate::protocol::Hlc;
 
 /// The log's file name in the data directory.
 pub const LOG_FILE: &str = "statestore.log";
 /// Held locked while an emulator uses the directory.
 const LOCK_FILE: &str = "statestore.lock";
+/// The store's id in decimal: SCAN tokens issued before a restart stay valid.
+pub const ID_FILE: &str = "statestore.id";
 /// The first bytes of a log: a format name and version.
 const MAGIC: &[u8; 8] = b"SSEAOF01";
 /// No record is larger (values are bounded by the MQTT packet size).
@@ -214,7 +217,9 @@ fn parse(image: &[u8], path: &Path) -> Result<(Vec<Record>, usize), PersistError
         };
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        if len > MAX_RECORD {
+        // Every record has a tag byte, so length 0 (with the CRC-32 of
+        // nothing, which is 0) is a zero-filled tail, not a record.
+        if len == 0 || len > MAX_RECORD {
             break;
         }
         let Some(body) = rest.get(8..8 + len) else {
@@ -318,6 +323,35 @@ impl Log {
             compact_after: COMPACT_AFTER,
         };
         Ok((log, records))
+    }
+
+    /// The store id kept in the directory, or `fresh` written there
+    /// (atomically) when it has none yet.
+    pub fn store_id(&self, fresh: u64) -> Result<u64, PersistError> {
+        let path = self.dir.join(ID_FILE);
+        let io = |source| PersistError::Io {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().map_err(|_| {
+                io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a decimal store id",
+                ))
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let tmp = self.dir.join(format!("{ID_FILE}.tmp"));
+                let mut file = File::create(&tmp).map_err(io)?;
+                file.write_all(format!("{fresh}\n").as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(io)?;
+                std::fs::rename(&tmp, &path).map_err(io)?;
+                sync_dir(&self.dir)?;
+                Ok(fresh)
+            }
+            Err(error) => Err(io(error)),
+        }
     }
 
     /// Writes `records` to a fresh file and atomically puts it in place of
@@ -470,6 +504,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_store_id_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        assert_eq!(log.store_id(42).unwrap(), 42);
+        assert_eq!(log.store_id(7).unwrap(), 42, "kept, not replaced");
+        drop(log);
+        let (log, _) = Log::open(dir.path()).unwrap();
+        assert_eq!(log.store_id(7).unwrap(), 42, "across a restart");
+        std::fs::write(dir.path().join(ID_FILE), "x").unwrap();
+        assert!(matches!(log.store_id(7), Err(PersistError::Io { .. })));
+    }
+
     fn sample() -> Vec<Record> {
         vec![
             set("a", "1", None, None),
@@ -545,6 +592,28 @@ mod tests {
             assert_eq!(replayed.len(), 4);
             assert_eq!(replayed[3], delete("after"));
         }
+    }
+
+    #[test]
+    fn a_zero_filled_tail_is_cut_off_and_the_records_kept() {
+        // A file system can extend a file with zeros before the data of a
+        // crashed write reaches the disk; zeros parse as length 0, CRC 0.
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        append_blocking(&log, &sample());
+        drop(log);
+        let path = dir.path().join(LOG_FILE);
+        let mut image = std::fs::read(&path).unwrap();
+        let whole = image.len() as u64;
+        image.extend_from_slice(&[0; 4096]);
+        std::fs::write(&path, &image).unwrap();
+        let (log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, sample());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        append_blocking(&log, &[delete("after")]);
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed.last(), Some(&delete("after")));
     }
 
     #[test]

@@ -3,14 +3,22 @@
 //! method that takes the request's envelope values and the time, and returns
 //! an [`Outcome`] (the reply, the version for `__ts`, the notifications to
 //! publish and the records to make durable). The MQTT layer only translates.
+//!
+//! Keys are kept in byte order so that SCAN can resume strictly after the
+//! last key it looked at: a key present for a whole listing is listed once.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 
 use bytes::Bytes;
 
+use super::acl::{Access, AccessList};
+use super::entry::Entry;
+use super::glob;
 use super::persist::Record;
+use crate::protocol::resp::bulk_encoded_len;
 use crate::protocol::{
-    Hlc, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,
+    Hlc, KeyPage, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,
 };
 
 /// The node id of every version the store hands out, as the real service.
@@ -26,6 +34,34 @@ pub const MAX_TOPIC_BYTES: usize = 65_535;
 /// service documents no string for it; clients survive unknown strings).
 pub const KEY_TOO_LONG_TO_WATCH: &str =
     "the key is too long to be watched: its notification topic would exceed 65535 bytes";
+
+/// The error for a SCAN page that cannot hold the next key together with
+/// the continuation token (which names it) within the reply size limit:
+/// only keys over about half the broker's maximum packet size meet it.
+pub const KEY_TOO_LONG_TO_LIST: &str = "the key is too long to be listed: a page holding it and its continuation token would exceed the broker's maximum packet size";
+
+/// How much one SCAN page may hold and cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanLimits {
+    /// Most keys in one page.
+    pub max_keys: usize,
+    /// Most keys looked at for one page, listed or not: a selective pattern
+    /// over a big store gets empty pages with a token instead of holding
+    /// the store (and every other client) for the whole walk.
+    pub max_examined: usize,
+    /// Most key bytes looked at for one page (at least one key is).
+    pub max_examined_bytes: usize,
+}
+
+impl Default for ScanLimits {
+    fn default() -> Self {
+        Self {
+            max_keys: 1_000,
+            max_examined: 10_000,
+            max_examined_bytes: 4 << 20,
+        }
+    }
+}
 
 /// Limits that make `the quota has been exceeded` reachable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +84,12 @@ pub struct Envelope<'a> {
     pub fencing_token: Option<&'a str>,
     /// `aio-persistence: true` on a SET.
     pub persist: bool,
+    /// The largest reply payload the response can carry (the broker's
+    /// maximum packet size less the reply's topic and properties); `None`
+    /// when nothing limits it. Sizes SCAN pages.
+    pub reply_limit: Option<usize>,
+    /// Who may read what: SCAN lists only keys `client_id` may read.
+    pub acl: Option<&'a AccessList>,
 }
 
 /// A notification to publish: `client_id` watches `key`.
@@ -63,11 +105,42 @@ pub struct KeyEvent {
     pub version: Hlc,
 }
 
+/// A reply payload: the five verbs' [`Reply`], or SCAN's page of keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Every reply but a SCAN page (SCAN's errors too).
+    Reply(Reply),
+    /// A page of SCAN.
+    Page(KeyPage),
+}
+
+impl Answer {
+    /// The payload as the service sends it.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Reply(reply) => reply.encode(),
+            Self::Page(page) => page.encode(),
+        }
+    }
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        Self::Reply(reply)
+    }
+}
+
+impl PartialEq<Reply> for Answer {
+    fn eq(&self, other: &Reply) -> bool {
+        matches!(self, Self::Reply(reply) if reply == other)
+    }
+}
+
 /// What a command did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The reply payload.
-    pub reply: Reply,
+    pub reply: Answer,
     /// `__ts` of the reply; `None` when there is no key to speak of.
     pub version: Option<Hlc>,
     /// Notifications to publish once the records are durable.
@@ -79,7 +152,7 @@ pub struct Outcome {
 impl Outcome {
     fn reply(reply: Reply, version: Option<Hlc>) -> Self {
         Self {
-            reply,
+            reply: reply.into(),
             version,
             events: Vec::new(),
             records: Vec::new(),
@@ -91,26 +164,11 @@ impl Outcome {
     }
 }
 
-/// One stored key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The value (may be empty).
-    pub value: Bytes,
-    /// The version its last SET got.
-    pub version: Hlc,
-    /// The newest fencing token a write presented; later writes need one at
-    /// least as new.
-    pub fencing_token: Option<Hlc>,
-    /// Wall-clock milliseconds at which the key expires (PX).
-    pub expires_at_ms: Option<u64>,
-    /// Whether its last SET asked for persistence.
-    pub persistent: bool,
-}
-
 /// The whole store.
 #[derive(Debug)]
 pub struct Store {
-    entries: HashMap<Bytes, Entry>,
+    /// In byte order, for SCAN.
+    entries: BTreeMap<Bytes, Entry>,
     /// (expiry time, key) of every key with a PX, soonest first.
     expiries: BTreeSet<(u64, Bytes)>,
     /// key -> client ids registered with KEYNOTIFY.
@@ -120,20 +178,47 @@ pub struct Store {
     clock: Hlc,
     quota: Quota,
     bytes: usize,
+    /// Starts every continuation token this store issues.
+    id: u64,
+    scan_limits: ScanLimits,
 }
 
 impl Store {
-    /// An empty store whose clock starts at `now_ms`.
+    /// An empty store whose clock starts at `now_ms`, with a random id
+    /// (see [`Store::set_id`]) and the default [`ScanLimits`].
     pub fn new(quota: Quota, now_ms: u64) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: BTreeMap::new(),
             expiries: BTreeSet::new(),
             watchers: HashMap::new(),
             watched: HashMap::new(),
             clock: Hlc::new(now_ms, NODE_ID),
             quota,
             bytes: 0,
+            id: rand::random(),
+            scan_limits: ScanLimits::default(),
         }
+    }
+
+    /// The id that starts this store's continuation tokens: a token that
+    /// does not start with it was not issued by this store and is refused.
+    /// A persisted store keeps its id, so that a listing survives a restart.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Sets the id (a persisted store's, read back at start-up).
+    pub fn set_id(&mut self, id: u64) {
+        self.id = id;
+    }
+
+    /// Sets the page limits of SCAN (each at least 1).
+    pub fn set_scan_limits(&mut self, limits: ScanLimits) {
+        self.scan_limits = ScanLimits {
+            max_keys: limits.max_keys.max(1),
+            max_examined: limits.max_examined.max(1),
+            max_examined_bytes: limits.max_examined_bytes.max(1),
+        };
     }
 
     /// Number of keys held.
@@ -172,6 +257,7 @@ impl Store {
             Request::Del { key } => self.del(key, None, envelope, now_ms),
             Request::VDel { key, value } => self.del(key, Some(value), envelope, now_ms),
             Request::KeyNotify { key, stop } => self.key_notify(envelope.client_id, key, stop),
+            Request::Scan { pattern, token } => self.scan(&pattern, token.as_deref(), envelope),
         };
         if !expired.events.is_empty() || !expired.records.is_empty() {
             outcome.events.splice(0..0, expired.events);
@@ -249,7 +335,7 @@ impl Store {
         }
         self.insert(key.clone(), entry);
         Outcome {
-            reply: Reply::Ok,
+            reply: Reply::Ok.into(),
             version: Some(version.clone()),
             events: self.events(&key, Notification::Set { value }, &version),
             records,
@@ -300,7 +386,7 @@ impl Store {
         let version = self.next_version(timestamp.as_ref(), now_ms);
         let (events, records) = self.remove(key, &version);
         Outcome {
-            reply: Reply::Integer(1),
+            reply: Reply::Integer(1).into(),
             version: Some(version),
             events,
             records,
@@ -341,6 +427,114 @@ impl Store {
             }
         }
         Outcome::reply(Reply::Ok, None)
+    }
+
+    /// `SCAN pattern [token]`: the next page of the keys matching the glob
+    /// `pattern` (and readable by the client), in byte order, resuming
+    /// strictly after the key the token names.
+    ///
+    /// A page ends at [`ScanLimits::max_keys`] keys, after
+    /// [`ScanLimits::max_examined`] keys looked at (possibly with none
+    /// listed), or before the reply would exceed `envelope.reply_limit`;
+    /// then the token names the last key looked at. A key present for the
+    /// whole listing is listed exactly once; one added or deleted meanwhile
+    /// may or may not be. A token this store did not issue is a `syntax
+    /// error`.
+    pub fn scan(&self, pattern: &[u8], token: Option<&[u8]>, envelope: &Envelope<'_>) -> Outcome {
+        let after = match token.map(|token| self.resume_after(token)) {
+            None => None,
+            Some(Some(after)) => Some(after),
+            Some(None) => return Outcome::error(StoreError::SyntaxError),
+        };
+        // Every match starts with the pattern's literal prefix, and keys
+        // with one prefix are adjacent in byte order.
+        let prefix = glob::literal_prefix(pattern);
+        let start = match after {
+            Some(after) if after >= prefix.as_slice() => Bound::Excluded(after),
+            _ => Bound::Included(prefix.as_slice()),
+        };
+        let limits = self.scan_limits;
+        let reply_limit = envelope.reply_limit.unwrap_or(usize::MAX);
+        let listed = |key: &[u8]| {
+            glob::matches(pattern, key)
+                && envelope
+                    .acl
+                    .is_none_or(|acl| acl.allows(envelope.client_id, key, Access::Read))
+        };
+        let mut keys = self
+            .entries
+            .range::<[u8], _>((start, Bound::Unbounded))
+            .map(|(key, _)| key)
+            .take_while(|key| key.starts_with(&prefix))
+            .peekable();
+        let mut page = KeyPage::default();
+        let mut size = KeyPage::MAX_HEADER_LEN;
+        let (mut examined, mut examined_bytes) = (0, 0);
+        let mut last: Option<&Bytes> = None;
+        while let Some(&key) = keys.peek() {
+            if let Some(last) = last
+                && (examined >= limits.max_examined
+                    || page.keys.len() >= limits.max_keys
+                    || examined_bytes + key.len() > limits.max_examined_bytes)
+            {
+                page.token = Some(self.token(last));
+                break;
+            }
+            let is_listed = listed(key);
+            let key_size = if is_listed {
+                bulk_encoded_len(key.len())
+            } else {
+                0
+            };
+            if size + key_size + bulk_encoded_len(self.token_len(key)) > reply_limit {
+                if let Some(last) = last {
+                    page.token = Some(self.token(last));
+                    break;
+                }
+                // Alone and without a token, only as the last page.
+                keys.next();
+                if keys.peek().is_none() && size + key_size <= reply_limit {
+                    if is_listed {
+                        page.keys.push(key.clone());
+                    }
+                    break;
+                }
+                return Outcome::error(StoreError::Unknown(KEY_TOO_LONG_TO_LIST.into()));
+            }
+            keys.next();
+            examined += 1;
+            examined_bytes += key.len();
+            if is_listed {
+                page.keys.push(key.clone());
+                size += key_size;
+            }
+            last = Some(key);
+        }
+        Outcome {
+            reply: Answer::Page(page),
+            version: None,
+            events: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    /// `{id};{key}`: what the service's tokens look like, `digits;bytes`.
+    fn token(&self, after: &[u8]) -> Bytes {
+        let mut token = format!("{};", self.id).into_bytes();
+        token.extend_from_slice(after);
+        Bytes::from(token)
+    }
+
+    fn token_len(&self, after: &[u8]) -> usize {
+        self.id.checked_ilog10().map_or(1, |log| log as usize + 1) + 1 + after.len()
+    }
+
+    /// The key a token this store issued resumes after.
+    fn resume_after<'t>(&self, token: &'t [u8]) -> Option<&'t [u8]> {
+        let separator = token.iter().position(|&byte| byte == b';')?;
+        let (id, after) = (&token[..separator], &token[separator + 1..]);
+        let id = std::str::from_utf8(id).ok()?;
+        (id.bytes().all(|b| b.is_ascii_digit()) && id.parse() == Ok(self.id)).then_some(after)
     }
 
     /// Drops every KEYNOTIFY registration of a client that disconnected.
@@ -528,7 +722,7 @@ mod tests {
             client_id: "client",
             timestamp: Some(ts),
             fencing_token: None,
-            persist: false,
+            ..Envelope::default()
         }
     }
 
@@ -568,9 +762,7 @@ mod tests {
         fn get(&mut self, key: &str) -> Outcome {
             let envelope = Envelope {
                 client_id: "client",
-                timestamp: None,
-                fencing_token: None,
-                persist: false,
+                ..Envelope::default()
             };
             self.store.get(key.as_bytes(), &envelope, NOW)
         }
@@ -1085,5 +1277,372 @@ mod tests {
         let outcome = store.key_notify("client", Bytes::from(vec![b'k'; longest]), false);
         assert_eq!(outcome.reply, Reply::Ok);
         assert_eq!(store.registrations(), 1);
+    }
+
+    /// Every page of a listing, asking until no token comes back.
+    fn list_pages(store: &mut Store, pattern: &str, envelope: &Envelope<'_>) -> Vec<KeyPage> {
+        let mut pages = Vec::new();
+        let mut token = None;
+        loop {
+            let request = Request::Scan {
+                pattern: b(pattern),
+                token: token.take(),
+            };
+            let outcome = store.execute(request, envelope, NOW);
+            let Answer::Page(page) = outcome.reply else {
+                panic!("not a page: {:?}", outcome.reply);
+            };
+            assert_eq!(outcome.version, None);
+            token = page.token.clone();
+            pages.push(page);
+            if token.is_none() {
+                return pages;
+            }
+            assert!(pages.len() < 100_000, "the listing does not end");
+        }
+    }
+
+    fn listed(pages: &[KeyPage]) -> Vec<Bytes> {
+        pages.iter().flat_map(|page| page.keys.clone()).collect()
+    }
+
+    fn small_pages(store: &mut Store, max_keys: usize, max_examined: usize) {
+        store.set_scan_limits(ScanLimits {
+            max_keys,
+            max_examined,
+            ..ScanLimits::default()
+        });
+    }
+
+    #[test]
+    fn scan_lists_matching_keys_once_in_byte_order_across_pages() {
+        let mut f = Fixture::new();
+        for i in (0..25).rev() {
+            f.set(&format!("sensor/{i:02}"), "v", SetOptions::default());
+        }
+        f.set("other", "v", SetOptions::default());
+        small_pages(&mut f.store, 4, 100);
+        let pages = list_pages(&mut f.store, "sensor/*", &Envelope::default());
+        let expected: Vec<Bytes> = (0..25).map(|i| b(&format!("sensor/{i:02}"))).collect();
+        assert_eq!(listed(&pages), expected);
+        assert_eq!(pages.len(), 7, "six full pages of four, then one");
+        assert!(pages[..6].iter().all(|page| page.keys.len() == 4));
+        let token = pages[0].token.clone().unwrap();
+        assert_eq!(token, format!("{};sensor/03", f.store.id()).into_bytes());
+        // Everything, with `*`.
+        assert_eq!(
+            listed(&list_pages(&mut f.store, "*", &Envelope::default())).len(),
+            26
+        );
+    }
+
+    #[test]
+    fn scan_patterns_use_the_glob() {
+        let mut f = Fixture::new();
+        for key in ["a1", "a2", "b1", "a*", "ab", "a?"] {
+            f.set(key, "v", SetOptions::default());
+        }
+        let keys = |f: &mut Fixture, pattern: &str| -> Vec<Bytes> {
+            listed(&list_pages(&mut f.store, pattern, &Envelope::default()))
+        };
+        assert_eq!(
+            keys(&mut f, "a?"),
+            [b("a*"), b("a1"), b("a2"), b("a?"), b("ab")]
+        );
+        assert_eq!(keys(&mut f, "a[0-9]"), [b("a1"), b("a2")]);
+        assert_eq!(keys(&mut f, "a[^0-9]"), [b("a*"), b("a?"), b("ab")]);
+        assert_eq!(keys(&mut f, "a\\*"), [b("a*")]);
+        assert_eq!(keys(&mut f, "?1"), [b("a1"), b("b1")]);
+        assert!(keys(&mut f, "zz*").is_empty());
+    }
+
+    #[test]
+    fn scan_skips_deleted_and_expired_keys() {
+        let mut f = Fixture::new();
+        f.set("k1", "v", SetOptions::default());
+        f.set("k2", "v", px(10));
+        f.set("k3", "v", SetOptions::default());
+        f.del("k3", None, None);
+        let ts = f.client_ts.clone();
+        let request = Request::Scan {
+            pattern: b("*"),
+            token: None,
+        };
+        let outcome = f.store.execute(request, &env(&ts), NOW + 10);
+        assert_eq!(
+            outcome.reply,
+            Answer::Page(KeyPage {
+                keys: vec![b("k1")],
+                token: None
+            })
+        );
+        // The expiry it ran first is reported like any other.
+        assert_eq!(outcome.events.len(), 0, "nobody watched k2");
+        assert!(f.store.entry(b"k2").is_none());
+    }
+
+    #[test]
+    fn scan_tokens_it_did_not_issue_are_syntax_errors() {
+        let mut f = Fixture::new();
+        f.set("k", "v", SetOptions::default());
+        let id = f.store.id();
+        for token in [
+            format!("{}", id.wrapping_add(1)).into_bytes(),
+            format!("{};k", id.wrapping_add(1)).into_bytes(),
+            b"garbage".to_vec(),
+            b";k".to_vec(),
+            format!("+{id};k").into_bytes(),
+            Vec::new(),
+        ] {
+            let outcome = f.store.scan(b"*", Some(&token), &Envelope::default());
+            assert_eq!(
+                outcome.reply,
+                Reply::Error(StoreError::SyntaxError),
+                "{}",
+                String::from_utf8_lossy(&token)
+            );
+        }
+        // Its own token, also after a restart that kept the id.
+        let token = format!("{id};a").into_bytes();
+        let mut restarted = Store::new(Quota::default(), NOW);
+        restarted.set_id(id);
+        restarted.restore(b("k"), f.store.entry(b"k").unwrap().clone(), NOW);
+        for store in [&f.store, &restarted] {
+            assert_eq!(
+                store.scan(b"*", Some(&token), &Envelope::default()).reply,
+                Answer::Page(KeyPage {
+                    keys: vec![b("k")],
+                    token: None
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn scan_work_per_page_is_bounded() {
+        let mut f = Fixture::new();
+        for i in 0..100 {
+            f.set(&format!("k{i:03}"), "v", SetOptions::default());
+        }
+        small_pages(&mut f.store, 1_000, 10);
+        let pages = list_pages(&mut f.store, "*50", &Envelope::default());
+        assert_eq!(listed(&pages), [b("k050")]);
+        assert_eq!(pages.len(), 10, "ten keys looked at per page");
+        assert!(pages.iter().filter(|page| page.keys.is_empty()).count() >= 9);
+        assert!(pages[..9].iter().all(|page| page.token.is_some()));
+    }
+
+    #[test]
+    fn scan_pages_fit_the_reply_limit() {
+        let mut f = Fixture::new();
+        for i in 0..200 {
+            f.set(
+                &format!("key-{i:03}-{}", "x".repeat(i % 40)),
+                "v",
+                SetOptions::default(),
+            );
+        }
+        let envelope = Envelope {
+            reply_limit: Some(300),
+            ..Envelope::default()
+        };
+        let pages = list_pages(&mut f.store, "*", &envelope);
+        assert!(pages.iter().all(|page| page.encode().len() <= 300));
+        assert!(pages.len() > 20);
+        assert_eq!(listed(&pages).len(), 200);
+    }
+
+    #[test]
+    fn a_key_too_long_for_a_page_with_its_token_is_an_error_unless_last() {
+        let mut f = Fixture::new();
+        let long = "k".repeat(200);
+        f.set(&long, "v", SetOptions::default());
+        let envelope = Envelope {
+            reply_limit: Some(300),
+            ..Envelope::default()
+        };
+        // Last key: listed without a token.
+        assert_eq!(
+            listed(&list_pages(&mut f.store, "*", &envelope)),
+            [b(&long)]
+        );
+        f.set("l", "v", SetOptions::default());
+        assert_eq!(
+            f.store.scan(b"*", None, &envelope).reply,
+            Reply::Error(StoreError::Unknown(KEY_TOO_LONG_TO_LIST.into()))
+        );
+        // Not listed, it is only looked at: its token fits.
+        assert_eq!(listed(&list_pages(&mut f.store, "l*", &envelope)), [b("l")]);
+    }
+
+    #[test]
+    fn scan_lists_only_what_the_client_may_read() {
+        let mut f = Fixture::new();
+        for key in ["public/a", "private/b", "public/c"] {
+            f.set(key, "v", SetOptions::default());
+        }
+        let acl = AccessList::from_json(r#"{ "reader": { "read": ["public/"] } }"#).unwrap();
+        let envelope = Envelope {
+            client_id: "reader",
+            acl: Some(&acl),
+            ..Envelope::default()
+        };
+        assert_eq!(
+            listed(&list_pages(&mut f.store, "*", &envelope)),
+            [b("public/a"), b("public/c")]
+        );
+        let stranger = Envelope {
+            client_id: "stranger",
+            ..envelope
+        };
+        assert!(listed(&list_pages(&mut f.store, "*", &stranger)).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod scan_proptests {
+    use super::*;
+    use crate::protocol::Request;
+    use proptest::prelude::*;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(prop::sample::select(b"ab*?[]\\\x00\xff".to_vec()), 1..5)
+    }
+
+    fn pattern() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(prop::sample::select(b"ab*?[]^-\\\x00\xff".to_vec()), 1..5)
+    }
+
+    /// A change made between two pages.
+    #[derive(Debug, Clone)]
+    enum Change {
+        Set(Vec<u8>),
+        Del(Vec<u8>),
+    }
+
+    fn store_with(keys: &[Vec<u8>], limits: ScanLimits) -> Store {
+        let mut store = Store::new(Quota::default(), NOW);
+        store.set_scan_limits(limits);
+        for key in keys {
+            apply(&mut store, &Change::Set(key.clone()));
+        }
+        store
+    }
+
+    fn apply(store: &mut Store, change: &Change) {
+        let ts = Hlc::new(NOW, "c").to_string();
+        let envelope = Envelope {
+            timestamp: Some(&ts),
+            ..Envelope::default()
+        };
+        match change {
+            Change::Set(key) => {
+                let key = Bytes::from(key.clone());
+                store.set(key, Bytes::new(), SetOptions::default(), &envelope, NOW);
+            }
+            Change::Del(key) => {
+                store.del(Bytes::from(key.clone()), None, &envelope, NOW);
+            }
+        }
+    }
+
+    fn limits() -> impl Strategy<Value = ScanLimits> {
+        (1..6usize, 1..8usize, 1..12usize).prop_map(|(max_keys, max_examined, bytes)| ScanLimits {
+            max_keys,
+            max_examined,
+            max_examined_bytes: bytes,
+        })
+    }
+
+    /// Runs a listing, applying `changes[i]` after page i.
+    fn listing(
+        store: &mut Store,
+        pattern: &[u8],
+        reply_limit: Option<usize>,
+        changes: &[Change],
+    ) -> Result<Vec<Bytes>, TestCaseError> {
+        let envelope = Envelope {
+            reply_limit,
+            ..Envelope::default()
+        };
+        let mut keys = Vec::new();
+        let mut token = None;
+        for page_number in 0.. {
+            let request = Request::Scan {
+                pattern: Bytes::copy_from_slice(pattern),
+                token: token.take(),
+            };
+            let reply = store.execute(request, &envelope, NOW).reply;
+            let Answer::Page(page) = reply else {
+                return Err(TestCaseError::fail(format!("not a page: {reply:?}")));
+            };
+            if let Some(limit) = reply_limit {
+                prop_assert!(page.encode().len() <= limit);
+            }
+            keys.extend(page.keys);
+            let Some(next) = page.token else {
+                return Ok(keys);
+            };
+            token = Some(next);
+            if let Some(change) = changes.get(page_number) {
+                apply(store, change);
+            }
+            prop_assert!(page_number < 10_000, "the listing does not end");
+        }
+        unreachable!()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn an_unchanged_store_lists_every_match_once_in_order(
+            keys in prop::collection::vec(key(), 0..40),
+            pattern in pattern(),
+            limits in limits(),
+            reply_limit in proptest::option::of(80..200usize),
+        ) {
+            let mut store = store_with(&keys, limits);
+            let listed = listing(&mut store, &pattern, reply_limit, &[])?;
+            let expected: Vec<Bytes> = keys
+                .iter()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter(|key| glob::matches(&pattern, key))
+                .map(|key| Bytes::from(key.clone()))
+                .collect();
+            prop_assert_eq!(listed, expected);
+        }
+
+        #[test]
+        fn keys_present_throughout_are_listed_exactly_once(
+            keys in prop::collection::vec(key(), 0..40),
+            pattern in pattern(),
+            limits in limits(),
+            changes in prop::collection::vec(
+                prop_oneof![key().prop_map(Change::Set), key().prop_map(Change::Del)],
+                0..20,
+            ),
+        ) {
+            let mut store = store_with(&keys, limits);
+            let listed = listing(&mut store, &pattern, None, &changes)?;
+            let touched: BTreeSet<&Vec<u8>> = changes
+                .iter()
+                .map(|change| match change {
+                    Change::Set(key) | Change::Del(key) => key,
+                })
+                .collect();
+            for key in keys.iter().collect::<BTreeSet<_>>() {
+                if glob::matches(&pattern, key) && !touched.contains(key) {
+                    let times = listed.iter().filter(|listed| listed.as_ref() == key.as_slice()).count();
+                    prop_assert_eq!(times, 1, "{:?}", key);
+                }
+            }
+            // Never a key twice, never one that does not match.
+            prop_assert!(listed.windows(2).all(|pair| pair[0] < pair[1]));
+            prop_assert!(listed.iter().all(|key| glob::matches(&pattern, key)));
+        }
     }
 }

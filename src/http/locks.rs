@@ -18,15 +18,15 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::AppState;
+use super::headers::set_common_headers;
 use super::keys::{
     FENCING_TOKEN_HEADER, QueryParams, key_from_path, method_not_allowed, parse_ttl,
-    set_common_headers,
 };
 use super::problem::ApiError;
-use crate::config::parse_duration;
+use super::state::AppState;
 use crate::locks::{Acquire, Acquired, Holding, LockSettings, Released};
 use crate::protocol::Hlc;
+use crate::settings::parse_duration;
 
 /// Where lock routes start; the guard gives them the longest wait on top
 /// of its backstop.

@@ -55,6 +55,7 @@ mod tests {
             ApiError::BadTtl("x".into()),
             ApiError::BadQuery("x".into()),
             ApiError::BadHeader("x".into()),
+            ApiError::BadCursor("x".into()),
             ApiError::ConflictingConditions,
             ApiError::BodyRead("x".into()),
             ApiError::BodyTimeout(Duration::from_secs(1)),
@@ -81,6 +82,7 @@ mod tests {
                 PoolError::Overloaded,
                 PoolError::Timeout(Duration::from_secs(1)),
                 PoolError::ConnectionLost,
+                PoolError::OutcomeUnknown,
                 PoolError::Decode(DecodeError::Incomplete),
                 PoolError::BadVersion(HlcError::Malformed("x".into())),
                 PoolError::Clock(HlcError::CounterOverflow),
@@ -120,7 +122,8 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 13] = [
+        let expected: [(&str, &[&str]); 14] = [
+            ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/watch/{key}", &["get"]),
             ("/watch", &["get"]),

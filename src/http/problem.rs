@@ -114,6 +114,10 @@ pub enum ApiError {
     /// A header the gateway cannot honour (or a malformed one).
     #[error("{0}")]
     BadHeader(String),
+    /// A listing's `cursor` that does not decode, belongs to another
+    /// `match`, or that the store refused.
+    #[error("invalid cursor: {0}; start the listing again without a cursor")]
+    BadCursor(String),
     /// `If-None-Match: *` and `nex=true` together.
     #[error(
         "If-None-Match: * (set only if absent) and nex=true (set if absent or equal) exclude each other"
@@ -178,7 +182,7 @@ fn lock_held_detail(holding: Option<&Holding>) -> String {
 
 fn pool_detail(error: &PoolError) -> String {
     match error {
-        PoolError::ConnectionLost | PoolError::Timeout(_) => {
+        PoolError::OutcomeUnknown | PoolError::Timeout(_) => {
             format!("{error}; a write may or may not have been applied")
         }
         other => other.to_string(),
@@ -344,6 +348,9 @@ impl ApiError {
                 PoolError::Timeout(_) => {
                     (504, "/problems/store-timeout", "State store timeout", Warn)
                 }
+                PoolError::OutcomeUnknown => {
+                    (504, "/problems/outcome-unknown", "Outcome unknown", Warn)
+                }
                 PoolError::Decode(_) | PoolError::BadVersion(_) => (
                     502,
                     "/problems/bad-store-reply",
@@ -387,6 +394,7 @@ impl ApiError {
             Self::BadTtl(_) => (400, "/problems/invalid-ttl", "Invalid ttl", Info),
             Self::BadQuery(_) => (400, "/problems/invalid-query", "Invalid query", Info),
             Self::BadHeader(_) => (400, "/problems/invalid-header", "Invalid header", Info),
+            Self::BadCursor(_) => (400, "/problems/invalid-cursor", "Invalid cursor", Info),
             Self::ConflictingConditions => (
                 400,
                 "/problems/conflicting-conditions",
@@ -472,7 +480,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        super::keys::set_common_headers(headers, PROBLEM_JSON);
+        super::headers::set_common_headers(headers, PROBLEM_JSON);
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
@@ -557,9 +565,15 @@ mod tests {
             assert_eq!(problem.status, 503);
             assert!(problem.retry_after());
         }
-        let timeout = ApiError::Pool(PoolError::Timeout(Duration::from_secs(1))).problem();
-        assert_eq!(timeout.status, 504);
-        assert!(!timeout.retry_after());
+        for error in [
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::OutcomeUnknown,
+        ] {
+            let problem = ApiError::Pool(error).problem();
+            assert_eq!(problem.status, 504);
+            assert!(!problem.retry_after());
+            assert!(problem.detail.contains("may or may not have been applied"));
+        }
         assert_eq!(
             status(ApiError::Pool(PoolError::Decode(DecodeError::Incomplete))),
             502

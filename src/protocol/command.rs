@@ -62,6 +62,15 @@ pub enum Request {
         /// `STOP`: remove the registration.
         stop: bool,
     },
+    /// `SCAN pattern [token]`: one page of the keys matching a glob; the
+    /// reply is a [`KeyPage`](super::KeyPage) (see [`ScanReply`](super::ScanReply)).
+    Scan {
+        /// The glob; never empty once decoded.
+        pattern: Bytes,
+        /// The continuation token of the previous page, exactly as received;
+        /// `None` for the first page.
+        token: Option<Bytes>,
+    },
 }
 
 impl Request {
@@ -74,17 +83,19 @@ impl Request {
             Self::VDel { .. } => "VDEL",
             Self::KeyNotify { stop: false, .. } => "KEYNOTIFY",
             Self::KeyNotify { stop: true, .. } => "KEYNOTIFY STOP",
+            Self::Scan { .. } => "SCAN",
         }
     }
 
-    /// The key the request is about.
-    pub fn key(&self) -> &Bytes {
+    /// The key the request is about; `None` for SCAN, which is about many.
+    pub fn key(&self) -> Option<&Bytes> {
         match self {
             Self::Set { key, .. }
             | Self::Get { key }
             | Self::Del { key }
             | Self::VDel { key, .. }
-            | Self::KeyNotify { key, .. } => key,
+            | Self::KeyNotify { key, .. } => Some(key),
+            Self::Scan { .. } => None,
         }
     }
 
@@ -123,13 +134,23 @@ impl Request {
             Self::VDel { key, value } => encode_array(&[b"VDEL", key, value]),
             Self::KeyNotify { key, stop: false } => encode_array(&[b"KEYNOTIFY", key]),
             Self::KeyNotify { key, stop: true } => encode_array(&[b"KEYNOTIFY", key, b"STOP"]),
+            Self::Scan {
+                pattern,
+                token: None,
+            } => encode_array(&[b"SCAN", pattern]),
+            Self::Scan {
+                pattern,
+                token: Some(token),
+            } => encode_array(&[b"SCAN", pattern, token]),
         }
     }
 
     /// Decodes a request as the service does, failing with the `-ERR` the
     /// service would send: `syntax error` for anything that is not an array
     /// of bulk strings or has bad options, `unknown command`, `wrong number
-    /// of arguments`, `the key length is zero`.
+    /// of arguments`, `the key length is zero`. A SCAN with an empty
+    /// pattern is a `syntax error` (the SDKs refuse to send one; the
+    /// service documents no string for it).
     ///
     /// Verbs and options must be upper case, as the protocol requires.
     pub fn decode(payload: &Bytes) -> Result<Request, StoreError> {
@@ -186,9 +207,19 @@ impl Request {
                     stop,
                 }
             }
+            b"SCAN" => {
+                arity(1..=2)?;
+                if args[0].is_empty() {
+                    return Err(StoreError::SyntaxError);
+                }
+                Request::Scan {
+                    pattern: args[0].clone(),
+                    token: args.get(1).cloned(),
+                }
+            }
             _ => return Err(StoreError::UnknownCommand),
         };
-        if request.key().is_empty() {
+        if request.key().is_some_and(Bytes::is_empty) {
             return Err(StoreError::KeyLengthZero);
         }
         Ok(request)
@@ -252,7 +283,7 @@ mod tests {
         }
     }
 
-    /// Every request vector of PROTOCOL.md, asserted both ways.
+    /// Every request vector of the wire protocol (docs/protocol.md), asserted both ways.
     fn vectors() -> Vec<(&'static [u8], Request)> {
         vec![
             (
@@ -302,6 +333,21 @@ mod tests {
                 Request::KeyNotify {
                     key: key(),
                     stop: true,
+                },
+            ),
+            (
+                b"*2\r\n$4\r\nSCAN\r\n$4\r\nkey*\r\n",
+                Request::Scan {
+                    pattern: Bytes::from_static(b"key*"),
+                    token: None,
+                },
+            ),
+            // The SDK's own test vector: a binary token sent back verbatim.
+            (
+                b"*3\r\n$4\r\nSCAN\r\n$4\r\nkey*\r\n$3\r\n\x00\xffx\r\n",
+                Request::Scan {
+                    pattern: Bytes::from_static(b"key*"),
+                    token: Some(Bytes::from_static(b"\x00\xffx")),
                 },
             ),
         ]
@@ -433,6 +479,14 @@ mod tests {
                 encode_array(&[b"KEYNOTIFY", b""]),
                 StoreError::KeyLengthZero,
             ),
+            (encode_array(&[b"SCAN"]), StoreError::WrongNumberOfArguments),
+            (
+                encode_array(&[b"SCAN", b"*", b"token", b"more"]),
+                StoreError::WrongNumberOfArguments,
+            ),
+            (encode_array(&[b"SCAN", b""]), StoreError::SyntaxError),
+            (encode_array(&[b"SCAN", b"", b"t"]), StoreError::SyntaxError),
+            (encode_array(&[b"scan", b"*"]), StoreError::UnknownCommand),
         ];
         for (payload, expected) in cases {
             assert_eq!(
@@ -485,6 +539,8 @@ mod proptests {
             key().prop_map(|key| Request::Del { key }),
             (key(), bytes(128)).prop_map(|(key, value)| Request::VDel { key, value }),
             (key(), any::<bool>()).prop_map(|(key, stop)| Request::KeyNotify { key, stop }),
+            (key(), proptest::option::of(bytes(64)))
+                .prop_map(|(pattern, token)| Request::Scan { pattern, token }),
         ]
     }
 
@@ -496,6 +552,8 @@ mod proptests {
             Just(b"DEL".to_vec()),
             Just(b"VDEL".to_vec()),
             Just(b"KEYNOTIFY".to_vec()),
+            Just(b"SCAN".to_vec()),
+            Just(b"*".to_vec()),
             Just(b"STOP".to_vec()),
             Just(b"NX".to_vec()),
             Just(b"NEX".to_vec()),
@@ -522,7 +580,8 @@ mod proptests {
             payload in prop::collection::vec(any::<u8>(), 0..256)
         ) {
             match Request::decode(&Bytes::from(payload)) {
-                Ok(request) => prop_assert!(!request.key().is_empty()),
+                Ok(Request::Scan { pattern, .. }) => prop_assert!(!pattern.is_empty()),
+                Ok(request) => prop_assert!(request.key().is_some_and(|key| !key.is_empty())),
                 Err(error) => prop_assert!(StoreError::KNOWN.contains(&error), "{error:?}"),
             }
         }

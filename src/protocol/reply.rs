@@ -2,8 +2,11 @@
 
 use bytes::Bytes;
 
-use super::resp::{Frame, encode_array, put_bulk, put_integer};
-use super::{DecodeError, StoreError};
+use super::resp::{
+    Cursor, Frame, MIN_BULK_LEN, bulk_encoded_len, encode_array, put_array_header, put_bulk,
+    put_integer,
+};
+use super::{DecodeError, Request, StoreError};
 
 /// A reply payload.
 ///
@@ -22,6 +25,9 @@ pub enum Reply {
     NotFound,
     /// `-ERR message`
     Error(StoreError),
+    /// `*1`/`*2`: a page of SCAN; only [`Reply::decode_for`] a SCAN
+    /// request gives it.
+    Keys(KeyPage),
 }
 
 impl Reply {
@@ -41,6 +47,19 @@ impl Reply {
             }
             Self::NotFound => b"$-1\r\n".to_vec(),
             Self::Error(error) => format!("-ERR {}\r\n", error.message()).into_bytes(),
+            Self::Keys(page) => page.encode(),
+        }
+    }
+
+    /// Decodes the reply to `request`: SCAN's with [`ScanReply::decode`],
+    /// every other verb's with [`Reply::decode`].
+    pub fn decode_for(request: &Request, payload: &Bytes) -> Result<Reply, DecodeError> {
+        match request {
+            Request::Scan { .. } => Ok(match ScanReply::decode(payload)? {
+                ScanReply::Page(page) => Self::Keys(page),
+                ScanReply::Error(error) => Self::Error(error),
+            }),
+            _ => Self::decode(payload),
         }
     }
 
@@ -54,16 +73,139 @@ impl Reply {
             Frame::Null => Ok(Self::NotFound),
             // The published document's spelling of "not applied".
             Frame::Error(text) if text.as_ref() == b"1" => Ok(Self::Integer(-1)),
-            Frame::Error(text) => {
-                let text = std::str::from_utf8(&text).map_err(|_| DecodeError::NotUtf8)?;
-                // `-ERR message`; the document once wrote `-ERR: message`.
-                let message = text
-                    .strip_prefix("ERR")
-                    .map(|rest| rest.strip_prefix(':').unwrap_or(rest))
-                    .map_or(text, |rest| rest.strip_prefix(' ').unwrap_or(rest));
-                Ok(Self::Error(StoreError::from_message(message)))
-            }
+            Frame::Error(text) => Ok(Self::Error(store_error(&text)?)),
             Frame::Array(_) => Err(DecodeError::UnexpectedShape("array in a reply")),
+        }
+    }
+}
+
+/// The store error of an error frame's text (`ERR message`; the document
+/// once wrote `ERR: message`).
+fn store_error(text: &[u8]) -> Result<StoreError, DecodeError> {
+    let text = std::str::from_utf8(text).map_err(|_| DecodeError::NotUtf8)?;
+    let message = text
+        .strip_prefix("ERR")
+        .map(|rest| rest.strip_prefix(':').unwrap_or(rest))
+        .map_or(text, |rest| rest.strip_prefix(' ').unwrap_or(rest));
+    Ok(StoreError::from_message(message))
+}
+
+/// One page of a SCAN listing.
+///
+/// On the wire: `*1\r\n*n\r\n<n bulk keys>` for the last page, or
+/// `*2\r\n*n\r\n<n bulk keys><bulk token>` when more may follow. Pages
+/// may be empty while a token still comes back; the listing is complete
+/// only when a page comes without one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeyPage {
+    /// The matching keys of this page (binary-safe, possibly none).
+    pub keys: Vec<Bytes>,
+    /// Opaque bytes to send back in the next SCAN, exactly as received;
+    /// `None` on the last page.
+    pub token: Option<Bytes>,
+}
+
+impl KeyPage {
+    /// Longest `*2\r\n*n\r\n` a page can start with (n has at most 20 digits).
+    pub const MAX_HEADER_LEN: usize = 4 + 23;
+
+    /// The payload as the service sends it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        put_array_header(&mut out, if self.token.is_some() { 2 } else { 1 });
+        put_array_header(&mut out, self.keys.len());
+        for key in &self.keys {
+            put_bulk(&mut out, key);
+        }
+        if let Some(token) = &self.token {
+            put_bulk(&mut out, token);
+        }
+        out
+    }
+
+    /// The length of [`KeyPage::encode`]'s payload, at most
+    /// [`KeyPage::MAX_HEADER_LEN`] plus the keys' and the token's
+    /// [`bulk_encoded_len`]: what a server sizes pages with.
+    pub fn encoded_len(&self) -> usize {
+        let header = 4
+            + 3
+            + self
+                .keys
+                .len()
+                .checked_ilog10()
+                .map_or(1, |log| log as usize + 1);
+        let keys: usize = self
+            .keys
+            .iter()
+            .map(|key| bulk_encoded_len(key.len()))
+            .sum();
+        header
+            + keys
+            + self
+                .token
+                .as_ref()
+                .map_or(0, |token| bulk_encoded_len(token.len()))
+    }
+
+    /// Decodes a page as the official client does: refuses `*0`, a null
+    /// array, a null key, a missing token after `*2`, and trailing bytes.
+    /// Nothing is allocated for keys whose bytes have not arrived.
+    fn decode(payload: &Bytes) -> Result<KeyPage, DecodeError> {
+        let mut cursor = Cursor::new(payload);
+        // The shortest element is an empty key array, `*0\r\n`.
+        let parts = cursor.array_len(4)?;
+        if !(1..=2).contains(&parts) {
+            return Err(DecodeError::UnexpectedShape(
+                "a SCAN reply has one or two elements",
+            ));
+        }
+        let count = cursor.array_len(MIN_BULK_LEN)?;
+        let mut keys = Vec::with_capacity(count);
+        for _ in 0..count {
+            keys.push(cursor.bulk()?);
+        }
+        let token = if parts == 2 {
+            Some(cursor.bulk()?)
+        } else {
+            None
+        };
+        cursor.finish()?;
+        Ok(KeyPage { keys, token })
+    }
+}
+
+/// A reply to SCAN: a page of keys, or the store's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanReply {
+    /// `*1` / `*2`: one page.
+    Page(KeyPage),
+    /// `-ERR message`
+    Error(StoreError),
+}
+
+impl ScanReply {
+    /// The payload as the service sends it.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Page(page) => page.encode(),
+            Self::Error(error) => Reply::Error(error.clone()).encode(),
+        }
+    }
+
+    /// Decodes the reply to a SCAN request (a reply means something only
+    /// with its request: decode SCAN replies with this, others with
+    /// [`Reply::decode`]).
+    pub fn decode(payload: &Bytes) -> Result<ScanReply, DecodeError> {
+        match payload.first() {
+            Some(b'-') => match Frame::decode(payload)? {
+                Frame::Error(text) => Ok(Self::Error(store_error(&text)?)),
+                _ => Err(DecodeError::UnexpectedShape("not an error")),
+            },
+            Some(b'*') => KeyPage::decode(payload).map(Self::Page),
+            Some(_) => Err(DecodeError::UnexpectedShape(
+                "a SCAN reply is an array or an error",
+            )),
+            None => Err(DecodeError::Incomplete),
         }
     }
 }
@@ -115,7 +257,7 @@ mod tests {
         Reply::decode(&Bytes::from_static(bytes))
     }
 
-    /// Every reply vector of PROTOCOL.md, both ways (the bare `-1` only decodes).
+    /// Every reply vector of the wire protocol, both ways (the bare `-1` only decodes).
     #[test]
     fn protocol_reply_vectors() {
         let vectors: [(&[u8], Reply); 7] = [
@@ -168,6 +310,93 @@ mod tests {
         assert!(decode(b"*1\r\n$1\r\na\r\n").is_err());
         assert!(decode(b"OK").is_err());
         assert!(decode(b"$5\r\nab\r\n").is_err());
+    }
+
+    fn page(keys: &[&'static [u8]], token: Option<&'static [u8]>) -> ScanReply {
+        ScanReply::Page(KeyPage {
+            keys: keys.iter().copied().map(Bytes::from_static).collect(),
+            token: token.map(Bytes::from_static),
+        })
+    }
+
+    /// PROTOCOL.md's SCAN reply vectors and the SDK's own tests, both ways.
+    #[test]
+    fn scan_reply_vectors() {
+        let vectors: [(&[u8], ScanReply); 5] = [
+            (
+                b"*1\r\n*2\r\n$4\r\nkey1\r\n$4\r\nkey2\r\n",
+                page(&[b"key1", b"key2"], None),
+            ),
+            (
+                b"*2\r\n*0\r\n$3\r\n\x00\xffx\r\n",
+                page(&[], Some(b"\x00\xffx")),
+            ),
+            (
+                b"*2\r\n*2\r\n$4\r\nkey1\r\n$4\r\nkey2\r\n$4\r\n1;1;\r\n",
+                page(&[b"key1", b"key2"], Some(b"1;1;")),
+            ),
+            (b"*1\r\n*0\r\n", page(&[], None)),
+            (
+                b"-ERR syntax error\r\n",
+                ScanReply::Error(StoreError::SyntaxError),
+            ),
+        ];
+        for (bytes, reply) in vectors {
+            assert_eq!(reply.encode(), bytes, "{}", String::from_utf8_lossy(bytes));
+            assert_eq!(ScanReply::decode(&Bytes::from_static(bytes)), Ok(reply));
+            if let ScanReply::Page(page) = ScanReply::decode(&Bytes::from_static(bytes)).unwrap() {
+                assert_eq!(page.encoded_len(), bytes.len());
+            }
+        }
+    }
+
+    /// Everything the official client's parser refuses, refused here too.
+    #[test]
+    fn scan_replies_the_sdk_refuses_are_errors() {
+        for bad in [
+            &b"*0\r\n"[..],
+            b"*3\r\n*2\r\n$4\r\nkey1\r\n$4\r\nkey2\r\n$4\r\n1;1;\r\n$5\r\nextra\r\n",
+            b"*1\r\n*a\r\n",
+            b"*1\r\n$0\r\n\r\n",
+            b"*1\r\n*1\r\n$4\r\nkey\r\n",
+            b"*2\r\n*0\r\n",
+            b"*1\r\n*0\r\ntrailing",
+            b"*1\r\n*-1\r\n",
+            b"*-1\r\n",
+            b"*1\r\n*1\r\n$-1\r\n",
+            b"*2\r\n*0\r\n$-1\r\n",
+            b"+OK\r\n",
+            b"$-1\r\n",
+            b"",
+        ] {
+            assert!(
+                ScanReply::decode(&Bytes::copy_from_slice(bad)).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_scan_reply_claiming_millions_of_keys_is_refused_before_allocating() {
+        assert_eq!(
+            ScanReply::decode(&Bytes::from_static(b"*1\r\n*9999999999\r\n$1\r\na\r\n")),
+            Err(DecodeError::LengthExceedsPayload {
+                declared: 9_999_999_999,
+                available: 7
+            })
+        );
+        assert!(matches!(
+            ScanReply::decode(&Bytes::from_static(b"*2\r\n*9223372036854775807\r\n")),
+            Err(DecodeError::LengthExceedsPayload { .. })
+        ));
+        // A page of many keys is fine when they all arrived.
+        let keys: Vec<Bytes> = (0..100_000).map(|i| Bytes::from(format!("k{i}"))).collect();
+        let many = KeyPage { keys, token: None };
+        assert_eq!(
+            ScanReply::decode(&Bytes::from(many.encode())),
+            Ok(ScanReply::Page(many))
+        );
     }
 
     #[test]
@@ -229,8 +458,53 @@ mod proptests {
         ]
     }
 
+    fn scan_reply() -> impl Strategy<Value = ScanReply> {
+        let key = prop::collection::vec(any::<u8>(), 0..32).prop_map(Bytes::from);
+        let page = (
+            prop::collection::vec(key.clone(), 0..40),
+            proptest::option::of(key),
+        )
+            .prop_map(|(keys, token)| ScanReply::Page(KeyPage { keys, token }));
+        prop_oneof![
+            4 => page,
+            1 => prop::sample::select(StoreError::KNOWN.to_vec()).prop_map(ScanReply::Error),
+            1 => unknown_message().prop_map(|text| ScanReply::Error(StoreError::Unknown(text))),
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn scan_replies_round_trip_at_their_encoded_len(reply in scan_reply()) {
+            let encoded = reply.encode();
+            if let ScanReply::Page(page) = &reply {
+                prop_assert_eq!(page.encoded_len(), encoded.len());
+                prop_assert!(page.encoded_len() <= KeyPage::MAX_HEADER_LEN
+                    + page.keys.iter().map(|k| bulk_encoded_len(k.len())).sum::<usize>()
+                    + page.token.as_ref().map_or(0, |t| bulk_encoded_len(t.len())));
+            }
+            prop_assert_eq!(ScanReply::decode(&Bytes::from(encoded)), Ok(reply));
+        }
+
+        #[test]
+        fn every_cut_of_a_scan_reply_is_an_error(
+            reply in scan_reply(),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let encoded = reply.encode();
+            let cut = cut.index(encoded.len());
+            prop_assert!(ScanReply::decode(&Bytes::copy_from_slice(&encoded[..cut])).is_err());
+        }
+
+        #[test]
+        fn any_bytes_decode_to_a_scan_reply_or_an_error(
+            payload in crate::protocol::resp::proptests::resp_like_bytes()
+        ) {
+            if let Ok(reply) = ScanReply::decode(&Bytes::from(payload)) {
+                prop_assert_eq!(ScanReply::decode(&Bytes::from(reply.encode())), Ok(reply));
+            }
+        }
 
         #[test]
         fn replies_round_trip(reply in reply()) {

@@ -12,8 +12,12 @@ use bytes::Bytes;
 
 use super::DecodeError;
 
-/// No message of this protocol has more elements (SET NX PX has six).
+/// No message of this protocol has more elements (SET NX PX has six),
+/// except the array of keys in a SCAN reply, which is read on its own.
 pub const MAX_ARRAY_LEN: usize = 16;
+
+/// The shortest bulk string, `$0\r\n\r\n`.
+pub const MIN_BULK_LEN: usize = 6;
 
 /// One decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,21 +39,37 @@ pub enum Frame {
 impl Frame {
     /// Decodes exactly one frame that must fill the whole payload.
     pub fn decode(payload: &Bytes) -> Result<Frame, DecodeError> {
-        let mut cursor = Cursor { payload, pos: 0 };
+        let mut cursor = Cursor::new(payload);
         let frame = cursor.frame()?;
-        match payload.len() - cursor.pos {
-            0 => Ok(frame),
-            extra => Err(DecodeError::TrailingBytes(extra)),
-        }
+        cursor.finish()?;
+        Ok(frame)
     }
 }
 
-struct Cursor<'a> {
+/// Reads one payload frame by frame, for messages whose shape [`Frame`]
+/// does not cover (a SCAN reply nests an array of keys in an array).
+/// Every length is checked against the bytes that arrived before anything
+/// is taken or allocated.
+#[derive(Debug)]
+pub(crate) struct Cursor<'a> {
     payload: &'a Bytes,
     pos: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `payload`.
+    pub(crate) fn new(payload: &'a Bytes) -> Self {
+        Self { payload, pos: 0 }
+    }
+
+    /// Fails with [`DecodeError::TrailingBytes`] unless all was read.
+    pub(crate) fn finish(self) -> Result<(), DecodeError> {
+        match self.remaining() {
+            0 => Ok(()),
+            extra => Err(DecodeError::TrailingBytes(extra)),
+        }
+    }
+
     fn remaining(&self) -> usize {
         self.payload.len() - self.pos
     }
@@ -74,6 +94,37 @@ impl Cursor<'_> {
 
     fn integer(&mut self) -> Result<i64, DecodeError> {
         parse_integer(&self.line()?)
+    }
+
+    /// `*n\r\n` (the `*` included), refusing `*-1` and a count whose
+    /// elements, at `min_item_len` bytes each, cannot have arrived.
+    pub(crate) fn array_len(&mut self, min_item_len: usize) -> Result<usize, DecodeError> {
+        match self.byte()? {
+            b'*' => self.array_len_after_marker(min_item_len),
+            other => Err(DecodeError::UnexpectedType(other)),
+        }
+    }
+
+    fn array_len_after_marker(&mut self, min_item_len: usize) -> Result<usize, DecodeError> {
+        let declared = self.integer()?;
+        let count = usize::try_from(declared).map_err(|_| DecodeError::InvalidNumber)?;
+        if count.saturating_mul(min_item_len) > self.remaining() {
+            return Err(DecodeError::LengthExceedsPayload {
+                declared: count,
+                available: self.remaining(),
+            });
+        }
+        Ok(count)
+    }
+
+    /// `$len\r\nbytes\r\n` (the `$` included), refusing the null `$-1`.
+    pub(crate) fn bulk(&mut self) -> Result<Bytes, DecodeError> {
+        match self.byte()? {
+            b'$' => self
+                .bulk_body()?
+                .ok_or(DecodeError::UnexpectedShape("null bulk string")),
+            other => Err(DecodeError::UnexpectedType(other)),
+        }
     }
 
     /// A `$` frame body: `Some(bytes)`, or `None` for `$-1`.
@@ -106,10 +157,8 @@ impl Cursor<'_> {
             b':' => Ok(Frame::Integer(self.integer()?)),
             b'$' => Ok(self.bulk_body()?.map_or(Frame::Null, Frame::Bulk)),
             b'*' => {
-                let declared = self.integer()?;
-                let count = usize::try_from(declared).map_err(|_| DecodeError::InvalidNumber)?;
-                // Each element takes at least 6 bytes (`$0\r\n\r\n`).
-                if count > MAX_ARRAY_LEN || count.saturating_mul(6) > self.remaining() {
+                let count = self.array_len_after_marker(MIN_BULK_LEN)?;
+                if count > MAX_ARRAY_LEN {
                     return Err(DecodeError::LengthExceedsPayload {
                         declared: count,
                         available: self.remaining(),
@@ -117,13 +166,12 @@ impl Cursor<'_> {
                 }
                 let mut items = Vec::with_capacity(count);
                 for _ in 0..count {
-                    match self.byte()? {
-                        b'$' => items.push(
-                            self.bulk_body()?
-                                .ok_or(DecodeError::UnexpectedShape("null in array"))?,
-                        ),
-                        other => return Err(DecodeError::UnexpectedType(other)),
-                    }
+                    items.push(self.bulk().map_err(|error| match error {
+                        DecodeError::UnexpectedShape(_) => {
+                            DecodeError::UnexpectedShape("null in array")
+                        }
+                        other => other,
+                    })?);
                 }
                 Ok(Frame::Array(items))
             }
@@ -166,6 +214,12 @@ pub fn put_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     let _ = write!(out, "${}\r\n", bytes.len());
     out.extend_from_slice(bytes);
     out.extend_from_slice(b"\r\n");
+}
+
+/// How many bytes [`put_bulk`] appends for a body of `len` bytes.
+pub fn bulk_encoded_len(len: usize) -> usize {
+    let digits = len.checked_ilog10().map_or(1, |log| log as usize + 1);
+    1 + digits + 2 + len + 2
 }
 
 /// Appends `:n\r\n`.
@@ -356,6 +410,7 @@ pub(crate) mod proptests {
         fn bulk_strings_round_trip(body in prop::collection::vec(any::<u8>(), 0..512)) {
             let mut out = Vec::new();
             put_bulk(&mut out, &body);
+            prop_assert_eq!(out.len(), bulk_encoded_len(body.len()));
             prop_assert_eq!(Frame::decode(&Bytes::from(out)), Ok(Frame::Bulk(Bytes::from(body))));
         }
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::mqtt::{Labelled, Pool, PoolError, RequestOptions, StoreResponse};
-use crate::protocol::{Hlc, Reply, Request, SetCondition, SetOptions, StoreError};
+use crate::protocol::{Hlc, KeyPage, Reply, Request, SetCondition, SetOptions, StoreError};
 
 /// A value and the version the store gave it (its `__ts`; a store that
 /// omits it gives `None`).
@@ -185,8 +185,21 @@ impl StoreClient {
         Ok(())
     }
 
-    // SCAN goes here: a method building its request, a `Decoded::Scan`
-    // arm in `decode` holding a page of keys and the next token.
+    /// `SCAN pattern [token]`: one page of the keys matching the glob
+    /// `pattern`, starting where `token` (from the previous page) left off.
+    /// A page may be empty while it still has a token; the listing is
+    /// complete at the first page without one.
+    pub async fn scan(
+        &self,
+        pattern: Bytes,
+        token: Option<Bytes>,
+    ) -> Result<KeyPage, RequestError> {
+        let request = Request::Scan { pattern, token };
+        match self.call(&request, &RequestOptions::default()).await? {
+            Decoded::Scan(page) => Ok(page),
+            other => Err(other.mismatch(&request)),
+        }
+    }
 
     /// Sends the request and decodes its reply once; the pool labels its
     /// metrics from the decoded result.
@@ -225,6 +238,7 @@ enum Decoded {
     Vdel(VdelOutcome),
     /// KEYNOTIFY and KEYNOTIFY STOP.
     Done,
+    Scan(KeyPage),
 }
 
 impl Decoded {
@@ -269,6 +283,7 @@ fn decode(
         (Request::KeyNotify { stop: false, .. }, Reply::Ok) => Decoded::Done,
         // STOP answers `:0` when there was nothing to stop.
         (Request::KeyNotify { stop: true, .. }, Reply::Ok | Reply::Integer(_)) => Decoded::Done,
+        (Request::Scan { .. }, Reply::Keys(page)) => Decoded::Scan(page),
         (request, reply) => {
             return Err(RequestError::UnexpectedReply {
                 verb: request.verb(),
@@ -287,6 +302,7 @@ fn describe(reply: &Reply) -> String {
         Reply::Value(value) => format!("a value of {} bytes", value.len()),
         Reply::NotFound => "$-1".to_owned(),
         Reply::Error(error) => format!("-ERR {}", error.message()),
+        Reply::Keys(page) => format!("a page of {} keys", page.keys.len()),
     }
 }
 
@@ -445,6 +461,31 @@ mod tests {
         assert!(reply(&notify, Reply::Integer(0)).is_err());
         assert_eq!(reply(&stop, Reply::Integer(0)).unwrap(), Decoded::Done);
         assert_eq!(reply(&stop, Reply::Ok).unwrap(), Decoded::Done);
+    }
+
+    #[test]
+    fn scan_wants_a_page_and_other_verbs_refuse_one() {
+        let scan = Request::Scan {
+            pattern: Bytes::from_static(b"*"),
+            token: None,
+        };
+        let page = KeyPage {
+            keys: vec![key()],
+            token: Some(Bytes::from_static(b"1;k")),
+        };
+        assert_eq!(
+            reply(&scan, Reply::Keys(page.clone())).unwrap(),
+            Decoded::Scan(page.clone())
+        );
+        assert_eq!(reply(&scan, Reply::Keys(page.clone())).outcome(), "ok");
+        assert!(matches!(
+            reply(&scan, Reply::Ok),
+            Err(RequestError::UnexpectedReply { verb: "SCAN", .. })
+        ));
+        assert!(matches!(
+            reply(&Request::Get { key: key() }, Reply::Keys(page)),
+            Err(RequestError::UnexpectedReply { verb: "GET", reply }) if reply == "a page of 1 keys"
+        ));
     }
 
     #[test]

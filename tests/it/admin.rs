@@ -86,13 +86,13 @@ async fn metrics_report_requests_by_route_and_store_round_trips() {
 
 /// A store that answers GET `slow` after a second, everything else at once.
 fn slow_store() -> Script {
-    Arc::new(
-        |request: &Request, _: Option<&str>| match request.key().as_ref() {
+    Arc::new(|request: &Request, _: Option<&str>| {
+        match request.key().map(AsRef::as_ref).unwrap_or_default() {
             b"slow" => Scripted::ReplyAfter(Duration::from_secs(1), b"$4\r\nlate\r\n".to_vec()),
             b"never" => Scripted::Silent,
             _ => Scripted::Reply(b"$-1\r\n".to_vec()),
-        },
-    )
+        }
+    })
 }
 
 #[tokio::test]

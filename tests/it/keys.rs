@@ -691,7 +691,7 @@ async fn store_clock_skew_is_503_logged_and_counted() {
 async fn store_protocol_failures_are_502() {
     // The key names the reply the scripted store sends.
     let script: Script = Arc::new(|request: &Request, _: Option<&str>| {
-        let payload: &[u8] = match request.key().as_ref() {
+        let payload: &[u8] = match request.key().map(AsRef::as_ref).unwrap_or_default() {
             b"syntax" => b"-ERR syntax error\r\n",
             b"unknown-command" => b"-ERR unknown command\r\n",
             b"arguments" => b"-ERR wrong number of arguments\r\n",

@@ -11,13 +11,18 @@ mod browser;
 mod emulator;
 mod faults;
 mod hostile;
+mod inject;
 mod keys;
 mod leaks;
 mod lease;
+mod linearizability;
+mod listing;
 mod locks;
+mod modules;
 mod official_client;
 mod pool;
 mod readme;
+mod scan;
 mod watch;
 
 mod broker {

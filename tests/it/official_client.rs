@@ -1,5 +1,5 @@
 //! The official Azure IoT Operations Rust client (`azure_iot_operations_services`
-//! 1.3, with its own MQTT session) against the emulator on mosquitto: the
+//! 1.5, with its own MQTT session) against the emulator on mosquitto: the
 //! proof that the emulator speaks the protocol the real SDKs expect.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap

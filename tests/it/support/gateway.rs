@@ -96,21 +96,19 @@ impl Gateway {
     /// Starts a gateway against the broker at `broker_port` (plain TCP).
     pub async fn start(broker_port: u16, options: GatewayOptions) -> Gateway {
         init_logging();
+        let broker = BrokerSettings {
+            keep_alive: Duration::from_secs(30),
+            session_expiry: Duration::from_secs(60),
+            ..BrokerSettings::new("127.0.0.1", broker_port)
+        };
         let settings = ServeSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
-                broker: BrokerSettings {
-                    keep_alive: Duration::from_secs(30),
-                    session_expiry: Duration::from_secs(60),
-                    ..BrokerSettings::new("127.0.0.1", broker_port)
-                },
-                client_id: options.client_id.clone(),
                 size: options.pool_size,
                 request_timeout: options.request_timeout,
-                max_in_flight_per_member: 256,
-                slot_wait: statestore_gateway::config::slot_wait(options.request_timeout),
-                sat_check_interval: Duration::from_secs(5),
+                slot_wait: statestore_gateway::settings::slot_wait(options.request_timeout),
+                ..PoolSettings::new(broker, options.client_id.clone())
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
@@ -124,9 +122,9 @@ impl Gateway {
             shutdown_grace: options.shutdown_grace,
             watch: options.watch.clone(),
             cors_allow_origins: options.cors_allow_origins.clone(),
-            header_read_timeout: Duration::from_secs(30),
             max_connections: options.max_connections,
             locks: options.locks,
+            ..ServeSettings::default()
         };
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())

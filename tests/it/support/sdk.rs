@@ -1,5 +1,5 @@
 //! The official Azure IoT Operations state store client
-//! (`azure_iot_operations_services` 1.3, with its own MQTT session) as a
+//! (`azure_iot_operations_services` 1.5, with its own MQTT session) as a
 //! real peer of the emulator, the dev broker and the gateway's envelope.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
