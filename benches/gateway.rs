@@ -15,7 +15,10 @@
 //! 5. **CPU against webdis**: each server's own CPU per GET at saturation,
 //!    its mCPU at a steady 1,000 req/s, and idle, in rounds;
 //! 6. **footprint**: idle and peak RSS, and the time from process start to
-//!    `/readyz` 200.
+//!    `/readyz` 200;
+//! 7. **lock hand-over**: 1 and 1,000 waiters blocked on one lock, the time
+//!    from a release to the next holder's acquire returning, RSS and CPU;
+//!    etcd's lock service beside it when `etcd` is installed.
 //!
 //! `scripts/bench` runs it (`cargo bench --bench gateway`: release build of
 //! both this program and the gateway binary); `scripts/bench --smoke` runs
@@ -38,6 +41,7 @@ use support::cpu::{CpuComparison, CpuRound, Idle};
 use support::direct::{self, Op};
 use support::gateway::GatewayLaunch;
 use support::http::request_once;
+use support::locks::HandoverReport;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles};
@@ -85,6 +89,10 @@ struct Options {
     idle: Duration,
     /// Run the watch fan-out part.
     watch: bool,
+    /// Waiters of the lock hand-over runs (empty: skip them).
+    lock_waiters: Vec<usize>,
+    /// Releases per lock hand-over run.
+    lock_rounds: usize,
     /// Extra environment of the gateway processes (experiments: allocator
     /// settings, `LD_PRELOAD`, ...).
     gateway_env: Vec<(String, String)>,
@@ -119,6 +127,8 @@ impl Options {
                 cpu_rounds: 1,
                 idle: Duration::from_secs(2),
                 watch: true,
+                lock_waiters: vec![1, 50],
+                lock_rounds: 10,
                 gateway_env: Vec::new(),
                 report: None,
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway")),
@@ -141,6 +151,8 @@ impl Options {
                 cpu_rounds: 3,
                 idle: Duration::from_secs(60),
                 watch: true,
+                lock_waiters: vec![1, 1000],
+                lock_rounds: 200,
                 gateway_env: Vec::new(),
                 report: None,
                 binary: PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway")),
@@ -158,6 +170,7 @@ impl Options {
                 }
                 "--sizes" => options.sizes = list(&value("--sizes")?)?,
                 "--watchers" => options.watchers = list(&value("--watchers")?)?,
+                "--lock-waiters" => options.lock_waiters = list(&value("--lock-waiters")?)?,
                 "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
                 "--settle" => {
                     let seconds: u64 = value("--settle")?.parse().context("--settle")?;
@@ -177,17 +190,26 @@ impl Options {
                         "keys" => {
                             options.watch = false;
                             options.cpu = false;
+                            options.lock_waiters.clear();
                         }
                         "watch" => {
                             options.keys = false;
                             options.peer = false;
                             options.cpu = false;
+                            options.lock_waiters.clear();
                         }
                         "cpu" => {
                             options.keys = false;
                             options.watch = false;
+                            options.lock_waiters.clear();
                         }
-                        _ => bail!("--only takes keys, watch or cpu, not {part:?}"),
+                        "locks" => {
+                            options.keys = false;
+                            options.peer = false;
+                            options.watch = false;
+                            options.cpu = false;
+                        }
+                        _ => bail!("--only takes keys, watch, cpu or locks, not {part:?}"),
                     }
                 }
                 "--gateway-env" => {
@@ -203,8 +225,8 @@ impl Options {
                 "--gateway-bin" => options.binary = value("--gateway-bin")?.into(),
                 other => bail!(
                     "unknown argument {other:?}; use --seconds N, --sizes 16,1024, \
-                     --watchers 1000,10000, --rounds N, --no-peer, --only keys|watch|cpu, \
-                     --cpu-rounds N, --idle SECONDS, \
+                     --watchers 1000,10000, --lock-waiters 1,1000, --rounds N, --no-peer, \
+                     --only keys|watch|cpu|locks, --cpu-rounds N, --idle SECONDS, \
                      --gateway-env NAME=VALUE, --report FILE, --gateway-bin PATH"
                 ),
             }
@@ -555,6 +577,29 @@ async fn run(options: Options) -> Result<()> {
         fanouts.push(report);
     }
     drop(watch_gateway);
+
+    // Lock hand-over on a fresh gateway, then etcd's when installed.
+    let mut handovers: Vec<HandoverReport> = Vec::new();
+    if !options.lock_waiters.is_empty() {
+        let lock_gateway = launch.start("gateway-locks").await?;
+        for &waiters in &options.lock_waiters {
+            let report =
+                support::locks::gateway_handover(&lock_gateway, waiters, options.lock_rounds)
+                    .await?;
+            println!("{}", support::locks::line(&report));
+            handovers.push(report);
+        }
+        drop(lock_gateway);
+        if let Some(etcd) = procs::find_program(&["etcd"]) {
+            let etcd = support::locks::start_etcd(&etcd, &dir_path)?;
+            for &waiters in &options.lock_waiters {
+                let report =
+                    support::locks::etcd_handover(&etcd, waiters, options.lock_rounds).await?;
+                println!("{}", support::locks::line(&report));
+                handovers.push(report);
+            }
+        }
+    }
     pool.shutdown().await;
     emulator.check_alive()?;
     broker.check_alive()?;
@@ -568,7 +613,7 @@ async fn run(options: Options) -> Result<()> {
         cpu.as_ref(),
         &fanouts,
         started.elapsed(),
-    );
+    ) + &support::locks::report(&handovers);
     println!("\n{report}");
     if let Some(path) = &options.report {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;

@@ -12,6 +12,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
 use crate::http::{ApiToken, Limits, ServeSettings};
+use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 use crate::settings;
 use crate::watch::WatchSettings;
@@ -125,6 +126,12 @@ pub struct ServeArgs {
     /// closes. Each watch stream is a connection.
     #[arg(long, env = settings::ENV_MAX_CONNECTIONS, default_value_t = settings::DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// The longest `wait=` a lock request may ask for.
+    #[arg(long, env = settings::ENV_MAX_LOCK_WAIT, default_value = "5m", value_parser = parse_any_duration)]
+    pub max_lock_wait: Duration,
+    /// The longest lock holder name, in bytes.
+    #[arg(long, env = settings::ENV_MAX_LOCK_HOLDER_BYTES, default_value_t = settings::DEFAULT_MAX_LOCK_HOLDER_BYTES, value_parser = parse_positive_usize)]
+    pub max_lock_holder_bytes: usize,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -267,6 +274,10 @@ impl ServeArgs {
                 .collect(),
             header_read_timeout: self.header_read_timeout,
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            locks: LockSettings {
+                max_wait: self.max_lock_wait,
+                max_holder_bytes: self.max_lock_holder_bytes,
+            },
         })
     }
 }
@@ -645,6 +656,7 @@ mod tests {
         assert_eq!(from_cli.cors_allow_origins, code.cors_allow_origins);
         assert_eq!(from_cli.header_read_timeout, code.header_read_timeout);
         assert_eq!(from_cli.max_connections, code.max_connections);
+        assert_eq!(from_cli.locks, code.locks);
 
         let cli = Cli::try_parse_from(["statestore-gateway", "dev"]).unwrap();
         let Command::Dev(dev) = cli.command else {

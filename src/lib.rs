@@ -7,6 +7,8 @@
 //! - [`config`]: the command line (clap, with environment fallbacks).
 //! - [`http`]: router and state, the key API, watch streams, problem+json
 //!   errors, the admin listener, `serve`.
+//! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
+//!   share one hub watch per lock.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
 //! - [`store`]: the typed store client: one method per verb, each reply
 //!   decoded once, with its request, into an outcome.
@@ -26,6 +28,7 @@ pub mod dev;
 pub mod emulator;
 pub mod http;
 pub mod inject;
+pub mod locks;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;

@@ -69,6 +69,12 @@ pub struct Families {
     pub clock_fallbacks: IntCounter,
     /// Resyncs after a reconnect or an overflow.
     pub resyncs: IntCounter,
+    /// Locks acquired or renewed, by whether the request waited.
+    pub lock_acquisitions: IntCounterVec,
+    /// Lock attempts that found the lock held by another.
+    pub lock_contention: IntCounter,
+    /// Lock requests waiting for a lock.
+    pub lock_waiters: IntGauge,
 }
 
 impl Metrics {
@@ -104,6 +110,13 @@ impl Metrics {
             Opts::new("pool_members", "MQTT pool members by state"),
             &["state"],
         );
+        let lock_acquisitions = IntCounterVec::new(
+            Opts::new(
+                "lock_acquisitions_total",
+                "Locks acquired or renewed, by whether the request waited",
+            ),
+            &["waited"],
+        );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
             http_latency: http_latency.expect("valid metric"),
@@ -135,6 +148,12 @@ impl Metrics {
                 "Times the clock, over a minute ahead of the system clock, fell back to it",
             ),
             resyncs: counter("watch_resyncs_total", "Watch resyncs"),
+            lock_acquisitions: lock_acquisitions.expect("valid metric"),
+            lock_contention: counter(
+                "lock_contention_total",
+                "Lock attempts that found the lock held by another",
+            ),
+            lock_waiters: gauge("lock_waiters", "Lock requests waiting for a lock"),
             registry,
         };
         families.register_all();
@@ -151,7 +170,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -167,6 +186,9 @@ impl Families {
             Box::new(self.events_dropped.clone()),
             Box::new(self.clock_fallbacks.clone()),
             Box::new(self.resyncs.clone()),
+            Box::new(self.lock_acquisitions.clone()),
+            Box::new(self.lock_contention.clone()),
+            Box::new(self.lock_waiters.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -222,6 +244,8 @@ mod tests {
             "statestore_gateway_watchers 0",
             "statestore_gateway_watch_resyncs_total 0",
             "statestore_gateway_clock_fallbacks_total 0",
+            "statestore_gateway_lock_contention_total 0",
+            "statestore_gateway_lock_waiters 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -93,6 +93,14 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const ENV_MAX_CONNECTIONS: &str = "STATESTORE_GATEWAY_MAX_CONNECTIONS";
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 20_000;
 
+/// `--max-lock-wait`
+pub const ENV_MAX_LOCK_WAIT: &str = "STATESTORE_GATEWAY_MAX_LOCK_WAIT";
+pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
+
+/// `--max-lock-holder-bytes` (the SDKs use their MQTT client id)
+pub const ENV_MAX_LOCK_HOLDER_BYTES: &str = "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES";
+pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
+
 /// `--broker-host`
 pub const ENV_BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";

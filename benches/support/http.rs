@@ -44,12 +44,22 @@ impl HttpConn {
 
     /// Sends one request and reads its whole response.
     pub async fn request(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Response> {
-        let addr = self.addr;
-        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path, body))
+        self.request_within(method, path, body, REQUEST_TIMEOUT)
             .await
-            .with_context(|| {
-                format!("{method} {path} on {addr}: no response within {REQUEST_TIMEOUT:?}")
-            })?
+    }
+
+    /// [`HttpConn::request`] with its own timeout (a blocking acquire).
+    pub async fn request_within(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Response> {
+        let addr = self.addr;
+        tokio::time::timeout(timeout, self.exchange(method, path, body))
+            .await
+            .with_context(|| format!("{method} {path} on {addr}: no response within {timeout:?}"))?
             .with_context(|| format!("{method} {path} on {addr}"))
     }
 

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod direct;
 pub mod gateway;
 pub mod http;
+pub mod locks;
 pub mod procs;
 pub mod rate;
 pub mod stats;

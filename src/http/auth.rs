@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::problem::ApiError;
 use super::state::ApiToken;
-use super::{keys, watch};
+use super::{keys, locks, watch};
 
 /// What [`guard`] checks (one middleware for both: each layer costs a
 /// service clone and a boxed future per request).
@@ -21,6 +21,8 @@ pub(super) struct Guard {
     pub(super) token: Option<ApiToken>,
     /// See [`Limits::backstop`].
     pub(super) backstop: Duration,
+    /// Added to the backstop of lock requests, which may wait this long.
+    pub(super) lock_wait: Duration,
 }
 
 /// The bearer token check, then the request under the backstop timeout.
@@ -36,9 +38,14 @@ pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
             return ApiError::Unauthorized.into_response();
         }
     }
-    match tokio::time::timeout(guard.backstop, next.run(request)).await {
+    let backstop = if request.uri().path().starts_with(locks::LOCKS_PREFIX) {
+        guard.backstop + guard.lock_wait
+    } else {
+        guard.backstop
+    };
+    match tokio::time::timeout(backstop, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::HandlerTimeout(guard.backstop).into_response(),
+        Err(_) => ApiError::HandlerTimeout(backstop).into_response(),
     }
 }
 

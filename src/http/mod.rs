@@ -5,6 +5,7 @@
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
 //! - [`listener`], [`event_stream`]: the accept loop; watch streams are
 //!   written straight to their sockets.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
@@ -23,6 +24,7 @@ mod headers;
 pub mod keys;
 pub mod listener;
 pub mod listing;
+pub mod locks;
 pub mod openapi;
 pub mod problem;
 mod router;

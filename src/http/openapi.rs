@@ -64,6 +64,10 @@ mod tests {
             ApiError::TooManyWatchedKeys(1),
             ApiError::TooManyWatchKeys(1),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
+            ApiError::LockHeld(None),
+            ApiError::LockNotHeld,
+            ApiError::BadHolder("x".into()),
+            ApiError::BadWait("x".into()),
         ];
         for error in StoreError::KNOWN
             .into_iter()
@@ -118,11 +122,12 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 13] = [
+        let expected: [(&str, &[&str]); 14] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/watch/{key}", &["get"]),
             ("/watch", &["get"]),
+            ("/locks/{name}", &["get", "put", "delete"]),
             ("/openapi.json", &["get"]),
             ("/ui", &["get"]),
             ("/ui/", &["get"]),

@@ -11,9 +11,12 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::locks::{Holding, LockError};
 use crate::mqtt::PoolError;
 use crate::protocol::{HlcError, StoreError};
 use crate::store::RequestError;
@@ -138,6 +141,19 @@ pub enum ApiError {
     /// A stream names more than `--max-keys-per-watch` keys.
     #[error("a stream may watch at most {0} keys")]
     TooManyWatchKeys(usize),
+    /// Someone else holds the lock (`None`: it was released just after
+    /// the request's last try).
+    #[error("{}", lock_held_detail(.0.as_ref()))]
+    LockHeld(Option<Holding>),
+    /// Nobody holds the lock.
+    #[error("nobody holds the lock")]
+    LockNotHeld,
+    /// `holder` is missing, empty or too long.
+    #[error("{0}")]
+    BadHolder(String),
+    /// `wait` did not parse or is longer than allowed.
+    #[error("{0}")]
+    BadWait(String),
     /// The whole request outlived the gateway's backstop timeout.
     #[error("the request did not complete within {0:?}")]
     HandlerTimeout(Duration),
@@ -148,6 +164,19 @@ fn precondition_detail(precondition: Precondition) -> &'static str {
         Precondition::KeyAbsent => "the key already exists (If-None-Match: *)",
         Precondition::AbsentOrEqual => "the key exists and holds a different value (nex=true)",
         Precondition::ValueMatches => "the key holds a different value than the one given",
+    }
+}
+
+fn lock_held_detail(holding: Option<&Holding>) -> String {
+    match holding {
+        Some(holding) => format!(
+            "the lock is held by {:?}",
+            String::from_utf8_lossy(&holding.holder)
+                .chars()
+                .take(64)
+                .collect::<String>()
+        ),
+        None => "the lock was held by another until the request's last try".into(),
     }
 }
 
@@ -220,6 +249,16 @@ pub struct Problem {
     /// The raw `-ERR` text from the store, when the store sent one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
+    /// Who holds the lock (409 on a lock), when UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Who holds the lock, base64: always with `holder`'s 409, so a
+    /// holder that is not UTF-8 is still named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_base64: Option<String>,
+    /// The fencing token of the current holder's hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<String>,
     #[serde(skip)]
     retry_after: bool,
     #[serde(skip)]
@@ -379,6 +418,14 @@ impl ApiError {
                 Warn,
             ),
             Self::TooManyWatchKeys(_) => (429, "/problems/too-many-keys", "Too many keys", Info),
+            Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
+            Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
+            Self::BadHolder(_) => (400, "/problems/invalid-holder", "Invalid holder", Info),
+            Self::BadWait(_) => (400, "/problems/invalid-wait", "Invalid wait", Info),
+        };
+        let holding = match self {
+            Self::LockHeld(Some(holding)) => Some(holding),
+            _ => None,
         };
         let store_error = match self {
             Self::Store { error, .. } => Some(error.message().to_owned()),
@@ -390,6 +437,9 @@ impl ApiError {
             status,
             detail: self.to_string(),
             store_error,
+            holder: holding.and_then(|h| std::str::from_utf8(&h.holder).ok().map(str::to_owned)),
+            holder_base64: holding.map(|h| BASE64.encode(&h.holder)),
+            fencing_token: holding.and_then(|h| h.fencing_token.as_ref().map(ToString::to_string)),
             retry_after: status == 429 || (status == 503 && matches!(self, Self::Pool(_))),
             severity,
         }
@@ -402,6 +452,15 @@ impl From<RequestError> for ApiError {
             RequestError::Refused { error, fenced } => Self::store(error, fenced),
             RequestError::Transport(error) => Self::Pool(error),
             RequestError::UnexpectedReply { verb, reply } => Self::UnexpectedReply { verb, reply },
+        }
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(error: LockError) -> Self {
+        match error {
+            LockError::Store(error) => error.into(),
+            LockError::Watch(error) => error.into(),
         }
     }
 }

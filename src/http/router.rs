@@ -12,7 +12,7 @@ use axum::response::Response;
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{keys, listing, openapi, watch};
+use super::{keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
 
 /// The key API (everything but the admin endpoints), with its middleware:
@@ -26,6 +26,7 @@ pub fn router(state: AppState) -> Router {
             Guard {
                 token: state.api_token.clone(),
                 backstop,
+                lock_wait: state.locks.settings().max_wait,
             },
             guard,
         ))
@@ -45,6 +46,7 @@ fn api_routes() -> Router<AppState> {
         .merge(keys::routes())
         .merge(listing::routes())
         .merge(watch::routes())
+        .merge(locks::routes())
         .route(
             "/openapi.json",
             axum::routing::get(openapi::document).fallback(keys::method_not_allowed),
@@ -158,6 +160,7 @@ mod tests {
     use super::*;
     use crate::http::problem;
     use crate::http::{ApiToken, Limits};
+    use crate::locks::LockSettings;
     use crate::mqtt::{BrokerSettings, Pool, PoolSettings};
     use crate::watch::WatchSettings;
     use axum::body::Body;
@@ -187,7 +190,14 @@ mod tests {
             max_value_bytes: Some(16),
             request_timeout: Duration::from_millis(200),
         };
-        AppState::new(pool, metrics, limits, api_token, WatchSettings::default())
+        AppState::new(
+            pool,
+            metrics,
+            limits,
+            api_token,
+            WatchSettings::default(),
+            LockSettings::default(),
+        )
     }
 
     async fn send(

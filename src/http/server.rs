@@ -16,6 +16,7 @@ use super::router::{cors, router};
 use super::state::ApiToken;
 use super::state::{AppState, Limits};
 use super::{admin, listener};
+use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{ConfigError, Pool, PoolSettings};
 use crate::settings::{self};
@@ -41,6 +42,8 @@ pub struct ServeSettings {
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
     pub watch: WatchSettings,
+    /// Lock request limits.
+    pub locks: LockSettings,
     /// Origins allowed to call the API from a browser (CORS); empty: none.
     pub cors_allow_origins: Vec<String>,
     /// How long a client may take to send a request's headers; also how
@@ -61,6 +64,7 @@ impl Default for ServeSettings {
             api_token: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
+            locks: LockSettings::default(),
             cors_allow_origins: Vec::new(),
             header_read_timeout: settings::DEFAULT_HEADER_READ_TIMEOUT,
             max_connections: usize::try_from(settings::DEFAULT_MAX_CONNECTIONS)
@@ -124,6 +128,7 @@ impl Server {
             settings.limits,
             settings.api_token,
             settings.watch,
+            settings.locks,
         );
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
         let limits = ConnectionLimits {

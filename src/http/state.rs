@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 
+use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::Pool;
 use crate::protocol::hlc;
@@ -102,6 +103,8 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
     pub hub: WatchHub,
+    /// Locks and their waiters (who follow keys through `hub`).
+    pub locks: Locks,
 }
 
 impl AppState {
@@ -113,10 +116,14 @@ impl AppState {
         limits: Limits,
         api_token: Option<ApiToken>,
         watch: WatchSettings,
+        locks: LockSettings,
     ) -> Self {
+        let store = StoreClient::new(pool);
+        let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
         Self(Arc::new(Shared {
-            hub: WatchHub::start(StoreClient::new(pool.clone()), metrics.clone(), watch),
-            store: StoreClient::new(pool),
+            locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
+            hub,
+            store,
             metrics,
             limits,
             clock: hlc::now_ms,

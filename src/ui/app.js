@@ -5,6 +5,8 @@
 
 (() => {
   const STORAGE_KEY = 'statestore-gateway.ui.keys';
+  // Keys shown as locks (the SDKs' convention: the value is the holder).
+  const LOCKS_KEY = 'statestore-gateway.ui.locks';
   // The API token lives in sessionStorage: this tab only, gone when it closes.
   const TOKEN_KEY = 'statestore-gateway.ui.token';
   // The page is served at <root>/ui/; the API lives at <root>/.
@@ -20,6 +22,7 @@
     connectionText: $('connection-text'),
     addForm: $('add-form'),
     addKey: $('add-key'),
+    addLock: $('add-lock'),
     errors: $('errors'),
     notice: $('notice'),
     table: $('keys'),
@@ -33,6 +36,7 @@
 
   /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error } */
   const watched = new Map();
+  const locks = new Set(loadList(LOCKS_KEY));
   let source = null;
   let retryTimer = null;
   let retryDelay = RETRY_MIN_MS;
@@ -84,8 +88,12 @@
   // ---- persistence -------------------------------------------------------
 
   function loadKeys() {
+    return loadList(STORAGE_KEY);
+  }
+
+  function loadList(name) {
     try {
-      const stored = JSON.parse(localStorage.getItem(STORAGE_KEY) || '[]');
+      const stored = JSON.parse(localStorage.getItem(name) || '[]');
       if (!Array.isArray(stored)) return [];
       return [...new Set(stored.filter((k) => typeof k === 'string' && k !== '' && encodable(k)))];
     } catch {
@@ -96,6 +104,7 @@
   function saveKeys() {
     try {
       localStorage.setItem(STORAGE_KEY, JSON.stringify([...watched.keys()]));
+      localStorage.setItem(LOCKS_KEY, JSON.stringify([...locks].filter((k) => watched.has(k))));
     } catch (err) {
       showError(`The key list could not be saved in this browser: ${err.message}`);
     }
@@ -388,9 +397,17 @@
     const text = row.querySelector('.value .text');
     row.dataset.exists = entry.exists === null ? 'unknown' : String(entry.exists);
     row.dataset.kind = entry.kind ?? '';
+    const lock = locks.has(entry.key);
+    row.classList.toggle('lock', lock);
     if (entry.exists === null) {
       marker.textContent = 'waiting for the store…';
       text.textContent = '';
+    } else if (lock && !entry.exists) {
+      marker.textContent = 'lock free';
+      text.textContent = '';
+    } else if (lock && typeof entry.value === 'string') {
+      marker.textContent = 'held by';
+      text.textContent = entry.value;
     } else if (!entry.exists) {
       marker.textContent = 'absent';
       text.textContent = '';
@@ -406,7 +423,9 @@
     }
     marker.hidden = marker.textContent === '';
 
-    row.querySelector('.version').textContent = entry.version ?? '—';
+    // A lock's version is its holder's fencing token.
+    const version = entry.version ?? '—';
+    row.querySelector('.version').textContent = lock && entry.exists ? `fencing token ${version}` : version;
 
     const kind = row.querySelector('.event .kind');
     const time = row.querySelector('.event .time');
@@ -455,6 +474,7 @@
     if (!entry) return;
     entry.row.remove();
     watched.delete(key);
+    locks.delete(key);
     saveKeys();
     updateEmpty();
     openStream();
@@ -507,7 +527,14 @@
 
   ui.addForm.addEventListener('submit', (event) => {
     event.preventDefault();
-    if (watch(ui.addKey.value)) ui.addKey.value = '';
+    const key = ui.addKey.value;
+    if (ui.addLock.checked && !watched.has(key)) locks.add(key);
+    if (watch(key)) {
+      ui.addKey.value = '';
+      ui.addLock.checked = false;
+    } else if (!watched.has(key)) {
+      locks.delete(key);
+    }
   });
 
   ui.tokenForm.addEventListener('submit', (event) => {

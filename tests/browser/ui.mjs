@@ -236,6 +236,27 @@ async function run(base, problems, session) {
   await page.reload({ waitUntil: 'load' });
   await waitForRow(page, KEY, `"${pageValue}" after a reload`, (c) => c.kind === 'sync' && c.value === pageValue);
 
+  const lockName = `${KEY}-lock`;
+  const lockUrl = (query) => new URL(`locks/${encodeURIComponent(lockName)}?${query}`, base);
+  step(`watching ${lockName} as a lock: the page shows its holder and fencing token`);
+  await page.getByLabel('Key to watch').fill(lockName);
+  await page.getByLabel('as a lock (value = holder)').check();
+  await page.getByRole('button', { name: 'Watch', exact: true }).click();
+  await waitForRow(page, lockName, 'the lock as free', (c) => c.kind === 'sync' && c.marker === 'lock free');
+  const acquired = await http('PUT', lockUrl(`holder=page-test-${token}&ttl=30s`));
+  await expectStatus(acquired, [200], 'PUT /locks');
+  const { fencing_token: fencingToken } = await acquired.json();
+  await waitForRow(
+    page,
+    lockName,
+    `the lock held by page-test-${token}`,
+    (c) => c.marker === 'held by' && c.value === `page-test-${token}` && c.version === `fencing token ${fencingToken}`,
+  );
+  await expectStatus(await http('DELETE', lockUrl(`holder=page-test-${token}`)), [204], 'DELETE /locks');
+  await waitForRow(page, lockName, 'the lock as free after its release', (c) => c.marker === 'lock free');
+  await page.getByRole('button', { name: `Stop watching ${lockName}`, exact: true }).click();
+  await page.locator('#rows tr').nth(1).waitFor({ state: 'detached', timeout: WAIT_MS });
+
   step('deleting through the page, then stopping the watch');
   await page.getByRole('button', { name: `Delete ${KEY} from the store`, exact: true }).click();
   await waitForRow(page, KEY, 'the key as absent after the page deleted it', (c) => c.exists === 'false');

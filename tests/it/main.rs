@@ -17,6 +17,7 @@ mod leaks;
 mod lease;
 mod linearizability;
 mod listing;
+mod locks;
 mod modules;
 mod official_client;
 mod pool;

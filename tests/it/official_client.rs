@@ -11,18 +11,12 @@ use azure_iot_operations_services::leased_lock::{self, lease};
 use azure_iot_operations_services::state_store::{
     self, ErrorKind, KeyObservation, Operation, ServiceError, SetCondition, SetOptions,
 };
-use statestore_gateway::protocol::Hlc;
 
 use crate::support::Mosquitto;
 use crate::support::emulator::start_emulator;
-use crate::support::sdk::SdkClient;
+use crate::support::sdk::{SdkClient, hlc};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The SDK's clock value as ours, to compare versions.
-fn hlc(version: &HybridLogicalClock) -> Hlc {
-    Hlc::parse(&version.to_string()).unwrap()
-}
 
 fn service_error(error: &state_store::Error) -> &ServiceError {
     match error.kind() {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
+use statestore_gateway::locks::LockSettings;
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
 use statestore_gateway::watch::WatchSettings;
@@ -41,6 +42,8 @@ pub struct GatewayOptions {
     pub cors_allow_origins: Vec<String>,
     /// `--max-connections`
     pub max_connections: usize,
+    /// Lock request limits.
+    pub locks: LockSettings,
 }
 
 impl Default for GatewayOptions {
@@ -56,6 +59,7 @@ impl Default for GatewayOptions {
             watch: WatchSettings::default(),
             cors_allow_origins: Vec::new(),
             max_connections: 20_000,
+            locks: LockSettings::default(),
         }
     }
 }
@@ -119,6 +123,7 @@ impl Gateway {
             watch: options.watch.clone(),
             cors_allow_origins: options.cors_allow_origins.clone(),
             max_connections: options.max_connections,
+            locks: options.locks,
             ..ServeSettings::default()
         };
         let metrics = Metrics::new();

@@ -10,7 +10,14 @@ use std::time::Duration;
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
 use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
 use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
 use azure_iot_operations_services::state_store;
+use statestore_gateway::protocol::Hlc;
+
+/// The SDK's clock value as ours, to compare versions.
+pub fn hlc(version: &HybridLogicalClock) -> Hlc {
+    Hlc::parse(&version.to_string()).unwrap()
+}
 
 /// How long closing may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
