@@ -130,7 +130,7 @@ fn store_alone(keys: usize) {
     let now = statestore_gateway::protocol::hlc::now_ms();
     let mut store = Store::new(Quota::default(), now);
     let clock = HybridClock::new(CLIENT_ID);
-    let timestamp = clock.now().unwrap().to_string();
+    let timestamp = clock.now().hlc.to_string();
     let envelope = Envelope {
         client_id: CLIENT_ID,
         timestamp: Some(&timestamp),
@@ -412,7 +412,7 @@ impl BenchClient {
             (property::SOURCE_ID.to_owned(), CLIENT_ID.to_owned()),
             (
                 property::TIMESTAMP.to_owned(),
-                self.clock.now().unwrap().to_string(),
+                self.clock.now().hlc.to_string(),
             ),
             (
                 property::PROTOCOL_VERSION.to_owned(),

@@ -12,8 +12,10 @@
 //! 4. **watch fan-out**: 1,000 and 10,000 SSE watchers of one key, the time
 //!    from a PUT's reply to the event at every watcher, and the gateway's
 //!    RSS before, during and after;
-//! 5. **footprint**: idle RSS, peak RSS under load, CPU at a fixed
-//!    1,000 req/s, and the time from process start to `/readyz` 200.
+//! 5. **CPU against webdis**: each server's own CPU per GET at saturation,
+//!    its mCPU at a steady 1,000 req/s, and idle, in rounds;
+//! 6. **footprint**: idle and peak RSS, and the time from process start to
+//!    `/readyz` 200.
 //!
 //! `scripts/bench` runs it (`cargo bench --bench gateway`: release build of
 //! both this program and the gateway binary); `scripts/bench --smoke` runs
@@ -24,6 +26,7 @@
 mod support;
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -31,8 +34,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use bytes::Bytes;
 
+use support::cpu::{CpuComparison, CpuRound, Idle};
 use support::direct::{self, Op};
 use support::gateway::GatewayLaunch;
+use support::http::request_once;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles};
@@ -70,8 +75,14 @@ struct Options {
     rate: u32,
     rate_time: Duration,
     peer: bool,
-    /// Run the key API part (direct, gateway, peer, fixed rate).
+    /// Run the key API part (direct, gateway, peer).
     keys: bool,
+    /// Run the CPU comparison with webdis (saturated, fixed rate, idle).
+    cpu: bool,
+    /// Rounds of the CPU comparison (the report gives each and the median).
+    cpu_rounds: usize,
+    /// How long the gateway and webdis sit idle while their CPU is read.
+    idle: Duration,
     /// Run the watch fan-out part.
     watch: bool,
     /// Extra environment of the gateway processes (experiments: allocator
@@ -104,6 +115,9 @@ impl Options {
                 rate_time: Duration::from_secs(1),
                 peer: true,
                 keys: true,
+                cpu: true,
+                cpu_rounds: 1,
+                idle: Duration::from_secs(2),
                 watch: true,
                 gateway_env: Vec::new(),
                 report: None,
@@ -123,6 +137,9 @@ impl Options {
                 rate_time: Duration::from_secs(10),
                 peer: true,
                 keys: true,
+                cpu: true,
+                cpu_rounds: 3,
+                idle: Duration::from_secs(60),
                 watch: true,
                 gateway_env: Vec::new(),
                 report: None,
@@ -147,15 +164,30 @@ impl Options {
                     options.settle = Duration::from_secs(seconds.max(1));
                 }
                 "--no-peer" => options.peer = false,
+                "--cpu-rounds" => {
+                    options.cpu_rounds = value("--cpu-rounds")?.parse().context("--cpu-rounds")?;
+                }
+                "--idle" => {
+                    let seconds: u64 = value("--idle")?.parse().context("--idle")?;
+                    options.idle = Duration::from_secs(seconds);
+                }
                 "--only" => {
                     let part = value("--only")?;
                     match part.as_str() {
-                        "keys" => options.watch = false,
+                        "keys" => {
+                            options.watch = false;
+                            options.cpu = false;
+                        }
                         "watch" => {
                             options.keys = false;
                             options.peer = false;
+                            options.cpu = false;
                         }
-                        _ => bail!("--only takes keys or watch, not {part:?}"),
+                        "cpu" => {
+                            options.keys = false;
+                            options.watch = false;
+                        }
+                        _ => bail!("--only takes keys, watch or cpu, not {part:?}"),
                     }
                 }
                 "--gateway-env" => {
@@ -171,13 +203,18 @@ impl Options {
                 "--gateway-bin" => options.binary = value("--gateway-bin")?.into(),
                 other => bail!(
                     "unknown argument {other:?}; use --seconds N, --sizes 16,1024, \
-                     --watchers 1000,10000, --rounds N, --no-peer, --only keys|watch, \
+                     --watchers 1000,10000, --rounds N, --no-peer, --only keys|watch|cpu, \
+                     --cpu-rounds N, --idle SECONDS, \
                      --gateway-env NAME=VALUE, --report FILE, --gateway-bin PATH"
                 ),
             }
         }
-        if options.seconds == 0 || options.sizes.is_empty() || options.rounds == 0 {
-            bail!("--seconds, --sizes and --rounds must be positive");
+        if options.seconds == 0
+            || options.sizes.is_empty()
+            || options.rounds == 0
+            || options.cpu_rounds == 0
+        {
+            bail!("--seconds, --sizes, --rounds and --cpu-rounds must be positive");
         }
         if !options.keys {
             options.sizes.clear();
@@ -240,17 +277,36 @@ struct Tools {
 }
 
 impl Tools {
+    /// mosquitto and wrk are needed; without webdis or redis-server (when
+    /// they could not be installed) the run goes on without the peer and
+    /// says so.
     fn find(peer: bool) -> Result<Tools> {
         let need = |names: &[&str]| {
             procs::find_program(names).with_context(|| {
                 format!("{} is not installed (scripts/bench installs it)", names[0])
             })
         };
+        let (mut redis, mut webdis) = (None, None);
+        if peer {
+            redis = procs::find_program(&["redis-server"]);
+            webdis = procs::find_program(&["webdis"]);
+            if redis.is_none() || webdis.is_none() {
+                println!(
+                    "webdis comparison SKIPPED: {} not installed (scripts/bench installs both from Debian when it can)",
+                    match (&redis, &webdis) {
+                        (None, None) => "webdis and redis-server are",
+                        (None, Some(_)) => "redis-server is",
+                        _ => "webdis is",
+                    }
+                );
+                (redis, webdis) = (None, None);
+            }
+        }
         Ok(Tools {
             mosquitto: need(&["mosquitto"])?,
             wrk: need(&["wrk"])?,
-            redis: peer.then(|| need(&["redis-server"])).transpose()?,
-            webdis: peer.then(|| need(&["webdis"])).transpose()?,
+            redis,
+            webdis,
         })
     }
 }
@@ -293,8 +349,6 @@ struct Footprint {
     ready: Vec<Duration>,
     idle_rss_kib: u64,
     peak_rss_kib: u64,
-    fixed: Measurement,
-    fixed_cpu_seconds: f64,
     after_load_rss_kib: u64,
     /// wrk, 1 connection, `GET /livez` on the admin port: the same hyper
     /// and axum stack with no store call, i.e. what one HTTP hop costs here.
@@ -419,18 +473,6 @@ async fn run(options: Options) -> Result<()> {
         .unwrap_or_default();
 
     if options.keys {
-        // CPU at a fixed rate (the smallest value size, written above).
-        let cpu_before = gateway.proc.cpu_ticks()?;
-        let small = options.sizes.iter().min().copied().unwrap_or(16);
-        footprint.fixed = fixed_rate(
-            gateway.api,
-            &format!("/keys/bench-{small}"),
-            options.rate,
-            options.rate_time,
-            4,
-        )
-        .await?;
-        footprint.fixed_cpu_seconds = (gateway.proc.cpu_ticks()? - cpu_before) as f64 / ticks;
         footprint.after_load_rss_kib = gateway.proc.rss_kib()?;
         let livez = format!("http://{}/livez", gateway.admin);
         let (floor, _) = observed(
@@ -446,13 +488,6 @@ async fn run(options: Options) -> Result<()> {
         )
         .await?;
         footprint.http_floor = Some(floor);
-        println!(
-            "fixed {} req/s: {:.0} req/s done, gateway CPU {:.3} s over {:.1} s",
-            options.rate,
-            footprint.fixed.rate(),
-            footprint.fixed_cpu_seconds,
-            footprint.fixed.elapsed.as_secs_f64()
-        );
     }
     drop(gateway);
 
@@ -490,6 +525,15 @@ async fn run(options: Options) -> Result<()> {
         }
     }
 
+    let cpu = if options.cpu {
+        let cpu =
+            cpu_against_webdis(&tools, &dir_path, &options, &launch, &emulator, &broker).await?;
+        println!("{}", cpu.summary());
+        Some(cpu)
+    } else {
+        None
+    };
+
     // Watch fan-out on a fresh gateway, so the load above does not blur its memory figures.
     let watch_gateway = launch.start("gateway-watch").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -515,12 +559,13 @@ async fn run(options: Options) -> Result<()> {
     emulator.check_alive()?;
     broker.check_alive()?;
 
-    check(&options, &cases, &footprint, &fanouts)?;
+    check(&cases, &footprint, cpu.as_ref(), &fanouts, &options)?;
     let report = report(
         &options,
         &machine,
         &cases,
         &footprint,
+        cpu.as_ref(),
         &fanouts,
         started.elapsed(),
     );
@@ -530,6 +575,136 @@ async fn run(options: Options) -> Result<()> {
         println!("report written to {}", path.display());
     }
     Ok(())
+}
+
+/// Value size of the CPU comparison's GETs.
+const CPU_VALUE_BYTES: usize = 16;
+
+/// Keep-alive connections of the fixed-rate load.
+const RATE_CONNECTIONS: u32 = 4;
+
+/// The CPU comparison: a fresh gateway and, when installed, a fresh webdis
+/// in front of redis-server, both serving a GET of a 16 B value. Both sit
+/// idle for `--idle` seconds, then each round loads one and then the other:
+/// wrk at saturation, then the fixed rate.
+async fn cpu_against_webdis(
+    tools: &Tools,
+    dir: &std::path::Path,
+    options: &Options,
+    launch: &GatewayLaunch<'_>,
+    emulator: &Proc,
+    broker: &Proc,
+) -> Result<CpuComparison> {
+    let ticks = procs::clock_ticks_per_second() as f64;
+    let value = vec![b'v'; CPU_VALUE_BYTES];
+    let gateway = launch.start("gateway-cpu").await?;
+    let gateway_path = format!("/keys/cpu-{CPU_VALUE_BYTES}");
+    let put = request_once(gateway.api, "PUT", &gateway_path, &value).await?;
+    if !(200..300).contains(&put.status) {
+        bail!("PUT {gateway_path} on the gateway: status {}", put.status);
+    }
+    let webdis_path = format!("/GET/cpu-{CPU_VALUE_BYTES}.txt");
+    let peer = match (&tools.redis, &tools.webdis) {
+        (Some(redis), Some(webdis)) => {
+            let (redis, redis_port) = procs::start_redis(redis, dir)?;
+            let (webdis, port) = procs::start_webdis(webdis, dir, redis_port)?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let set =
+                request_once(addr, "PUT", &format!("/SET/cpu-{CPU_VALUE_BYTES}"), &value).await?;
+            if set.status != 200 {
+                bail!("PUT /SET on webdis: status {}", set.status);
+            }
+            Some((redis, webdis, addr))
+        }
+        _ => None,
+    };
+
+    let gateway_before = gateway.proc.cpu_ticks()?;
+    let webdis_before = match &peer {
+        Some((_, webdis, _)) => Some(webdis.cpu_ticks()?),
+        None => None,
+    };
+    let idle_started = Instant::now();
+    tokio::time::sleep(options.idle).await;
+    let mut idle = Idle {
+        window: idle_started.elapsed(),
+        gateway: (gateway.proc.cpu_ticks()? - gateway_before) as f64 / ticks,
+        webdis: None,
+        tick: 1.0 / ticks,
+    };
+    if let (Some((_, webdis, _)), Some(before)) = (&peer, webdis_before) {
+        idle.webdis = Some((webdis.cpu_ticks()? - before) as f64 / ticks);
+    }
+
+    let mut comparison = CpuComparison {
+        value_bytes: CPU_VALUE_BYTES,
+        rate: options.rate,
+        rate_connections: RATE_CONNECTIONS,
+        connections: CONCURRENCY,
+        idle,
+        rounds: Vec::new(),
+    };
+    let gateway_url = format!("http://{}{gateway_path}", gateway.api);
+    for _ in 0..options.cpu_rounds {
+        let mut round = CpuRound::default();
+        let (sat, store) = observed(
+            tools,
+            dir,
+            options,
+            Op::Get,
+            CPU_VALUE_BYTES,
+            &gateway_url,
+            CONCURRENCY,
+            &gateway.proc,
+            &[emulator, broker],
+        )
+        .await?;
+        round.gateway_sat = sat;
+        round.gateway_store_sat = store.iter().sum::<f64>() / ticks;
+        round.gateway_fixed =
+            fixed_with_cpu(&gateway.proc, gateway.api, &gateway_path, options).await?;
+        if let Some((redis, webdis, addr)) = &peer {
+            let url = format!("http://{addr}{webdis_path}");
+            let (sat, store) = observed(
+                tools,
+                dir,
+                options,
+                Op::Get,
+                CPU_VALUE_BYTES,
+                &url,
+                CONCURRENCY,
+                webdis,
+                &[redis],
+            )
+            .await?;
+            round.webdis_sat = Some(sat);
+            round.webdis_store_sat = store.iter().sum::<f64>() / ticks;
+            round.webdis_fixed = Some(fixed_with_cpu(webdis, *addr, &webdis_path, options).await?);
+        }
+        comparison.rounds.push(round);
+    }
+    Ok(comparison)
+}
+
+/// The fixed-rate load against `addr`, with `server`'s CPU time meanwhile.
+async fn fixed_with_cpu(
+    server: &Proc,
+    addr: SocketAddr,
+    path: &str,
+    options: &Options,
+) -> Result<Measurement> {
+    let before = server.cpu_ticks()?;
+    let mut run = fixed_rate(
+        addr,
+        path,
+        options.rate,
+        options.rate_time,
+        RATE_CONNECTIONS,
+    )
+    .await?;
+    run.cpu_seconds =
+        Some((server.cpu_ticks()? - before) as f64 / procs::clock_ticks_per_second() as f64);
+    Ok(run)
 }
 
 /// A wrk run against `url` while sampling `server`'s memory; returns the
@@ -611,10 +786,11 @@ fn case_line(case: &Case) -> String {
 /// What a run must get right whatever the timings: every request
 /// succeeded and every watcher got every event. (No timing is asserted.)
 fn check(
-    options: &Options,
     cases: &[Case],
     footprint: &Footprint,
+    cpu: Option<&CpuComparison>,
     fanouts: &[FanoutReport],
+    options: &Options,
 ) -> Result<()> {
     let mut problems = Vec::new();
     for case in cases {
@@ -645,11 +821,24 @@ fn check(
             floor.requests, floor.errors
         ));
     }
-    if options.keys && (footprint.fixed.requests == 0 || footprint.fixed.errors > 0) {
-        problems.push(format!(
-            "fixed-rate load: {} done, {} failed",
-            footprint.fixed.requests, footprint.fixed.errors
-        ));
+    for (index, round) in cpu.iter().flat_map(|cpu| cpu.rounds.iter()).enumerate() {
+        let runs = [
+            ("gateway saturated", Some(&round.gateway_sat)),
+            ("gateway fixed rate", Some(&round.gateway_fixed)),
+            ("webdis saturated", round.webdis_sat.as_ref()),
+            ("webdis fixed rate", round.webdis_fixed.as_ref()),
+        ];
+        for (path, run) in runs {
+            let Some(run) = run else { continue };
+            if run.requests == 0 || run.errors > 0 {
+                problems.push(format!(
+                    "CPU round {}, {path}: {} done, {} failed",
+                    index + 1,
+                    run.requests,
+                    run.errors
+                ));
+            }
+        }
     }
     for fanout in fanouts {
         if fanout.missing > 0 {
@@ -778,6 +967,7 @@ fn report(
     machine: &str,
     cases: &[Case],
     footprint: &Footprint,
+    cpu: Option<&CpuComparison>,
     fanouts: &[FanoutReport],
     took: Duration,
 ) -> String {
@@ -906,6 +1096,10 @@ fn report(
         }
     }
 
+    if let Some(cpu) = cpu {
+        let _ = writeln!(out, "\n{}", cpu.markdown());
+    }
+
     let _ = writeln!(
         out,
         "\n### Watch fan-out (one key, {} PUTs per size; ms from the PUT's reply to the event at each watcher)\n",
@@ -945,8 +1139,6 @@ fn report(
     ready.sort_unstable();
     let ready_median = ready.get(ready.len() / 2).copied().unwrap_or_default();
     let ready_max = ready.last().copied().unwrap_or_default();
-    let fixed_mcpu = footprint.fixed_cpu_seconds / footprint.fixed.elapsed.as_secs_f64() * 1000.0;
-    let per_thousand = fixed_mcpu * 1000.0 / footprint.fixed.rate().max(1.0);
     let _ = writeln!(out, "\n### Footprint\n");
     let _ = writeln!(out, "| Measure | Value |");
     let _ = writeln!(out, "|---|--:|");
@@ -972,21 +1164,6 @@ fn report(
             out,
             "| RSS after the load | {} MiB |",
             mib(footprint.after_load_rss_kib)
-        );
-        let _ = writeln!(
-            out,
-            "| CPU at a fixed {} req/s (GET {}, {:.0} req/s achieved over {:.0} s, p50 {} ms, p99 {} ms) | {:.0} mCPU |",
-            options.rate,
-            size_name(options.sizes.iter().min().copied().unwrap_or(16)),
-            footprint.fixed.rate(),
-            footprint.fixed.elapsed.as_secs_f64(),
-            ms(footprint.fixed.latency.p50),
-            ms(footprint.fixed.latency.p99),
-            fixed_mcpu
-        );
-        let _ = writeln!(
-            out,
-            "| CPU per 1,000 req/s (from the fixed-rate run) | {per_thousand:.0} mCPU |"
         );
         if let Some(get) = cases.iter().find(|c| c.op == Some(Op::Get))
             && let Some(us) = get.gateway_sat.cpu_us_per_request()
@@ -1079,6 +1256,27 @@ fn report(
             options.settle.as_secs(),
             yes(big.rss_settled_kib as f64 <= limit)
         );
+    }
+    if let Some(cpu) = cpu {
+        let m = cpu.medians();
+        if let (Some(ours), Some(theirs)) = (m[0], m[1]) {
+            let _ = writeln!(
+                out,
+                "| CPU per request at saturation <= webdis' (median) | {ours:.1} us against {theirs:.1} us | {} |",
+                yes(ours <= theirs)
+            );
+        }
+        if let Some(ours) = m[4].filter(|_| cpu.rate == 1000) {
+            let theirs = m[5].map_or(String::new(), |theirs| format!(" (webdis {theirs:.0})"));
+            let met = ours <= DAPR.2 && m[5].is_none_or(|theirs| ours <= theirs);
+            let _ = writeln!(
+                out,
+                "| mCPU at {} req/s <= webdis' and <= {} (median) | {ours:.0}{theirs} | {} |",
+                cpu.rate,
+                DAPR.2,
+                yes(met)
+            );
+        }
     }
     let _ = writeln!(
         out,

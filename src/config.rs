@@ -36,6 +36,10 @@ pub enum Command {
     Emulator(EmulatorArgs),
     /// Embedded broker + emulator + gateway in one process, for laptops.
     Dev(DevArgs),
+    /// Add the gateway sidecar to the pods of Kubernetes YAML (stdout).
+    Inject(InjectArgs),
+    /// Mutating admission webhook adding the sidecar to annotated pods.
+    Injector(InjectorArgs),
 }
 
 /// The longest `--client-id`: members add `-<n>`, and the id is part of
@@ -483,6 +487,52 @@ pub struct DevArgs {
     /// it the store lives in memory only.
     #[arg(long, env = settings::ENV_DEV_DATA_DIR)]
     pub data_dir: Option<std::path::PathBuf>,
+}
+
+/// The sidecar's settings, in the Helm chart's terms, for `inject` and
+/// `injector`: the chart's defaults, then values files, then `--set`.
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    /// A values file of the Helm chart (only image, gateway, broker,
+    /// sidecar, probes, resources, securityContext and podSecurityContext
+    /// are read); repeatable, later files win.
+    #[arg(short = 'f', long = "values", value_name = "FILE")]
+    pub values: Vec<PathBuf>,
+    /// One chart value, `PATH=VALUE` (`gateway.port=9080`,
+    /// `sidecar.native=true`); repeatable, wins over the files.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// Settings of `inject`.
+#[derive(Debug, Clone, Args)]
+pub struct InjectArgs {
+    /// Kubernetes YAML (several documents, `List`s); standard input when
+    /// absent or `-`.
+    pub file: Option<PathBuf>,
+    /// The sidecar.
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+}
+
+/// Settings of `injector`.
+#[derive(Debug, Clone, Args)]
+pub struct InjectorArgs {
+    /// Address of the HTTPS listener (`POST /mutate`, `GET /livez`).
+    #[arg(long, env = settings::ENV_INJECTOR_LISTEN, default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain served; read again when it changes.
+    #[arg(long, env = settings::ENV_INJECTOR_TLS_CERT_FILE)]
+    pub tls_cert_file: PathBuf,
+    /// PEM private key of that certificate.
+    #[arg(long, env = settings::ENV_INJECTOR_TLS_KEY_FILE)]
+    pub tls_key_file: PathBuf,
+    /// Log line format.
+    #[arg(long, env = settings::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// The sidecar (pods' annotations may override single values).
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
 }
 
 #[cfg(test)]

@@ -1,23 +1,31 @@
 #![forbid(unsafe_code)]
 //! statestore-gateway: the Azure IoT Operations state store over HTTP.
 //!
-//! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
+//! The data path reads top to bottom, and no module imports one above it
+//! (checked by the `modules` integration test):
+//!
+//! - [`config`]: the command line (clap, with environment fallbacks).
+//! - [`http`]: router and state, the key API, watch streams, problem+json
+//!   errors, the admin listener, `serve`.
+//! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
+//! - [`store`]: the typed store client: one method per verb, each reply
+//!   decoded once, with its request, into an outcome.
 //! - [`mqtt`]: the gateway's pool of MQTT5 connections, TLS/SAT/password
 //!   authentication, and the options every connection starts from.
-//! - [`config`]: command-line and environment settings.
-//! - [`emulator`]: the state store protocol served over any MQTT5 broker.
-//! - [`dev`]: embedded broker + emulator + gateway in one process.
-//! - [`metrics`]: the Prometheus registry and metric families.
-//! - [`http`]: the key API, problem+json errors, admin endpoints, `serve`.
-//! - [`store`]: the typed store client: one method per verb, replies
-//!   decoded once into outcomes.
-//! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
-//! - [`ui`]: the browser dashboard served at `/ui/`.
+//! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
+//!
+//! Beside it: [`settings`] (a leaf: environment names, defaults, the
+//! duration syntax), [`metrics`] (the Prometheus registry), [`emulator`]
+//! (the state store protocol served over any MQTT5 broker), [`dev`]
+//! (embedded broker + emulator + gateway in one process), [`ui`] (the
+//! browser dashboard at `/ui/`) and [`inject`] (the sidecar added to
+//! Kubernetes YAML by `inject` and by the `injector` admission webhook).
 
 pub mod config;
 pub mod dev;
 pub mod emulator;
 pub mod http;
+pub mod inject;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;

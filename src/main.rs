@@ -2,7 +2,9 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{Cli, Command, DevArgs, EmulatorArgs, LogFormat, ServeArgs};
+use statestore_gateway::config::{
+    Cli, Command, DevArgs, EmulatorArgs, InjectArgs, InjectorArgs, LogFormat, ServeArgs,
+};
 use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
 use statestore_gateway::http::{ServeError, Server, termination_signal};
 use statestore_gateway::metrics::Metrics;
@@ -25,7 +27,62 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve(args),
         Command::Emulator(args) => emulator(args),
         Command::Dev(args) => dev(args),
+        Command::Inject(args) => inject(args),
+        Command::Injector(args) => injector(args),
     }
+}
+
+/// `inject`: the YAML of a file or stdin, with the sidecar, to stdout.
+fn inject(args: InjectArgs) -> anyhow::Result<()> {
+    use statestore_gateway::inject::{manifest, settings::SidecarValues};
+    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
+        .and_then(|values| values.sidecar().map(|_| values))
+        .unwrap_or_else(|error| bad_setting(&error));
+    let text = match args.file.as_deref() {
+        None => std::io::read_to_string(std::io::stdin()).context("reading standard input")?,
+        Some(path) if path.as_os_str() == "-" => {
+            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        }
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+    };
+    let out = manifest::inject_yaml(&text, &values)?;
+    std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
+        .context("writing standard output")
+}
+
+/// `injector`: the admission webhook until SIGTERM/SIGINT.
+fn injector(args: InjectorArgs) -> anyhow::Result<()> {
+    use statestore_gateway::inject::{settings::SidecarValues, webhook};
+    init_tracing(args.log_format);
+    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
+        .and_then(|values| values.sidecar().map(|_| values))
+        .unwrap_or_else(|error| bad_setting(&error));
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, "admission webhook ready");
+        let served = webhook::serve(
+            listener,
+            args.tls_cert_file,
+            args.tls_key_file,
+            values,
+            termination_signal(),
+        )
+        .await;
+        if let Err(error @ webhook::WebhookError::Tls { .. }) = &served {
+            bad_setting(error);
+        }
+        Ok(served?)
+    })
+}
+
+/// Reports a setting that cannot be used and exits with the usage code.
+fn bad_setting(error: &dyn std::fmt::Display) -> ! {
+    eprintln!("statestore-gateway: {error}");
+    std::process::exit(EXIT_BAD_SETTING);
 }
 
 /// `serve`: the gateway until SIGTERM/SIGINT, then a graceful drain; exit 0.
@@ -39,7 +96,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_BAD_SETTING);
         }
     };
-    runtime()?.block_on(async move {
+    serve_runtime()?.block_on(async move {
         let server = match Server::start(settings, Metrics::new()).await {
             Ok(server) => server,
             // The pool's checks (TLS material, SAT file) name the setting.
@@ -115,6 +172,22 @@ fn raise_open_file_limit() {
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     raise_open_file_limit();
     tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// `serve`'s runtime: one thread, unless `TOKIO_WORKER_THREADS` is set
+/// (then tokio's multi-threaded one with that many workers). On one thread
+/// the HTTP task, the pool member's event loop and the reply wake each
+/// other without a futex or a context switch: measured (BENCHMARKS.md,
+/// "CPU against webdis"), that is less CPU per request at every rate; the
+/// cost is a ceiling of one core, which a sidecar is rarely given anyway.
+fn serve_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        return runtime();
+    }
+    raise_open_file_limit();
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
 }

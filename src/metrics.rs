@@ -64,6 +64,9 @@ pub struct Families {
     pub events_delivered: IntCounter,
     /// Events dropped for slow consumers (replaced by a sync).
     pub events_dropped: IntCounter,
+    /// Times the gateway's clock, over a minute ahead of the system clock,
+    /// fell back to it.
+    pub clock_fallbacks: IntCounter,
     /// Resyncs after a reconnect or an overflow.
     pub resyncs: IntCounter,
 }
@@ -127,6 +130,10 @@ impl Metrics {
                 "watch_events_dropped_total",
                 "SSE events dropped for slow consumers (replaced by a sync)",
             ),
+            clock_fallbacks: counter(
+                "clock_fallbacks_total",
+                "Times the clock, over a minute ahead of the system clock, fell back to it",
+            ),
             resyncs: counter("watch_resyncs_total", "Watch resyncs"),
             registry,
         };
@@ -144,7 +151,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 14] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -158,6 +165,7 @@ impl Families {
             Box::new(self.notifications_received.clone()),
             Box::new(self.events_delivered.clone()),
             Box::new(self.events_dropped.clone()),
+            Box::new(self.clock_fallbacks.clone()),
             Box::new(self.resyncs.clone()),
         ];
         for collector in collectors {
@@ -213,6 +221,7 @@ mod tests {
             "statestore_gateway_store_requests_in_flight 0",
             "statestore_gateway_watchers 0",
             "statestore_gateway_watch_resyncs_total 0",
+            "statestore_gateway_clock_fallbacks_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -189,6 +189,13 @@ pub const DEFAULT_DEV_BROKER_LISTEN: SocketAddr = loopback(1883);
 /// `dev --data-dir`
 pub const ENV_DEV_DATA_DIR: &str = "STATESTORE_GATEWAY_DEV_DATA_DIR";
 
+/// Environment fallback of `injector --listen`.
+pub const ENV_INJECTOR_LISTEN: &str = "STATESTORE_GATEWAY_INJECTOR_LISTEN";
+/// Environment fallback of `injector --tls-cert-file`.
+pub const ENV_INJECTOR_TLS_CERT_FILE: &str = "STATESTORE_GATEWAY_INJECTOR_TLS_CERT_FILE";
+/// Environment fallback of `injector --tls-key-file`.
+pub const ENV_INJECTOR_TLS_KEY_FILE: &str = "STATESTORE_GATEWAY_INJECTOR_TLS_KEY_FILE";
+
 /// How long a request waits for an in-flight slot before it fails as
 /// overloaded: long enough to ride out a burst, short enough that the
 /// client hears `503 Retry-After` well before its own timeout.

@@ -108,9 +108,11 @@ pub enum WatchError {
 pub struct Snapshot {
     /// The value; `None` when the key is absent.
     pub value: Option<Bytes>,
-    /// The version: of the value, or of the delete that removed it; `None`
-    /// for a key that was absent when first read.
+    /// The store's version: of the value, or of the delete that removed
+    /// it; `None` for a key that was absent when read.
     pub version: Option<Hlc>,
+    /// The id of the event that led here (see [`KeyEvent::id`]).
+    pub id: Option<Hlc>,
 }
 
 /// What a watcher is told.
@@ -140,8 +142,13 @@ pub struct KeyEvent {
     pub key: Bytes,
     /// The value after the event, if the key exists.
     pub value: Option<Bytes>,
-    /// The key's version after the event.
+    /// The key's version after the event (the store's).
     pub version: Option<Hlc>,
+    /// The event's identity (the SSE `id:`), strictly increasing per key
+    /// while the key is watched: the store's version, unless that is not
+    /// newer than the last id (a delete found only by a resync has no
+    /// version; a restarted store can go back), then just after the last.
+    pub id: Option<Hlc>,
     /// Why following the key failed (for [`EventKind::Error`]).
     pub error: Option<String>,
     /// The event's SSE frame, rendered once by the first watcher that sends
@@ -156,6 +163,7 @@ impl KeyEvent {
             key: key.clone(),
             value: snapshot.value.clone(),
             version: snapshot.version.clone(),
+            id: snapshot.id.clone(),
             error: None,
             rendered: OnceLock::new(),
         }
@@ -167,6 +175,27 @@ enum Registration {
     Pending,
     Registered,
     Failed(WatchError),
+}
+
+/// The id for the next event of a key whose last event had `last`: the
+/// store's `version` when it is newer, else just after `last`.
+fn next_id(last: Option<&Hlc>, version: Option<&Hlc>) -> Option<Hlc> {
+    match (last, version) {
+        (Some(last), Some(version)) if version > last => Some(version.clone()),
+        (Some(last), _) => Some(last.successor()),
+        (None, version) => version.cloned(),
+    }
+}
+
+/// Whether a watcher that was last told `delivered` gets `event`: errors
+/// always, anything else only if its id is newer, so no watcher ever goes
+/// back (a resync older than a lagged sync is skipped like any event).
+fn is_news(delivered: Option<&Hlc>, event: &KeyEvent) -> bool {
+    match (event.kind, delivered, &event.id) {
+        (EventKind::Error, _, _) => true,
+        (_, Some(delivered), Some(id)) => id > delivered,
+        _ => true,
+    }
 }
 
 #[derive(Debug)]
@@ -203,9 +232,14 @@ impl KeyWatch {
         {
             return false;
         }
+        let id = next_id(
+            state.snapshot.as_ref().and_then(|s| s.id.as_ref()),
+            version.as_ref(),
+        );
         state.snapshot = Some(Snapshot {
             value: value.clone(),
             version: version.clone(),
+            id: id.clone(),
         });
         state.changes += 1;
         // Sent under the lock, so a watcher subscribing under the same lock
@@ -215,6 +249,7 @@ impl KeyWatch {
             key: self.key.clone(),
             value,
             version,
+            id,
             error: None,
             rendered: OnceLock::new(),
         }));
@@ -369,11 +404,11 @@ impl WatchHub {
         for cursor in &mut watcher.cursors {
             let snapshot = cursor.watch.state().snapshot.clone();
             let Some(snapshot) = snapshot else { continue };
-            let seen = matches!(
-                (&last_version, &snapshot.version),
-                (Some(last), Some(current)) if current <= last
-            );
-            cursor.delivered = snapshot.version.clone();
+            // Only the very state the client saw is skipped: an id the hub
+            // never gave this state (an older one, or a newer one from before
+            // a store restart) gets the sync.
+            let seen = last_version.is_some() && last_version == snapshot.id;
+            cursor.delivered = snapshot.id.clone();
             if !seen {
                 watcher.pending.push(Arc::new(KeyEvent::sync(
                     &cursor.watch.key,
@@ -506,23 +541,11 @@ impl Watcher {
                     Arc::new(KeyEvent::sync(&cursor.watch.key, &snapshot, false, true))
                 }
             };
-            // A resync reports a move the watcher cannot have seen (possibly a
-            // delete whose version is unknown), so it is never filtered.
-            let filtered = !matches!(
-                event.kind,
-                EventKind::Error | EventKind::Sync { resync: true, .. }
-            );
-            if filtered
-                && let (Some(delivered), Some(version)) = (&cursor.delivered, &event.version)
-                && version <= delivered
-            {
+            if !is_news(cursor.delivered.as_ref(), &event) {
                 continue;
             }
-            if event.kind != EventKind::Error
-                && event.version.is_some()
-                && event.version > cursor.delivered
-            {
-                cursor.delivered.clone_from(&event.version);
+            if event.kind != EventKind::Error && event.id.is_some() {
+                cursor.delivered.clone_from(&event.id);
             }
             self.hub.metrics.events_delivered.inc();
             return Some(event);
@@ -739,6 +762,7 @@ async fn sync_registrations(
                         key: key_watch.key.clone(),
                         value: None,
                         version: None,
+                        id: None,
                         error: Some(error.to_string()),
                         rendered: OnceLock::new(),
                     }));
@@ -758,18 +782,22 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
     let changes_before = key_watch.state().changes;
     let current = match store.get(key_watch.key.clone()).await? {
         Some(Versioned { value, version }) => Snapshot {
+            id: version.clone(),
             value: Some(value),
             version,
         },
         None => Snapshot {
             value: None,
             version: None,
+            id: None,
         },
     };
     let mut state = key_watch.state();
-    if state.changes != changes_before && current.version.is_none() {
-        // A notification landed while the GET was out; a miss without a
-        // version cannot be ordered against it, so trust the notification.
+    if state.changes != changes_before {
+        // A notification landed while the GET was out. The registration
+        // came first, so every change after it is notified: the
+        // notifications are the newer word (a GET answered just before a
+        // SET must not look like a store that went back).
         return Ok(());
     }
     let Some(known) = state.snapshot.clone() else {
@@ -777,20 +805,21 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         return Ok(());
     };
     let moved = match (&known.version, &current.version) {
-        (Some(old), Some(new)) => new > old,
-        // Absent now: moved if we thought it existed.
+        // Lower than what we saw: the store restarted without its data and
+        // counts from an older clock. Its versions are the baseline now, or
+        // every later change would look stale.
+        (Some(old), Some(new)) => new != old,
+        // Absent now: moved if we thought it existed. The delete's version
+        // is unknown, so any later change is newer.
         (_, None) => known.value.is_some(),
         (None, Some(_)) => true,
     };
     if moved {
-        let current = if current.version.is_none() {
-            // Keep the last version we knew so Last-Event-ID keeps working.
-            Snapshot {
-                value: None,
-                version: known.version,
-            }
-        } else {
-            current
+        // Its own id, after every id watchers saw: a watcher resuming
+        // from the last SET's id still hears of a delete.
+        let current = Snapshot {
+            id: next_id(known.id.as_ref(), current.version.as_ref()),
+            ..current
         };
         state.snapshot = Some(current.clone());
         inner.metrics.resyncs.inc();
@@ -802,4 +831,61 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hlc(wall_ms: u64, counter: u64) -> Hlc {
+        Hlc {
+            wall_ms,
+            counter,
+            node: "StateStore".into(),
+        }
+    }
+
+    fn event(kind: EventKind, id: Option<Hlc>) -> KeyEvent {
+        KeyEvent {
+            kind,
+            key: Bytes::from_static(b"k"),
+            value: None,
+            version: id.clone(),
+            id,
+            error: None,
+            rendered: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn ids_follow_the_store_and_never_go_back() {
+        assert_eq!(next_id(None, None), None);
+        assert_eq!(next_id(None, Some(&hlc(5, 0))), Some(hlc(5, 0)));
+        assert_eq!(next_id(Some(&hlc(5, 0)), Some(&hlc(7, 0))), Some(hlc(7, 0)));
+        // A delete found by a resync (no version): just after the last id.
+        assert_eq!(next_id(Some(&hlc(5, 0)), None), Some(hlc(5, 1)));
+        // A store that went back: still after the last id.
+        assert_eq!(next_id(Some(&hlc(5, 3)), Some(&hlc(2, 0))), Some(hlc(5, 4)));
+    }
+
+    #[test]
+    fn a_resync_older_than_what_a_watcher_saw_is_skipped() {
+        // A lagged watcher skipped to the sync of id 9, then reads an older
+        // resync still in its buffer (issue 13 item 3).
+        let resync = event(
+            EventKind::Sync {
+                resync: true,
+                lagged: false,
+            },
+            Some(hlc(7, 0)),
+        );
+        assert!(!is_news(Some(&hlc(9, 0)), &resync));
+        assert!(is_news(Some(&hlc(6, 0)), &resync));
+        assert!(!is_news(
+            Some(&hlc(7, 0)),
+            &event(EventKind::Set, Some(hlc(7, 0)))
+        ));
+        assert!(is_news(Some(&hlc(9, 0)), &event(EventKind::Error, None)));
+        assert!(is_news(None, &event(EventKind::Delete, Some(hlc(1, 0)))));
+    }
 }

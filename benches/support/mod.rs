@@ -1,6 +1,7 @@
 //! Parts of the gateway benchmark: the processes it starts, the load it
 //! makes and the figures it keeps.
 
+pub mod cpu;
 pub mod direct;
 pub mod gateway;
 pub mod http;

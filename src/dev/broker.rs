@@ -20,7 +20,7 @@ use rmqtt::types::Reason;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::DevError;
+use super::error::DevError;
 use crate::mqtt::MAX_PACKET_SIZE;
 
 /// Unacknowledged QoS 1 messages the broker keeps in flight per client (and

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::task::JoinHandle;
 
-use super::{DevError, EmbeddedBroker};
+use super::broker::EmbeddedBroker;
+use super::error::DevError;
 use crate::config::DevArgs;
 use crate::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use crate::http::{ServeSettings, Server};
@@ -110,7 +111,7 @@ impl DevStack {
 
     /// What to print once everything runs: the addresses and a first request.
     pub fn banner(&self) -> String {
-        super::banner(
+        super::banner::banner(
             self.api_addr(),
             self.admin_addr(),
             self.broker_addr(),

@@ -22,6 +22,7 @@
 //! publish; see [`Store::scan`] for the rest of its rules.
 
 mod acl;
+mod entry;
 pub mod glob;
 mod persist;
 mod store;
@@ -41,10 +42,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use acl::{Access, AccessList, AclError, Grant};
+pub use entry::Entry;
 pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Answer, Entry, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent,
-    MAX_TOPIC_BYTES, NODE_ID, Outcome, Quota, ScanLimits, Store,
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES,
+    NODE_ID, Outcome, Quota, ScanLimits, Store,
 };
 
 use crate::mqtt::{MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY, base_options};
@@ -64,8 +66,8 @@ const RECEIVE_MAXIMUM: u16 = 1024;
 /// Most requests handled (and made durable) together.
 const MAX_BATCH: usize = 256;
 
-/// Requests queued between the poll loop and the worker: room for every
-/// QoS 1 request the broker may have in flight to us, and then some.
+/// Requests queued between the poll loop and the worker by default: room
+/// for every QoS 1 request the broker may have in flight to us, and then some.
 const REQUEST_QUEUE: usize = 4 * RECEIVE_MAXIMUM as usize;
 
 /// How long shutdown waits for the worker to finish its batch.
@@ -89,6 +91,8 @@ mod status {
     pub const REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
     /// Bad request.
     pub const BAD_REQUEST: &str = "400";
+    /// Overloaded, try again (what the SDK executors send on clock drift).
+    pub const SERVICE_UNAVAILABLE: &str = "503";
     /// Protocol version not supported.
     pub const VERSION_NOT_SUPPORTED: &str = "505";
 }
@@ -119,6 +123,9 @@ pub struct EmulatorConfig {
     pub scan_limits: ScanLimits,
     /// How long [`Emulator::start`] tries to connect and subscribe.
     pub startup_timeout: Duration,
+    /// Requests held between the connection and the worker; a request
+    /// arriving when it is full is refused (`__stat` 503) and acknowledged.
+    pub request_queue: usize,
 }
 
 impl EmulatorConfig {
@@ -136,6 +143,7 @@ impl EmulatorConfig {
             acl: None,
             scan_limits: ScanLimits::default(),
             startup_timeout: STARTUP_TIMEOUT,
+            request_queue: REQUEST_QUEUE,
         }
     }
 }
@@ -246,7 +254,7 @@ impl Emulator {
             );
         }
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
-        let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+        let (requests_tx, requests_rx) = mpsc::channel(config.request_queue.max(1));
         let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
             last_error: "none yet".into(),
         });
@@ -415,12 +423,13 @@ async fn poll_loop(
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 // The broker holds QoS 1 requests back at our receive
-                // maximum, so only a QoS 0 flood (which gets no reply
-                // anyway) can fill the queue: drop rather than grow.
+                // maximum, so mostly a QoS 0 flood fills the queue: refuse
+                // rather than grow.
                 match requests.try_send(publish) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(dropped)) => {
-                        tracing::warn!(topic = ?dropped.topic, "request queue full; dropping a request");
+                        tracing::warn!(topic = ?dropped.topic, "request queue full; refusing a request");
+                        refuse_overloaded(&client, dropped);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return, // the worker is gone
                 }
@@ -466,6 +475,48 @@ async fn poll_loop(
             }
         }
     }
+}
+
+/// Answers a request that found the queue full with `__stat` 503 and
+/// acknowledges it: unacknowledged, it would hold one of the broker's
+/// in-flight slots to us for good. A QoS 0 request is just dropped. The
+/// client is awaited in a task of its own (never in the poll loop); there
+/// are at most [`RECEIVE_MAXIMUM`] of those, as each holds a QoS 1 request.
+fn refuse_overloaded(client: &AsyncClient, mut request: Publish) {
+    if request.qos != QoS::AtLeastOnce {
+        return;
+    }
+    request.payload = Bytes::new();
+    let properties = request.properties.take().unwrap_or_default();
+    let reply = properties
+        .response_topic
+        .filter(|topic| !is_forbidden_response_topic(topic))
+        .map(|topic| {
+            rejection_message(
+                topic,
+                properties.correlation_data,
+                status::SERVICE_UNAVAILABLE,
+                &[(
+                    status::MESSAGE,
+                    "the state store is overloaded; retry later",
+                )],
+            )
+        });
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Some(reply) = reply {
+            let _ = client
+                .publish_with_properties(
+                    reply.topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    reply.payload,
+                    reply.properties,
+                )
+                .await;
+        }
+        let _ = client.ack(&request).await;
+    });
 }
 
 /// One MQTT message to send.
@@ -790,6 +841,21 @@ fn rejection(
     details: &[(&str, &str)],
 ) -> Handled {
     tracing::debug!(%topic, status = status_code, ?details, "request refused");
+    Handled::Refused(rejection_message(
+        topic,
+        correlation_data,
+        status_code,
+        details,
+    ))
+}
+
+/// The message of a [`rejection`].
+fn rejection_message(
+    topic: String,
+    correlation_data: Option<Bytes>,
+    status_code: &str,
+    details: &[(&str, &str)],
+) -> Message {
     let mut user_properties = vec![
         (property::STATUS.to_owned(), status_code.to_owned()),
         (
@@ -802,7 +868,7 @@ fn rejection(
             .iter()
             .map(|(name, value)| ((*name).to_owned(), (*value).to_owned())),
     );
-    Handled::Refused(Message {
+    Message {
         topic,
         payload: Vec::new(),
         properties: PublishProperties {
@@ -810,7 +876,7 @@ fn rejection(
             user_properties,
             ..PublishProperties::default()
         },
-    })
+    }
 }
 
 fn is_supported_version(version: &str) -> bool {

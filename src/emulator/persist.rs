@@ -3,8 +3,9 @@
 //!
 //! Each record is `[len u32 LE][crc32 u32 LE][body]`. A crash can leave the
 //! last records half written; replay keeps the longest valid prefix and cuts
-//! the rest off. That loses nothing acknowledged, because the emulator only
-//! replies once a record is written and `fsync`ed. After replay, and whenever
+//! the rest off (a tail of zeros, which a file system may leave after a
+//! crash, counts as torn). That loses nothing acknowledged, because the
+//! emulator only replies once a record is written and `fsync`ed. After replay, and whenever
 //! the appended records outgrow both 64 MiB and the last rewrite, the log is
 //! rewritten to the live keys alone (write, fsync, rename), so its size stays
 //! within a small multiple of the data.
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use thiserror::Error;
 
-use super::store::Entry;
+use super::entry::Entry;
 use crate::protocol::Hlc;
 
 /// The log's file name in the data directory.
@@ -216,7 +217,9 @@ fn parse(image: &[u8], path: &Path) -> Result<(Vec<Record>, usize), PersistError
         };
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        if len > MAX_RECORD {
+        // Every record has a tag byte, so length 0 (with the CRC-32 of
+        // nothing, which is 0) is a zero-filled tail, not a record.
+        if len == 0 || len > MAX_RECORD {
             break;
         }
         let Some(body) = rest.get(8..8 + len) else {
@@ -589,6 +592,28 @@ mod tests {
             assert_eq!(replayed.len(), 4);
             assert_eq!(replayed[3], delete("after"));
         }
+    }
+
+    #[test]
+    fn a_zero_filled_tail_is_cut_off_and_the_records_kept() {
+        // A file system can extend a file with zeros before the data of a
+        // crashed write reaches the disk; zeros parse as length 0, CRC 0.
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path()).unwrap();
+        append_blocking(&log, &sample());
+        drop(log);
+        let path = dir.path().join(LOG_FILE);
+        let mut image = std::fs::read(&path).unwrap();
+        let whole = image.len() as u64;
+        image.extend_from_slice(&[0; 4096]);
+        std::fs::write(&path, &image).unwrap();
+        let (log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed, sample());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        append_blocking(&log, &[delete("after")]);
+        drop(log);
+        let (_log, replayed) = Log::open(dir.path()).unwrap();
+        assert_eq!(replayed.last(), Some(&delete("after")));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::ops::Bound;
 use bytes::Bytes;
 
 use super::acl::{Access, AccessList};
+use super::entry::Entry;
 use super::glob;
 use super::persist::Record;
 use crate::protocol::resp::bulk_encoded_len;
@@ -161,22 +162,6 @@ impl Outcome {
     pub(crate) fn error(error: StoreError) -> Self {
         Self::reply(Reply::Error(error), None)
     }
-}
-
-/// One stored key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The value (may be empty).
-    pub value: Bytes,
-    /// The version its last SET got.
-    pub version: Hlc,
-    /// The newest fencing token a write presented; later writes need one at
-    /// least as new.
-    pub fencing_token: Option<Hlc>,
-    /// Wall-clock milliseconds at which the key expires (PX).
-    pub expires_at_ms: Option<u64>,
-    /// Whether its last SET asked for persistence.
-    pub persistent: bool,
 }
 
 /// The whole store.

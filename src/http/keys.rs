@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{OriginalUri, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
@@ -22,8 +22,9 @@ use futures_util::StreamExt;
 use percent_encoding::percent_decode;
 use serde_json::json;
 
-use super::AppState;
+use super::headers::{set_common_headers, set_etag};
 use super::problem::{ApiError, Precondition};
+use super::state::AppState;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
 use crate::settings::parse_duration;
@@ -588,29 +589,6 @@ async fn read_value(
         .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
-/// `Content-Type` (unless empty), `Cache-Control: no-store` and
-/// `X-Content-Type-Options: nosniff`: on every key API answer, problems too.
-pub(super) fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
-    if !content_type.is_empty() {
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    }
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        HeaderName::from_static("x-content-type-options"),
-        HeaderValue::from_static("nosniff"),
-    );
-}
-
-/// `ETag: "<version>"`; left out when there is no version or it cannot be
-/// a header (a store node id with control characters).
-fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
-    if let Some(version) = version
-        && let Ok(value) = HeaderValue::from_str(&format!("\"{version}\""))
-    {
-        headers.insert(header::ETAG, value);
-    }
-}
-
 fn not_modified(version: Option<&Hlc>) -> Response {
     let mut response = StatusCode::NOT_MODIFIED.into_response();
     set_common_headers(response.headers_mut(), "");
@@ -646,6 +624,7 @@ fn value_response(key: &[u8], value: Bytes, version: Option<&Hlc>, json: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn uri(text: &str) -> Uri {
         text.parse().unwrap()
@@ -884,6 +863,7 @@ mod tests {
 #[cfg(test)]
 mod proptests {
     use super::*;
+    use axum::http::HeaderValue;
     use percent_encoding::{AsciiSet, CONTROLS, NON_ALPHANUMERIC};
     use proptest::prelude::*;
 

@@ -24,9 +24,10 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::AppState;
-use super::keys::{QueryParams, method_not_allowed, set_common_headers};
+use super::headers::set_common_headers;
+use super::keys::{QueryParams, method_not_allowed};
 use super::problem::ApiError;
+use super::state::AppState;
 use crate::protocol::StoreError;
 use crate::store::RequestError;
 

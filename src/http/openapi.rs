@@ -78,6 +78,7 @@ mod tests {
                 PoolError::Overloaded,
                 PoolError::Timeout(Duration::from_secs(1)),
                 PoolError::ConnectionLost,
+                PoolError::OutcomeUnknown,
                 PoolError::Decode(DecodeError::Incomplete),
                 PoolError::BadVersion(HlcError::Malformed("x".into())),
                 PoolError::Clock(HlcError::CounterOverflow),

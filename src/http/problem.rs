@@ -153,7 +153,7 @@ fn precondition_detail(precondition: Precondition) -> &'static str {
 
 fn pool_detail(error: &PoolError) -> String {
     match error {
-        PoolError::ConnectionLost | PoolError::Timeout(_) => {
+        PoolError::OutcomeUnknown | PoolError::Timeout(_) => {
             format!("{error}; a write may or may not have been applied")
         }
         other => other.to_string(),
@@ -309,6 +309,9 @@ impl ApiError {
                 PoolError::Timeout(_) => {
                     (504, "/problems/store-timeout", "State store timeout", Warn)
                 }
+                PoolError::OutcomeUnknown => {
+                    (504, "/problems/outcome-unknown", "Outcome unknown", Warn)
+                }
                 PoolError::Decode(_) | PoolError::BadVersion(_) => (
                     502,
                     "/problems/bad-store-reply",
@@ -418,7 +421,7 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        super::keys::set_common_headers(headers, PROBLEM_JSON);
+        super::headers::set_common_headers(headers, PROBLEM_JSON);
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
@@ -503,9 +506,15 @@ mod tests {
             assert_eq!(problem.status, 503);
             assert!(problem.retry_after());
         }
-        let timeout = ApiError::Pool(PoolError::Timeout(Duration::from_secs(1))).problem();
-        assert_eq!(timeout.status, 504);
-        assert!(!timeout.retry_after());
+        for error in [
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::OutcomeUnknown,
+        ] {
+            let problem = ApiError::Pool(error).problem();
+            assert_eq!(problem.status, 504);
+            assert!(!problem.retry_after());
+            assert!(problem.detail.contains("may or may not have been applied"));
+        }
         assert_eq!(
             status(ApiError::Pool(PoolError::Decode(DecodeError::Incomplete))),
             502

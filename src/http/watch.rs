@@ -22,9 +22,9 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::AppState;
 use super::keys::{decode_key, key_from_path, method_not_allowed};
 use super::problem::ApiError;
+use super::state::AppState;
 use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
@@ -173,7 +173,7 @@ struct Frames {
     sent: bool,
 }
 
-/// The SSE frame of an event (`event:`, `id:` = version, one `data:` line
+/// The SSE frame of an event (`event:`, `id:`, one `data:` line
 /// of JSON), rendered by the first watcher that sends it and shared by the
 /// others: 10,000 watchers, one serialisation.
 fn sse_frame(event: &KeyEvent) -> Bytes {
@@ -184,8 +184,8 @@ fn sse_frame(event: &KeyEvent) -> Bytes {
             let mut frame = String::with_capacity(json.len() + 64);
             // Writing to a String cannot fail.
             let _ = writeln!(frame, "event: {}", event_name(event.kind));
-            if let Some(version) = &event.version {
-                let _ = writeln!(frame, "id: {version}");
+            if let Some(id) = &event.id {
+                let _ = writeln!(frame, "id: {id}");
             }
             // Compact JSON has no line breaks: one `data:` line.
             let _ = write!(frame, "data: {json}\n\n");
@@ -283,6 +283,7 @@ mod tests {
             key: Bytes::copy_from_slice(key),
             value: value.map(Bytes::copy_from_slice),
             version: Some(Hlc::new(1_700_000_000_000, "StateStore")),
+            id: Some(Hlc::new(1_700_000_000_000, "StateStore")),
             error: None,
             rendered: Default::default(),
         }
@@ -311,9 +312,10 @@ mod tests {
     }
 
     #[test]
-    fn an_event_without_version_has_no_id() {
+    fn an_event_without_id_has_no_id_line() {
         let mut absent = event(EventKind::Delete, b"k", None);
         absent.version = None;
+        absent.id = None;
         let frame = sse_frame(&absent);
         assert!(frame.starts_with(b"event: delete\ndata: {"), "{frame:?}");
     }

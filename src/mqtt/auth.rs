@@ -12,7 +12,6 @@
 //! connect time. We pin the aws-lc-rs provider that rumqttc's `use-rustls`
 //! feature brings and parse the files up front.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -23,12 +22,12 @@ use rumqttc::tokio_rustls::rustls::{
 };
 use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
-use thiserror::Error;
 
+use super::error::ConfigError;
 #[cfg(test)]
-use super::REQUEST_CHANNEL_CAPACITY;
-use super::base_options;
-use super::pool::BrokerSettings;
+use super::options::REQUEST_CHANNEL_CAPACITY;
+use super::options::base_options;
+use super::settings::BrokerSettings;
 
 /// The enhanced authentication method of the AIO broker's service-account
 /// token authentication.
@@ -43,81 +42,6 @@ const SYSTEM_CA_BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
     "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
 ];
-
-/// A setting that cannot work; the message names the setting (by its
-/// environment variable) so an operator can fix it.
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    /// `AIO_BROKER_HOSTNAME` is empty.
-    #[error("AIO_BROKER_HOSTNAME: the broker host name is empty")]
-    EmptyHost,
-    /// `AIO_BROKER_TCP_PORT` is 0.
-    #[error("AIO_BROKER_TCP_PORT: 0 is not a broker port")]
-    ZeroPort,
-    /// The host cannot be checked against a server certificate.
-    #[error("AIO_BROKER_HOSTNAME: {0:?} is not a valid TLS server name")]
-    InvalidServerName(String),
-    /// A file could not be read.
-    #[error("{setting}: cannot read {}: {source}", path.display())]
-    Unreadable {
-        /// The environment variable naming the file.
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// A file is empty or has no usable content.
-    #[error("{setting}: {} {problem}", path.display())]
-    Unusable {
-        /// The environment variable naming the file.
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// No CA file and no system bundle to fall back on.
-    #[error(
-        "AIO_TLS_CA_FILE is not set and no system CA bundle was found (set AIO_TLS_CA_FILE or SSL_CERT_FILE)"
-    )]
-    NoSystemRoots,
-    /// A TLS file without `AIO_MQTT_USE_TLS`.
-    #[error("{0} is set but AIO_MQTT_USE_TLS is false")]
-    TlsFileWithoutTls(&'static str),
-    /// Only one half of the client certificate pair.
-    #[error("AIO_TLS_CERT_FILE and AIO_TLS_KEY_FILE must be set together")]
-    IncompleteClientCertificate,
-    /// rustls refused the certificate/key pair or the protocol set-up.
-    #[error("AIO_TLS_CERT_FILE/AIO_TLS_KEY_FILE: {0}")]
-    ClientCertificate(rustls::Error),
-    /// Two ways of authenticating at once (the SDKs refuse this too).
-    #[error("AIO_SAT_FILE and AIO_MQTT_PASSWORD_FILE cannot both be set")]
-    SatAndPassword,
-    /// `AIO_MQTT_KEEP_ALIVE` is zero or too large for MQTT.
-    #[error("AIO_MQTT_KEEP_ALIVE: must be between 1 and 65535 seconds")]
-    KeepAlive,
-    /// A pool setting is out of range.
-    #[error("{setting}: {problem}")]
-    Pool {
-        /// The setting.
-        setting: &'static str,
-        /// What is wrong with it.
-        problem: &'static str,
-    },
-    /// A value MQTT carries as a string or binary field is over 65,535
-    /// bytes (rumqttc would silently cut it and write a corrupt packet).
-    #[error("{setting}: {bytes} bytes; MQTT carries at most 65,535")]
-    TooLong {
-        /// The setting.
-        setting: &'static str,
-        /// Its length.
-        bytes: usize,
-    },
-    /// `Pool::start` was called outside a Tokio runtime.
-    #[error("the pool must be started inside a Tokio runtime")]
-    NoRuntime,
-}
 
 /// The options of one connection attempt, and the token it authenticates
 /// with (to tell when the token file has moved on).
@@ -392,7 +316,7 @@ mod tests {
         assert_eq!(built.options.session_expiry_interval(), Some(3600));
         assert_eq!(
             built.options.max_packet_size(),
-            Some(super::super::MAX_PACKET_SIZE)
+            Some(super::super::options::MAX_PACKET_SIZE)
         );
         assert_eq!(built.options.client_id(), "gw-0");
         assert!(built.sat_token.is_none());
@@ -430,7 +354,7 @@ mod tests {
         // The base options' maximum packet size survives the auth properties.
         assert_eq!(
             built.options.max_packet_size(),
-            Some(super::super::MAX_PACKET_SIZE)
+            Some(super::super::options::MAX_PACKET_SIZE)
         );
     }
 

@@ -30,8 +30,10 @@ use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::auth;
-use super::pool::{BrokerSettings, KeyNotification, MemberEvent, PoolError};
-use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::error::PoolError;
+use super::events::{KeyNotification, MemberEvent};
+use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::settings::BrokerSettings;
 use crate::metrics::Metrics;
 use crate::protocol::{self, Hlc, Notification, property};
 
@@ -57,6 +59,16 @@ pub(crate) enum Delivery {
 }
 
 type ReplySender = oneshot::Sender<Result<Delivery, PoolError>>;
+
+/// A request awaiting its reply.
+#[derive(Debug)]
+struct Waiter {
+    reply: ReplySender,
+    /// Whether rumqttc may have written the request to the network. Only a
+    /// request that surely never left may fail as "not sent" (503, safe to
+    /// retry); any other failure is an unknown outcome.
+    may_have_left: bool,
+}
 
 /// How long after CONNACK the SUBACK may take before the connection is
 /// considered stuck and rebuilt.
@@ -179,7 +191,7 @@ struct MemberState {
     /// The client of the current connection, once CONNACK arrived.
     client: Option<AsyncClient>,
     /// Replies awaited on the current connection.
-    pending: HashMap<CorrelationId, ReplySender>,
+    pending: HashMap<CorrelationId, Waiter>,
     /// Requests handed to rumqttc, in channel order, not yet seen going
     /// out. rumqttc sends publishes in channel order (it takes no new one
     /// while a packet id collides), so the n-th `Outgoing::Publish` event is
@@ -282,21 +294,33 @@ impl Member {
         client
             .try_publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
             .map_err(|_| PoolError::ConnectionLost)?;
-        state.pending.insert(correlation, reply);
+        state.pending.insert(
+            correlation,
+            Waiter {
+                reply,
+                may_have_left: false,
+            },
+        );
         state.queued.push_back(correlation);
         Ok(())
     }
 
-    /// The request behind the next `Outgoing::Publish` event.
+    /// The request behind the next `Outgoing::Publish` event: it has been
+    /// written to the network.
     fn next_queued(&self) -> Option<CorrelationId> {
-        self.lock().queued.pop_front()
+        let mut state = self.lock();
+        let correlation = state.queued.pop_front()?;
+        if let Some(waiter) = state.pending.get_mut(&correlation) {
+            waiter.may_have_left = true;
+        }
+        Some(correlation)
     }
 
     /// The broker refused a request in its PUBACK: tell the waiter now
     /// rather than letting it time out.
     fn refused(&self, correlation: CorrelationId, reason: PubAckReason) {
-        if let Some(reply) = self.lock().pending.remove(&correlation) {
-            let _ = reply.send(Ok(Delivery::Refused(reason)));
+        if let Some(waiter) = self.lock().pending.remove(&correlation) {
+            let _ = waiter.reply.send(Ok(Delivery::Refused(reason)));
         }
     }
 
@@ -354,20 +378,41 @@ impl Member {
         ctx.slot_freed.notify_waiters();
     }
 
-    /// The connection is gone: fail its requests at once.
+    /// The connection is gone: fail its requests at once, with `error` those
+    /// that never left and as an unknown outcome those that may have.
     fn lost(&self, error: fn() -> PoolError, ctx: &MemberContext) {
         let mut state = self.lock();
         // A client is set from CONNACK on: losing it is a `Down` event.
         let was_connected = state.client.is_some();
         state.client = None;
+        // rumqttc takes one request at a time from its channel and reports
+        // it (`Outgoing::Publish`) after writing it: the oldest request not
+        // yet reported may be half written when the connection fails. The
+        // ones behind it are still in the channel.
+        if let Some(first) = state.queued.front().copied()
+            && let Some(waiter) = state.pending.get_mut(&first)
+        {
+            waiter.may_have_left = true;
+        }
         state.queued.clear();
-        let pending: Vec<ReplySender> = state.pending.drain().map(|(_, reply)| reply).collect();
+        let pending: Vec<(ReplySender, PoolError)> = state
+            .pending
+            .drain()
+            .map(|(_, waiter)| {
+                let failure = if waiter.may_have_left {
+                    PoolError::OutcomeUnknown
+                } else {
+                    error()
+                };
+                (waiter.reply, failure)
+            })
+            .collect();
         self.draining.store(false, Ordering::Release);
         self.max_packet_size.store(0, Ordering::Release);
         self.set_status(Status::Down, &ctx.metrics);
         drop(state);
-        for reply in pending {
-            let _ = reply.send(Err(error()));
+        for (reply, failure) in pending {
+            let _ = reply.send(Err(failure));
         }
         if was_connected {
             let _ = ctx.events.send(MemberEvent::Down { member: self.index });
@@ -392,8 +437,8 @@ impl Member {
                 .and_then(|data| data.try_into().ok());
             let waiter = correlation.and_then(|id| self.lock().pending.remove(&id));
             match waiter {
-                Some(reply) => {
-                    let _ = reply.send(Ok(Delivery::Reply(ReplyMessage {
+                Some(waiter) => {
+                    let _ = waiter.reply.send(Ok(Delivery::Reply(ReplyMessage {
                         payload: publish.payload,
                         user_properties: properties.user_properties,
                     })));
@@ -852,12 +897,40 @@ mod tests {
         let member = Member::new(1, "gw-1".into());
         member.set_status(Status::Subscribed, &ctx.metrics);
         let (client, _eventloop) =
-            AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 1);
+            AsyncClient::new(rumqttc::v5::MqttOptions::new("x", "localhost", 1), 4);
         member.lock().client = Some(client);
-        let (tx, mut rx) = oneshot::channel();
-        register(&member, [1; 16], tx);
+        // Written to the network, taken by rumqttc but not reported yet, and
+        // still in the channel.
+        let (sent_tx, mut sent) = oneshot::channel();
+        register(&member, [1; 16], sent_tx);
+        let queue = |correlation| {
+            let (tx, rx) = oneshot::channel();
+            member
+                .publish(
+                    correlation,
+                    tx,
+                    "t",
+                    Bytes::new(),
+                    PublishProperties::default(),
+                )
+                .unwrap();
+            rx
+        };
+        let mut taken = queue([3; 16]);
+        let mut waiting = queue([4; 16]);
         member.lost(|| PoolError::ConnectionLost, &ctx);
-        assert!(matches!(rx.try_recv(), Ok(Err(PoolError::ConnectionLost))));
+        assert!(matches!(
+            sent.try_recv(),
+            Ok(Err(PoolError::OutcomeUnknown))
+        ));
+        assert!(matches!(
+            taken.try_recv(),
+            Ok(Err(PoolError::OutcomeUnknown))
+        ));
+        assert!(matches!(
+            waiting.try_recv(),
+            Ok(Err(PoolError::ConnectionLost))
+        ));
         assert_eq!(member.status(), Status::Down);
         let (tx, _rx) = oneshot::channel();
         assert!(matches!(

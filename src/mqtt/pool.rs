@@ -26,22 +26,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, Publish, PublishProperties};
-use thiserror::Error;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::auth::{self, ConfigError};
+use super::auth;
 use super::connection::{
     self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
 };
-use super::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::error::{ConfigError, PoolError};
+use super::events::{KeyNotification, MemberEvent};
+use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
+use super::settings::PoolSettings;
 use crate::metrics::Metrics;
 use crate::protocol::{
-    CONTENT_TYPE, DecodeError, Hlc, HlcError, HybridClock, Notification, PROTOCOL_VERSION,
-    REQUEST_TOPIC, Reply, Request, STATUS_OK, StoreError, property,
+    CONTENT_TYPE, Hlc, HybridClock, PROTOCOL_VERSION, REQUEST_TOPIC, Reply, Request, STATUS_OK,
+    StoreError, property,
 };
-use crate::settings;
 
 /// Bytes of a SET's packet that are not the value: topic, response topic,
 /// correlation data, user properties, the key and RESP framing. Covers keys
@@ -60,138 +61,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// How often a SAT rollout checks whether the reconnected member is back.
 const ROLLOUT_POLL: Duration = Duration::from_millis(20);
 
-/// How to reach and authenticate to the broker (the AIO SDKs' settings).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerSettings {
-    /// `AIO_BROKER_HOSTNAME`
-    pub host: String,
-    /// `AIO_BROKER_TCP_PORT`
-    pub port: u16,
-    /// `AIO_MQTT_USE_TLS`
-    pub use_tls: bool,
-    /// `AIO_TLS_CA_FILE`: PEM bundle; system roots when absent.
-    pub ca_file: Option<PathBuf>,
-    /// `AIO_TLS_CERT_FILE`: client certificate for mutual TLS.
-    pub cert_file: Option<PathBuf>,
-    /// `AIO_TLS_KEY_FILE`: its private key.
-    pub key_file: Option<PathBuf>,
-    /// `AIO_SAT_FILE`: service-account token sent as `K8S-SAT` enhanced auth,
-    /// read anew at every connect.
-    pub sat_file: Option<PathBuf>,
-    /// `AIO_MQTT_USERNAME`
-    pub username: Option<String>,
-    /// `AIO_MQTT_PASSWORD_FILE`
-    pub password_file: Option<PathBuf>,
-    /// `AIO_MQTT_KEEP_ALIVE`
-    pub keep_alive: Duration,
-    /// `AIO_MQTT_SESSION_EXPIRY`
-    pub session_expiry: Duration,
-}
-
-impl BrokerSettings {
-    /// Plain TCP to `host:port` without credentials, with the default
-    /// keep-alive and session expiry (see [`crate::settings`]); set the TLS
-    /// and credential fields as needed.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Self {
-            host: host.into(),
-            port,
-            use_tls: false,
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            sat_file: None,
-            username: None,
-            password_file: None,
-            keep_alive: Duration::from_secs(u64::from(settings::DEFAULT_MQTT_KEEP_ALIVE)),
-            session_expiry: Duration::from_secs(u64::from(settings::DEFAULT_MQTT_SESSION_EXPIRY)),
-        }
-    }
-}
-
-/// The command line's defaults: `localhost:8883` over TLS.
-impl Default for BrokerSettings {
-    fn default() -> Self {
-        Self {
-            use_tls: settings::DEFAULT_MQTT_USE_TLS,
-            ..Self::new(
-                settings::DEFAULT_BROKER_HOSTNAME,
-                settings::DEFAULT_BROKER_TCP_PORT,
-            )
-        }
-    }
-}
-
-/// Pool sizing and timing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolSettings {
-    /// The broker.
-    pub broker: BrokerSettings,
-    /// Members are `<client_id>-<i>`.
-    pub client_id: String,
-    /// Number of connections.
-    pub size: usize,
-    /// How long a request may wait for its reply; also its message expiry.
-    pub request_timeout: Duration,
-    /// Requests in flight per connection before new ones wait for a slot.
-    pub max_in_flight_per_member: usize,
-    /// How long a request waits for a slot before failing as overloaded.
-    pub slot_wait: Duration,
-    /// How often the SAT file is read to notice a rotated token (members
-    /// then reconnect one at a time). Unused without a SAT file.
-    pub sat_check_interval: Duration,
-}
-
-/// The command line's defaults, with the client id
-/// `statestore-gateway-<hostname>`.
-impl Default for PoolSettings {
-    fn default() -> Self {
-        Self {
-            broker: BrokerSettings::default(),
-            client_id: settings::default_client_id(),
-            size: settings::DEFAULT_POOL_SIZE,
-            request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
-            max_in_flight_per_member: settings::DEFAULT_MAX_IN_FLIGHT,
-            slot_wait: settings::slot_wait(settings::DEFAULT_REQUEST_TIMEOUT),
-            sat_check_interval: settings::DEFAULT_SAT_CHECK_INTERVAL,
-        }
-    }
-}
-
-impl PoolSettings {
-    /// The defaults, for this broker and client id.
-    pub fn new(broker: BrokerSettings, client_id: impl Into<String>) -> Self {
-        Self {
-            broker,
-            client_id: client_id.into(),
-            ..Self::default()
-        }
-    }
-
-    fn check(&self) -> Result<(), ConfigError> {
-        let fail = |setting, problem| Err(ConfigError::Pool { setting, problem });
-        if self.size == 0 {
-            return fail("pool size", "must be at least 1");
-        }
-        if self.client_id.is_empty() || self.client_id.contains(['+', '#']) {
-            return fail(
-                "AIO_MQTT_CLIENT_ID",
-                "must be non-empty and free of MQTT wildcards (+, #)",
-            );
-        }
-        if self.request_timeout.is_zero() {
-            return fail("request timeout", "must be greater than zero");
-        }
-        if self.max_in_flight_per_member == 0 {
-            return fail("in-flight requests per member", "must be at least 1");
-        }
-        if self.broker.sat_file.is_some() && self.sat_check_interval.is_zero() {
-            return fail("SAT check interval", "must be greater than zero");
-        }
-        Ok(())
-    }
-}
-
 /// Per-request envelope options.
 #[derive(Debug, Clone, Default)]
 pub struct RequestOptions {
@@ -208,95 +77,6 @@ pub struct StoreResponse {
     pub reply: Reply,
     /// `__ts` of the reply: the key's version (absent on a GET miss).
     pub version: Option<Hlc>,
-}
-
-/// Why a request got no reply.
-#[derive(Debug, Clone, Error)]
-pub enum PoolError {
-    /// No member is connected and subscribed, or the broker has nothing
-    /// serving the state store's request topic (PUBACK "no matching
-    /// subscribers").
-    #[error(
-        "the state store is unreachable: no usable broker connection, or nothing serves its requests"
-    )]
-    Unavailable,
-    /// Every member's in-flight window stayed full for the slot wait.
-    #[error("every broker connection is at its in-flight limit")]
-    Overloaded,
-    /// No reply within the request timeout.
-    #[error("no reply from the state store within {0:?}")]
-    Timeout(Duration),
-    /// The member carrying the request lost its connection.
-    #[error("the broker connection carrying the request was lost")]
-    ConnectionLost,
-    /// The reply payload could not be decoded.
-    #[error("unparsable reply from the state store: {0}")]
-    Decode(#[from] DecodeError),
-    /// A `__ts` in the reply is malformed.
-    #[error("malformed version in reply: {0}")]
-    BadVersion(HlcError),
-    /// Our own clock refused to produce a timestamp.
-    #[error("local clock error: {0}")]
-    Clock(HlcError),
-    /// The request payload exceeds what the broker accepts.
-    #[error("request of {size} bytes exceeds the broker's maximum packet size of {max} bytes")]
-    TooLarge {
-        /// Payload plus envelope.
-        size: usize,
-        /// The largest packet allowed: the broker's CONNACK maximum or
-        /// ours, whichever is smaller.
-        max: usize,
-    },
-    /// The pool is shutting down.
-    #[error("the gateway is shutting down")]
-    ShuttingDown,
-}
-
-impl PoolError {
-    /// A short stable name, used as a metric label (`store_errors{kind}`,
-    /// `store_latency{outcome}`).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Unavailable => "unavailable",
-            Self::Overloaded => "overloaded",
-            Self::Timeout(_) => "timeout",
-            Self::ConnectionLost => "connection_lost",
-            Self::Decode(_) => "decode",
-            Self::BadVersion(_) => "bad_version",
-            Self::Clock(_) => "clock",
-            Self::TooLarge { .. } => "too_large",
-            Self::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-/// A KEYNOTIFY notification received by a member.
-#[derive(Debug, Clone)]
-pub struct KeyNotification {
-    /// The member (index) that received it.
-    pub member: usize,
-    /// The key, from the notification topic.
-    pub key: Bytes,
-    /// What happened.
-    pub notification: Notification,
-    /// `__ts`: the key's version after the change (older services omit it).
-    pub version: Option<Hlc>,
-}
-
-/// A member's connection state changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberEvent {
-    /// Connected and subscribed (response and notification topics): usable.
-    /// After this, KEYNOTIFY registrations held by this member are gone.
-    Subscribed {
-        /// Member index.
-        member: usize,
-    },
-    /// Disconnected; its requests failed with `ConnectionLost`.
-    Down {
-        /// Member index.
-        member: usize,
-    },
 }
 
 /// The pool. Cheap to clone; every clone is the same pool. Dropping the
@@ -461,8 +241,8 @@ impl Pool {
     /// `Unavailable`, "not authorized" and "quota exceeded" give the store's
     /// errors of those names, other reasons an unknown store error.
     ///
-    /// `ConnectionLost` means the outcome is unknown: the request may have
-    /// reached the store before the connection dropped.
+    /// `ConnectionLost` means the request never left the gateway;
+    /// `OutcomeUnknown` and `Timeout` that it may have reached the store.
     pub async fn request(
         &self,
         request: &Request,
@@ -619,7 +399,11 @@ impl Pool {
         let mut slot = self.acquire(target).await?;
         let member = slot.member.clone();
         let correlation: CorrelationId = rand::random();
-        let timestamp = self.inner.clock.now().map_err(PoolError::Clock)?;
+        let stamp = self.inner.clock.now();
+        if stamp.fell_back {
+            self.inner.ctx.metrics.clock_fallbacks.inc();
+        }
+        let timestamp = stamp.hlc;
         let properties = self.properties(&member, request, options, &timestamp, correlation);
         let payload = Bytes::from(request.encode());
 
@@ -650,8 +434,9 @@ impl Pool {
         let timeout = self.inner.request_timeout;
         let delivery = match tokio::time::timeout(timeout, reply_rx).await {
             Err(_) => return Err(PoolError::Timeout(timeout)),
-            // The member dropped the waiter without an answer: it is gone.
-            Ok(Err(_)) => return Err(PoolError::ConnectionLost),
+            // The member dropped the waiter without an answer: it is gone,
+            // and nobody can tell whether the request went out.
+            Ok(Err(_)) => return Err(PoolError::OutcomeUnknown),
             Ok(Ok(result)) => {
                 // Whoever answered removed the waiter already.
                 slot.correlation = None;
@@ -1003,6 +788,7 @@ async fn roll_out(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mqtt::BrokerSettings;
 
     #[test]
     fn the_envelope_bound_is_never_below_the_exact_size() {
@@ -1045,46 +831,6 @@ mod tests {
         assert_eq!(message_expiry(Duration::from_millis(10_001)), 11);
         assert_eq!(message_expiry(Duration::from_millis(200)), 1);
         assert_eq!(message_expiry(Duration::from_secs(u64::MAX / 2)), u32::MAX);
-    }
-
-    #[test]
-    fn error_kinds_are_distinct_labels() {
-        let errors = [
-            PoolError::Unavailable,
-            PoolError::Overloaded,
-            PoolError::Timeout(Duration::from_secs(1)),
-            PoolError::ConnectionLost,
-            PoolError::Decode(DecodeError::Incomplete),
-            PoolError::BadVersion(HlcError::TooFarInFuture),
-            PoolError::Clock(HlcError::CounterOverflow),
-            PoolError::TooLarge { size: 2, max: 1 },
-            PoolError::ShuttingDown,
-        ];
-        let kinds: std::collections::HashSet<&str> = errors.iter().map(PoolError::kind).collect();
-        assert_eq!(kinds.len(), errors.len());
-    }
-
-    #[test]
-    fn bad_pool_settings_name_the_setting() {
-        let broker = BrokerSettings::new("localhost", 1883);
-        let mut settings = PoolSettings::new(broker, "gw");
-        settings.size = 0;
-        assert!(
-            settings
-                .check()
-                .unwrap_err()
-                .to_string()
-                .starts_with("pool size")
-        );
-        settings.size = 1;
-        settings.client_id = "gw/#".into();
-        assert!(
-            settings
-                .check()
-                .unwrap_err()
-                .to_string()
-                .starts_with("AIO_MQTT_CLIENT_ID")
-        );
     }
 
     #[test]

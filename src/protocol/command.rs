@@ -283,7 +283,7 @@ mod tests {
         }
     }
 
-    /// Every request vector of PROTOCOL.md, asserted both ways.
+    /// Every request vector of the wire protocol (docs/protocol.md), asserted both ways.
     fn vectors() -> Vec<(&'static [u8], Request)> {
         vec![
             (

@@ -94,6 +94,20 @@ impl Hlc {
         Ok(())
     }
 
+    /// The smallest value after `self` from the same node: the counter
+    /// bumped (or, at its limit, the next millisecond).
+    pub fn successor(&self) -> Hlc {
+        let (wall_ms, counter) = match self.counter.checked_add(1) {
+            Some(counter) => (self.wall_ms, counter),
+            None => (self.wall_ms.saturating_add(1), 0),
+        };
+        Hlc {
+            wall_ms,
+            counter,
+            node: self.node.clone(),
+        }
+    }
+
     /// The send rule: move to `now_ms` if the wall clock advanced, else bump
     /// the counter.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), HlcError> {
@@ -158,6 +172,16 @@ pub fn now_ms() -> u64 {
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
+/// A timestamp from [`HybridClock::now`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// The value to send.
+    pub hlc: Hlc,
+    /// The clock was more than [`MAX_CLOCK_SKEW`] ahead of the system clock
+    /// and fell back to it.
+    pub fell_back: bool,
+}
+
 /// One HLC shared by everything that sends on behalf of a node (the
 /// gateway's pool, the emulator's store).
 #[derive(Debug)]
@@ -180,11 +204,47 @@ impl HybridClock {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The timestamp for an outgoing message (send rule).
-    pub fn now(&self) -> Result<Hlc, HlcError> {
+    /// The timestamp for an outgoing message (send rule). Never fails.
+    ///
+    /// A clock more than [`MAX_CLOCK_SKEW`] ahead of the system clock (the
+    /// system clock stepped back: NTP, a resumed VM) falls back to the
+    /// system clock, with a warning and `fell_back` set for the caller to
+    /// count. Our clock only stamps `__ts`, and a store refuses a `__ts` a
+    /// minute ahead of its own clock, so staying ahead would fail every
+    /// request; the store orders versions by its own clock, so stepping
+    /// back loses nothing. A counter at its maximum moves on one millisecond.
+    pub fn now(&self) -> Stamp {
+        let now = now_ms();
         let mut clock = self.lock();
-        clock.tick(now_ms())?;
-        Ok(clock.clone())
+        match clock.tick(now) {
+            Ok(()) => Stamp {
+                hlc: clock.clone(),
+                fell_back: false,
+            },
+            Err(HlcError::CounterOverflow) => {
+                clock.wall_ms = clock.wall_ms.saturating_add(1);
+                clock.counter = 0;
+                Stamp {
+                    hlc: clock.clone(),
+                    fell_back: false,
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    clock = %clock,
+                    system_ms = now,
+                    %error,
+                    "the clock is more than 60 s ahead of the system clock; \
+                     falling back to the system clock"
+                );
+                clock.wall_ms = now;
+                clock.counter = 0;
+                Stamp {
+                    hlc: clock.clone(),
+                    fell_back: true,
+                }
+            }
+        }
     }
 
     /// Merges a received value in and returns the resulting clock value.
@@ -332,18 +392,47 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_a_minute_ahead_of_the_system_clock_still_stamps() {
+        // The system clock stepped back two minutes (NTP, a VM resumed).
+        let clock = HybridClock {
+            state: Mutex::new(Hlc::new(now_ms() + 120_000, "gw")),
+        };
+        let stamp = clock.now();
+        assert!(stamp.fell_back);
+        assert!(!stamp.hlc.is_too_far_ahead_of(now_ms()));
+        let next = clock.now();
+        assert!(!next.fell_back, "once back in step it stays there");
+        assert!(next.hlc > stamp.hlc);
+    }
+
+    #[test]
+    fn a_shared_clock_with_its_counter_at_the_maximum_moves_on() {
+        let wall_ms = now_ms() + 1_000;
+        let clock = HybridClock {
+            state: Mutex::new(Hlc {
+                wall_ms,
+                counter: u64::MAX,
+                node: "gw".into(),
+            }),
+        };
+        let stamp = clock.now();
+        assert!(!stamp.fell_back);
+        assert_eq!((stamp.hlc.wall_ms, stamp.hlc.counter), (wall_ms + 1, 0));
+    }
+
+    #[test]
     fn shared_clock_is_strictly_increasing() {
         let clock = HybridClock::new("gw");
-        let mut last = clock.now().unwrap();
+        let mut last = clock.now().hlc;
         for _ in 0..1_000 {
-            let next = clock.now().unwrap();
+            let next = clock.now().hlc;
             assert!(next > last);
             last = next;
         }
         let remote = Hlc::new(now_ms() + 30_000, "StateStore");
         let merged = clock.observe(&remote).unwrap();
         assert!((merged.wall_ms, merged.counter) > (remote.wall_ms, remote.counter));
-        assert!(clock.now().unwrap() > merged);
+        assert!(clock.now().hlc > merged);
     }
 }
 

@@ -1,6 +1,7 @@
-//! The state store wire protocol as the official SDK clients speak it
-//! (see PROTOCOL.md in the project docs): payload codec, topics, MQTT5 user
-//! property names, hybrid logical clocks and the store's error strings.
+//! The state store wire protocol as the official SDK clients speak it:
+//! payload codec, topics, MQTT5 user property names, hybrid logical clocks
+//! and the store's error strings. `docs/protocol.md` says what the code
+//! relies on, and where.
 
 mod command;
 mod error;
@@ -10,7 +11,7 @@ pub mod resp;
 
 pub use command::{Request, SetCondition, SetOptions};
 pub use error::{DecodeError, StoreError};
-pub use hlc::{Hlc, HlcError, HybridClock};
+pub use hlc::{Hlc, HlcError, HybridClock, Stamp};
 pub use reply::{KeyPage, Notification, Reply, ScanReply};
 
 /// The state store's service id, part of every topic.

@@ -257,7 +257,7 @@ mod tests {
         Reply::decode(&Bytes::from_static(bytes))
     }
 
-    /// Every reply vector of PROTOCOL.md, both ways (the bare `-1` only decodes).
+    /// Every reply vector of the wire protocol, both ways (the bare `-1` only decodes).
     #[test]
     fn protocol_reply_vectors() {
         let vectors: [(&[u8], Reply); 7] = [

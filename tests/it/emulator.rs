@@ -670,6 +670,56 @@ async fn pipelined_requests_are_all_answered_in_order() {
     assert_eq!(payload(&reply), b"$3\r\n499\r\n");
 }
 
+/// Requests the emulator cannot queue are refused and acknowledged: an
+/// unacknowledged QoS 1 request holds one of the broker's in-flight slots
+/// to the emulator for good, and once the receive maximum (1,024) is used
+/// up that way the broker sends it nothing any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_dropped_on_a_full_queue_are_refused_and_acknowledged() {
+    let broker = Mosquitto::start().await;
+    // A queue of one request: a burst overflows it for sure.
+    let _emulator = start_emulator_with(&broker, |config| config.request_queue = 1).await;
+    let mut client = RawClient::connect(&broker, "raw-overflow").await;
+    let mut waiting = std::collections::HashSet::new();
+    for i in 0..3_000u32 {
+        let set = encode_array(&[b"SET", b"burst", i.to_string().as_bytes()]);
+        waiting.insert(client.send(&set, &[]).await);
+    }
+    let (mut served, mut refused) = (0, 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !waiting.is_empty() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Some(reply) = client.next_reply(left).await else {
+            panic!(
+                "{} of 3,000 requests got no reply ({served} served, {refused} refused)",
+                waiting.len()
+            );
+        };
+        let correlation = reply.properties.as_ref().unwrap().correlation_data.clone();
+        assert!(
+            waiting.remove(&correlation.unwrap()),
+            "one reply per request"
+        );
+        match user_property(&reply, property::STATUS) {
+            Some("200") => served += 1,
+            Some("503") => {
+                refused += 1;
+                assert!(payload(&reply).is_empty());
+                assert!(user_property(&reply, property::STATUS_MESSAGE).is_some());
+            }
+            other => panic!("status {other:?}"),
+        }
+    }
+    assert!(
+        refused > 0,
+        "the queue never overflowed: the test proves nothing"
+    );
+    eprintln!("burst of 3,000 over a queue of 1: {served} served, {refused} refused");
+    // The broker still sends requests: none holds an in-flight slot.
+    let reply = client.request(&get_payload(b"burst"), &[]).await;
+    assert_eq!(user_property(&reply, property::STATUS), Some("200"));
+}
+
 #[tokio::test]
 async fn the_emulator_serves_again_after_the_broker_restarts() {
     let mut broker = Mosquitto::start().await;

@@ -13,6 +13,7 @@ use statestore_gateway::watch::WatchSettings;
 use tokio::sync::mpsc;
 
 use crate::support::emulator::{EmulatorProcess, RawClient, get_payload, start_emulator};
+use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{Gateway, GatewayOptions, Stack};
 use crate::support::gateway_process::GatewayProcess;
 use crate::support::load::{Outcome, WriteLoad, tally};
@@ -624,4 +625,75 @@ async fn sigterm_with_a_stuck_upload_still_exits_within_the_grace_period() {
         .unwrap();
     assert!(outcome.is_err() || outcome.unwrap().status() == 503);
     drop(stuck.finish);
+}
+
+/// Issue 13 item 1: a request the broker may have received when the
+/// connection dropped is an unknown outcome (504, no `Retry-After`), never
+/// "not processed, retry" (503): here it did take effect, and a client that
+/// retried its `If-None-Match: *` would get 412 for its own write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_off_after_it_left_is_an_unknown_outcome_not_a_503() {
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let _store = start_emulator(&broker).await;
+    let proxy = FaultProxy::start(broker.addr).await;
+    let gateway = Gateway::start(proxy.port(), options()).await;
+    gateway.wait_ready().await;
+    let client = reqwest::Client::new();
+
+    proxy.cut_after_publishes(1);
+    let response = client
+        .put(gateway.key(b"cut/created"))
+        .header("If-None-Match", "*")
+        .body("mine")
+        .send()
+        .await
+        .unwrap();
+    assert!(proxy.stats().cuts >= 1, "the proxy cut the connections");
+    assert_eq!(response.status().as_u16(), 504, "{response:?}");
+    assert!(
+        response.headers().get("retry-after").is_none(),
+        "an unknown outcome must not invite a blind retry: {response:?}"
+    );
+    let body: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["type"], "/problems/outcome-unknown", "{body}");
+
+    // The write did take effect.
+    gateway.wait_ready().await;
+    let read = client
+        .get(gateway.key(b"cut/created"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status().as_u16(), 200);
+    assert_eq!(read.text().await.unwrap(), "mine");
+}
+
+/// The other half of the rule: a request refused before it could leave
+/// (no usable connection) is 503 with `Retry-After`, and did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_left_is_503_and_did_not_happen() {
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let _store = start_emulator(&broker).await;
+    let proxy = FaultProxy::start(broker.addr).await;
+    let gateway = Gateway::start(proxy.port(), options()).await;
+    gateway.wait_ready().await;
+    let client = reqwest::Client::new();
+
+    proxy.set_refuse(true);
+    proxy.cut_all();
+    gateway.wait_readyz(503, Duration::from_secs(10)).await;
+    let response = client
+        .put(gateway.key(b"cut/never"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503, "{response:?}");
+    assert_eq!(response.headers()["retry-after"], "1");
+    proxy.set_refuse(false);
+    gateway.wait_ready().await;
+    let read = client.get(gateway.key(b"cut/never")).send().await.unwrap();
+    assert_eq!(read.status().as_u16(), 404);
 }

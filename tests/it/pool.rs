@@ -667,7 +667,7 @@ async fn requests_beyond_the_brokers_packet_limit_fail_before_sending() {
     let (pool, _) = start_pool(settings).await;
     assert_eq!(
         pool.max_value_bytes(),
-        Some(20000 - statestore_gateway::mqtt::pool::ENVELOPE_ALLOWANCE)
+        Some(20000 - statestore_gateway::mqtt::ENVELOPE_ALLOWANCE)
     );
     let fits = pool.max_value_bytes().unwrap();
     let response = pool

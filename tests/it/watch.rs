@@ -2,8 +2,12 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_gateway::protocol::{Hlc, Request, SetOptions, hlc};
 use statestore_gateway::watch::WatchSettings;
 
+use crate::support::emulator::RawClient;
 use crate::support::gateway::{GatewayOptions, Stack, encode};
 use crate::support::sse;
 
@@ -674,4 +678,91 @@ async fn a_quiet_stream_gets_keep_alive_comments() {
             keep_alive * 5
         );
     }
+}
+
+fn resync_options() -> GatewayOptions {
+    options(WatchSettings {
+        resync_interval: Some(Duration::from_millis(300)),
+        ..WatchSettings::default()
+    })
+}
+
+fn id_of(event: &sse::SseEvent) -> Hlc {
+    Hlc::parse(event.id.as_deref().expect("the event has an id")).unwrap()
+}
+
+/// Issue 13 item 2: a delete found only by a resync has its own id, after
+/// the SET's, so a client resuming with the SET's id still learns of it.
+#[tokio::test]
+async fn a_delete_found_by_a_resync_has_its_own_id_and_reaches_resuming_clients() {
+    let mut stack = Stack::start_with(|_| {}, resync_options()).await;
+    put(&stack, "gone", "v1").await;
+    let url = stack.gateway.url("/watch/gone");
+    let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
+    let first = stream.expect("sync").await;
+    let set_id = id_of(&first);
+
+    stack.restart_emulator().await;
+    let resync = stream.expect("sync").await;
+    assert_eq!(resync.data["exists"], false);
+    assert!(id_of(&resync) > set_id, "{resync:?} after {first:?}");
+
+    // The first stream keeps the key's state in the hub; a client that
+    // saw only the SET resumes from its id and must hear of the delete.
+    let set_id = first.id.clone().unwrap();
+    let mut resumed = sse::open(&stack.gateway.http, &url, Some(&set_id))
+        .await
+        .unwrap();
+    let caught_up = resumed.expect("sync").await;
+    assert_eq!(caught_up.data["exists"], false, "{caught_up:?}");
+}
+
+/// Issue 13 item 11: after an in-memory store restart the key's versions
+/// can be lower than ones the hub saw (here the first SET carried a clock
+/// 30 s ahead); the hub still follows later changes.
+#[tokio::test]
+async fn after_a_store_restart_lower_versions_still_reach_watchers() {
+    let mut stack = Stack::start_with(|_| {}, resync_options()).await;
+    // The gateway learns of the SET from its notification only, so its
+    // own clock stays behind.
+    let url = stack.gateway.url("/watch/behind");
+    let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
+    stream.expect("sync").await;
+    let mut raw = RawClient::connect(&stack.broker, "ahead").await;
+    let mut properties = raw.envelope(&[]);
+    let ahead = Hlc::new(hlc::now_ms() + 30_000, "ahead").to_string();
+    for (name, value) in &mut properties.user_properties {
+        if name == "__ts" {
+            value.clone_from(&ahead);
+        }
+    }
+    let correlation = properties.correlation_data.clone().unwrap();
+    let set = Request::Set {
+        key: Bytes::from_static(b"behind"),
+        value: Bytes::from_static(b"ahead"),
+        options: SetOptions::default(),
+    };
+    raw.publish(&set.encode(), properties, QoS::AtLeastOnce)
+        .await;
+    raw.reply_to(&correlation, Duration::from_secs(5))
+        .await
+        .expect("the SET is answered");
+    assert_eq!(stream.expect("set").await.data["value"], "ahead");
+
+    stack.restart_emulator().await;
+    // Whatever the resync reports first, the later value must arrive.
+    put(&stack, "behind", "later").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let event = stream
+            .next(deadline - tokio::time::Instant::now())
+            .await
+            .expect("the value written after the restart reaches the watcher");
+        if event.data["value"] == "later" {
+            break;
+        }
+    }
+    put(&stack, "behind", "again").await;
+    let next = stream.next(Duration::from_secs(5)).await.expect("a set");
+    assert_eq!(next.data["value"], "again", "{next:?}");
 }

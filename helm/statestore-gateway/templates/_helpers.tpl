@@ -73,6 +73,18 @@ emulator's mosquitto speaks plain MQTT. */}}
 {{- if and .values.broker.sat.enabled (not .values.emulator.enabled) }}true{{ end -}}
 {{- end -}}
 
+{{/* Fails on values the gateway would refuse at start, or that cannot work
+together. Renders nothing. The schema holds the bounds of single values. */}}
+{{- define "statestore-gateway.checks" -}}
+{{- $v := .values -}}
+{{- if and (include "statestore-gateway.useSat" .) $v.broker.passwordSecret.name -}}
+{{- fail "broker.sat.enabled and broker.passwordSecret.name: the gateway authenticates with one of a service account token or a password; set broker.sat.enabled=false to use the password" -}}
+{{- end -}}
+{{- if eq (int $v.gateway.port) (int $v.gateway.adminPort) -}}
+{{- fail (printf "gateway.port and gateway.adminPort are both %d: the key API and the admin listener need a port each" (int $v.gateway.port)) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* terminationGracePeriodSeconds for a pod running the gateway: the
 gateway's drain time plus 10 s for the kubelet and the app. */}}
 {{- define "statestore-gateway.terminationGracePeriodSeconds" -}}
@@ -95,6 +107,7 @@ declares its port; used by this chart's standalone Deployment.
 {{- if and $native (semverCompare "<1.29-0" .root.Capabilities.KubeVersion.Version) -}}
 {{- fail "sidecar.native needs Kubernetes 1.29 or newer" -}}
 {{- end -}}
+{{- include "statestore-gateway.checks" . -}}
 {{- $tls := include "statestore-gateway.useTls" . -}}
 {{- $sat := include "statestore-gateway.useSat" . -}}
 {{- $dir := "/var/run/secrets/statestore-gateway" -}}
@@ -114,6 +127,8 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ int $g.poolSize | quote }}
     - name: STATESTORE_GATEWAY_REQUEST_TIMEOUT
       value: {{ $g.requestTimeout | quote }}
+    - name: STATESTORE_GATEWAY_MAX_IN_FLIGHT
+      value: {{ int $g.maxInFlight | quote }}
     - name: STATESTORE_GATEWAY_MAX_KEY_BYTES
       value: {{ int $g.maxKeyBytes | quote }}
     {{- if $g.maxValueBytes }}
@@ -124,8 +139,18 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ int $g.maxWatchers | quote }}
     - name: STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH
       value: {{ int $g.maxKeysPerWatch | quote }}
+    - name: STATESTORE_GATEWAY_MAX_WATCHED_KEYS
+      value: {{ int $g.maxWatchedKeys | quote }}
     - name: STATESTORE_GATEWAY_WATCH_KEEPALIVE
       value: {{ $g.watchKeepalive | quote }}
+    - name: STATESTORE_GATEWAY_WATCH_BUFFER
+      value: {{ int $g.watchBuffer | quote }}
+    - name: STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL
+      value: {{ $g.watchResyncInterval | quote }}
+    - name: STATESTORE_GATEWAY_HEADER_READ_TIMEOUT
+      value: {{ $g.headerReadTimeout | quote }}
+    - name: STATESTORE_GATEWAY_MAX_CONNECTIONS
+      value: {{ int64 $g.maxConnections | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

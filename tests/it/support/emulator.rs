@@ -50,6 +50,12 @@ impl EmulatorProcess {
     /// Starts the binary against `broker` with extra arguments, and waits
     /// until it answers a GET.
     pub async fn start(broker: &Mosquitto, extra_args: &[&str]) -> Self {
+        Self::start_through(broker.port(), broker, extra_args).await
+    }
+
+    /// Like [`EmulatorProcess::start`], connecting to `port` (a proxy in
+    /// front of `broker`) instead of the broker itself.
+    pub async fn start_through(port: u16, broker: &Mosquitto, extra_args: &[&str]) -> Self {
         let stderr = if std::env::var_os("TEST_LOG").is_some() {
             Stdio::inherit()
         } else {
@@ -58,7 +64,7 @@ impl EmulatorProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_statestore-gateway"))
             .arg("emulator")
             .arg("--broker")
-            .arg(format!("127.0.0.1:{}", broker.port()))
+            .arg(format!("127.0.0.1:{port}"))
             .args(extra_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -183,7 +189,7 @@ impl RawClient {
 
     /// The client's clock now, for `__ts`.
     pub fn now(&self) -> String {
-        self.clock.now().unwrap().to_string()
+        self.clock.now().hlc.to_string()
     }
 
     /// The envelope the SDKs send: response topic, fresh correlation data,

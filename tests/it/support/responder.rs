@@ -262,7 +262,7 @@ pub fn store_handler() -> Handler {
     let values: Mutex<HashMap<Bytes, (Bytes, String)>> = Mutex::new(HashMap::new());
     Arc::new(move |request, _publish| {
         let mut values = values.lock().unwrap();
-        let version = clock.now().unwrap().to_string();
+        let version = clock.now().hlc.to_string();
         let (reply, version) = match request {
             Request::Set { key, value, .. } => {
                 values.insert(key.clone(), (value.clone(), version.clone()));

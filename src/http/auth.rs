@@ -1,0 +1,94 @@
+//! The key API's bearer token: [`ApiToken`] and the middleware that
+//! checks it (with the backstop timeout, one layer for both).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::problem::ApiError;
+use super::state::ApiToken;
+use super::{keys, watch};
+
+/// What [`guard`] checks (one middleware for both: each layer costs a
+/// service clone and a boxed future per request).
+#[derive(Debug, Clone)]
+pub(super) struct Guard {
+    /// Required as `Authorization: Bearer <token>` when configured.
+    pub(super) token: Option<ApiToken>,
+    /// See [`Limits::backstop`].
+    pub(super) backstop: Duration,
+}
+
+/// The bearer token check, then the request under the backstop timeout.
+pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    if let Some(token) = &guard.token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| bearer_token(value.as_bytes()))
+            .map(Cow::Borrowed)
+            .or_else(|| query_token(&request).map(Cow::Owned));
+        if !presented.is_some_and(|presented| token.matches(&presented)) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    match tokio::time::timeout(guard.backstop, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::HandlerTimeout(guard.backstop).into_response(),
+    }
+}
+
+/// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
+/// request: a browser's `EventSource` cannot send an `Authorization`
+/// header, so a dashboard on a gateway with a token has no other way.
+/// Only watch streams take it; the gateway logs paths, never queries.
+fn query_token(request: &Request) -> Option<Vec<u8>> {
+    if request.method() != Method::GET || !watch::is_watch_path(request.uri().path()) {
+        return None;
+    }
+    let value = request.uri().query()?.split('&').find_map(|pair| {
+        pair.strip_prefix(watch::ACCESS_TOKEN_PARAMETER)?
+            .strip_prefix('=')
+    })?;
+    // Form encoding, as RFC 6750 says (and as the watch `key`s are).
+    let decoded = keys::form_decode(value.as_bytes(), true);
+    (!decoded.is_empty()).then_some(decoded)
+}
+
+/// The credentials of a `Bearer` authorization header (scheme case-insensitive).
+fn bearer_token(header: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = header.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_token_is_taken_from_the_authorization_header() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"Bearerabc"), None);
+    }
+
+    #[test]
+    fn api_token_compares_whole_tokens_and_never_prints() {
+        let token = ApiToken::new(b"s3cret".to_vec());
+        assert!(token.matches(b"s3cret"));
+        assert!(!token.matches(b"s3cre"));
+        assert!(!token.matches(b"s3cret!"));
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,296 @@
+//! `serve`: binds both listeners, starts the pool and the router, and
+//! drains on shutdown.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch as signal;
+use tokio::task::JoinHandle;
+
+use super::listener::ConnectionLimits;
+use super::router::{cors, router};
+use super::state::ApiToken;
+use super::state::{AppState, Limits};
+use super::{admin, listener};
+use crate::metrics::Metrics;
+use crate::mqtt::{ConfigError, Pool, PoolSettings};
+use crate::settings::{self};
+use crate::watch::WatchSettings;
+
+/// Open connections the admin listener takes (probes, scrapes).
+const ADMIN_MAX_CONNECTIONS: usize = 256;
+
+/// Everything `serve` needs, validated (see `ServeArgs::settings`).
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    /// Key API listener (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// The pool.
+    pub pool: PoolSettings,
+    /// Request limits.
+    pub limits: Limits,
+    /// Bearer token for the key API.
+    pub api_token: Option<ApiToken>,
+    /// How long in-flight requests may take to finish at shutdown.
+    pub shutdown_grace: Duration,
+    /// Watch limits and keep-alive.
+    pub watch: WatchSettings,
+    /// Origins allowed to call the API from a browser (CORS); empty: none.
+    pub cors_allow_origins: Vec<String>,
+    /// How long a client may take to send a request's headers; also how
+    /// long an idle keep-alive connection stays open (both listeners).
+    pub header_read_timeout: Duration,
+    /// Open connections on the API listener before it stops accepting.
+    pub max_connections: usize,
+}
+
+/// The command line's defaults (no token, no CORS origin).
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            listen: settings::DEFAULT_LISTEN,
+            admin_listen: settings::DEFAULT_ADMIN_LISTEN,
+            pool: PoolSettings::default(),
+            limits: Limits::default(),
+            api_token: None,
+            shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
+            watch: WatchSettings::default(),
+            cors_allow_origins: Vec::new(),
+            header_read_timeout: settings::DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: usize::try_from(settings::DEFAULT_MAX_CONNECTIONS)
+                .unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} ({setting}): {source}")]
+    Bind {
+        /// The flag naming the address.
+        setting: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// The pool refused its settings (TLS material, the SAT file, ...);
+    /// the message names the setting.
+    #[error("{0}")]
+    Pool(#[from] ConfigError),
+    /// A listener failed while serving.
+    #[error("the {listener} listener failed: {source}")]
+    Serve {
+        /// `api` or `admin`.
+        listener: &'static str,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A running gateway: both listeners and the pool.
+#[derive(Debug)]
+pub struct Server {
+    api_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    state: AppState,
+    grace: Duration,
+    stop_api: signal::Sender<bool>,
+    stop_admin: signal::Sender<bool>,
+    api_task: JoinHandle<io::Result<()>>,
+    admin_task: JoinHandle<io::Result<()>>,
+}
+
+impl Server {
+    /// Binds both listeners, starts the pool and serves; returns at once
+    /// (the pool connects in the background; `/readyz` says when it is up).
+    pub async fn start(settings: ServeSettings, metrics: Metrics) -> Result<Server, ServeError> {
+        let api_listener = bind("--listen", settings.listen).await?;
+        let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
+        let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
+        let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
+        let pool = Pool::start(settings.pool, metrics.clone())?;
+        let state = AppState::new(
+            pool,
+            metrics,
+            settings.limits,
+            settings.api_token,
+            settings.watch,
+        );
+        let api = cors(router(state.clone()), &settings.cors_allow_origins);
+        let limits = ConnectionLimits {
+            header_read_timeout: settings.header_read_timeout,
+            max_header_bytes: listener::MAX_HEADER_BYTES,
+            max_connections: settings.max_connections,
+        };
+        // Probes and scrapes need few connections; a flood on the API
+        // listener cannot take them.
+        let admin_limits = ConnectionLimits {
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..limits
+        };
+        let (stop_api, api_stopped) = signal::channel(false);
+        let (stop_admin, admin_stopped) = signal::channel(false);
+        let api_task = tokio::spawn(listener::serve(
+            api_listener,
+            api,
+            limits,
+            stopped(api_stopped),
+        ));
+        let admin_task = tokio::spawn(listener::serve(
+            admin_listener,
+            admin::router(state.clone()),
+            admin_limits,
+            stopped(admin_stopped),
+        ));
+        tracing::info!(%api_addr, %admin_addr, "gateway listening");
+        Ok(Server {
+            api_addr,
+            admin_addr,
+            state,
+            grace: settings.shutdown_grace,
+            stop_api,
+            stop_admin,
+            api_task,
+            admin_task,
+        })
+    }
+
+    /// Where the key API listens.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr
+    }
+
+    /// Where the admin endpoints listen.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The shared state (pool, metrics), e.g. for the watch hub or tests.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Graceful shutdown: `/readyz` turns 503, the key listener stops
+    /// accepting and in-flight requests get the grace period to finish
+    /// (then their connections are dropped), the pool disconnects cleanly,
+    /// and the admin listener stops last.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let Server {
+            state,
+            grace,
+            stop_api,
+            stop_admin,
+            mut api_task,
+            mut admin_task,
+            ..
+        } = self;
+        state.draining.store(true, Ordering::Release);
+        // SSE streams never end by themselves: end them so the drain can finish.
+        state.hub.shutdown();
+        let _ = stop_api.send(true);
+        let api_result = match tokio::time::timeout(grace, &mut api_task).await {
+            Ok(joined) => flatten("api", joined),
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "requests still in flight after the shutdown grace period; closing them"
+                );
+                api_task.abort();
+                Ok(())
+            }
+        };
+        state.store.pool().shutdown().await;
+        let _ = stop_admin.send(true);
+        let admin_result = match tokio::time::timeout(Duration::from_secs(1), &mut admin_task).await
+        {
+            Ok(joined) => flatten("admin", joined),
+            Err(_) => {
+                admin_task.abort();
+                Ok(())
+            }
+        };
+        tracing::info!("gateway stopped");
+        api_result.and(admin_result)
+    }
+
+    /// Serves until `signal` resolves, then shuts down gracefully.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
+        signal.await;
+        tracing::info!("shutdown requested");
+        self.shutdown().await
+    }
+}
+
+async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            setting,
+            addr,
+            source,
+        })
+}
+
+fn local_addr(
+    setting: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, ServeError> {
+    listener.local_addr().map_err(|source| ServeError::Bind {
+        setting,
+        addr,
+        source,
+    })
+}
+
+async fn stopped(mut receiver: signal::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = receiver.wait_for(|stop| *stop).await;
+}
+
+fn flatten(
+    listener: &'static str,
+    joined: Result<io::Result<()>, tokio::task::JoinError>,
+) -> Result<(), ServeError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(ServeError::Serve { listener, source }),
+        Err(error) => Err(ServeError::Serve {
+            listener,
+            source: io::Error::other(error.to_string()),
+        }),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

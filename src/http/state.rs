@@ -1,0 +1,146 @@
+//! What every handler shares ([`AppState`]) and the key API's limits.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use subtle::ConstantTimeEq;
+
+use crate::metrics::Metrics;
+use crate::mqtt::Pool;
+use crate::protocol::hlc;
+use crate::settings::{self, DEFAULT_MAX_VALUE_BYTES};
+use crate::store::StoreClient;
+use crate::watch::{WatchHub, WatchSettings};
+
+/// Request size and time limits of the key API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest key, in bytes after percent-decoding (longer: 414).
+    pub max_key_bytes: usize,
+    /// Largest value when configured (capped by the broker's limit once
+    /// known); see [`AppState::value_limit`] (larger: 413).
+    pub max_value_bytes: Option<usize>,
+    /// How long a store request may take; bounds body reads too.
+    pub request_timeout: Duration,
+}
+
+/// The command line's defaults.
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_key_bytes: settings::DEFAULT_MAX_KEY_BYTES,
+            max_value_bytes: None,
+            request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+impl Limits {
+    /// The backstop on a whole request: body read plus a slot wait plus the
+    /// store round trip, and a second of slack, so nothing hangs even if an
+    /// inner timeout fails to fire.
+    pub fn backstop(&self) -> Duration {
+        self.request_timeout * 2
+            + crate::settings::slot_wait(self.request_timeout)
+            + Duration::from_secs(1)
+    }
+}
+
+/// A bearer token the key API requires. Never printed.
+#[derive(Clone)]
+pub struct ApiToken(Arc<[u8]>);
+
+impl ApiToken {
+    /// A token from its bytes (as read from the token file).
+    pub fn new(token: impl Into<Arc<[u8]>>) -> Self {
+        Self(token.into())
+    }
+
+    /// Constant-time comparison, so response timing does not reveal how
+    /// much of a guess was right.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        self.0.as_ref().ct_eq(presented).into()
+    }
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+/// What every handler shares: one `Arc`, since axum clones the state for
+/// each extractor of each request.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The contents of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
+    /// The store, through the broker connections.
+    pub store: StoreClient,
+    /// Metric families.
+    pub metrics: Metrics,
+    /// Request limits.
+    pub limits: Limits,
+    /// Milliseconds since the epoch; checks fencing tokens (a function so
+    /// tests can move time).
+    pub clock: fn() -> u64,
+    /// The bearer token the key API requires, if any.
+    pub api_token: Option<ApiToken>,
+    /// Set once shutdown starts: `/readyz` answers 503 from then on.
+    pub draining: AtomicBool,
+    /// Key watches shared by every SSE stream.
+    pub hub: WatchHub,
+}
+
+impl AppState {
+    /// State over a started pool, with the system clock; starts the watch
+    /// hub's tasks (so it must run inside a Tokio runtime).
+    pub fn new(
+        pool: Pool,
+        metrics: Metrics,
+        limits: Limits,
+        api_token: Option<ApiToken>,
+        watch: WatchSettings,
+    ) -> Self {
+        Self(Arc::new(Shared {
+            hub: WatchHub::start(StoreClient::new(pool.clone()), metrics.clone(), watch),
+            store: StoreClient::new(pool),
+            metrics,
+            limits,
+            clock: hlc::now_ms,
+            api_token,
+            draining: AtomicBool::new(false),
+        }))
+    }
+
+    /// The largest value a PUT may carry right now: the configured limit,
+    /// capped by what the broker's packet size allows once known; with
+    /// neither, [`DEFAULT_MAX_VALUE_BYTES`].
+    pub fn value_limit(&self) -> usize {
+        match (
+            self.limits.max_value_bytes,
+            self.store.pool().max_value_bytes(),
+        ) {
+            (Some(configured), Some(broker)) => configured.min(broker),
+            (Some(limit), None) | (None, Some(limit)) => limit,
+            (None, None) => DEFAULT_MAX_VALUE_BYTES,
+        }
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}

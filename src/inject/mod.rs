@@ -1,0 +1,16 @@
+//! The sidecar without a Helm chart of one's own: `inject` adds it to
+//! Kubernetes YAML, `injector` is a mutating admission webhook that adds it
+//! to pods annotated `statestore-gateway/inject: enabled`. Both build the
+//! container, volumes and pod settings that the chart's named templates
+//! render, from the chart's values.
+//!
+//! - [`settings`]: the chart's values (compiled-in defaults, values files,
+//!   `--set`, annotations) and their checks.
+//! - [`pod`]: the sidecar added to one pod spec.
+//! - [`manifest`]: YAML streams, `List`s and the workload kinds.
+//! - [`webhook`]: AdmissionReview over TLS, answered with a JSON Patch.
+
+pub mod manifest;
+pub mod pod;
+pub mod settings;
+pub mod webhook;

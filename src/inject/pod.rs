@@ -1,0 +1,333 @@
+//! The sidecar added to one pod spec: the same container, volumes and pod
+//! settings that the chart's named templates render
+//! (`statestore-gateway.sidecar.container`, `.sidecar.volumes`,
+//! `.terminationGracePeriodSeconds`), so that a pod gets the same gateway
+//! whichever way it was given one.
+
+use serde_json::{Map, Value, json};
+
+use super::settings::{SECRETS_DIR, Sidecar, container_env};
+
+/// The gateway container's name; a container of this name is the sidecar
+/// (replaced on every injection, which makes injection idempotent).
+pub const CONTAINER_NAME: &str = "statestore-gateway";
+
+/// Names of the volumes the sidecar may add.
+pub const VOLUME_NAMES: [&str; 5] = [
+    "statestore-gateway-sat",
+    "statestore-gateway-ca",
+    "statestore-gateway-client-cert",
+    "statestore-gateway-mqtt-password",
+    "statestore-gateway-api-token",
+];
+
+/// Why a pod spec cannot take the sidecar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PodError(String);
+
+/// Adds the sidecar to `spec` (a PodSpec), replacing one added before.
+///
+/// The container goes under `initContainers` (first, with
+/// `restartPolicy: Always`) when `sidecar.native` is set or when the pod
+/// does not restart (`restartPolicy` Never or OnFailure: a Job's pods),
+/// since a plain container that never exits would keep such a pod running
+/// for ever; otherwise it is appended to `containers`.
+pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> {
+    let spec = spec
+        .as_object_mut()
+        .ok_or_else(|| PodError("the pod spec is not a mapping".into()))?;
+    if !spec.get("containers").is_some_and(Value::is_array) {
+        return Err(PodError("the pod spec has no containers list".into()));
+    }
+    remove_sidecar(spec);
+    let runs_to_completion = matches!(
+        spec.get("restartPolicy").and_then(Value::as_str),
+        Some("Never" | "OnFailure")
+    );
+    let native = sidecar.sidecar.native || runs_to_completion;
+    let container = container(sidecar, native);
+    if native {
+        let init = spec
+            .entry("initContainers")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let init = init
+            .as_array_mut()
+            .ok_or_else(|| PodError("initContainers is not a list".into()))?;
+        init.insert(0, container);
+    } else if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        containers.push(container);
+    }
+    let volumes = volumes(sidecar);
+    if !volumes.is_empty() {
+        let list = spec
+            .entry("volumes")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        list.as_array_mut()
+            .ok_or_else(|| PodError("volumes is not a list".into()))?
+            .extend(volumes);
+    }
+    // The gateway drains for shutdownGraceSeconds after SIGTERM; the pod
+    // must wait at least that plus a margin (30 s when unset).
+    let grace = termination_grace_period_seconds(sidecar);
+    let current = spec
+        .get("terminationGracePeriodSeconds")
+        .and_then(Value::as_u64);
+    if current.is_none_or(|current| current < grace) {
+        spec.insert("terminationGracePeriodSeconds".into(), grace.into());
+    }
+    // fsGroup is a supplemental group of every container: with any fsGroup
+    // the gateway (uid 65532) can read the projected token.
+    if let Some(fs_group) = sidecar.pod_security_context.get("fsGroup") {
+        let context = spec
+            .entry("securityContext")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(context) = context.as_object_mut() {
+            context.entry("fsGroup").or_insert_with(|| fs_group.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Takes out a sidecar added before: the container of that name and the
+/// sidecar's volumes. An `initContainers` list left empty is removed.
+fn remove_sidecar(spec: &mut Map<String, Value>) {
+    let is_sidecar = |c: &Value| c.get("name").and_then(Value::as_str) == Some(CONTAINER_NAME);
+    for list in ["containers", "initContainers"] {
+        if let Some(items) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            items.retain(|c| !is_sidecar(c));
+        }
+    }
+    if spec
+        .get("initContainers")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+    {
+        spec.remove("initContainers");
+    }
+    if let Some(volumes) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        volumes.retain(|v| {
+            !v.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|name| VOLUME_NAMES.contains(&name))
+        });
+        if volumes.is_empty() {
+            spec.remove("volumes");
+        }
+    }
+}
+
+/// The chart's `statestore-gateway.terminationGracePeriodSeconds`.
+pub fn termination_grace_period_seconds(sidecar: &Sidecar) -> u64 {
+    sidecar.gateway.shutdown_grace_seconds + 10
+}
+
+fn use_tls(sidecar: &Sidecar) -> bool {
+    sidecar.broker.tls.enabled
+}
+
+fn use_sat(sidecar: &Sidecar) -> bool {
+    sidecar.broker.sat.enabled
+}
+
+/// A probe on the admin port, with the chart's timing fields.
+fn probe(path: &str, fields: &Map<String, Value>) -> Value {
+    let mut probe = Map::new();
+    probe.insert(
+        "httpGet".into(),
+        json!({"path": path, "port": "gateway-admin"}),
+    );
+    for (key, value) in fields {
+        if key != "enabled" {
+            probe.insert(key.clone(), value.clone());
+        }
+    }
+    Value::Object(probe)
+}
+
+fn mount(name: &str, dir: &str) -> Value {
+    json!({"name": name, "mountPath": format!("{SECRETS_DIR}/{dir}"), "readOnly": true})
+}
+
+/// The chart's `statestore-gateway.sidecar.container` (not standalone).
+pub fn container(sidecar: &Sidecar, native: bool) -> Value {
+    let image = &sidecar.image;
+    let image_ref = if image.digest.is_empty() {
+        format!("{}:{}", image.repository, image.tag)
+    } else {
+        format!("{}@{}", image.repository, image.digest)
+    };
+    let mut c = Map::new();
+    c.insert("name".into(), CONTAINER_NAME.into());
+    c.insert("image".into(), image_ref.into());
+    c.insert("imagePullPolicy".into(), image.pull_policy.clone().into());
+    c.insert("args".into(), json!(["serve"]));
+    if native {
+        c.insert("restartPolicy".into(), "Always".into());
+    }
+    c.insert("env".into(), Value::Array(container_env(sidecar)));
+    c.insert(
+        "ports".into(),
+        json!([{"name": "gateway-admin", "containerPort": sidecar.gateway.admin_port}]),
+    );
+    let probes = &sidecar.probes;
+    c.insert("startupProbe".into(), probe("/livez", &probes.startup));
+    c.insert("livenessProbe".into(), probe("/livez", &probes.liveness));
+    if probes.readiness.get("enabled") == Some(&Value::Bool(true)) {
+        c.insert("readinessProbe".into(), probe("/readyz", &probes.readiness));
+    }
+    c.insert("resources".into(), sidecar.resources.clone());
+    c.insert("securityContext".into(), sidecar.security_context.clone());
+    let mut mounts = Vec::new();
+    if use_sat(sidecar) {
+        mounts.push(mount("statestore-gateway-sat", "sat"));
+    }
+    if use_tls(sidecar) {
+        mounts.push(mount("statestore-gateway-ca", "ca"));
+        if !sidecar.broker.tls.client_cert_secret.is_empty() {
+            mounts.push(mount("statestore-gateway-client-cert", "client-cert"));
+        }
+    }
+    if !sidecar.broker.password_secret.name.is_empty() {
+        mounts.push(mount("statestore-gateway-mqtt-password", "mqtt-password"));
+    }
+    if !sidecar.gateway.api_token.name.is_empty() {
+        mounts.push(mount("statestore-gateway-api-token", "api-token"));
+    }
+    if !mounts.is_empty() {
+        c.insert("volumeMounts".into(), Value::Array(mounts));
+    }
+    Value::Object(c)
+}
+
+/// The chart's `statestore-gateway.sidecar.volumes`.
+pub fn volumes(sidecar: &Sidecar) -> Vec<Value> {
+    let b = &sidecar.broker;
+    let mut volumes = Vec::new();
+    if use_sat(sidecar) {
+        volumes.push(json!({
+            "name": "statestore-gateway-sat",
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": b.sat.audience,
+                "expirationSeconds": b.sat.expiration_seconds,
+                "path": "token",
+            }}]},
+        }));
+    }
+    if use_tls(sidecar) {
+        volumes.push(json!({
+            "name": "statestore-gateway-ca",
+            "configMap": {
+                "name": b.tls.ca_config_map,
+                "items": [{"key": b.tls.ca_key, "path": "ca.crt"}],
+            },
+        }));
+        if !b.tls.client_cert_secret.is_empty() {
+            volumes.push(json!({
+                "name": "statestore-gateway-client-cert",
+                "secret": {"secretName": b.tls.client_cert_secret},
+            }));
+        }
+    }
+    if !b.password_secret.name.is_empty() {
+        volumes.push(json!({
+            "name": "statestore-gateway-mqtt-password",
+            "secret": {
+                "secretName": b.password_secret.name,
+                "items": [{"key": b.password_secret.key, "path": "password"}],
+            },
+        }));
+    }
+    let token = &sidecar.gateway.api_token;
+    if !token.name.is_empty() {
+        volumes.push(json!({
+            "name": "statestore-gateway-api-token",
+            "secret": {
+                "secretName": token.name,
+                "items": [{"key": token.key, "path": "token"}],
+            },
+        }));
+    }
+    volumes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::settings::SidecarValues;
+
+    fn sidecar(sets: &[&str]) -> Sidecar {
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        SidecarValues::from_sources(&[] as &[&str], &sets)
+            .unwrap()
+            .sidecar()
+            .unwrap()
+    }
+
+    fn names(list: &Value) -> Vec<&str> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_deployment_pod_gets_a_plain_sidecar_its_volumes_and_grace() {
+        let mut spec = json!({"containers": [{"name": "app", "image": "app"}]});
+        add_sidecar(&mut spec, &sidecar(&[])).unwrap();
+        assert_eq!(names(&spec["containers"]), ["app", CONTAINER_NAME]);
+        assert!(spec.get("initContainers").is_none());
+        assert_eq!(
+            names(&spec["volumes"]),
+            ["statestore-gateway-sat", "statestore-gateway-ca"]
+        );
+        assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+        assert_eq!(spec["securityContext"]["fsGroup"], 65532);
+    }
+
+    #[test]
+    fn pods_that_run_to_completion_get_a_native_sidecar_first() {
+        let mut spec = json!({
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "migrate", "image": "m"}],
+            "containers": [{"name": "job", "image": "j"}],
+        });
+        add_sidecar(&mut spec, &sidecar(&[])).unwrap();
+        assert_eq!(names(&spec["initContainers"]), [CONTAINER_NAME, "migrate"]);
+        assert_eq!(spec["initContainers"][0]["restartPolicy"], "Always");
+        assert_eq!(names(&spec["containers"]), ["job"]);
+    }
+
+    #[test]
+    fn injecting_twice_changes_nothing_and_new_settings_replace_old() {
+        let mut spec = json!({
+            "containers": [{"name": "app"}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "terminationGracePeriodSeconds": 120,
+            "securityContext": {"fsGroup": 1000},
+        });
+        let plain = sidecar(&[]);
+        add_sidecar(&mut spec, &plain).unwrap();
+        let once = spec.clone();
+        add_sidecar(&mut spec, &plain).unwrap();
+        assert_eq!(spec, once);
+        assert_eq!(spec["terminationGracePeriodSeconds"], 120);
+        assert_eq!(spec["securityContext"]["fsGroup"], 1000);
+
+        let native = sidecar(&["sidecar.native=true", "broker.tls.enabled=false"]);
+        add_sidecar(&mut spec, &native).unwrap();
+        assert_eq!(names(&spec["containers"]), ["app"]);
+        assert_eq!(names(&spec["initContainers"]), [CONTAINER_NAME]);
+        assert_eq!(names(&spec["volumes"]), ["data", "statestore-gateway-sat"]);
+    }
+
+    #[test]
+    fn a_spec_without_containers_is_refused() {
+        for mut bad in [json!({}), json!([]), json!({"containers": {}})] {
+            assert!(add_sidecar(&mut bad, &sidecar(&[])).is_err(), "{bad}");
+        }
+        let mut bad = json!({"containers": [], "initContainers": 3, "restartPolicy": "Never"});
+        assert!(add_sidecar(&mut bad, &sidecar(&[])).is_err());
+    }
+}

@@ -1,0 +1,430 @@
+//! `statestore-gateway injector`: a mutating admission webhook. Pods
+//! annotated `statestore-gateway/inject: enabled` get the sidecar as a JSON
+//! Patch, computed as the difference between the pod and the same pod
+//! after [`inject_object`] (the one implementation `inject` uses too).
+//! Anything else is allowed unchanged.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::crypto::CryptoProvider;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+
+use super::manifest::{Unannotated, inject_object};
+use super::settings::SidecarValues;
+
+/// The largest AdmissionReview accepted. The API server sends the pod
+/// (objects are at most 1.5 MiB in etcd) and a little more.
+pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
+
+/// How long a client may take for the TLS handshake, and for each
+/// request's headers.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 512;
+
+/// Why the webhook cannot start.
+#[derive(Debug, Error)]
+pub enum WebhookError {
+    /// The certificate or key cannot be used.
+    #[error("{setting} {path}: {message}")]
+    Tls {
+        /// The flag.
+        setting: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Listening failed.
+    #[error("cannot accept connections: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The router: `POST /mutate` and `GET /livez`. Public so that tests can
+/// drive it without TLS.
+pub fn router(values: SidecarValues) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .route("/livez", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(Arc::new(values))
+}
+
+/// The parts of an AdmissionReview v1 request the webhook reads.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Review {
+    api_version: String,
+    kind: String,
+    request: Option<ReviewRequest>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    operation: String,
+    object: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GroupVersionKind {
+    group: String,
+    version: String,
+    kind: String,
+}
+
+/// A request that is not an AdmissionReview: 400 (or what axum found) in
+/// plain text, for whoever reads the API server's log.
+fn bad_request(status: StatusCode, message: String) -> Response {
+    tracing::warn!(%status, %message, "refused a request to /mutate");
+    (status, format!("{message}\n")).into_response()
+}
+
+async fn mutate(
+    State(values): State<Arc<SidecarValues>>,
+    review: Result<axum::Json<Review>, JsonRejection>,
+) -> Response {
+    let review = match review {
+        Ok(axum::Json(review)) => review,
+        Err(rejection) => return bad_request(rejection.status(), rejection.body_text()),
+    };
+    if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+        return bad_request(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "expected an admission.k8s.io/v1 AdmissionReview, got {}/{}",
+                review.api_version, review.kind
+            ),
+        );
+    }
+    let Some(request) = review.request else {
+        return bad_request(
+            StatusCode::BAD_REQUEST,
+            "the AdmissionReview has no request".into(),
+        );
+    };
+    let response = review_response(&request, &values);
+    axum::Json(json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }))
+    .into_response()
+}
+
+/// The `response` of an AdmissionReview: allowed, with a patch when the
+/// pod asked for the sidecar; refused (400) when it asked with settings
+/// that cannot work, so that the mistake shows in the owner's events
+/// rather than as a pod silently without its sidecar.
+fn review_response(request: &ReviewRequest, values: &SidecarValues) -> Value {
+    let uid = &request.uid;
+    let is_pod =
+        request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
+    let (true, "CREATE", Some(pod)) = (is_pod, request.operation.as_str(), &request.object) else {
+        return json!({"uid": uid, "allowed": true});
+    };
+    let mut patched = pod.clone();
+    // An AdmissionReview's object has no apiVersion/kind of its own in
+    // some API server versions: say what it is.
+    if let Some(object) = patched.as_object_mut() {
+        object.insert("apiVersion".into(), "v1".into());
+        object.insert("kind".into(), "Pod".into());
+    }
+    match inject_object(&mut patched, values, Unannotated::Skip) {
+        Ok(false) => json!({"uid": uid, "allowed": true}),
+        Ok(true) => {
+            let mut original = pod.clone();
+            if let Some(object) = original.as_object_mut() {
+                object.insert("apiVersion".into(), "v1".into());
+                object.insert("kind".into(), "Pod".into());
+            }
+            let patch = json_patch::diff(&original, &patched);
+            let patch = serde_json::to_vec(&patch).unwrap_or_default();
+            json!({
+                "uid": uid,
+                "allowed": true,
+                "patchType": "JSONPatch",
+                "patch": base64::engine::general_purpose::STANDARD.encode(patch),
+            })
+        }
+        Err((what, message)) => {
+            let name = what.trim_start_matches(", ");
+            json!({
+                "uid": uid,
+                "allowed": false,
+                "status": {
+                    "code": 400,
+                    "message": format!("statestore-gateway sidecar for {name}: {message}"),
+                },
+            })
+        }
+    }
+}
+
+/// Serves the webhook over TLS on `listener` until `shutdown` resolves.
+/// The certificate and key are read again whenever either file changes
+/// (cert-manager renews them in place), checked at most once a second.
+pub async fn serve(
+    listener: TcpListener,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    values: SidecarValues,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WebhookError> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let resolver = Arc::new(ReloadingCertificate::load(
+        cert_file,
+        key_file,
+        provider.clone(),
+    )?);
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| WebhookError::Tls {
+            setting: "--tls-cert-file",
+            path: String::new(),
+            message: error.to_string(),
+        })?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let router = router(values);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HANDSHAKE_TIMEOUT);
+    let builder = Arc::new(builder);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let served = builder
+                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                .await;
+            if let Err(error) = served {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The serving certificate, read again when its files change.
+#[derive(Debug)]
+struct ReloadingCertificate {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    modified: (Option<SystemTime>, Option<SystemTime>),
+    checked: std::time::Instant,
+}
+
+impl ReloadingCertificate {
+    fn load(
+        cert_file: PathBuf,
+        key_file: PathBuf,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, WebhookError> {
+        let modified = (modified(&cert_file), modified(&key_file));
+        let key = read_certified_key(&cert_file, &key_file, &provider)?;
+        Ok(Self {
+            cert_file,
+            key_file,
+            provider,
+            current: Mutex::new(Loaded {
+                key,
+                modified,
+                checked: std::time::Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ResolvesServerCert for ReloadingCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.checked.elapsed() >= Duration::from_secs(1) {
+            current.checked = std::time::Instant::now();
+            let now = (modified(&self.cert_file), modified(&self.key_file));
+            if now != current.modified {
+                match read_certified_key(&self.cert_file, &self.key_file, &self.provider) {
+                    Ok(key) => {
+                        tracing::info!("serving certificate reloaded");
+                        current.key = key;
+                        current.modified = now;
+                    }
+                    // Half-written during a rotation, perhaps: keep the old
+                    // one and try again on a later handshake.
+                    Err(error) => tracing::warn!(%error, "cannot reload the serving certificate"),
+                }
+            }
+        }
+        Some(current.key.clone())
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn read_certified_key(
+    cert_file: &Path,
+    key_file: &Path,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, WebhookError> {
+    let tls = |setting: &'static str, path: &Path, message: String| WebhookError::Tls {
+        setting,
+        path: path.display().to_string(),
+        message,
+    };
+    let pem =
+        std::fs::read(cert_file).map_err(|e| tls("--tls-cert-file", cert_file, e.to_string()))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            tls(
+                "--tls-cert-file",
+                cert_file,
+                format!("is not valid PEM: {e}"),
+            )
+        })?;
+    if chain.is_empty() {
+        return Err(tls(
+            "--tls-cert-file",
+            cert_file,
+            "holds no certificate".into(),
+        ));
+    }
+    let pem =
+        std::fs::read(key_file).map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        tls(
+            "--tls-key-file",
+            key_file,
+            format!("holds no usable key: {e}"),
+        )
+    })?;
+    let key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+    let certified = CertifiedKey::new(chain, key);
+    certified.keys_match().map_err(|e| {
+        tls(
+            "--tls-key-file",
+            key_file,
+            format!("does not match the certificate: {e}"),
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(object: Value) -> ReviewRequest {
+        ReviewRequest {
+            uid: "u-1".into(),
+            kind: GroupVersionKind {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "Pod".into(),
+            },
+            operation: "CREATE".into(),
+            object: Some(object),
+        }
+    }
+
+    #[test]
+    fn unannotated_pods_and_other_operations_are_allowed_unchanged() {
+        let values = SidecarValues::chart_defaults();
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]}});
+        let response = review_response(&request(pod.clone()), &values);
+        assert_eq!(response, json!({"uid": "u-1", "allowed": true}));
+        let mut update = request(pod);
+        update.operation = "UPDATE".into();
+        assert_eq!(
+            review_response(&update, &values),
+            json!({"uid": "u-1", "allowed": true})
+        );
+    }
+
+    #[test]
+    fn a_pod_with_unusable_settings_is_refused_with_the_reason() {
+        let pod = json!({
+            "metadata": {"name": "p", "annotations": {
+                "statestore-gateway/inject": "enabled",
+                "statestore-gateway/broker.keepAlive": "1",
+            }},
+            "spec": {"containers": [{"name": "a"}]},
+        });
+        let response = review_response(&request(pod), &SidecarValues::chart_defaults());
+        assert_eq!(response["allowed"], false);
+        assert_eq!(response["status"]["code"], 400);
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("Pod/p") && message.contains("--keep-alive"),
+            "{message}"
+        );
+    }
+}

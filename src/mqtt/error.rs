@@ -1,0 +1,173 @@
+//! Why the pool could not start, and why a request got no reply.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::protocol::{DecodeError, HlcError};
+
+/// A setting that cannot work; the message names the setting (by its
+/// environment variable) so an operator can fix it.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// `AIO_BROKER_HOSTNAME` is empty.
+    #[error("AIO_BROKER_HOSTNAME: the broker host name is empty")]
+    EmptyHost,
+    /// `AIO_BROKER_TCP_PORT` is 0.
+    #[error("AIO_BROKER_TCP_PORT: 0 is not a broker port")]
+    ZeroPort,
+    /// The host cannot be checked against a server certificate.
+    #[error("AIO_BROKER_HOSTNAME: {0:?} is not a valid TLS server name")]
+    InvalidServerName(String),
+    /// A file could not be read.
+    #[error("{setting}: cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// The environment variable naming the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A file is empty or has no usable content.
+    #[error("{setting}: {} {problem}", path.display())]
+    Unusable {
+        /// The environment variable naming the file.
+        setting: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// No CA file and no system bundle to fall back on.
+    #[error(
+        "AIO_TLS_CA_FILE is not set and no system CA bundle was found (set AIO_TLS_CA_FILE or SSL_CERT_FILE)"
+    )]
+    NoSystemRoots,
+    /// A TLS file without `AIO_MQTT_USE_TLS`.
+    #[error("{0} is set but AIO_MQTT_USE_TLS is false")]
+    TlsFileWithoutTls(&'static str),
+    /// Only one half of the client certificate pair.
+    #[error("AIO_TLS_CERT_FILE and AIO_TLS_KEY_FILE must be set together")]
+    IncompleteClientCertificate,
+    /// rustls refused the certificate/key pair or the protocol set-up.
+    #[error("AIO_TLS_CERT_FILE/AIO_TLS_KEY_FILE: {0}")]
+    ClientCertificate(rumqttc::tokio_rustls::rustls::Error),
+    /// Two ways of authenticating at once (the SDKs refuse this too).
+    #[error("AIO_SAT_FILE and AIO_MQTT_PASSWORD_FILE cannot both be set")]
+    SatAndPassword,
+    /// `AIO_MQTT_KEEP_ALIVE` is zero or too large for MQTT.
+    #[error("AIO_MQTT_KEEP_ALIVE: must be between 1 and 65535 seconds")]
+    KeepAlive,
+    /// A pool setting is out of range.
+    #[error("{setting}: {problem}")]
+    Pool {
+        /// The setting.
+        setting: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A value MQTT carries as a string or binary field is over 65,535
+    /// bytes (rumqttc would silently cut it and write a corrupt packet).
+    #[error("{setting}: {bytes} bytes; MQTT carries at most 65,535")]
+    TooLong {
+        /// The setting.
+        setting: &'static str,
+        /// Its length.
+        bytes: usize,
+    },
+    /// `Pool::start` was called outside a Tokio runtime.
+    #[error("the pool must be started inside a Tokio runtime")]
+    NoRuntime,
+}
+
+/// Why a request got no reply.
+#[derive(Debug, Clone, Error)]
+pub enum PoolError {
+    /// No member is connected and subscribed, or the broker has nothing
+    /// serving the state store's request topic (PUBACK "no matching
+    /// subscribers").
+    #[error(
+        "the state store is unreachable: no usable broker connection, or nothing serves its requests"
+    )]
+    Unavailable,
+    /// Every member's in-flight window stayed full for the slot wait.
+    #[error("every broker connection is at its in-flight limit")]
+    Overloaded,
+    /// No reply within the request timeout.
+    #[error("no reply from the state store within {0:?}")]
+    Timeout(Duration),
+    /// The member's connection was lost before the request could leave
+    /// the gateway: the store never saw it, so it is safe to retry.
+    #[error("the broker connection for the request was lost before the request was sent")]
+    ConnectionLost,
+    /// The connection was lost after the request may have gone out (it was
+    /// handed to the network): the store may or may not have applied it.
+    #[error("the broker connection was lost after the request was sent")]
+    OutcomeUnknown,
+    /// The reply payload could not be decoded.
+    #[error("unparsable reply from the state store: {0}")]
+    Decode(#[from] DecodeError),
+    /// A `__ts` in the reply is malformed.
+    #[error("malformed version in reply: {0}")]
+    BadVersion(HlcError),
+    /// Our own clock refused to produce a timestamp.
+    #[error("local clock error: {0}")]
+    Clock(HlcError),
+    /// The request payload exceeds what the broker accepts.
+    #[error("request of {size} bytes exceeds the broker's maximum packet size of {max} bytes")]
+    TooLarge {
+        /// Payload plus envelope.
+        size: usize,
+        /// The largest packet allowed: the broker's CONNACK maximum or
+        /// ours, whichever is smaller.
+        max: usize,
+    },
+    /// The pool is shutting down.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+impl PoolError {
+    /// A short stable name, used as a metric label (`store_errors{kind}`,
+    /// `store_latency{outcome}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Overloaded => "overloaded",
+            Self::Timeout(_) => "timeout",
+            Self::ConnectionLost => "connection_lost",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::Decode(_) => "decode",
+            Self::BadVersion(_) => "bad_version",
+            Self::Clock(_) => "clock",
+            Self::TooLarge { .. } => "too_large",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_are_distinct_labels() {
+        let errors = [
+            PoolError::Unavailable,
+            PoolError::Overloaded,
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::ConnectionLost,
+            PoolError::OutcomeUnknown,
+            PoolError::Decode(DecodeError::Incomplete),
+            PoolError::BadVersion(HlcError::TooFarInFuture),
+            PoolError::Clock(HlcError::CounterOverflow),
+            PoolError::TooLarge { size: 2, max: 1 },
+            PoolError::ShuttingDown,
+        ];
+        let kinds: std::collections::HashSet<&str> = errors.iter().map(PoolError::kind).collect();
+        assert_eq!(kinds.len(), errors.len());
+    }
+}

@@ -1,0 +1,35 @@
+//! What the pool's members report: notifications and connection changes.
+
+use bytes::Bytes;
+
+use crate::protocol::{Hlc, Notification};
+
+/// A KEYNOTIFY notification received by a member.
+#[derive(Debug, Clone)]
+pub struct KeyNotification {
+    /// The member (index) that received it.
+    pub member: usize,
+    /// The key, from the notification topic.
+    pub key: Bytes,
+    /// What happened.
+    pub notification: Notification,
+    /// `__ts`: the key's version after the change (older services omit it).
+    pub version: Option<Hlc>,
+}
+
+/// A member's connection state changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// Connected and subscribed (response and notification topics): usable.
+    /// After this, KEYNOTIFY registrations held by this member are gone.
+    Subscribed {
+        /// Member index.
+        member: usize,
+    },
+    /// Disconnected; its requests failed with `ConnectionLost` (not sent)
+    /// or `OutcomeUnknown` (may have been sent).
+    Down {
+        /// Member index.
+        member: usize,
+    },
+}

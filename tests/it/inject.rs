@@ -1,0 +1,450 @@
+//! `statestore-gateway inject` and `injector` as processes, the webhook
+//! over real TLS with AdmissionReview bodies as the API server sends them,
+//! and the Grafana dashboard against a real gateway's `/metrics`.
+//! (scripts/validate-deploy checks the same samples against the Kubernetes
+//! schemas and the chart's rendering.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::gateway::{GatewayOptions, Stack};
+use crate::support::{TestPki, free_port, sse, terminate_and_wait, wait_for_listener};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_statestore-gateway");
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// `statestore-gateway inject ARGS` on `input`; (exit code, stdout, stderr).
+fn inject(args: &[&str], input: &str) -> (i32, String, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(BINARY)
+        .arg("inject")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(yaml).unwrap()
+}
+
+/// The pods the sample workloads would make: each pod template as a Pod,
+/// annotated for the webhook.
+fn sample_pods() -> Vec<Value> {
+    let text = std::fs::read_to_string(repo("tests/inject-samples/workloads.yaml")).unwrap();
+    let mut pods = Vec::new();
+    for doc in documents(&text) {
+        let template = match doc["kind"].as_str().unwrap() {
+            "Pod" => doc.clone(),
+            "CronJob" => doc
+                .pointer("/spec/jobTemplate/spec/template")
+                .unwrap()
+                .clone(),
+            "ConfigMap" | "Service" => continue,
+            _ => doc.pointer("/spec/template").unwrap().clone(),
+        };
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"].clone(), "spec": template["spec"]});
+        let name = format!("{}-abcde", doc["metadata"]["name"].as_str().unwrap());
+        pod["metadata"]["name"] = name.into();
+        pod["metadata"]["annotations"]["statestore-gateway/inject"] = "enabled".into();
+        pods.push(pod);
+    }
+    pods
+}
+
+/// An AdmissionReview v1 as the API server sends it for a pod CREATE.
+fn review(pod: &Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"],
+            "namespace": "apps",
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "uid": "9c1e8f0e-1111-2222-3333-444455556666",
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+            },
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    })
+}
+
+/// A running `injector` on a free port, with the PKI it serves.
+struct Injector {
+    child: Child,
+    port: u16,
+    client: reqwest::Client,
+    pki: TestPki,
+    _dir: tempfile::TempDir,
+}
+
+impl Injector {
+    async fn start(sets: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = TestPki::generate(dir.path(), "injector");
+        let port = free_port();
+        let mut command = Command::new(BINARY);
+        command.args([
+            "injector",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--tls-cert-file",
+            pki.server_cert.to_str().unwrap(),
+            "--tls-key-file",
+            pki.server_key.to_str().unwrap(),
+        ]);
+        for set in sets {
+            command.args(["--set", set]);
+        }
+        if std::env::var_os("TEST_LOG").is_none() {
+            command.stderr(Stdio::null());
+        }
+        let child = command.spawn().unwrap();
+        wait_for_listener(([127, 0, 0, 1], port).into(), Duration::from_secs(10)).await;
+        let client = client_trusting(&pki.ca);
+        Self {
+            child,
+            port,
+            client,
+            pki,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.port)
+    }
+
+    async fn post(&self, body: impl Into<reqwest::Body>, content_type: &str) -> (u16, String) {
+        let response = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.client
+                .post(self.url("/mutate"))
+                .header("content-type", content_type)
+                .body(body)
+                .send(),
+        )
+        .await
+        .expect("the webhook answers within 10 s")
+        .unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+}
+
+impl Drop for Injector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client_trusting(ca: &Path) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_webhooks_patch_gives_each_pod_what_inject_gives_it() {
+    let sets = ["gateway.port=9080", "gateway.adminPort=9081"];
+    let injector = Injector::start(&sets).await;
+    let set_args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+    let pods = sample_pods();
+    assert_eq!(pods.len(), 7);
+    for pod in pods {
+        let (status, body) = injector
+            .post(
+                serde_json::to_vec(&review(&pod)).unwrap(),
+                "application/json",
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(answer["kind"], "AdmissionReview");
+        let response = &answer["response"];
+        assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(response["allowed"], true, "{body}");
+        assert_eq!(response["patchType"], "JSONPatch");
+        use base64::Engine as _;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(response["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+        let mut patched = pod.clone();
+        json_patch::patch(&mut patched, &patch).unwrap();
+
+        let (code, injected, stderr) = inject(&set_args, &serde_json::to_string(&pod).unwrap());
+        assert_eq!(code, 0, "{stderr}");
+        let injected = documents(&injected);
+        assert_eq!(injected.len(), 1);
+        assert_eq!(patched, injected[0], "{}", pod["metadata"]["name"]);
+        assert_ne!(patched, pod);
+    }
+}
+
+#[tokio::test]
+async fn the_webhook_leaves_other_pods_and_refuses_bad_bodies_without_falling_over() {
+    let injector = Injector::start(&[]).await;
+    // Not annotated, or opted out: allowed, no patch.
+    let mut pod = sample_pods().remove(0);
+    for annotation in [None, Some("disabled")] {
+        match annotation {
+            None => pod["metadata"]["annotations"] = json!({}),
+            Some(value) => {
+                pod["metadata"]["annotations"]["statestore-gateway/inject"] = value.into()
+            }
+        }
+        let (status, body) = injector
+            .post(
+                serde_json::to_vec(&review(&pod)).unwrap(),
+                "application/json",
+            )
+            .await;
+        assert_eq!(status, 200);
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            answer["response"],
+            json!({"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": true})
+        );
+    }
+    // Asked for with a setting the gateway would refuse: denied, saying why.
+    pod["metadata"]["annotations"] = json!({
+        "statestore-gateway/inject": "enabled",
+        "statestore-gateway/gateway.poolSize": "100",
+    });
+    let (status, body) = injector
+        .post(
+            serde_json::to_vec(&review(&pod)).unwrap(),
+            "application/json",
+        )
+        .await;
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("--pool-size"), "{message}");
+
+    let oversized = vec![b' '; 4 * 1024 * 1024];
+    for (body, content_type, expect_status, says) in [
+        (b"{not json".to_vec(), "application/json", 400, "parse"),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+            "application/json",
+            400,
+            "no request",
+        ),
+        (
+            br#"{"apiVersion":"v1","kind":"Pod","request":{}}"#.to_vec(),
+            "application/json",
+            422,
+            "missing field",
+        ),
+        (b"{}".to_vec(), "text/plain", 415, "application/json"),
+        (oversized, "application/json", 413, ""),
+    ] {
+        let (status, text) = injector.post(body, content_type).await;
+        assert_eq!(status, expect_status, "{text}");
+        assert!(text.contains(says), "{text}");
+    }
+    // Plain HTTP on the TLS port: the handshake fails, the webhook lives.
+    let plain = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/mutate", injector.port))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    assert!(plain.map(|r| r.status().as_u16() != 200).unwrap_or(true));
+    let live = injector
+        .client
+        .get(injector.url("/livez"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+}
+
+#[tokio::test]
+async fn the_webhook_serves_a_renewed_certificate_without_a_restart() {
+    let injector = Injector::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let renewed = TestPki::generate(dir.path(), "renewed");
+    // Files are replaced as a Secret mount does: new content, new mtime.
+    std::fs::copy(&renewed.server_key, &injector.pki.server_key).unwrap();
+    std::fs::copy(&renewed.server_cert, &injector.pki.server_cert).unwrap();
+    let client = client_trusting(&renewed.ca);
+    // Checked at most once a second; 20 s leaves room for a loaded machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        // A fresh client each time: no connection reused from before.
+        match client.get(injector.url("/livez")).send().await {
+            Ok(response) if response.status() == 200 => break,
+            _ => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the renewed certificate is served within 20 s"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn inject_and_injector_refuse_unusable_settings_with_the_usage_code() {
+    let (code, _, stderr) = inject(&["--set", "broker.keepAlive=2"], "");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--keep-alive"), "{stderr}");
+    let (code, _, stderr) = inject(&["--set", "broker.passwordSecret.name=pw"], "");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("broker.sat.enabled"), "{stderr}");
+    let (code, _, stderr) = inject(&[], "kind: [unclosed");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("not valid YAML"), "{stderr}");
+
+    let mut child = Command::new(BINARY)
+        .args([
+            "injector",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--tls-cert-file",
+            "/nonexistent/tls.crt",
+            "--tls-key-file",
+            "/nonexistent/tls.key",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = terminate_after(&mut child, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2));
+}
+
+/// Waits for `child` to exit on its own, up to `within`; then SIGTERM.
+fn terminate_after(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    terminate_and_wait(child, Duration::from_secs(5))
+}
+
+#[tokio::test]
+async fn every_metric_the_grafana_dashboard_queries_is_exported() {
+    let text = std::fs::read_to_string(repo(
+        "helm/statestore-gateway/dashboards/statestore-gateway.json",
+    ))
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    let mut exprs = Vec::new();
+    collect_exprs(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("statestore_gateway_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            queried.insert(name);
+        }
+    }
+
+    // A gateway that has served keys, errors and a watch: every family
+    // has a sample then (labelled families appear once used).
+    let stack = Stack::start_with(|c| c.max_keys = Some(1), GatewayOptions::default()).await;
+    let http = &stack.gateway.http;
+    let put = |key: &'static str| {
+        let url = stack.gateway.url(&format!("/keys/{key}"));
+        async move {
+            http.put(url)
+                .body("v")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(put("a").await, 200);
+    assert!(put("b").await >= 400, "the second key exceeds the quota");
+    let mut stream = sse::open(http, &stack.gateway.url("/watch/a"), None)
+        .await
+        .unwrap();
+    stream.expect("sync").await;
+    let metrics = http
+        .get(stack.gateway.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exported: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    for name in &queried {
+        assert!(
+            exported.contains(name.as_str()),
+            "the dashboard queries {name}, which /metrics does not export:\n{metrics}"
+        );
+    }
+}
+
+fn collect_exprs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr", Value::String(expr)) => out.push(expr.clone()),
+                    ("query", Value::Object(query)) => {
+                        if let Some(Value::String(q)) = query.get("query") {
+                            out.push(q.clone());
+                        }
+                    }
+                    _ => collect_exprs(value, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_exprs(item, out)),
+        _ => {}
+    }
+}
