@@ -85,34 +85,7 @@ impl Options {
 }
 
 fn main() -> ExitCode {
-    let options = match Options::parse() {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            println!("listing benchmark: run scripts/bench (or scripts/bench --smoke)");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("listing benchmark: {error:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("listing benchmark: no runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(options)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("listing benchmark failed: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    support::main_with("listing", Options::parse, run)
 }
 
 fn key(i: usize) -> String {
