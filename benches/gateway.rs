@@ -260,34 +260,7 @@ fn list(text: &str) -> Result<Vec<usize>> {
 }
 
 fn main() -> ExitCode {
-    let options = match Options::parse() {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            println!("gateway benchmark: run scripts/bench (or scripts/bench --smoke)");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("gateway benchmark: {error:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("gateway benchmark: no runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(options)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("gateway benchmark failed: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    support::main_with("gateway", Options::parse, run)
 }
 
 /// Programs the run needs.

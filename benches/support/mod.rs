@@ -11,3 +11,42 @@ pub mod rate;
 pub mod stats;
 pub mod watchers;
 pub mod wrk;
+
+/// A benchmark program's `main`: options from `parse` (`None`: not asked
+/// to run, as under plain `cargo test`), then `run` on a multi-threaded
+/// runtime; errors are printed with `name` and become the exit status.
+pub fn main_with<O>(
+    name: &str,
+    parse: impl FnOnce() -> anyhow::Result<Option<O>>,
+    run: impl AsyncFnOnce(O) -> anyhow::Result<()>,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let options = match parse() {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{name} benchmark: run scripts/bench (or scripts/bench --smoke)");
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("{name} benchmark: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("{name} benchmark: no runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name} benchmark failed: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

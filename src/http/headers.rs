@@ -26,3 +26,35 @@ pub fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
         headers.insert(header::ETAG, value);
     }
 }
+
+/// The highest weight (`q`, 1 when absent) the request's `Accept` headers
+/// give `media` when they list it by name; `None` when they do not (a
+/// wildcard such as `*/*` names nothing).
+pub fn accept_weight(headers: &HeaderMap, media: &str) -> Option<f32> {
+    let mut best: Option<f32> = None;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(text) = value.to_str() else { continue };
+        for range in text.split(',') {
+            let mut parts = range.split(';');
+            if !parts
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case(media)
+            {
+                continue;
+            }
+            let weight = parts
+                .filter_map(|param| {
+                    let (name, value) = param.split_once('=')?;
+                    (name.trim().eq_ignore_ascii_case("q"))
+                        .then(|| value.trim().parse::<f32>().ok())
+                        .flatten()
+                })
+                .next()
+                .unwrap_or(1.0);
+            best = Some(best.map_or(weight, |seen| seen.max(weight)));
+        }
+    }
+    best
+}

@@ -22,7 +22,7 @@ use futures_util::StreamExt;
 use percent_encoding::percent_decode;
 use serde_json::json;
 
-use super::headers::{set_common_headers, set_etag};
+use super::headers::{accept_weight, set_common_headers, set_etag};
 use super::problem::{ApiError, Precondition};
 use super::state::AppState;
 use crate::mqtt::RequestOptions;
@@ -523,29 +523,8 @@ pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, Ap
 /// Whether the client asked for the JSON form: `application/json` listed
 /// with a non-zero weight greater than any explicit `application/octet-stream`.
 pub fn wants_json(headers: &HeaderMap) -> bool {
-    let mut json: Option<f32> = None;
-    let mut octets: Option<f32> = None;
-    for value in headers.get_all(header::ACCEPT) {
-        let Ok(text) = value.to_str() else { continue };
-        for range in text.split(',') {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or_default().trim();
-            let weight = parts
-                .filter_map(|param| {
-                    let (name, value) = param.split_once('=')?;
-                    (name.trim().eq_ignore_ascii_case("q"))
-                        .then(|| value.trim().parse::<f32>().ok())
-                        .flatten()
-                })
-                .next()
-                .unwrap_or(1.0);
-            if media.eq_ignore_ascii_case("application/json") {
-                json = Some(json.map_or(weight, |seen| seen.max(weight)));
-            } else if media.eq_ignore_ascii_case("application/octet-stream") {
-                octets = Some(octets.map_or(weight, |seen| seen.max(weight)));
-            }
-        }
-    }
+    let json = accept_weight(headers, "application/json");
+    let octets = accept_weight(headers, "application/octet-stream");
     match (json, octets) {
         (Some(json), None) => json > 0.0,
         (Some(json), Some(octets)) => json > 0.0 && json > octets,

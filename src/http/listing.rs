@@ -24,7 +24,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::headers::set_common_headers;
+use super::headers::{accept_weight, set_common_headers};
 use super::keys::{QueryParams, method_not_allowed};
 use super::problem::ApiError;
 use super::state::AppState;
@@ -247,28 +247,8 @@ impl Cursor {
 
 /// Whether the client prefers `text/plain` (one key per line) to JSON.
 fn wants_text(headers: &HeaderMap) -> bool {
-    let (mut text, mut json) = (0.0f32, 0.0f32);
-    for value in headers.get_all(header::ACCEPT) {
-        let Ok(list) = value.to_str() else { continue };
-        for range in list.split(',') {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or_default().trim();
-            let weight = parts
-                .filter_map(|param| {
-                    let (name, value) = param.split_once('=')?;
-                    (name.trim().eq_ignore_ascii_case("q"))
-                        .then(|| value.trim().parse::<f32>().ok())
-                        .flatten()
-                })
-                .next()
-                .unwrap_or(1.0);
-            if media.eq_ignore_ascii_case("text/plain") {
-                text = text.max(weight);
-            } else if media.eq_ignore_ascii_case("application/json") {
-                json = json.max(weight);
-            }
-        }
-    }
+    let text = accept_weight(headers, "text/plain").unwrap_or(0.0);
+    let json = accept_weight(headers, "application/json").unwrap_or(0.0);
     text > 0.0 && text > json
 }
 

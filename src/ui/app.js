@@ -15,6 +15,9 @@
   const RETRY_MIN_MS = 1000;
   const RETRY_MAX_MS = 30000;
   const MAX_ERRORS_SHOWN = 5;
+  const BROWSE_PAGE = 20; // keys per listing page
+  const SPARK_POINTS = 60; // numeric values kept per key for its sparkline
+  const SVG_NS = 'http://www.w3.org/2000/svg';
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -32,9 +35,14 @@
     tokenBox: $('token-box'),
     tokenForm: $('token-form'),
     token: $('token'),
+    browseForm: $('browse-form'),
+    browsePattern: $('browse-pattern'),
+    browseStatus: $('browse-status'),
+    browseList: $('browse-list'),
+    browseMore: $('browse-more'),
   };
 
-  /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error } */
+  /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error, history } */
   const watched = new Map();
   const locks = new Set(loadList(LOCKS_KEY));
   let source = null;
@@ -334,6 +342,8 @@
       case 'sync':
         entry.exists = data.exists === true;
         entry.value = entry.exists ? data.value ?? null : null;
+        // A resync repeats the value it already had: one point per change.
+        if (entry.history.length === 0 || data.resync !== true) remember(entry, entry.value);
         entry.valueBase64 = entry.exists ? data.value_base64 ?? null : null;
         entry.version = data.version ?? null;
         if (data.resync === true) entry.flags.push('resync');
@@ -343,6 +353,7 @@
       case 'set':
         entry.exists = true;
         entry.value = data.value ?? null;
+        remember(entry, entry.value);
         entry.valueBase64 = data.value_base64 ?? null;
         entry.version = data.version ?? null;
         entry.error = null;
@@ -382,7 +393,7 @@
 
     const entry = {
       key, row, exists: null, value: null, valueBase64: null, version: null,
-      kind: null, flags: [], at: null, error: null,
+      kind: null, flags: [], at: null, error: null, history: [],
     };
     watched.set(key, entry);
     ui.rows.append(row);
@@ -426,6 +437,7 @@
     // A lock's version is its holder's fencing token.
     const version = entry.version ?? '—';
     row.querySelector('.version').textContent = lock && entry.exists ? `fencing token ${version}` : version;
+    renderSpark(entry);
 
     const kind = row.querySelector('.event .kind');
     const time = row.querySelector('.event .time');
@@ -438,6 +450,128 @@
     error.textContent = entry.error ? entry.error : '';
     error.hidden = !entry.error;
     row.classList.toggle('has-error', Boolean(entry.error));
+  }
+
+  // ---- sparklines --------------------------------------------------------
+
+  /** A plain decimal number (what sensors write), or null. */
+  function numeric(value) {
+    if (typeof value !== 'string' || !/^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$/.test(value)) return null;
+    const number = Number(value);
+    return Number.isFinite(number) ? number : null;
+  }
+
+  /** Keeps the numeric values seen since the page opened (bounded). */
+  function remember(entry, value) {
+    const number = numeric(value);
+    if (number === null) return;
+    entry.history.push(number);
+    if (entry.history.length > SPARK_POINTS) entry.history.shift();
+  }
+
+  /** An inline SVG polyline of the history: attributes only, no inline style (CSP). */
+  function renderSpark(entry) {
+    const svg = entry.row.querySelector('.spark');
+    const points = entry.history;
+    // An SVG element has no `hidden` property: the attribute it is.
+    svg.toggleAttribute('hidden', points.length < 2);
+    if (points.length < 2) return;
+    const low = Math.min(...points);
+    const high = Math.max(...points);
+    const span = high - low || 1;
+    const step = 100 / (points.length - 1);
+    const coordinates = points.map((value, index) => {
+      const x = (index * step).toFixed(2);
+      const y = (18 - ((value - low) / span) * 16).toFixed(2);
+      return `${x},${y}`;
+    });
+    svg.querySelector('polyline').setAttribute('points', coordinates.join(' '));
+    svg.setAttribute('aria-label', `${entry.key}: ${points.length} values since the page opened, from ${low} to ${high}`);
+    let title = svg.querySelector('title');
+    if (!title) {
+      title = document.createElementNS(SVG_NS, 'title');
+      svg.prepend(title);
+    }
+    title.textContent = `last ${points.length} values: ${points.join(', ')}`;
+  }
+
+  // ---- key browser --------------------------------------------------------
+
+  let browsing = { pattern: '*', next: null, generation: 0 };
+
+  function listUrl(pattern, cursor) {
+    const query = [`match=${encodeURIComponent(pattern)}`, `limit=${BROWSE_PAGE}`];
+    if (cursor) query.push(`cursor=${encodeURIComponent(cursor)}`);
+    return new URL('keys?' + query.join('&'), API_ROOT);
+  }
+
+  /** Lists the first page for `pattern` (replacing the list) or the next one. */
+  async function browse(pattern, more) {
+    if (!more) {
+      browsing = { pattern, next: null, generation: browsing.generation + 1 };
+      ui.browseList.replaceChildren();
+    }
+    const mine = browsing.generation;
+    ui.browseMore.hidden = true;
+    ui.browseStatus.textContent = 'Listing…';
+    let response;
+    try {
+      response = await request('GET', listUrl(pattern, more ? browsing.next : null));
+    } catch (err) {
+      ui.browseStatus.textContent = '';
+      showError(`Listing failed: ${err.message}`);
+      return;
+    }
+    if (mine !== browsing.generation) return; // a newer listing started
+    if (response.status === 401) {
+      ui.browseStatus.textContent = 'Listing keys needs the API token (below)';
+      return;
+    }
+    if (!response.ok) {
+      ui.browseStatus.textContent = '';
+      showError(`Listing ${pattern} failed: ${await describeFailure(response)}`);
+      return;
+    }
+    let page;
+    try {
+      page = await response.json();
+    } catch {
+      ui.browseStatus.textContent = '';
+      showError('The gateway sent a listing that is not JSON');
+      return;
+    }
+    if (mine !== browsing.generation) return;
+    for (const entry of Array.isArray(page.keys) ? page.keys : []) addListed(entry);
+    browsing.next = typeof page.next === 'string' ? page.next : null;
+    ui.browseMore.hidden = browsing.next === null;
+    const shown = ui.browseList.childElementCount;
+    ui.browseStatus.textContent = shown === 0 && browsing.next === null
+      ? `No keys match ${pattern}`
+      : `${shown} key${shown === 1 ? '' : 's'} matching ${pattern}${browsing.next ? ', more to list' : ''}`;
+  }
+
+  function addListed(entry) {
+    const item = document.createElement('li');
+    if (typeof entry.key === 'string') {
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.textContent = entry.key;
+      button.dataset.key = entry.key;
+      button.dataset.watched = String(watched.has(entry.key));
+      button.setAttribute('aria-label', `Watch ${entry.key}`);
+      button.addEventListener('click', () => {
+        if (!watched.has(entry.key)) watch(entry.key);
+        button.dataset.watched = 'true';
+      });
+      item.append(button);
+    } else {
+      // This page watches text keys; the bytes are shown, not watched.
+      const span = document.createElement('span');
+      span.className = 'binary';
+      span.textContent = `(not UTF-8) ${entry.key_base64 ?? ''}`;
+      item.append(span);
+    }
+    ui.browseList.append(item);
   }
 
   function updateEmpty() {
@@ -475,6 +609,9 @@
     entry.row.remove();
     watched.delete(key);
     locks.delete(key);
+    for (const button of ui.browseList.querySelectorAll('button')) {
+      if (button.dataset.key === key) button.dataset.watched = 'false';
+    }
     saveKeys();
     updateEmpty();
     openStream();
@@ -537,6 +674,14 @@
     }
   });
 
+  ui.browseForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const pattern = ui.browsePattern.value || '*';
+    browse(pattern, false);
+  });
+
+  ui.browseMore.addEventListener('click', () => browse(browsing.pattern, true));
+
   ui.tokenForm.addEventListener('submit', (event) => {
     event.preventDefault();
     try {
@@ -553,9 +698,12 @@
     ui.tokenBox.open = false;
     showNotice(apiToken() ? 'Using the API token' : 'No API token');
     openStream();
+    browse(browsing.pattern, false);
   });
 
   for (const key of loadKeys()) addRow(key);
   updateEmpty();
   openStream();
+  // The first page of every key, so the page does not open empty.
+  browse('*', false);
 })();

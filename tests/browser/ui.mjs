@@ -11,7 +11,10 @@
 // 4. sets a value through the page's own form and checks with a GET that
 //    the store holds it;
 // 5. reloads the page: the watched key list survives (localStorage);
-// 6. stops watching through the page.
+// 6. the key browser: lists keys written with fetch by a glob, pages with
+//    "More keys", a click watches a key, whose numeric values then draw a
+//    sparkline; with SCREENSHOT set, writes a screenshot of the page there;
+// 7. stops watching through the page.
 //
 // Any wait is bounded. On failure: a message on stderr, a screenshot in a
 // temporary directory, and exit status 1. The page must also run without a
@@ -24,7 +27,7 @@
 // script's own requests send it as a bearer header.
 
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
@@ -35,6 +38,10 @@ const REQUEST_MS = 5_000;
 const OVERALL_MS = 50_000;
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const API_TOKEN = process.env.API_TOKEN || '';
+const SCREENSHOT = process.env.SCREENSHOT || '';
+// The listing test's keys: more than one page of the browser (20).
+const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
+const SPARK_KEY = 'ui-list/temperature';
 // Without the background-networking flags Chromium keeps dialling out, and
 // a closed network refuses it; none of that traffic is needed here.
 const CHROMIUM_ARGS = [
@@ -256,6 +263,7 @@ async function run(base, problems, session) {
   await waitForRow(page, lockName, 'the lock as free after its release', (c) => c.marker === 'lock free');
   await page.getByRole('button', { name: `Stop watching ${lockName}`, exact: true }).click();
   await page.locator('#rows tr').nth(1).waitFor({ state: 'detached', timeout: WAIT_MS });
+  await browseAndSparkline(base, page);
 
   step('deleting through the page, then stopping the watch');
   await page.getByRole('button', { name: `Delete ${KEY} from the store`, exact: true }).click();
@@ -266,6 +274,73 @@ async function run(base, problems, session) {
   if (state !== 'idle') fail(`with no key watched the connection state is ${state}, not idle`);
 
   if (problems.length > 0) fail(problems.join('\n'));
+}
+
+/** The key browser: list by glob, page, click to watch, sparkline. */
+async function browseAndSparkline(base, page) {
+  const keyUrl = (key) => new URL(`keys/${encodeURIComponent(key)}`, base);
+  step(`writing ${LISTED.length + 1} keys under ui-list/ with fetch`);
+  for (const key of [...LISTED, SPARK_KEY]) {
+    await expectStatus(await http('PUT', keyUrl(key), { body: key === SPARK_KEY ? '19.5' : 'on' }), [200], `PUT ${key}`);
+  }
+  await expectStatus(await http('PUT', keyUrl('ui-other'), { body: 'x' }), [200], 'PUT ui-other');
+
+  step('listing ui-list/* in the key browser, then its second page');
+  await page.getByLabel('Keys matching').fill('ui-list/*');
+  await page.getByRole('button', { name: 'List', exact: true }).click();
+  const listed = () => page.evaluate(() => [...document.querySelectorAll('#browse-list button')].map((b) => b.dataset.key));
+  await page.locator('#browse-status').filter({ hasText: 'more to list' }).waitFor({ timeout: WAIT_MS })
+    .catch(async () => fail(`no first page with more to list: ${JSON.stringify(await listed())}`));
+  const first = await listed();
+  if (first.length !== 20) fail(`the first page lists ${first.length} keys, not 20: ${JSON.stringify(first)}`);
+  await page.getByRole('button', { name: 'More keys', exact: true }).click();
+  await page.locator('#browse-status').filter({ hasText: `${LISTED.length + 1} keys matching ui-list/*` })
+    .waitFor({ timeout: WAIT_MS })
+    .catch(async () => fail(`the second page did not complete the listing: ${JSON.stringify(await listed())}`));
+  const all = await listed();
+  const expected = [...LISTED, SPARK_KEY].sort();
+  if (JSON.stringify([...all].sort()) !== JSON.stringify(expected)) {
+    fail(`the browser lists ${JSON.stringify(all)}, not ${JSON.stringify(expected)}`);
+  }
+  if (!(await page.locator('#browse-more').isHidden())) fail('"More keys" is still offered after the last page');
+
+  step(`clicking ${SPARK_KEY} watches it; numeric values draw a sparkline`);
+  await page.getByRole('button', { name: `Watch ${SPARK_KEY}`, exact: true }).click();
+  await waitForRow(page, SPARK_KEY, 'its value 19.5 after its first sync', (c) => c.kind === 'sync' && c.value === '19.5');
+  const values = ['21', '20.25', '23', '22.5', '24.75'];
+  for (const value of values) {
+    await expectStatus(await http('PUT', keyUrl(SPARK_KEY), { body: value }), [200], `PUT ${value}`);
+    await waitForRow(page, SPARK_KEY, `the value ${value}`, (c) => c.value === value);
+  }
+  const spark = await page.evaluate((key) => {
+    const row = [...document.querySelectorAll('#rows tr')].find((tr) => tr.dataset.key === key);
+    const svg = row?.querySelector('svg.spark');
+    if (!svg) return null;
+    const box = svg.getBoundingClientRect();
+    const hidden = svg.hasAttribute('hidden') || box.width === 0 || box.height === 0;
+    return { hidden, points: svg.querySelector('polyline').getAttribute('points') };
+  }, SPARK_KEY);
+  const points = (spark?.points ?? '').trim().split(/\s+/).filter(Boolean);
+  if (!spark || spark.hidden || points.length !== values.length + 1) {
+    fail(`the sparkline shows ${JSON.stringify(spark)}, not ${values.length + 1} points`);
+  }
+  // The highest value (24.75, the last) is at the top, the lowest (19.5, the first) at the bottom.
+  const ys = points.map((point) => Number(point.split(',')[1]));
+  if (!(ys[0] === Math.max(...ys) && ys[ys.length - 1] === Math.min(...ys))) fail(`sparkline points ${spark.points} do not follow the values`);
+
+  if (SCREENSHOT) {
+    await mkdir(path.dirname(SCREENSHOT), { recursive: true });
+    await page.setViewportSize({ width: 1100, height: 800 });
+    await page.screenshot({ path: SCREENSHOT, fullPage: true, timeout: 10_000 });
+    step(`screenshot written to ${SCREENSHOT}`);
+  }
+
+  step(`stopping the watch of ${SPARK_KEY} and deleting the listed keys`);
+  await page.getByRole('button', { name: `Stop watching ${SPARK_KEY}`, exact: true }).click();
+  await page.locator(`#rows tr[data-key="${SPARK_KEY}"]`).waitFor({ state: 'detached', timeout: WAIT_MS });
+  for (const key of [...LISTED, SPARK_KEY, 'ui-other']) {
+    await expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`);
+  }
 }
 
 async function main() {

@@ -62,12 +62,23 @@ pub fn require_browser_tools() {
 /// Runs `tests/browser/ui.mjs <base_url>` to completion (bounded), and
 /// returns its output; the caller asserts on the exit status.
 pub async fn run_ui_script(base_url: &str, api_token: Option<&str>) -> Output {
+    run_ui_script_with(base_url, api_token, None).await
+}
+
+/// [`run_ui_script`], writing a screenshot of the page (key browser,
+/// watched keys, a sparkline) to `screenshot` when given.
+pub async fn run_ui_script_with(
+    base_url: &str,
+    api_token: Option<&str>,
+    screenshot: Option<&Path>,
+) -> Output {
     require_browser_tools();
     let child = tokio::process::Command::new("node")
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
         .env("API_TOKEN", api_token.unwrap_or_default())
+        .env("SCREENSHOT", screenshot.unwrap_or(Path::new("")))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -107,14 +118,17 @@ fn chromium_node_and_playwright_are_installed() {
 }
 
 /// The whole dashboard against mosquitto + emulator + gateway: a key added
-/// in the page follows a PUT and a DELETE made with plain HTTP, and a value
-/// set in the page's form lands in the store.
+/// in the page follows a PUT and a DELETE made with plain HTTP, a value set
+/// in the page's form lands in the store, and the key browser lists keys by
+/// glob, pages, watches a clicked key and draws its numeric values. Writes
+/// the README's screenshot, docs/dashboard.png.
 #[tokio::test]
 async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() {
     require_browser_tools();
     let stack = Stack::start().await;
     let base = format!("http://{}", stack.gateway.api);
-    let output = run_ui_script(&base, None).await;
+    let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
+    let output = run_ui_script_with(&base, None, Some(&screenshot)).await;
     assert_passed(&output);
     stack.gateway.shutdown().await;
 }

@@ -1,0 +1,370 @@
+//! Listing every key of a store of 100,000: through the gateway
+//! (`GET /keys?limit=N`, following `next`) against the official client's
+//! `list_keys` (azure_iot_operations_services 1.5.0-beta1) on the same
+//! store, in one run.
+//!
+//! Starts mosquitto, the emulator and `statestore-gateway serve` as their
+//! own processes, writes the keys with a pool like the gateway's, then per
+//! round lists them all with the SDK and through the gateway with
+//! `limit=1000` and `limit=10000` on one keep-alive connection. Reports
+//! keys/s (median of the rounds) and the gateway's RSS idle and at its peak
+//! while listing (read from `/proc` every 2 ms).
+//!
+//! `scripts/bench` runs it after the gateway benchmark (release build);
+//! `scripts/bench --smoke` runs a small version on the debug build that
+//! checks every key is listed once and asserts no timing.
+
+#[allow(dead_code)] // the gateway benchmark's parts; this program uses a few
+mod support;
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_services::state_store;
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use statestore_gateway::mqtt::RequestOptions;
+use statestore_gateway::protocol::{Reply, Request, SetOptions};
+
+use support::direct;
+use support::gateway::GatewayLaunch;
+use support::http::HttpConn;
+use support::procs;
+
+/// Gateway listing page sizes measured.
+const LIMITS: [usize; 2] = [1_000, 10_000];
+
+struct Options {
+    keys: usize,
+    rounds: usize,
+    smoke: bool,
+    report: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse() -> Result<Option<Options>> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let smoke = args.iter().any(|arg| arg == "--smoke");
+        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+            return Ok(None);
+        }
+        let mut options = Options {
+            keys: if smoke { 3_000 } else { 100_000 },
+            rounds: if smoke { 1 } else { 5 },
+            smoke,
+            report: None,
+        };
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let mut value =
+                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+            match arg.as_str() {
+                "--bench" | "--smoke" => {}
+                "--keys" => options.keys = value("--keys")?.parse().context("--keys")?,
+                "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
+                "--report" => options.report = Some(value("--report")?.into()),
+                other => {
+                    bail!("unknown argument {other:?}; use --keys N, --rounds N, --report FILE")
+                }
+            }
+        }
+        if options.keys == 0 || options.rounds == 0 {
+            bail!("--keys and --rounds must be positive");
+        }
+        Ok(Some(options))
+    }
+}
+
+fn main() -> ExitCode {
+    support::main_with("listing", Options::parse, run)
+}
+
+fn key(i: usize) -> String {
+    format!("sensor/{i:06}/temperature")
+}
+
+async fn run(options: Options) -> Result<()> {
+    let mosquitto = procs::find_program(&["mosquitto"])
+        .context("mosquitto is needed (scripts/bench installs it)")?;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway"));
+    let dir = tempfile::Builder::new()
+        .prefix("listing-bench-")
+        .tempdir()
+        .context("a temporary directory")?;
+    let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
+    let _emulator = procs::start_emulator(&binary, dir.path(), port)?;
+    let pool = direct::start_pool(port, 4).await?;
+
+    println!("listing benchmark: writing {} keys", options.keys);
+    let written = Instant::now();
+    let mut writes = futures_util::stream::iter(0..options.keys)
+        .map(|i| {
+            let pool = pool.clone();
+            async move {
+                let request = Request::Set {
+                    key: Bytes::from(key(i)),
+                    value: Bytes::from_static(b"21.5"),
+                    options: SetOptions::default(),
+                };
+                pool.request(&request, &RequestOptions::default()).await
+            }
+        })
+        .buffer_unordered(256);
+    while let Some(reply) = writes.next().await {
+        let reply = reply.context("SET")?;
+        if reply.reply != Reply::Ok {
+            bail!("SET answered {:?}", reply.reply);
+        }
+    }
+    println!("listing benchmark: written in {:?}", written.elapsed());
+    pool.shutdown().await;
+
+    let gateway = GatewayLaunch {
+        binary: &binary,
+        dir: dir.path(),
+        broker_port: port,
+        pool_size: 4,
+        max_watchers: 1_000,
+        env: &[],
+    }
+    .start("gateway")
+    .await?;
+    let sdk = Sdk::connect(port).await?;
+
+    let idle_kib = gateway.proc.rss_kib()?;
+    let mut sdk_rates = Vec::new();
+    let mut gateway_rates: Vec<Vec<f64>> = vec![Vec::new(); LIMITS.len()];
+    let mut peak_kib = idle_kib;
+    for round in 0..options.rounds {
+        let started = Instant::now();
+        let listed = sdk.list_all().await?;
+        let elapsed = started.elapsed();
+        check_listed(&listed, options.keys, "list_keys")?;
+        sdk_rates.push(options.keys as f64 / elapsed.as_secs_f64());
+
+        for (index, limit) in LIMITS.into_iter().enumerate() {
+            let peak = PeakRss::watch(gateway.proc.pid());
+            let started = Instant::now();
+            let listed = list_through_gateway(gateway.api, limit).await?;
+            let elapsed = started.elapsed();
+            peak_kib = peak_kib.max(peak.stop());
+            check_listed(&listed, options.keys, "GET /keys")?;
+            gateway_rates[index].push(options.keys as f64 / elapsed.as_secs_f64());
+        }
+        println!(
+            "listing benchmark: round {} of {} done",
+            round + 1,
+            options.rounds
+        );
+    }
+    sdk.close().await;
+
+    let sdk_rate = median(&mut sdk_rates);
+    let mut report = String::new();
+    writeln!(
+        report,
+        "### Listing {} keys (`*`), median of {} rounds\n",
+        options.keys, options.rounds
+    )?;
+    writeln!(report, "| client | keys/s | vs. SDK `list_keys` |")?;
+    writeln!(report, "|---|---:|---:|")?;
+    writeln!(
+        report,
+        "| official SDK `list_keys` (MQTT, pages of the store's 1,000) | {sdk_rate:.0} | 1.00 |"
+    )?;
+    for (index, limit) in LIMITS.into_iter().enumerate() {
+        let rate = median(&mut gateway_rates[index]);
+        writeln!(
+            report,
+            "| gateway `GET /keys?limit={limit}` (HTTP + JSON) | {rate:.0} | {:.2} |",
+            rate / sdk_rate
+        )?;
+    }
+    writeln!(
+        report,
+        "\nGateway RSS: {:.1} MiB idle (after start), {:.1} MiB at its peak while listing.",
+        idle_kib as f64 / 1024.0,
+        peak_kib as f64 / 1024.0
+    )?;
+    println!("\n{report}");
+    if let Some(path) = &options.report {
+        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if options.smoke {
+        println!("listing benchmark: smoke run passed (no timing asserted)");
+    }
+    Ok(())
+}
+
+fn check_listed(listed: &[Vec<u8>], expected: usize, by: &str) -> Result<()> {
+    let distinct: HashSet<&Vec<u8>> = listed.iter().collect();
+    if listed.len() != expected || distinct.len() != expected {
+        bail!(
+            "{by} listed {} keys ({} distinct), not {expected}",
+            listed.len(),
+            distinct.len()
+        );
+    }
+    Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Every key, following `next`, on one keep-alive connection.
+async fn list_through_gateway(api: std::net::SocketAddr, limit: usize) -> Result<Vec<Vec<u8>>> {
+    use base64::Engine as _;
+    let mut conn = HttpConn::connect(api).await?;
+    let mut keys = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            None => format!("/keys?limit={limit}"),
+            Some(cursor) => format!("/keys?limit={limit}&cursor={cursor}"),
+        };
+        let response = conn.request("GET", &path, b"").await?;
+        if response.status != 200 {
+            bail!(
+                "GET {path}: {} {}",
+                response.status,
+                String::from_utf8_lossy(&response.body)
+            );
+        }
+        let page: serde_json::Value = serde_json::from_slice(&response.body).context("JSON")?;
+        for entry in page["keys"].as_array().context("keys")? {
+            let encoded = entry["key_base64"].as_str().context("key_base64")?;
+            keys.push(base64::engine::general_purpose::STANDARD.decode(encoded)?);
+        }
+        match page["next"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return Ok(keys),
+        }
+    }
+}
+
+/// The peak RSS of a process, sampled from `/proc` until stopped.
+struct PeakRss {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn watch(pid: u32) -> Self {
+        let peak = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (peak, stop) = (peak.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(kib) = rss_kib(pid) {
+                        peak.fetch_max(kib, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        Self { peak, stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The official client, with its session running in the background.
+struct Sdk {
+    client: state_store::Client,
+    exit: azure_iot_operations_mqtt::session::SessionExitHandle,
+    session: tokio::task::JoinHandle<()>,
+}
+
+impl Sdk {
+    async fn connect(port: u16) -> Result<Sdk> {
+        let settings = MqttConnectionSettingsBuilder::default()
+            .client_id("bench-sdk")
+            .hostname("127.0.0.1")
+            .tcp_port(port)
+            .keep_alive(Duration::from_secs(10))
+            .clean_start(true)
+            .use_tls(false)
+            .build()?;
+        let options = SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .build()?;
+        let session =
+            Session::new(options).map_err(|error| anyhow::anyhow!("SDK session: {error:?}"))?;
+        let client = state_store::Client::new(
+            ApplicationContextBuilder::default().build()?,
+            session.create_managed_client(),
+            session.create_session_monitor(),
+            state_store::ClientOptionsBuilder::default().build()?,
+        )?;
+        let exit = session.create_exit_handle();
+        let session = tokio::spawn(async move {
+            let _ = session.run().await;
+        });
+        let sdk = Sdk {
+            client,
+            exit,
+            session,
+        };
+        // Connected once a request gets an answer.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while sdk
+            .client
+            .get(b"bench-probe".to_vec(), Duration::from_secs(1))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                bail!("the official client got no answer within 15 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(sdk)
+    }
+
+    async fn list_all(&self) -> Result<Vec<Vec<u8>>> {
+        let mut pager = self
+            .client
+            .list_keys(b"*".to_vec(), Duration::from_secs(10))
+            .map_err(|error| anyhow::anyhow!("list_keys: {error:?}"))?;
+        let mut keys = Vec::new();
+        while let Some(page) = pager
+            .next()
+            .await
+            .map_err(|error| anyhow::anyhow!("list_keys page: {error:?}"))?
+        {
+            keys.extend(page);
+        }
+        Ok(keys)
+    }
+
+    async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.client.shutdown()).await;
+        if self.exit.try_exit().is_err() {
+            self.exit.force_exit();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.session).await;
+    }
+}
