@@ -731,9 +731,20 @@ async fn sync_registrations(
         })
         .collect();
     let results: Vec<(Arc<KeyWatch>, Result<(), WatchError>)> = stream::iter(missing)
-        .map(|key_watch| async move {
-            let result = register(inner, holder, &key_watch).await;
-            (key_watch, result)
+        .map(|key_watch| {
+            let fresh = !registered.contains(&key_watch.key);
+            async move {
+                let result = register(inner, holder, &key_watch).await;
+                if fresh && result.is_err() {
+                    // The KEYNOTIFY may have been applied (it succeeded and
+                    // the GET failed, or it timed out): nothing else would
+                    // ever stop it. Harmless if it was not.
+                    if let Err(error) = inner.store.on_member(holder).stop(key_watch.key.clone()).await {
+                        tracing::debug!(%error, "KEYNOTIFY STOP after a failed registration failed; the registration ends with the connection");
+                    }
+                }
+                (key_watch, result)
+            }
         })
         .buffer_unordered(64)
         .collect()

@@ -1,5 +1,6 @@
 //! `/watch`: key changes as Server-Sent Events, over the real stack.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,6 +10,7 @@ use statestore_gateway::watch::WatchSettings;
 
 use crate::support::emulator::RawClient;
 use crate::support::gateway::{GatewayOptions, Stack, encode};
+use crate::support::scripted_store::{Script, Scripted};
 use crate::support::sse;
 
 fn options(watch: WatchSettings) -> GatewayOptions {
@@ -765,4 +767,37 @@ async fn after_a_store_restart_lower_versions_still_reach_watchers() {
     put(&stack, "behind", "again").await;
     let next = stream.next(Duration::from_secs(5)).await.expect("a set");
     assert_eq!(next.data["value"], "again", "{next:?}");
+}
+
+/// Issue 13 item 7: a KEYNOTIFY the store applied is stopped when the GET
+/// after it fails (the watch is refused, so nothing else would stop it).
+#[tokio::test]
+async fn a_registration_whose_get_failed_is_stopped() {
+    let seen: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let script: Script = {
+        let seen = seen.clone();
+        Arc::new(move |request: &Request, _: Option<&str>| {
+            seen.lock().unwrap().push(request.verb());
+            match request {
+                Request::Get { .. } => Scripted::Reply(b"-ERR syntax error\r\n".to_vec()),
+                _ => Scripted::Reply(b"+OK\r\n".to_vec()),
+            }
+        })
+    };
+    let stack = Stack::scripted(script, GatewayOptions::default()).await;
+    let response = stack
+        .gateway
+        .http
+        .get(stack.gateway.url("/watch/leaky"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    wait_until("a KEYNOTIFY STOP after the failed GET", || {
+        let seen = seen.lock().unwrap();
+        let registered = seen.iter().position(|verb| *verb == "KEYNOTIFY");
+        let stopped = seen.iter().rposition(|verb| *verb == "KEYNOTIFY STOP");
+        matches!((registered, stopped), (Some(r), Some(s)) if s > r)
+    })
+    .await;
 }
