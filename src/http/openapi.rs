@@ -66,6 +66,7 @@ mod tests {
             ApiError::HandlerTimeout(Duration::from_secs(1)),
             ApiError::LockHeld(None),
             ApiError::LockNotHeld,
+            ApiError::NotALock,
             ApiError::BadHolder("x".into()),
             ApiError::BadWait("x".into()),
         ];

@@ -148,6 +148,11 @@ pub enum ApiError {
     /// Nobody holds the lock.
     #[error("nobody holds the lock")]
     LockNotHeld,
+    /// The name is a key written with a `Fencing-Token`, not a lock.
+    #[error(
+        "the key was written with a Fencing-Token: it is a fenced resource, not a lock, and cannot be taken or released as one"
+    )]
+    NotALock,
     /// `holder` is missing, empty or too long.
     #[error("{0}")]
     BadHolder(String),
@@ -420,6 +425,7 @@ impl ApiError {
             Self::TooManyWatchKeys(_) => (429, "/problems/too-many-keys", "Too many keys", Info),
             Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
+            Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),
             Self::BadHolder(_) => (400, "/problems/invalid-holder", "Invalid holder", Info),
             Self::BadWait(_) => (400, "/problems/invalid-wait", "Invalid wait", Info),
         };
@@ -459,6 +465,12 @@ impl From<RequestError> for ApiError {
 impl From<LockError> for ApiError {
     fn from(error: LockError) -> Self {
         match error {
+            // Only a key written with a Fencing-Token makes the store want
+            // one for a lock's SET or VDEL: the name is a fenced resource.
+            LockError::Store(RequestError::Refused {
+                error: StoreError::FencingTokenRequired,
+                ..
+            }) => Self::NotALock,
             LockError::Store(error) => error.into(),
             LockError::Watch(error) => error.into(),
         }

@@ -180,6 +180,41 @@ async fn bad_lock_requests_are_400() {
     assert_eq!(release(gateway, "bad", "a").await, StatusCode::NOT_FOUND);
 }
 
+/// A key written with a `Fencing-Token` is a fenced resource: the store
+/// wants that token for every write, so it cannot be taken or released as
+/// a lock; that is a conflict with the key, not a missing header of the
+/// lock request (the lock API takes none).
+#[tokio::test]
+async fn a_fenced_resource_is_not_a_lock() {
+    let stack = Stack::start().await;
+    let gateway = &Api::of(&stack.gateway);
+    let token = acquire(gateway, "guard", "writer", "30s", "0s")
+        .await
+        .expect("a free lock");
+    let status = gateway
+        .http
+        .put(gateway.url("/keys/fenced-resource"))
+        .header("fencing-token", token.to_string())
+        .body("42")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::OK);
+    let (status, body, _) = put_lock(gateway, "fenced-resource", "holder=a&ttl=10s").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["type"], "/problems/not-a-lock", "{body}");
+    let response = gateway
+        .http
+        .delete(lock_url(gateway, "fenced-resource", "holder=a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let body: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["type"], "/problems/not-a-lock", "{body}");
+}
+
 #[tokio::test]
 async fn an_sdk_lease_holder_refuses_an_http_acquire_and_get_shows_its_token() {
     let stack = Stack::start().await;
