@@ -823,3 +823,14 @@ async fn a_request_larger_than_the_emulators_packet_limit_does_not_disturb_it() 
     assert_eq!(reply.payload.len(), header.len() + large.len() + 2);
     assert_eq!(payload(&client.request(GET, &[]).await), b"$-1\r\n");
 }
+
+#[tokio::test]
+async fn an_emulator_process_dies_with_its_handle() {
+    let broker = Mosquitto::start().await;
+    let process = EmulatorProcess::start(&broker, &[]).await;
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{}", process.pid()));
+    assert!(proc_dir.exists());
+    drop(process);
+    // Killed and reaped: not even a zombie is left.
+    assert!(!proc_dir.exists(), "{} still runs", proc_dir.display());
+}

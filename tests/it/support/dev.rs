@@ -94,3 +94,11 @@ impl DevProcess {
         super::terminate_and_wait(&mut self.child, Duration::from_secs(15))
     }
 }
+
+/// A test that ends (or panics) must not leave the binary running.
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -100,6 +100,18 @@ impl EmulatorProcess {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         super::terminate_and_wait(&mut self.child, Duration::from_secs(10))
     }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A test that ends (or panics) must not leave the binary running.
+impl Drop for EmulatorProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// `*2 GET key`.
