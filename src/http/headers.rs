@@ -20,8 +20,48 @@ pub fn set_common_headers(headers: &mut HeaderMap, content_type: &'static str) {
 /// `ETag: "<version>"`; left out when there is no version or it cannot be
 /// a header (a store node id with control characters).
 pub fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
+    set_representation_etag(headers, version, Representation::Raw);
+}
+
+/// The two forms of a key's value that `Accept` chooses between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Representation {
+    /// The value's bytes.
+    Raw,
+    /// `{"key", "value", "value_base64", "version"}`.
+    Json,
+}
+
+impl Representation {
+    /// The opaque part of its entity tag: the version, with `+json` for the
+    /// JSON form (RFC 9110 8.8.3: each representation has its own tag).
+    pub fn entity_tag(self, version: &Hlc) -> String {
+        match self {
+            Self::Raw => version.to_string(),
+            Self::Json => format!("{version}+json"),
+        }
+    }
+}
+
+/// A read's `ETag` for the representation sent, and `Vary: Accept`, since
+/// the same URL answers either form.
+pub fn set_read_headers(
+    headers: &mut HeaderMap,
+    version: Option<&Hlc>,
+    representation: Representation,
+) {
+    headers.insert(header::VARY, HeaderValue::from_static("Accept"));
+    set_representation_etag(headers, version, representation);
+}
+
+fn set_representation_etag(
+    headers: &mut HeaderMap,
+    version: Option<&Hlc>,
+    representation: Representation,
+) {
     if let Some(version) = version
-        && let Ok(value) = HeaderValue::from_str(&format!("\"{version}\""))
+        && let Ok(value) =
+            HeaderValue::from_str(&format!("\"{}\"", representation.entity_tag(version)))
     {
         headers.insert(header::ETAG, value);
     }

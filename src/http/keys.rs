@@ -22,7 +22,9 @@ use futures_util::StreamExt;
 use percent_encoding::percent_decode;
 use serde_json::json;
 
-use super::headers::{accept_weight, set_common_headers, set_etag};
+use super::headers::{
+    Representation, accept_weight, set_common_headers, set_etag, set_read_headers,
+};
 use super::problem::{ApiError, Precondition};
 use super::state::AppState;
 use crate::mqtt::RequestOptions;
@@ -197,10 +199,22 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
             json,
             if_none_match,
         } => {
-            if if_none_match.is_some_and(|condition| condition.matches(version.as_ref())) {
-                return Ok(not_modified(version.as_ref()));
+            let representation = if json {
+                Representation::Json
+            } else {
+                Representation::Raw
+            };
+            if if_none_match
+                .is_some_and(|condition| condition.matches(version.as_ref(), representation))
+            {
+                return Ok(not_modified(version.as_ref(), representation));
             }
-            Ok(value_response(&key, value, version.as_ref(), json))
+            Ok(value_response(
+                &key,
+                value,
+                version.as_ref(),
+                representation,
+            ))
         }
         KeyOutcome::Read { value: None, .. }
         | KeyOutcome::Deleted(DelOutcome::Missing)
@@ -463,14 +477,17 @@ impl IfNoneMatch {
         Some(Self::Tags(tags))
     }
 
-    /// Whether the current version (of an existing key) matches.
-    pub fn matches(&self, version: Option<&Hlc>) -> bool {
+    /// Whether the current version (of an existing key) matches, in the
+    /// representation about to be sent: a tag of the other one does not.
+    pub fn matches(&self, version: Option<&Hlc>, representation: Representation) -> bool {
         match self {
             Self::Any => true,
             Self::Tags(tags) => version.is_some_and(|version| {
-                let text = version.to_string();
+                let text = representation.entity_tag(version);
                 tags.iter().any(|tag| {
-                    *tag == text || Hlc::parse(tag).is_ok_and(|parsed| &parsed == version)
+                    *tag == text
+                        || (representation == Representation::Raw
+                            && Hlc::parse(tag).is_ok_and(|parsed| &parsed == version))
                 })
             }),
         }
@@ -568,15 +585,20 @@ async fn read_value(
         .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
-fn not_modified(version: Option<&Hlc>) -> Response {
+fn not_modified(version: Option<&Hlc>, representation: Representation) -> Response {
     let mut response = StatusCode::NOT_MODIFIED.into_response();
     set_common_headers(response.headers_mut(), "");
-    set_etag(response.headers_mut(), version);
+    set_read_headers(response.headers_mut(), version, representation);
     response
 }
 
-fn value_response(key: &[u8], value: Bytes, version: Option<&Hlc>, json: bool) -> Response {
-    let mut response = if json {
+fn value_response(
+    key: &[u8],
+    value: Bytes,
+    version: Option<&Hlc>,
+    representation: Representation,
+) -> Response {
+    let mut response = if representation == Representation::Json {
         let key_text = std::str::from_utf8(key).ok();
         let mut document = json!({
             "key": key_text,
@@ -596,7 +618,7 @@ fn value_response(key: &[u8], value: Bytes, version: Option<&Hlc>, json: bool) -
         set_common_headers(response.headers_mut(), "application/octet-stream");
         response
     };
-    set_etag(response.headers_mut(), version);
+    set_read_headers(response.headers_mut(), version, representation);
     response
 }
 
@@ -740,14 +762,26 @@ mod tests {
     #[test]
     fn if_none_match_compares_versions_as_clocks() {
         let version = Hlc::parse("1696374425000:1:StateStore").unwrap();
+        let raw = Representation::Raw;
         let padded = IfNoneMatch::parse(&format!("W/\"x\", \"{version}\"")).unwrap();
-        assert!(padded.matches(Some(&version)));
+        assert!(padded.matches(Some(&version), raw));
         let unpadded = IfNoneMatch::parse("\"1696374425000:1:StateStore\"").unwrap();
-        assert!(unpadded.matches(Some(&version)));
+        assert!(unpadded.matches(Some(&version), raw));
         let other = IfNoneMatch::parse("\"1696374425000:2:StateStore\"").unwrap();
-        assert!(!other.matches(Some(&version)));
-        assert!(!other.matches(None));
-        assert!(IfNoneMatch::Any.matches(None));
+        assert!(!other.matches(Some(&version), raw));
+        assert!(!other.matches(None, raw));
+        assert!(IfNoneMatch::Any.matches(None, raw));
+    }
+
+    #[test]
+    fn if_none_match_tells_the_json_form_from_the_raw_one() {
+        let version = Hlc::parse("1696374425000:1:StateStore").unwrap();
+        let json = IfNoneMatch::parse(&format!("\"{version}+json\"")).unwrap();
+        assert!(json.matches(Some(&version), Representation::Json));
+        assert!(!json.matches(Some(&version), Representation::Raw));
+        let raw = IfNoneMatch::parse(&format!("\"{version}\"")).unwrap();
+        assert!(!raw.matches(Some(&version), Representation::Json));
+        assert!(IfNoneMatch::Any.matches(Some(&version), Representation::Json));
     }
 
     #[test]
@@ -829,13 +863,14 @@ mod tests {
             b"k\xff",
             Bytes::from_static(b"\x00\xfe"),
             Some(&version),
-            true,
+            Representation::Json,
         );
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         assert_eq!(
             response.headers()[header::ETAG],
-            "\"000000000000001:00002:S\""
+            "\"000000000000001:00002:S+json\""
         );
+        assert_eq!(response.headers()[header::VARY], "Accept");
     }
 }
 

@@ -189,6 +189,55 @@ async fn accept_json_gives_text_and_base64() {
     assert_eq!(body["value_base64"], "AP4=");
 }
 
+/// RFC 9110 8.8.3: the raw and the JSON form of a key are two
+/// representations, so they need two entity tags, and caches must know
+/// that `Accept` picks between them.
+#[tokio::test]
+async fn raw_and_json_representations_have_their_own_etags_and_vary_on_accept() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let version = etag(put(gw, b"k", "v1").await.headers());
+    let read = |accept: &'static str, if_none_match: Option<String>| {
+        let mut request = gw.http.get(gw.key(b"k")).header(header::ACCEPT, accept);
+        if let Some(tag) = if_none_match {
+            request = request.header(header::IF_NONE_MATCH, tag);
+        }
+        request.send()
+    };
+    let raw = read("application/octet-stream", None).await.unwrap();
+    let json = read("application/json", None).await.unwrap();
+    for response in [&raw, &json] {
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[header::VARY], "Accept");
+    }
+    let raw_tag = raw.headers()[header::ETAG].to_str().unwrap().to_owned();
+    let json_tag = json.headers()[header::ETAG].to_str().unwrap().to_owned();
+    assert_eq!(raw_tag, format!("\"{version}\""));
+    assert_ne!(raw_tag, json_tag);
+
+    // Each tag validates its own representation, and only that one.
+    for (accept, tag, expected) in [
+        (
+            "application/octet-stream",
+            &raw_tag,
+            StatusCode::NOT_MODIFIED,
+        ),
+        ("application/json", &json_tag, StatusCode::NOT_MODIFIED),
+        ("application/json", &raw_tag, StatusCode::OK),
+        ("application/octet-stream", &json_tag, StatusCode::OK),
+    ] {
+        let response = read(accept, Some(tag.clone())).await.unwrap();
+        assert_eq!(response.status(), expected, "{accept} with {tag}");
+        assert_eq!(response.headers()[header::VARY], "Accept");
+        let own = if accept == "application/json" {
+            &json_tag
+        } else {
+            &raw_tag
+        };
+        assert_eq!(&response.headers()[header::ETAG], own.as_str());
+    }
+}
+
 #[tokio::test]
 async fn missing_key_is_404() {
     let stack = Stack::start().await;
