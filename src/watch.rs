@@ -698,6 +698,10 @@ async fn reconcile(inner: Arc<Inner>, mut member_events: broadcast::Receiver<Mem
     }
 }
 
+/// Store requests one reconciliation pass keeps in flight, for each of
+/// its registrations and its STOPs: well inside a connection's window.
+const CONCURRENT_REQUESTS: usize = 64;
+
 /// One reconciliation pass. `Err` when some key could not be registered
 /// and the pass should be retried.
 async fn sync_registrations(
@@ -714,12 +718,21 @@ async fn sync_registrations(
         .filter(|key| !wanted_keys.contains(key))
         .cloned()
         .collect();
-    for key in stale {
-        registered.remove(&key);
-        if let Err(error) = inner.store.on_member(holder).stop(key).await {
-            tracing::debug!(%error, "KEYNOTIFY STOP failed; the registration ends with the connection");
-        }
+    for key in &stale {
+        registered.remove(key);
     }
+    // Sent together, and beside this pass's registrations (no key is in
+    // both: a stale key is not wanted), so that 1,000 watchers leaving do
+    // not hold new watches back for 1,000 round trips.
+    let store = inner.store.on_member(holder);
+    let stops = stream::iter(stale)
+        .map(|key| store.stop(key))
+        .buffer_unordered(CONCURRENT_REQUESTS)
+        .for_each(|stopped| async move {
+            if let Err(error) = stopped {
+                tracing::debug!(%error, "KEYNOTIFY STOP failed; the registration ends with the connection");
+            }
+        });
     // A key whose entry was re-created (its last watcher left and a new one
     // came before the STOP) is pending again and needs its snapshot.
     let missing: Vec<Arc<KeyWatch>> = wanted
@@ -730,7 +743,7 @@ async fn sync_registrations(
                 || matches!(*w.registration.borrow(), Registration::Pending)
         })
         .collect();
-    let results: Vec<(Arc<KeyWatch>, Result<(), WatchError>)> = stream::iter(missing)
+    let results = stream::iter(missing)
         .map(|key_watch| {
             let fresh = !registered.contains(&key_watch.key);
             async move {
@@ -746,9 +759,9 @@ async fn sync_registrations(
                 (key_watch, result)
             }
         })
-        .buffer_unordered(64)
-        .collect()
-        .await;
+        .buffer_unordered(CONCURRENT_REQUESTS)
+        .collect::<Vec<_>>();
+    let ((), results) = futures_util::future::join(stops, results).await;
     let mut failed = false;
     for (key_watch, result) in results {
         match result {

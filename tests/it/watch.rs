@@ -801,3 +801,49 @@ async fn a_registration_whose_get_failed_is_stopped() {
     })
     .await;
 }
+
+/// Issue 13 item 9: when many watched keys are released at once, their
+/// KEYNOTIFY STOPs go out together, and a new watch is not stuck behind
+/// them. The store here answers every STOP after 50 ms (concurrently, as
+/// a store does): 1,000 STOPs one after the other would take 50 s, far
+/// beyond the new watch's 3 s registration timeout.
+#[tokio::test]
+async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
+    let script: Script = Arc::new(|request: &Request, _: Option<&str>| match request {
+        Request::KeyNotify { stop: true, .. } => {
+            Scripted::ReplyAfter(Duration::from_millis(50), b"+OK\r\n".to_vec())
+        }
+        Request::Get { .. } => Scripted::Reply(b"$-1\r\n".to_vec()),
+        _ => Scripted::Reply(b"+OK\r\n".to_vec()),
+    });
+    let stack = Stack::scripted(
+        script,
+        options(WatchSettings {
+            max_keys_per_stream: 1_000,
+            register_timeout: Duration::from_secs(3),
+            resync_interval: None,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let keys: Vec<Bytes> = (0..1_000)
+        .map(|i| Bytes::from(format!("released/{i:04}")))
+        .collect();
+    let watcher = hub.watch(keys, None).await.expect("1,000 keys registered");
+    assert_eq!(hub.watched_keys(), 1_000);
+    drop(watcher);
+    // Let the reconciler start on the STOPs.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let fresh = hub
+        .watch(vec![Bytes::from_static(b"fresh")], None)
+        .await
+        .expect("a new watch registers while the STOPs are out");
+    drop(fresh);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
