@@ -44,9 +44,9 @@ const MAX_HEADERS: usize = 64;
 /// The first read's buffer; it grows up to the head size limit.
 const FIRST_READ_BYTES: usize = 1024;
 
-/// How long one write may wait for a client that does not read, before the
-/// stream is given up (its watcher has long been skipping to `lagged`
-/// syncs by then).
+/// How long one frame (the head, or one event) may take to write to a
+/// client that does not read, or reads too slowly, before the stream is
+/// given up (its watcher has long been skipping to `lagged` syncs by then).
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the first bytes of a connection turned out to be.
@@ -303,13 +303,25 @@ fn chunk_size_line(length: usize, line: &mut [u8; CHUNK_SIZE_LINE]) -> &[u8] {
     &line[..end]
 }
 
-/// Writes every slice, each write bounded by [`WRITE_STALL_TIMEOUT`].
+/// Writes every slice, the whole frame within [`WRITE_STALL_TIMEOUT`].
 async fn write_all(
     writer: &mut (impl AsyncWrite + Unpin),
-    mut slices: &mut [IoSlice<'_>],
+    slices: &mut [IoSlice<'_>],
 ) -> io::Result<()> {
+    write_all_within(writer, slices, WRITE_STALL_TIMEOUT).await
+}
+
+/// One deadline for the whole frame, not one per write: a client reading
+/// a byte at a time makes every write progress, and would otherwise hold
+/// its connection, and the event it is being sent, for ever.
+async fn write_all_within(
+    writer: &mut (impl AsyncWrite + Unpin),
+    mut slices: &mut [IoSlice<'_>],
+    stall: Duration,
+) -> io::Result<()> {
+    let deadline = Instant::now() + stall;
     while !slices.is_empty() {
-        let written = tokio::time::timeout(WRITE_STALL_TIMEOUT, writer.write_vectored(slices))
+        let written = tokio::time::timeout_at(deadline, writer.write_vectored(slices))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         if written == 0 {
@@ -390,6 +402,34 @@ mod tests {
     use super::*;
 
     const MAX: usize = 64 * 1024;
+
+    /// A client that reads a byte every 10 ms makes progress on every
+    /// write, yet would take a second for this 100-byte frame: the frame as
+    /// a whole must be written within the stall timeout.
+    #[tokio::test]
+    async fn a_reader_that_trickles_trips_the_stall_timeout() {
+        let (mut writer, mut reader) = tokio::io::duplex(1);
+        let trickle = tokio::spawn(async move {
+            let mut byte = [0u8; 1];
+            while let Ok(1) = reader.read(&mut byte).await {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let frame = [b'x'; 100];
+        let started = Instant::now();
+        let written = write_all_within(
+            &mut writer,
+            &mut [IoSlice::new(&frame)],
+            Duration::from_millis(200),
+        )
+        .await;
+        assert_eq!(
+            written.map_err(|error| error.kind()),
+            Err(io::ErrorKind::TimedOut)
+        );
+        assert!(started.elapsed() < Duration::from_millis(900));
+        trickle.abort();
+    }
 
     fn classify_all(bytes: &[u8]) -> Head {
         classify(bytes, 0, MAX)
