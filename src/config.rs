@@ -109,6 +109,11 @@ pub struct ServeArgs {
     /// skips to a `sync` of the latest state.
     #[arg(long, env = settings::ENV_WATCH_BUFFER, default_value_t = settings::DEFAULT_WATCH_BUFFER, value_parser = parse_positive_usize)]
     pub watch_buffer: usize,
+    /// Bytes of events kept per watched key (an event counts its value,
+    /// its base64 and its SSE frame); past it the oldest are dropped and a
+    /// watcher that needed them skips to a `sync`. The newest is always kept.
+    #[arg(long, env = settings::ENV_WATCH_BUFFER_BYTES, default_value_t = settings::DEFAULT_WATCH_BUFFER_BYTES, value_parser = parse_positive_usize)]
+    pub watch_buffer_bytes: usize,
     /// How often every watched key is registered and read again as a safety
     /// net (`0` disables); reconnects trigger it at once anyway.
     #[arg(long, env = settings::ENV_WATCH_RESYNC_INTERVAL, default_value = "60s", value_parser = parse_any_duration)]
@@ -261,6 +266,7 @@ impl ServeArgs {
                 max_keys_per_stream: self.max_keys_per_watch,
                 max_watched_keys: self.max_watched_keys,
                 buffer: self.watch_buffer,
+                buffer_bytes: self.watch_buffer_bytes,
                 register_timeout: self.request_timeout,
                 keep_alive: self.watch_keepalive,
                 resync_interval: (!self.watch_resync_interval.is_zero())

@@ -78,6 +78,11 @@ pub const DEFAULT_WATCH_KEEPALIVE: Duration = Duration::from_secs(15);
 pub const ENV_WATCH_BUFFER: &str = "STATESTORE_GATEWAY_WATCH_BUFFER";
 pub const DEFAULT_WATCH_BUFFER: usize = 64;
 
+/// `--watch-buffer-bytes`: the bytes of events a key keeps for watchers
+/// that fall behind (the newest event is always kept, whatever its size).
+pub const ENV_WATCH_BUFFER_BYTES: &str = "STATESTORE_GATEWAY_WATCH_BUFFER_BYTES";
+pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
+
 /// `--watch-resync-interval`
 pub const ENV_WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
 pub const DEFAULT_WATCH_RESYNC_INTERVAL: Duration = Duration::from_secs(60);

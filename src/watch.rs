@@ -14,7 +14,7 @@
 //! watcher; a watcher that falls behind skips to the latest state (kept in
 //! the key's snapshot) instead of growing memory.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -47,6 +47,9 @@ pub struct WatchSettings {
     pub max_watched_keys: usize,
     /// Events buffered per key before a slow watcher skips to a sync.
     pub buffer: usize,
+    /// Bytes of those events kept per key (see [`KeyEvent::weight`]): the
+    /// oldest go first, the newest always stays.
+    pub buffer_bytes: usize,
     /// How long a new watcher waits for its keys' first registration.
     pub register_timeout: Duration,
     /// How often an idle stream gets a keep-alive comment.
@@ -67,6 +70,7 @@ impl Default for WatchSettings {
             max_keys_per_stream: settings::DEFAULT_MAX_KEYS_PER_WATCH,
             max_watched_keys: settings::DEFAULT_MAX_WATCHED_KEYS,
             buffer: settings::DEFAULT_WATCH_BUFFER,
+            buffer_bytes: settings::DEFAULT_WATCH_BUFFER_BYTES,
             register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
             keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
             resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
@@ -157,6 +161,15 @@ pub struct KeyEvent {
 }
 
 impl KeyEvent {
+    /// What the event may come to hold: the value, its base64 and the SSE
+    /// frame that carries both (rendered once, shared by every watcher).
+    pub fn weight(&self) -> usize {
+        let value = self.value.as_ref().map_or(0, Bytes::len);
+        let error = self.error.as_ref().map_or(0, String::len);
+        // Value + base64 in the frame, plus the value itself; the key twice.
+        value + 2 * (value + value.div_ceil(3) * 4) + 2 * self.key.len() + error + 256
+    }
+
     fn sync(key: &Bytes, snapshot: &Snapshot, resync: bool, lagged: bool) -> Self {
         Self {
             kind: EventKind::Sync { resync, lagged },
@@ -205,6 +218,30 @@ struct KeyState {
     /// Bumped by every applied change, so that a GET racing with a
     /// notification can tell its answer may be stale.
     changes: u64,
+    /// The slots still in the key's channel, oldest first, with their
+    /// events' weights, and the sum of those weights.
+    retained: VecDeque<(Arc<Slot>, usize)>,
+    retained_bytes: usize,
+}
+
+/// One event in a key's channel. The channel holds at most `buffer`
+/// slots, and the events in them weigh at most `buffer_bytes`: past that
+/// the oldest slots are emptied. A watcher that reaches an empty slot has
+/// fallen behind, as when the channel overran it, and skips to a sync.
+#[derive(Debug)]
+struct Slot(Mutex<Option<Arc<KeyEvent>>>);
+
+impl Slot {
+    fn event(&self) -> Option<Arc<KeyEvent>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn empty(&self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+    }
 }
 
 /// The shared state of one watched key.
@@ -212,8 +249,11 @@ struct KeyState {
 struct KeyWatch {
     key: Bytes,
     state: Mutex<KeyState>,
-    events: broadcast::Sender<Arc<KeyEvent>>,
+    events: broadcast::Sender<Arc<Slot>>,
     registration: watch::Sender<Registration>,
+    /// The channel's capacity in events, and the bytes it may hold.
+    buffer: usize,
+    buffer_bytes: usize,
 }
 
 impl KeyWatch {
@@ -244,16 +284,38 @@ impl KeyWatch {
         state.changes += 1;
         // Sent under the lock, so a watcher subscribing under the same lock
         // sees each change either in its snapshot or in its channel.
-        let _ = self.events.send(Arc::new(KeyEvent {
-            kind,
-            key: self.key.clone(),
-            value,
-            version,
-            id,
-            error: None,
-            rendered: OnceLock::new(),
-        }));
+        self.send(
+            &mut state,
+            KeyEvent {
+                kind,
+                key: self.key.clone(),
+                value,
+                version,
+                id,
+                error: None,
+                rendered: OnceLock::new(),
+            },
+        );
         true
+    }
+
+    /// Tells the watchers, keeping the channel within its bytes: the
+    /// oldest events are dropped (their slots emptied) first.
+    fn send(&self, state: &mut KeyState, event: KeyEvent) {
+        let weight = event.weight();
+        let slot = Arc::new(Slot(Mutex::new(Some(Arc::new(event)))));
+        state.retained.push_back((Arc::clone(&slot), weight));
+        state.retained_bytes += weight;
+        while state.retained.len() > self.buffer
+            || (state.retained_bytes > self.buffer_bytes && state.retained.len() > 1)
+        {
+            let Some((old, weight)) = state.retained.pop_front() else {
+                break;
+            };
+            state.retained_bytes -= weight;
+            old.empty();
+        }
+        let _ = self.events.send(slot);
     }
 }
 
@@ -434,9 +496,13 @@ impl WatchHub {
                     watchers: 0,
                     snapshot: None,
                     changes: 0,
+                    retained: VecDeque::new(),
+                    retained_bytes: 0,
                 }),
                 events: broadcast::channel(self.inner.settings.buffer.max(1)).0,
                 registration: watch::Sender::new(Registration::Pending),
+                buffer: self.inner.settings.buffer.max(1),
+                buffer_bytes: self.inner.settings.buffer_bytes,
             })
         });
         key_watch.state().watchers += 1;
@@ -492,7 +558,7 @@ pub struct Watcher {
     hub: Arc<Inner>,
     cursors: Vec<Cursor>,
     /// Each key's events, by index into `cursors`.
-    events: StreamMap<usize, BroadcastStream<Arc<KeyEvent>>>,
+    events: StreamMap<usize, BroadcastStream<Arc<Slot>>>,
     pending: Vec<Arc<KeyEvent>>,
     /// Resolves when the gateway shuts down. One future for the watcher's
     /// life: making a new one per event registered and unregistered
@@ -532,9 +598,18 @@ impl Watcher {
                 item = self.events.next() => item?,
             };
             let cursor = &mut self.cursors[index];
-            let event = match item {
+            // An emptied slot was dropped for the key's byte budget: this
+            // watcher is behind, exactly as when the channel overran it.
+            let skipped = match item {
+                Ok(slot) => match slot.event() {
+                    Some(event) => Ok(event),
+                    None => Err(1),
+                },
+                Err(BroadcastStreamRecvError::Lagged(skipped)) => Err(skipped),
+            };
+            let event = match skipped {
                 Ok(event) => event,
-                Err(BroadcastStreamRecvError::Lagged(skipped)) => {
+                Err(skipped) => {
                     self.hub.metrics.events_dropped.inc_by(skipped);
                     let snapshot = cursor.watch.state().snapshot.clone();
                     let Some(snapshot) = snapshot else { continue };
@@ -781,15 +856,18 @@ async fn sync_registrations(
                         .send_replace(Registration::Failed(error));
                 } else if tell_watchers {
                     tracing::warn!(%error, "re-registering a watched key failed; retrying");
-                    let _ = key_watch.events.send(Arc::new(KeyEvent {
-                        kind: EventKind::Error,
-                        key: key_watch.key.clone(),
-                        value: None,
-                        version: None,
-                        id: None,
-                        error: Some(error.to_string()),
-                        rendered: OnceLock::new(),
-                    }));
+                    key_watch.send(
+                        &mut key_watch.state(),
+                        KeyEvent {
+                            kind: EventKind::Error,
+                            key: key_watch.key.clone(),
+                            value: None,
+                            version: None,
+                            id: None,
+                            error: Some(error.to_string()),
+                            rendered: OnceLock::new(),
+                        },
+                    );
                 } else {
                     tracing::debug!(%error, "re-registering a watched key failed; retrying");
                 }
@@ -847,12 +925,10 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
         };
         state.snapshot = Some(current.clone());
         inner.metrics.resyncs.inc();
-        let _ = key_watch.events.send(Arc::new(KeyEvent::sync(
-            &key_watch.key,
-            &current,
-            true,
-            false,
-        )));
+        key_watch.send(
+            &mut state,
+            KeyEvent::sync(&key_watch.key, &current, true, false),
+        );
     }
     Ok(())
 }

@@ -847,3 +847,60 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
         started.elapsed()
     );
 }
+
+/// Issue 13 item 8: what a key keeps for watchers that fall behind is
+/// bounded in bytes, not only in events. With a 64 KiB budget, ten 32 KiB
+/// values are never all held for a watcher that does not read: it skips to
+/// a sync of the latest state instead.
+#[tokio::test]
+async fn a_key_keeps_a_bounded_number_of_bytes_for_a_watcher_that_does_not_read() {
+    let stack = Stack::start_with(
+        |_| {},
+        options(WatchSettings {
+            buffer_bytes: 64 * 1024,
+            ..WatchSettings::default()
+        }),
+    )
+    .await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let key = || vec![Bytes::from_static(b"big")];
+    let mut idle = hub.watch(key(), None).await.unwrap();
+    let mut reader = hub.watch(key(), None).await.unwrap();
+    let last = format!("{:032768}", 10);
+    for i in 1..=10 {
+        put(&stack, "big", &format!("{i:032768}")).await;
+    }
+    // The active reader sees the last value (as a set, or a sync if even it
+    // fell behind), so the hub has applied every change.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let event = tokio::time::timeout_at(deadline, reader.next())
+            .await
+            .expect("the last value within 10 s")
+            .unwrap();
+        if event.value.as_deref() == Some(last.as_bytes()) {
+            break;
+        }
+    }
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), idle.next()).await
+    {
+        seen.push(event);
+    }
+    let newest = seen.last().expect("events for the idle watcher");
+    assert_eq!(newest.value.as_deref(), Some(last.as_bytes()));
+    assert!(
+        seen.len() <= 3,
+        "{} events held for a watcher that did not read: {:?}",
+        seen.len(),
+        seen.iter().map(|event| event.kind).collect::<Vec<_>>()
+    );
+    assert!(
+        seen.iter().any(|event| matches!(
+            event.kind,
+            statestore_gateway::watch::EventKind::Sync { lagged: true, .. }
+        )),
+        "{:?}",
+        seen.iter().map(|event| event.kind).collect::<Vec<_>>()
+    );
+}
