@@ -5,8 +5,9 @@
 //! (checked by the `modules` integration test):
 //!
 //! - [`config`]: the command line (clap, with environment fallbacks).
-//! - [`http`]: router and state, the key API, watch streams, problem+json
-//!   errors, the admin listener, `serve`.
+//! - [`http`]: router and state, request parsing as extractors, the key
+//!   API, listing, locks and watch routes, problem+json errors, the admin
+//!   listener, `serve`.
 //! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
 //!   share one hub watch per lock.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.

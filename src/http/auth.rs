@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::problem::ApiError;
 use super::state::ApiToken;
-use super::{keys, locks, watch};
+use super::{extract, locks, watch};
 
 /// What [`guard`] checks (one middleware for both: each layer costs a
 /// service clone and a boxed future per request).
@@ -57,12 +57,10 @@ fn query_token(request: &Request) -> Option<Vec<u8>> {
     if request.method() != Method::GET || !watch::is_watch_path(request.uri().path()) {
         return None;
     }
-    let value = request.uri().query()?.split('&').find_map(|pair| {
-        pair.strip_prefix(watch::ACCESS_TOKEN_PARAMETER)?
-            .strip_prefix('=')
-    })?;
+    let (_, value) = extract::query_pairs(request.uri().query())
+        .find(|(name, _)| *name == watch::ACCESS_TOKEN_PARAMETER)?;
     // Form encoding, as RFC 6750 says (and as the watch `key`s are).
-    let decoded = keys::form_decode(value.as_bytes(), true);
+    let decoded = extract::form_decode(value.as_bytes(), true);
     (!decoded.is_empty()).then_some(decoded)
 }
 

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{OriginalUri, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -24,8 +24,9 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::extract::Query;
 use super::headers::{accept_weight, set_common_headers};
-use super::keys::{QueryParams, method_not_allowed};
+use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
 use crate::protocol::StoreError;
@@ -45,10 +46,10 @@ pub fn routes() -> Router<AppState> {
 /// `GET /keys`: one page of the keys matching `match`.
 async fn list_keys(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    query: Query,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let mut query = QueryParams::parse(uri.query(), &["match", "limit", "cursor"])?;
+    let mut query = query.accept(&["match", "limit", "cursor"])?;
     let pattern = match query.take("match") {
         None => Bytes::from_static(b"*"),
         Some(raw) if raw.is_empty() => {

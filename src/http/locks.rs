@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{OriginalUri, State};
+use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -18,10 +18,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde_json::json;
 
+use super::extract::{FENCING_TOKEN_HEADER, Key, Query, parse_ttl};
 use super::headers::set_common_headers;
-use super::keys::{
-    FENCING_TOKEN_HEADER, QueryParams, key_from_path, method_not_allowed, parse_ttl,
-};
+use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
 use crate::locks::{Acquire, Acquired, Holding, LockSettings, Released};
@@ -58,10 +57,10 @@ async fn empty_name() -> ApiError {
 /// `PUT /locks/{name}?holder=&ttl=[&wait=]`: acquire or renew.
 async fn put_lock(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    Key(name): Key,
+    query: Query,
 ) -> Result<Response, ApiError> {
-    let name = key_from_path(uri.path(), LOCKS_PREFIX, state.limits.max_key_bytes)?;
-    let mut query = QueryParams::parse(uri.query(), &["holder", "ttl", "wait"])?;
+    let mut query = query.accept(&["holder", "ttl", "wait"])?;
     let settings = state.locks.settings();
     let holder = holder(query.take("holder"), settings)?;
     let ttl_ms = match query.take("ttl") {
@@ -98,10 +97,10 @@ async fn put_lock(
 /// `DELETE /locks/{name}?holder=`: release (VDEL).
 async fn delete_lock(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    Key(name): Key,
+    query: Query,
 ) -> Result<Response, ApiError> {
-    let name = key_from_path(uri.path(), LOCKS_PREFIX, state.limits.max_key_bytes)?;
-    let mut query = QueryParams::parse(uri.query(), &["holder"])?;
+    let mut query = query.accept(&["holder"])?;
     let holder = holder(query.take("holder"), state.locks.settings())?;
     match state.locks.release(name, holder).await? {
         Released::Released => {
@@ -117,10 +116,10 @@ async fn delete_lock(
 /// `GET /locks/{name}`: who holds it.
 async fn get_lock(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    Key(name): Key,
+    query: Query,
 ) -> Result<Response, ApiError> {
-    let name = key_from_path(uri.path(), LOCKS_PREFIX, state.limits.max_key_bytes)?;
-    QueryParams::parse(uri.query(), &[])?;
+    query.accept(&[])?;
     match state.locks.holder(name.clone()).await? {
         Some(holding) => Ok(lock_response(&name, &holding)),
         None => Err(ApiError::LockNotHeld),

@@ -2,6 +2,8 @@
 //! runner with graceful shutdown.
 //!
 //! - [`keys`]: `/keys/{key}` handlers.
+//! - [`extract`]: request parsing as extractors (key, query, conditions,
+//!   fencing token, representation) whose rejection is the API error.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
@@ -20,6 +22,7 @@
 pub mod admin;
 mod auth;
 pub mod event_stream;
+pub mod extract;
 mod headers;
 pub mod keys;
 pub mod listener;

@@ -12,7 +12,7 @@ use axum::response::Response;
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{keys, listing, locks, openapi, watch};
+use super::{extract, keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
 
 /// The key API (everything but the admin endpoints), with its middleware:
@@ -147,7 +147,7 @@ pub(super) fn cors(router: Router, origins: &[String]) -> Router {
             header::CONTENT_TYPE,
             header::IF_NONE_MATCH,
             header::AUTHORIZATION,
-            HeaderName::from_static(keys::FENCING_TOKEN_HEADER),
+            HeaderName::from_static(extract::FENCING_TOKEN_HEADER),
             HeaderName::from_static("last-event-id"),
         ])
         .expose_headers([header::ETAG, header::RETRY_AFTER])

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{OriginalUri, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::Response;
 use axum::routing::get;
@@ -22,7 +22,8 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::keys::{decode_key, key_from_path, method_not_allowed};
+use super::extract::{Key, Query, decode_key};
+use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
 use crate::mqtt::PoolError;
@@ -50,10 +51,9 @@ pub fn routes() -> Router<AppState> {
 /// `GET /watch/{key}`
 async fn watch_path(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    Key(key): Key,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = key_from_path(uri.path(), "/watch/", state.limits.max_key_bytes)?;
     start(&state, vec![key], &headers).await
 }
 
@@ -70,15 +70,12 @@ pub fn is_watch_path(path: &str) -> bool {
 /// `GET /watch?key=a&key=b`
 async fn watch_query(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    query: Query,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let mut keys = Vec::new();
-    for pair in uri.query().unwrap_or_default().split('&') {
-        if pair.is_empty() {
-            continue;
-        }
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    // `key` is repeated, once per key: not for `Query::accept`.
+    for (name, value) in query.pairs() {
         if name == ACCESS_TOKEN_PARAMETER {
             continue;
         }
