@@ -97,7 +97,7 @@ fn slow_store() -> Script {
 
 #[tokio::test]
 async fn shutdown_drains_in_flight_requests_and_turns_readyz_off() {
-    let stack = Stack::scripted(slow_store(), GatewayOptions::default()).await;
+    let stack = Stack::builder().scripted(slow_store()).start().await;
     let Stack {
         gateway: gw,
         broker: _broker,
@@ -131,15 +131,15 @@ async fn shutdown_drains_in_flight_requests_and_turns_readyz_off() {
 
 #[tokio::test]
 async fn shutdown_grace_bounds_a_request_that_never_finishes() {
-    let stack = Stack::scripted(
-        slow_store(),
-        GatewayOptions {
+    let stack = Stack::builder()
+        .scripted(slow_store())
+        .gateway(GatewayOptions {
             request_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_millis(500),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let Stack {
         gateway: gw,
         broker: _broker,

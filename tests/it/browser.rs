@@ -140,14 +140,13 @@ async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() 
 async fn dashboard_works_behind_an_api_token_once_given() {
     require_browser_tools();
     let token = "dash-t0ken/+&=";
-    let stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
             api_token: Some(token.into()),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let base = format!("http://{}", stack.gateway.api);
     let output = run_ui_script(&base, Some(token)).await;
     assert_passed(&output);

@@ -158,15 +158,16 @@ async fn broker_killed_for_5s_under_load_answers_every_request_and_loses_no_ackn
         gateway,
         emulator: _emulator,
         ..
-    } = Stack::start_with(
-        |_| {},
-        // One connection: /readyz waits for that very one to come back.
-        GatewayOptions {
-            pool_size: 1,
-            ..options()
-        },
-    )
-    .await;
+    } = Stack::builder()
+        .gateway(
+            // One connection: /readyz waits for that very one to come back.
+            GatewayOptions {
+                pool_size: 1,
+                ..options()
+            },
+        )
+        .start()
+        .await;
 
     // A watcher, and a change the gateway cannot see happening: the key
     // expires while the broker is down.
@@ -275,7 +276,7 @@ async fn frozen_broker_gives_504s_within_the_timeout_and_recovers_after_sigcont(
         gateway,
         emulator: _emulator,
         ..
-    } = Stack::start_with(|_| {}, options()).await;
+    } = Stack::builder().gateway(options()).start().await;
     let load = WriteLoad::start(
         gateway.api,
         "freeze",

@@ -158,7 +158,7 @@ fn assert_no_5xx_counted(stack: &Stack) {
 
 #[tokio::test]
 async fn other_methods_get_405_problem_json_with_allow_on_every_path() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     for (method, target) in [
         ("POST", "/keys/k"),
         ("PATCH", "/keys/"),
@@ -183,7 +183,7 @@ async fn other_methods_get_405_problem_json_with_allow_on_every_path() {
 
 #[tokio::test]
 async fn percent_edge_cases_are_400_or_a_key() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let bad = "/problems/bad-percent-encoding";
     let missing = "/problems/key-not-found";
     let get = |target: &str| request("GET", target.as_bytes(), b"", b"");
@@ -218,7 +218,7 @@ async fn percent_edge_cases_are_400_or_a_key() {
 
 #[tokio::test]
 async fn every_byte_raw_in_the_path_is_refused_or_served() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let mut cases = Vec::new();
     for byte in 0..=255u8 {
         let mut target = b"/keys/a".to_vec();
@@ -260,7 +260,7 @@ async fn every_byte_raw_in_the_path_is_refused_or_served() {
 
 #[tokio::test]
 async fn overlong_keys_are_414_and_huge_heads_are_refused() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let too_long = "/problems/key-too-long";
     let key = |len: usize| {
         let mut target = b"/keys/".to_vec();
@@ -337,7 +337,7 @@ async fn overlong_keys_are_414_and_huge_heads_are_refused() {
 
 #[tokio::test]
 async fn huge_or_lying_content_lengths_are_refused_without_waiting_forever() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let put = |headers: &[u8], body: &[u8]| request("PUT", b"/keys/k", headers, body);
     let cases = [
         (
@@ -391,7 +391,7 @@ async fn huge_or_lying_content_lengths_are_refused_without_waiting_forever() {
 
 #[tokio::test]
 async fn absurd_query_strings_are_400_or_ignored() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let query = "/problems/invalid-query";
     let target = |path: &str, query: String| format!("{path}?{query}").into_bytes();
     let cases = [
@@ -493,7 +493,7 @@ async fn absurd_query_strings_are_400_or_ignored() {
 
 #[tokio::test]
 async fn many_huge_and_non_utf8_headers_are_refused_or_ignored() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let header_lines = |count: usize, name: &str| -> Vec<u8> {
         (0..count)
             .flat_map(|i| format!("{name}{i}: v\r\n").into_bytes())
@@ -581,7 +581,7 @@ async fn many_huge_and_non_utf8_headers_are_refused_or_ignored() {
 
 #[tokio::test]
 async fn non_clock_fencing_tokens_are_400_and_last_event_ids_are_ignored() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let invalid = "/problems/invalid-fencing-token";
     let far = Hlc::new(hlc::now_ms() + 120_000, "x").to_string();
     let mut cases = Vec::new();
@@ -666,7 +666,7 @@ async fn non_clock_fencing_tokens_are_400_and_last_event_ids_are_ignored() {
 
 #[tokio::test]
 async fn an_oversized_fencing_token_is_refused_and_does_not_drop_a_broker_connection() {
-    let stack = Stack::start_with(|_| {}, quick_gateway()).await;
+    let stack = Stack::builder().gateway(quick_gateway()).start().await;
     let api = stack.gateway.api;
     // An MQTT5 string holds at most 65,535 bytes: a longer `__ft` cannot be
     // sent, and a client library that truncates it corrupts the connection.

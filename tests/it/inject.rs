@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::gateway::{GatewayOptions, Stack};
+use crate::support::gateway::Stack;
 use crate::support::{TestPki, free_port, sse, terminate_and_wait, wait_for_listener};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_statestore-gateway");
@@ -388,7 +388,10 @@ async fn every_metric_the_grafana_dashboard_queries_is_exported() {
 
     // A gateway that has served keys, errors and a watch: every family
     // has a sample then (labelled families appear once used).
-    let stack = Stack::start_with(|c| c.max_keys = Some(1), GatewayOptions::default()).await;
+    let stack = Stack::builder()
+        .emulator(|c| c.max_keys = Some(1))
+        .start()
+        .await;
     let http = &stack.gateway.http;
     let put = |key: &'static str| {
         let url = stack.gateway.url(&format!("/keys/{key}"));

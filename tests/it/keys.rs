@@ -7,78 +7,28 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{self, HeaderMap};
-use reqwest::{Response, StatusCode};
+use reqwest::StatusCode;
+use reqwest::header;
 use serde_json::Value;
 use statestore_gateway::emulator::AccessList;
 use statestore_gateway::protocol::{Hlc, Request, hlc};
 
-use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
+use crate::support::gateway::{GatewayOptions, Stack, encode, etag, json, problem};
 use crate::support::mosquitto::MosquittoConfig;
 use crate::support::scripted_store::{Script, Scripted};
-
-/// The version in an `ETag`, without its quotes.
-fn etag(headers: &HeaderMap) -> String {
-    let value = headers
-        .get(header::ETAG)
-        .expect("an ETag")
-        .to_str()
-        .unwrap();
-    value
-        .strip_prefix('"')
-        .and_then(|inner| inner.strip_suffix('"'))
-        .expect("a quoted ETag")
-        .to_owned()
-}
-
-async fn put(gateway: &Gateway, key: &[u8], value: impl Into<reqwest::Body>) -> Response {
-    gateway
-        .http
-        .put(gateway.key(key))
-        .body(value)
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn get(gateway: &Gateway, key: &[u8]) -> Response {
-    gateway.http.get(gateway.key(key)).send().await.unwrap()
-}
-
-/// The body as JSON (reqwest is built without its `json` feature).
-async fn json(response: Response) -> Value {
-    let bytes = response.bytes().await.unwrap();
-    serde_json::from_slice(&bytes)
-        .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(&bytes)))
-}
-
-/// Asserts a problem+json response and returns its body.
-async fn problem(response: Response, status: u16, kind: &str) -> Value {
-    assert_eq!(response.status().as_u16(), status, "{response:?}");
-    assert_eq!(
-        response.headers()[header::CONTENT_TYPE],
-        "application/problem+json"
-    );
-    let body = json(response).await;
-    assert_eq!(body["type"], kind, "{body}");
-    assert_eq!(body["status"], status, "{body}");
-    assert!(body["title"].is_string(), "{body}");
-    assert!(body["detail"].is_string(), "{body}");
-    body
-}
 
 #[tokio::test]
 async fn get_returns_the_raw_value_with_its_version_and_headers() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let response = put(gw, b"greeting", "hello").await;
+    let response = gw.put(b"greeting", "hello").await;
     assert_eq!(response.status(), StatusCode::OK);
     let version = etag(response.headers());
     let body = json(response).await;
     assert_eq!(body["version"], version.as_str());
     Hlc::parse(&version).expect("the version is an HLC");
 
-    let response = get(gw, b"greeting").await;
+    let response = gw.get(b"greeting").await;
     assert_eq!(response.status(), StatusCode::OK);
     let headers = response.headers().clone();
     assert_eq!(headers[header::CONTENT_TYPE], "application/octet-stream");
@@ -92,14 +42,14 @@ async fn get_returns_the_raw_value_with_its_version_and_headers() {
 async fn head_has_the_headers_and_no_body() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let version = etag(put(gw, b"k", "12345").await.headers());
-    let response = gw.http.head(gw.key(b"k")).send().await.unwrap();
+    let version = etag(gw.put(b"k", "12345").await.headers());
+    let response = gw.at(b"k").head().await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()[header::CONTENT_LENGTH], "5");
     assert_eq!(etag(response.headers()), version);
     assert!(response.bytes().await.unwrap().is_empty());
 
-    let missing = gw.http.head(gw.key(b"nope")).send().await.unwrap();
+    let missing = gw.at(b"nope").head().await;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     assert!(missing.bytes().await.unwrap().is_empty());
 }
@@ -108,7 +58,7 @@ async fn head_has_the_headers_and_no_body() {
 async fn if_none_match_with_the_current_version_is_304() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let version = etag(put(gw, b"k", "v1").await.headers());
+    let version = etag(gw.put(b"k", "v1").await.headers());
     let conditional = |value: String| {
         gw.http
             .get(gw.key(b"k"))
@@ -133,19 +83,17 @@ async fn if_none_match_with_the_current_version_is_304() {
     assert_eq!(response.bytes().await.unwrap().as_ref(), b"v1");
 
     // A new value has a new version: the old tag no longer matches.
-    let newer = etag(put(gw, b"k", "v2").await.headers());
+    let newer = etag(gw.put(b"k", "v2").await.headers());
     assert!(Hlc::parse(&newer).unwrap() > Hlc::parse(&version).unwrap());
     let response = conditional(format!("\"{version}\"")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(etag(response.headers()), newer);
 
     let response = gw
-        .http
-        .get(gw.key(b"absent"))
+        .at(b"absent")
         .header(header::IF_NONE_MATCH, "*")
-        .send()
-        .await
-        .unwrap();
+        .get()
+        .await;
     problem(response, 404, "/problems/key-not-found").await;
 
     let response = conditional("not-a-tag".into()).await.unwrap();
@@ -156,14 +104,12 @@ async fn if_none_match_with_the_current_version_is_304() {
 async fn accept_json_gives_text_and_base64() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let version = etag(put(gw, b"text", "caf\u{e9}").await.headers());
+    let version = etag(gw.put(b"text", "caf\u{e9}").await.headers());
     let response = gw
-        .http
-        .get(gw.key(b"text"))
+        .at(b"text")
         .header(header::ACCEPT, "application/json")
-        .send()
-        .await
-        .unwrap();
+        .get()
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
     let body = json(response).await;
@@ -173,14 +119,12 @@ async fn accept_json_gives_text_and_base64() {
     assert_eq!(body["value_base64"], "Y2Fmw6k=");
     assert_eq!(body["version"], version.as_str());
 
-    put(gw, b"bin\xff", vec![0u8, 0xfe]).await;
+    gw.put(b"bin\xff", vec![0u8, 0xfe]).await;
     let body = json(
-        gw.http
-            .get(gw.key(b"bin\xff"))
+        gw.at(b"bin\xff")
             .header(header::ACCEPT, "application/json")
-            .send()
-            .await
-            .unwrap(),
+            .get()
+            .await,
     )
     .await;
     assert_eq!(body["key"], Value::Null);
@@ -196,7 +140,7 @@ async fn accept_json_gives_text_and_base64() {
 async fn raw_and_json_representations_have_their_own_etags_and_vary_on_accept() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let version = etag(put(gw, b"k", "v1").await.headers());
+    let version = etag(gw.put(b"k", "v1").await.headers());
     let read = |accept: &'static str, if_none_match: Option<String>| {
         let mut request = gw.http.get(gw.key(b"k")).header(header::ACCEPT, accept);
         if let Some(tag) = if_none_match {
@@ -242,9 +186,9 @@ async fn raw_and_json_representations_have_their_own_etags_and_vary_on_accept() 
 async fn missing_key_is_404() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let body = problem(get(gw, b"never-set").await, 404, "/problems/key-not-found").await;
+    let body = problem(gw.get(b"never-set").await, 404, "/problems/key-not-found").await;
     assert!(body.get("store_error").is_none());
-    let response = gw.http.delete(gw.key(b"never-set")).send().await.unwrap();
+    let response = gw.at(b"never-set").delete().await;
     problem(response, 404, "/problems/key-not-found").await;
 }
 
@@ -271,7 +215,7 @@ async fn if_none_match_star_creates_once() {
         "/problems/precondition-failed",
     )
     .await;
-    let value = get(gw, b"once").await.bytes().await.unwrap();
+    let value = gw.get(b"once").await.bytes().await.unwrap();
     assert_eq!(value.as_ref(), b"first");
 }
 
@@ -279,30 +223,18 @@ async fn if_none_match_star_creates_once() {
 async fn ttl_expires_the_key() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let short = gw
-        .http
-        .put(format!("{}?ttl=300", gw.key(b"short")))
-        .body("x")
-        .send()
-        .await
-        .unwrap();
+    let short = gw.at(b"short").query("ttl=300").put("x").await;
     assert_eq!(short.status(), StatusCode::OK);
-    let long = gw
-        .http
-        .put(format!("{}?ttl=30s", gw.key(b"long")))
-        .body("x")
-        .send()
-        .await
-        .unwrap();
+    let long = gw.at(b"long").query("ttl=30s").put("x").await;
     assert_eq!(long.status(), StatusCode::OK);
-    assert_eq!(get(gw, b"short").await.status(), StatusCode::OK);
+    assert_eq!(gw.get(b"short").await.status(), StatusCode::OK);
 
     let deadline = Instant::now() + Duration::from_secs(5);
-    while get(gw, b"short").await.status() == StatusCode::OK {
+    while gw.get(b"short").await.status() == StatusCode::OK {
         assert!(Instant::now() < deadline, "a 300 ms key outlived 5 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(get(gw, b"long").await.status(), StatusCode::OK);
+    assert_eq!(gw.get(b"long").await.status(), StatusCode::OK);
 }
 
 #[tokio::test]
@@ -329,42 +261,35 @@ async fn nex_sets_when_absent_or_equal() {
 async fn persist_true_keeps_the_key_across_a_store_restart() {
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().to_owned();
-    let mut stack = Stack::start_with(
-        move |config| config.data_dir = Some(dir),
-        GatewayOptions::default(),
-    )
-    .await;
+    let mut stack = Stack::builder()
+        .emulator(move |config| config.data_dir = Some(dir))
+        .start()
+        .await;
     let gw = &stack.gateway;
-    let response = gw
-        .http
-        .put(format!("{}?persist=true", gw.key(b"durable")))
-        .body("kept")
-        .send()
-        .await
-        .unwrap();
+    let response = gw.at(b"durable").query("persist=true").put("kept").await;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(put(gw, b"volatile", "lost").await.status(), StatusCode::OK);
+    assert_eq!(gw.put(b"volatile", "lost").await.status(), StatusCode::OK);
 
     stack.restart_emulator().await;
     let gw = &stack.gateway;
-    let response = get(gw, b"durable").await;
+    let response = gw.get(b"durable").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.bytes().await.unwrap().as_ref(), b"kept");
-    assert_eq!(get(gw, b"volatile").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(gw.get(b"volatile").await.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn delete_is_204_with_the_deleted_version() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let written = etag(put(gw, b"k", "v").await.headers());
-    let response = gw.http.delete(gw.key(b"k")).send().await.unwrap();
+    let written = etag(gw.put(b"k", "v").await.headers());
+    let response = gw.at(b"k").delete().await;
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     let deleted = etag(response.headers());
     assert!(Hlc::parse(&deleted).unwrap() >= Hlc::parse(&written).unwrap());
     assert!(response.bytes().await.unwrap().is_empty());
-    assert_eq!(get(gw, b"k").await.status(), StatusCode::NOT_FOUND);
-    let again = gw.http.delete(gw.key(b"k")).send().await.unwrap();
+    assert_eq!(gw.get(b"k").await.status(), StatusCode::NOT_FOUND);
+    let again = gw.at(b"k").delete().await;
     problem(again, 404, "/problems/key-not-found").await;
 }
 
@@ -373,7 +298,7 @@ async fn delete_with_value_deletes_only_that_value() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     let value: Vec<u8> = vec![0, b'+', b' ', b'&', b'=', 0xff, b'%'];
-    put(gw, b"k", value.clone()).await;
+    gw.put(b"k", value.clone()).await;
     let vdel = |expected: &[u8]| {
         gw.http
             .delete(format!("{}?value={}", gw.key(b"k"), encode(expected)))
@@ -385,20 +310,15 @@ async fn delete_with_value_deletes_only_that_value() {
         "/problems/precondition-failed",
     )
     .await;
-    assert_eq!(get(gw, b"k").await.status(), StatusCode::OK);
+    assert_eq!(gw.get(b"k").await.status(), StatusCode::OK);
     let response = vdel(&value).await.unwrap();
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     etag(response.headers());
     problem(vdel(&value).await.unwrap(), 404, "/problems/key-not-found").await;
 
     // Form encoding: `+` is a space in the query.
-    put(gw, b"k", "a b").await;
-    let response = gw
-        .http
-        .delete(format!("{}?value=a+b", gw.key(b"k")))
-        .send()
-        .await
-        .unwrap();
+    gw.put(b"k", "a b").await;
+    let response = gw.at(b"k").query("value=a+b").delete().await;
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
 }
 
@@ -407,13 +327,7 @@ async fn fencing_tokens_guard_writes() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     // A lease: its version is the fencing token.
-    let lease = gw
-        .http
-        .put(format!("{}?nex=true&ttl=30s", gw.key(b"lock")))
-        .body("holder")
-        .send()
-        .await
-        .unwrap();
+    let lease = gw.at(b"lock").query("nex=true&ttl=30s").put("holder").await;
     let token = etag(lease.headers());
 
     let write = |token: Option<String>, value: &'static str| {
@@ -454,28 +368,20 @@ async fn fencing_tokens_guard_writes() {
     );
 
     // Renewing the lease gives a newer token; the ETag form (quoted) works.
-    let renewed = gw
-        .http
-        .put(format!("{}?nex=true&ttl=30s", gw.key(b"lock")))
-        .body("holder")
-        .send()
-        .await
-        .unwrap();
+    let renewed = gw.at(b"lock").query("nex=true&ttl=30s").put("holder").await;
     let newer = renewed.headers()[header::ETAG].to_str().unwrap().to_owned();
     assert_eq!(
         write(Some(newer.clone()), "two").await.unwrap().status(),
         StatusCode::OK
     );
 
-    let unfenced_delete = gw.http.delete(gw.key(b"resource")).send().await.unwrap();
+    let unfenced_delete = gw.at(b"resource").delete().await;
     problem(unfenced_delete, 428, "/problems/fencing-token-required").await;
     let fenced_delete = gw
-        .http
-        .delete(gw.key(b"resource"))
+        .at(b"resource")
         .header("Fencing-Token", newer)
-        .send()
-        .await
-        .unwrap();
+        .delete()
+        .await;
     assert_eq!(fenced_delete.status(), StatusCode::NO_CONTENT);
 }
 
@@ -533,49 +439,44 @@ async fn bad_input_is_400() {
         problem(response, 400, kind).await;
     }
     // Nothing was written by any of them.
-    assert_eq!(get(gw, b"k").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(gw.get(b"k").await.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn key_over_the_limit_is_414() {
-    let stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
             max_key_bytes: 64,
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
-    assert_eq!(put(gw, &[b'k'; 64], "v").await.status(), StatusCode::OK);
+    assert_eq!(gw.put(&[b'k'; 64], "v").await.status(), StatusCode::OK);
     let body = problem(
-        put(gw, &[b'k'; 65], "v").await,
+        gw.put(&[b'k'; 65], "v").await,
         414,
         "/problems/key-too-long",
     )
     .await;
     assert!(body["detail"].as_str().unwrap().contains("64"));
     // Escapes count as the bytes they decode to.
-    assert_eq!(put(gw, &[0xff; 64], "v").await.status(), StatusCode::OK);
+    assert_eq!(gw.put(&[0xff; 64], "v").await.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn value_over_the_configured_limit_is_413() {
-    let stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
             max_value_bytes: Some(1000),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
-    assert_eq!(
-        put(gw, b"k", vec![7u8; 1000]).await.status(),
-        StatusCode::OK
-    );
+    assert_eq!(gw.put(b"k", vec![7u8; 1000]).await.status(), StatusCode::OK);
     problem(
-        put(gw, b"k", vec![7u8; 1001]).await,
+        gw.put(b"k", vec![7u8; 1001]).await,
         413,
         "/problems/value-too-large",
     )
@@ -584,38 +485,30 @@ async fn value_over_the_configured_limit_is_413() {
     let chunks = futures_util::stream::iter(
         (0..4).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![1u8; 300]))),
     );
-    let response = gw
-        .http
-        .put(gw.key(b"k"))
-        .body(reqwest::Body::wrap_stream(chunks))
-        .send()
-        .await
-        .unwrap();
+    let response = gw.at(b"k").put(reqwest::Body::wrap_stream(chunks)).await;
     problem(response, 413, "/problems/value-too-large").await;
     assert_eq!(
-        get(gw, b"k").await.bytes().await.unwrap().as_ref(),
+        gw.get(b"k").await.bytes().await.unwrap().as_ref(),
         &[7u8; 1000][..]
     );
 }
 
 #[tokio::test]
 async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
-    let stack = Stack::start_full(
-        MosquittoConfig {
+    let stack = Stack::builder()
+        .broker(MosquittoConfig {
             extra: "max_packet_size 65536\n".into(),
             ..MosquittoConfig::default()
-        },
-        |_| {},
-        GatewayOptions::default(),
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
     assert_eq!(
-        put(gw, b"k", vec![1u8; 60_000]).await.status(),
+        gw.put(b"k", vec![1u8; 60_000]).await.status(),
         StatusCode::OK
     );
     problem(
-        put(gw, b"k", vec![1u8; 70_000]).await,
+        gw.put(b"k", vec![1u8; 70_000]).await,
         413,
         "/problems/value-too-large",
     )
@@ -630,15 +523,15 @@ async fn value_limit_without_a_broker_limit_is_the_gateways_packet_size() {
     let gw = &stack.gateway;
     let over_fallback = vec![3u8; 4 * 1024 * 1024 + 1];
     assert_eq!(
-        put(gw, b"big", over_fallback.clone()).await.status(),
+        gw.put(b"big", over_fallback.clone()).await.status(),
         StatusCode::OK
     );
     assert_eq!(
-        get(gw, b"big").await.bytes().await.unwrap().len(),
+        gw.get(b"big").await.bytes().await.unwrap().len(),
         over_fallback.len()
     );
     problem(
-        put(gw, b"big", vec![0u8; 16 * 1024 * 1024 + 1]).await,
+        gw.put(b"big", vec![0u8; 16 * 1024 * 1024 + 1]).await,
         413,
         "/problems/value-too-large",
     )
@@ -647,21 +540,20 @@ async fn value_limit_without_a_broker_limit_is_the_gateways_packet_size() {
 
 #[tokio::test]
 async fn configured_limit_above_the_brokers_is_still_413() {
-    let stack = Stack::start_full(
-        MosquittoConfig {
+    let stack = Stack::builder()
+        .broker(MosquittoConfig {
             extra: "max_packet_size 65536\n".into(),
             ..MosquittoConfig::default()
-        },
-        |_| {},
-        GatewayOptions {
+        })
+        .gateway(GatewayOptions {
             max_value_bytes: Some(1_000_000),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
     let body = problem(
-        put(gw, b"k", vec![1u8; 100_000]).await,
+        gw.put(b"k", vec![1u8; 100_000]).await,
         413,
         "/problems/value-too-large",
     )
@@ -670,7 +562,7 @@ async fn configured_limit_above_the_brokers_is_still_413() {
     let detail = body["detail"].as_str().unwrap();
     assert!(!detail.contains("1000000"), "{detail}");
     assert_eq!(
-        put(gw, b"k", vec![1u8; 1_000]).await.status(),
+        gw.put(b"k", vec![1u8; 1_000]).await.status(),
         StatusCode::OK
     );
 }
@@ -683,29 +575,32 @@ async fn store_refusing_access_is_403() {
         options.client_id
     ))
     .unwrap();
-    let stack = Stack::start_with(move |config| config.acl = Some(acl), options).await;
+    let stack = Stack::builder()
+        .emulator(move |config| config.acl = Some(acl))
+        .gateway(options)
+        .start()
+        .await;
     let gw = &stack.gateway;
-    assert_eq!(put(gw, b"app/x", "v").await.status(), StatusCode::OK);
-    let body = problem(put(gw, b"system/x", "v").await, 403, "/problems/forbidden").await;
+    assert_eq!(gw.put(b"app/x", "v").await.status(), StatusCode::OK);
+    let body = problem(gw.put(b"system/x", "v").await, 403, "/problems/forbidden").await;
     assert_eq!(body["store_error"], "not authorized");
     // Reading is allowed everywhere.
-    assert_eq!(get(gw, b"system/x").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(gw.get(b"system/x").await.status(), StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn store_over_quota_is_507() {
-    let stack = Stack::start_with(
-        |config| config.max_keys = Some(2),
-        GatewayOptions::default(),
-    )
-    .await;
+    let stack = Stack::builder()
+        .emulator(|config| config.max_keys = Some(2))
+        .start()
+        .await;
     let gw = &stack.gateway;
-    assert_eq!(put(gw, b"a", "1").await.status(), StatusCode::OK);
-    assert_eq!(put(gw, b"b", "2").await.status(), StatusCode::OK);
-    let body = problem(put(gw, b"c", "3").await, 507, "/problems/quota-exceeded").await;
+    assert_eq!(gw.put(b"a", "1").await.status(), StatusCode::OK);
+    assert_eq!(gw.put(b"b", "2").await.status(), StatusCode::OK);
+    let body = problem(gw.put(b"c", "3").await, 507, "/problems/quota-exceeded").await;
     assert_eq!(body["store_error"], "the quota has been exceeded");
     // Overwriting an existing key still fits.
-    assert_eq!(put(gw, b"a", "9").await.status(), StatusCode::OK);
+    assert_eq!(gw.put(b"a", "9").await.status(), StatusCode::OK);
 }
 
 fn reply_to_everything(payload: &'static [u8]) -> Script {
@@ -714,13 +609,10 @@ fn reply_to_everything(payload: &'static [u8]) -> Script {
 
 #[tokio::test]
 async fn store_clock_skew_is_503_logged_and_counted() {
-    let stack = Stack::scripted(
-        reply_to_everything(b"-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"),
-        GatewayOptions::default(),
-    )
+    let stack = Stack::builder().scripted(reply_to_everything(b"-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n")).start()
     .await;
     let gw = &stack.gateway;
-    let response = put(gw, b"k", "v").await;
+    let response = gw.put(b"k", "v").await;
     assert!(response.headers().get(header::RETRY_AFTER).is_none());
     let body = problem(response, 503, "/problems/clock-skew").await;
     assert!(
@@ -753,7 +645,7 @@ async fn store_protocol_failures_are_502() {
         };
         Scripted::Reply(payload.to_vec())
     });
-    let stack = Stack::scripted(script, GatewayOptions::default()).await;
+    let stack = Stack::builder().scripted(script).start().await;
     let gw = &stack.gateway;
     for (key, raw) in [
         (&b"syntax"[..], Some("syntax error")),
@@ -765,7 +657,7 @@ async fn store_protocol_failures_are_502() {
         (b"garbage", None),
     ] {
         let body = problem(
-            put(gw, key, "v").await,
+            gw.put(key, "v").await,
             502,
             match raw {
                 Some(_) => "/problems/store-error",
@@ -777,7 +669,7 @@ async fn store_protocol_failures_are_502() {
     }
     // `+OK` does not answer a GET.
     problem(
-        get(gw, b"wrong-shape").await,
+        gw.get(b"wrong-shape").await,
         502,
         "/problems/bad-store-reply",
     )
@@ -785,13 +677,10 @@ async fn store_protocol_failures_are_502() {
     // With a client token, `malformed timestamp` is the client's fault.
     let token = Hlc::new(hlc::now_ms(), "client").to_string();
     let response = gw
-        .http
-        .put(gw.key(b"malformed-ts"))
+        .at(b"malformed-ts")
         .header("Fencing-Token", token)
-        .body("v")
-        .send()
-        .await
-        .unwrap();
+        .put("v")
+        .await;
     problem(response, 400, "/problems/invalid-fencing-token").await;
 }
 
@@ -802,11 +691,11 @@ async fn no_broker_connection_is_503_with_retry_after() {
     let gw = &stack.gateway;
     gw.wait_readyz(503, Duration::from_secs(10)).await;
     let started = Instant::now();
-    let response = get(gw, b"k").await;
+    let response = gw.get(b"k").await;
     assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     problem(response, 503, "/problems/unavailable").await;
-    problem(put(gw, b"k", "v").await, 503, "/problems/unavailable").await;
+    problem(gw.put(b"k", "v").await, 503, "/problems/unavailable").await;
 }
 
 #[tokio::test]
@@ -817,7 +706,7 @@ async fn stopped_store_is_503_with_retry_after() {
     stack.stop_emulator().await;
     let gw = &stack.gateway;
     let started = Instant::now();
-    let response = get(gw, b"k").await;
+    let response = gw.get(b"k").await;
     assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     problem(response, 503, "/problems/unavailable").await;
@@ -826,17 +715,17 @@ async fn stopped_store_is_503_with_retry_after() {
 #[tokio::test]
 async fn silent_store_is_504_within_the_request_timeout() {
     let never: Script = Arc::new(|_: &Request, _: Option<&str>| Scripted::Silent);
-    let stack = Stack::scripted(
-        never,
-        GatewayOptions {
+    let stack = Stack::builder()
+        .scripted(never)
+        .gateway(GatewayOptions {
             request_timeout: Duration::from_millis(500),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
     let started = Instant::now();
-    let response = put(gw, b"k", "v").await;
+    let response = gw.put(b"k", "v").await;
     let elapsed = started.elapsed();
     let body = problem(response, 504, "/problems/store-timeout").await;
     assert!(
@@ -853,18 +742,17 @@ async fn silent_store_is_504_within_the_request_timeout() {
 
 #[tokio::test]
 async fn frozen_broker_is_504_not_a_hang() {
-    let stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
             request_timeout: Duration::from_millis(500),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     stack.broker.pause();
     let gw = &stack.gateway;
     let started = Instant::now();
-    let response = get(gw, b"k").await;
+    let response = gw.get(b"k").await;
     let elapsed = started.elapsed();
     stack.broker.resume();
     problem(response, 504, "/problems/store-timeout").await;
@@ -876,8 +764,8 @@ async fn every_byte_round_trips_in_keys_and_values() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     let all: Vec<u8> = (0..=255).collect();
-    assert_eq!(put(gw, &all, all.clone()).await.status(), StatusCode::OK);
-    let response = get(gw, &all).await;
+    assert_eq!(gw.put(&all, all.clone()).await.status(), StatusCode::OK);
+    let response = gw.get(&all).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.bytes().await.unwrap().as_ref(), all.as_slice());
 
@@ -885,18 +773,18 @@ async fn every_byte_round_trips_in_keys_and_values() {
     for byte in 0..=255u8 {
         let key = [b'k', byte];
         assert_eq!(
-            put(gw, &key, vec![byte]).await.status(),
+            gw.put(&key, vec![byte]).await.status(),
             StatusCode::OK,
             "{byte}"
         );
     }
     for byte in 0..=255u8 {
-        let value = get(gw, &[b'k', byte]).await.bytes().await.unwrap();
+        let value = gw.get(&[b'k', byte]).await.bytes().await.unwrap();
         assert_eq!(value.as_ref(), &[byte], "{byte}");
     }
 
     // `/` and `%` in keys, raw `/` separating path segments too.
-    put(gw, b"a/b%c", "slash").await;
+    gw.put(b"a/b%c", "slash").await;
     let raw_path = gw.url("/keys/a/b%25c");
     let value = gw
         .http
@@ -910,16 +798,16 @@ async fn every_byte_round_trips_in_keys_and_values() {
     assert_eq!(value.as_ref(), b"slash");
 
     // The empty value is a value.
-    assert_eq!(put(gw, b"empty", Vec::new()).await.status(), StatusCode::OK);
-    let response = get(gw, b"empty").await;
+    assert_eq!(gw.put(b"empty", Vec::new()).await.status(), StatusCode::OK);
+    let response = gw.get(b"empty").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()[header::CONTENT_LENGTH], "0");
     assert!(response.bytes().await.unwrap().is_empty());
 
     // A 1 MiB value of every byte.
     let big: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 256) as u8).collect();
-    assert_eq!(put(gw, b"big", big.clone()).await.status(), StatusCode::OK);
-    let value = get(gw, b"big").await.bytes().await.unwrap();
+    assert_eq!(gw.put(b"big", big.clone()).await.status(), StatusCode::OK);
+    let value = gw.get(b"big").await.bytes().await.unwrap();
     assert_eq!(value.len(), big.len());
     assert!(value.as_ref() == big.as_slice());
 }
@@ -960,14 +848,15 @@ async fn concurrent_writers_each_see_their_writes_ordered() {
     }
     let gw = &stack.gateway;
     for writer in 0..writers {
-        let value = get(gw, format!("own-{writer}").as_bytes())
+        let value = gw
+            .get(format!("own-{writer}").as_bytes())
             .await
             .text()
             .await
             .unwrap();
         assert_eq!(value, format!("{writer}:{}", writes - 1));
     }
-    let shared = get(gw, b"shared").await.text().await.unwrap();
+    let shared = gw.get(b"shared").await.text().await.unwrap();
     let (writer, n) = shared.split_once(':').unwrap();
     assert!(writer.parse::<usize>().unwrap() < writers);
     assert_eq!(n.parse::<usize>().unwrap(), writes - 1);
@@ -975,14 +864,13 @@ async fn concurrent_writers_each_see_their_writes_ordered() {
 
 #[tokio::test]
 async fn broker_restart_under_load_never_hangs_and_service_resumes() {
-    let mut stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let mut stack = Stack::builder()
+        .gateway(GatewayOptions {
             request_timeout: Duration::from_secs(2),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let base = stack.gateway.key(b"");
     let http = stack.gateway.http.clone();
     let mut workers = Vec::new();
@@ -1033,29 +921,28 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
     let gw = &stack.gateway;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if put(gw, b"after", "restart").await.status() == StatusCode::OK {
+        if gw.put(b"after", "restart").await.status() == StatusCode::OK {
             break;
         }
         assert!(Instant::now() < deadline, "service did not resume");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let value = get(gw, b"after").await.bytes().await.unwrap();
+    let value = gw.get(b"after").await.bytes().await.unwrap();
     assert_eq!(value.as_ref(), b"restart");
     gw.wait_readyz(200, Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
 async fn api_token_is_required_on_the_key_api_only() {
-    let stack = Stack::start_with(
-        |_| {},
-        GatewayOptions {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
             api_token: Some("s3cret-token".into()),
             ..GatewayOptions::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let gw = &stack.gateway;
-    let response = put(gw, b"k", "v").await;
+    let response = gw.put(b"k", "v").await;
     assert_eq!(
         response.headers()[header::WWW_AUTHENTICATE],
         "Bearer realm=\"statestore-gateway\""

@@ -17,21 +17,20 @@ use statestore_gateway::emulator::ScanLimits;
 use statestore_gateway::protocol::{REQUEST_TOPIC, Request};
 
 use crate::support::emulator::{RawClient, WAIT};
-use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
+use crate::support::gateway::{Gateway, Stack, encode};
 use crate::support::sdk::SdkClient;
 
 /// An emulator whose SCAN pages hold `max_keys` keys.
 async fn stack_with_pages(max_keys: usize) -> Stack {
-    Stack::start_with(
-        |config| {
+    Stack::builder()
+        .emulator(move |config| {
             config.scan_limits = ScanLimits {
                 max_keys,
                 ..ScanLimits::default()
             }
-        },
-        GatewayOptions::default(),
-    )
-    .await
+        })
+        .start()
+        .await
 }
 
 async fn put(gateway: &Gateway, key: &[u8]) {

@@ -1,4 +1,11 @@
 //! Integration tests: one binary, real broker, real sockets.
+//!
+//! One way to start the stack: `Stack::start()` for the defaults,
+//! `Stack::builder()` for anything else (broker settings, the emulator's
+//! configuration or a scripted store, the gateway's options). Requests on
+//! keys go through the typed helpers on `Gateway` (`gw.put`, `gw.get`,
+//! `gw.at(key).query(..).header(..).put(..)`, `json`, `problem`, `etag`),
+//! the official client's through `support::sdk::Calls`.
 
 // Test helpers may unwrap: a failure there is a failed test.
 #![allow(clippy::unwrap_used)]

@@ -14,7 +14,7 @@ use azure_iot_operations_services::state_store::{
 
 use crate::support::Mosquitto;
 use crate::support::emulator::start_emulator;
-use crate::support::sdk::{SdkClient, hlc};
+use crate::support::sdk::{Calls as _, SdkClient, hlc};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -41,21 +41,12 @@ async fn official_client_sets_gets_deletes_with_conditions() {
     let client = &sdk.client;
     let key = b"sdk-key".to_vec();
 
-    let set = client
-        .set(
-            key.clone(),
-            b"v1".to_vec(),
-            TIMEOUT,
-            None,
-            SetOptions::default(),
-        )
-        .await
-        .unwrap();
+    let set = client.set_ok(&key, b"v1", SetOptions::default()).await;
     assert!(set.response);
     let set_version = set.version.expect("SET returns a version");
     assert_eq!(set_version.node_id, "StateStore");
 
-    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    let get = client.get_ok(&key).await;
     assert_eq!(get.response, Some(b"v1".to_vec()));
     assert_eq!(get.version.as_ref().map(hlc), Some(hlc(&set_version)));
 
@@ -63,60 +54,29 @@ async fn official_client_sets_gets_deletes_with_conditions() {
         set_condition: SetCondition::OnlyIfDoesNotExist,
         ..SetOptions::default()
     };
-    let nx = client
-        .set(
-            key.clone(),
-            b"v2".to_vec(),
-            TIMEOUT,
-            None,
-            only_if_missing.clone(),
-        )
-        .await
-        .unwrap();
+    let nx = client.set_ok(&key, b"v2", only_if_missing.clone()).await;
     assert!(!nx.response, "NX on an existing key is not applied");
     let if_equal = SetOptions {
         set_condition: SetCondition::OnlyIfEqualOrDoesNotExist,
         ..SetOptions::default()
     };
-    let nex_same = client
-        .set(key.clone(), b"v1".to_vec(), TIMEOUT, None, if_equal.clone())
-        .await
-        .unwrap();
+    let nex_same = client.set_ok(&key, b"v1", if_equal.clone()).await;
     assert!(nex_same.response, "NEX with the same value is applied");
-    let nex_other = client
-        .set(key.clone(), b"v3".to_vec(), TIMEOUT, None, if_equal)
-        .await
-        .unwrap();
+    let nex_other = client.set_ok(&key, b"v3", if_equal).await;
     assert!(!nex_other.response, "NEX with another value is not applied");
 
-    let vdel = client
-        .vdel(key.clone(), b"nope".to_vec(), None, TIMEOUT)
-        .await
-        .unwrap();
+    let vdel = client.vdel_ok(&key, b"nope").await;
     assert_eq!(vdel.response, -1);
-    let vdel = client
-        .vdel(key.clone(), b"v1".to_vec(), None, TIMEOUT)
-        .await
-        .unwrap();
+    let vdel = client.vdel_ok(&key, b"v1").await;
     assert_eq!(vdel.response, 1);
-    assert_eq!(
-        client
-            .del(key.clone(), None, TIMEOUT)
-            .await
-            .unwrap()
-            .response,
-        0
-    );
-    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    assert_eq!(client.del_ok(&key).await.response, 0);
+    let get = client.get_ok(&key).await;
     assert_eq!(get.response, None);
     assert!(get.version.is_none());
 
-    let nx = client
-        .set(key.clone(), b"v4".to_vec(), TIMEOUT, None, only_if_missing)
-        .await
-        .unwrap();
+    let nx = client.set_ok(&key, b"v4", only_if_missing).await;
     assert!(nx.response, "NX on a missing key is applied");
-    assert_eq!(client.del(key, None, TIMEOUT).await.unwrap().response, 1);
+    assert_eq!(client.del_ok(&key).await.response, 1);
 
     // Binary key, empty value, persistence flag.
     let binary: Vec<u8> = (0..=255).collect();
@@ -124,17 +84,8 @@ async fn official_client_sets_gets_deletes_with_conditions() {
         persist: true,
         ..SetOptions::default()
     };
-    assert!(
-        client
-            .set(binary.clone(), Vec::new(), TIMEOUT, None, persist)
-            .await
-            .unwrap()
-            .response
-    );
-    assert_eq!(
-        client.get(binary, TIMEOUT).await.unwrap().response,
-        Some(Vec::new())
-    );
+    assert!(client.set_ok(&binary, b"", persist).await.response);
+    assert_eq!(client.get_ok(&binary).await.response, Some(Vec::new()));
     sdk.close().await;
 }
 
@@ -234,7 +185,7 @@ async fn official_client_meets_fencing_tokens() {
         ServiceError::FencingTokenLowerVersion
     ));
     // GET needs no token.
-    let get = client.get(key.clone(), TIMEOUT).await.unwrap();
+    let get = client.get_ok(&key).await;
     assert_eq!(get.response, Some(b"3".to_vec()));
     let del = client.del(key, Some(newer), TIMEOUT).await.unwrap();
     assert_eq!(del.response, 1);
@@ -258,21 +209,14 @@ async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
 
     let set = writer
         .client
-        .set(
-            key.clone(),
-            b"v1".to_vec(),
-            TIMEOUT,
-            None,
-            SetOptions::default(),
-        )
-        .await
-        .unwrap();
+        .set_ok(&key, b"v1", SetOptions::default())
+        .await;
     let notification = next_notification(&mut observation).await;
     assert_eq!(notification.key, key);
     assert_eq!(notification.operation, Operation::Set(b"v1".to_vec()));
     assert_eq!(hlc(&notification.version), hlc(&set.version.unwrap()));
 
-    let del = writer.client.del(key.clone(), None, TIMEOUT).await.unwrap();
+    let del = writer.client.del_ok(&key).await;
     assert_eq!(del.response, 1);
     let notification = next_notification(&mut observation).await;
     assert_eq!(notification.operation, Operation::Del);
@@ -283,25 +227,13 @@ async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
         expires: Some(Duration::from_millis(400)),
         ..SetOptions::default()
     };
-    let set = writer
-        .client
-        .set(key.clone(), b"short".to_vec(), TIMEOUT, None, expiring)
-        .await
-        .unwrap();
+    let set = writer.client.set_ok(&key, b"short", expiring).await;
     let notification = next_notification(&mut observation).await;
     assert_eq!(notification.operation, Operation::Set(b"short".to_vec()));
     let notification = next_notification(&mut observation).await;
     assert_eq!(notification.operation, Operation::Del);
     assert!(hlc(&notification.version) > hlc(&set.version.unwrap()));
-    assert_eq!(
-        writer
-            .client
-            .get(key.clone(), TIMEOUT)
-            .await
-            .unwrap()
-            .response,
-        None
-    );
+    assert_eq!(writer.client.get_ok(&key).await.response, None);
 
     let unobserved = watcher
         .client
@@ -327,15 +259,8 @@ async fn official_client_observes_sets_deletes_and_expiry_then_unobserves() {
         .response;
     writer
         .client
-        .set(
-            key.clone(),
-            b"v2".to_vec(),
-            TIMEOUT,
-            None,
-            SetOptions::default(),
-        )
-        .await
-        .unwrap();
+        .set_ok(&key, b"v2", SetOptions::default())
+        .await;
     let notification = next_notification(&mut observation).await;
     assert_eq!(notification.operation, Operation::Set(b"v2".to_vec()));
 

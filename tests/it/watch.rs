@@ -187,14 +187,13 @@ async fn watchers_of_a_key_share_one_registration_released_by_the_last() {
 
 #[tokio::test]
 async fn over_max_watched_keys_a_new_key_is_429_but_a_followed_one_is_not() {
-    let stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
             max_watched_keys: 1,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     let client = &stack.gateway.http;
     let mut first = sse::open(client, &stack.gateway.url("/watch/a"), None)
         .await
@@ -239,15 +238,14 @@ async fn last_event_id_skips_the_sync_unless_the_key_changed() {
 
 #[tokio::test]
 async fn limits_answer_429_with_retry_after_before_streaming() {
-    let stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
             max_watchers: 1,
             max_keys_per_stream: 2,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     let client = &stack.gateway.http;
     let (status, headers, body) =
         sse::open(client, &stack.gateway.url("/watch?key=a&key=b&key=c"), None)
@@ -358,14 +356,13 @@ async fn watch_comes_back_after_a_broker_restart() {
 
 #[tokio::test]
 async fn a_store_that_lost_its_registrations_is_resynced() {
-    let mut stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let mut stack = Stack::builder()
+        .gateway(options(WatchSettings {
             resync_interval: Some(Duration::from_millis(300)),
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     put(&stack, "volatile", "v1").await;
     let mut stream = sse::open(
         &stack.gateway.http,
@@ -405,14 +402,13 @@ async fn a_store_that_lost_its_registrations_is_resynced() {
 
 #[tokio::test]
 async fn a_slow_watcher_skips_to_a_sync_of_the_latest_state() {
-    let stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
             buffer: 4,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     let mut slow = sse::open(&stack.gateway.http, &stack.gateway.url("/watch/busy"), None)
         .await
         .unwrap();
@@ -533,7 +529,7 @@ async fn a_refused_watch_on_a_new_connection_gets_the_same_problem_and_a_length(
         cors_allow_origins: vec!["*".into()],
         ..GatewayOptions::default()
     };
-    let stack = Stack::start_with(|_| {}, options).await;
+    let stack = Stack::builder().gateway(options).start().await;
     let mut raw = sse::open_raw(
         stack.gateway.api,
         &["GET /watch?colour=red HTTP/1.1\r\nHost: x\r\nOrigin: http://dash.example\r\n\r\n"],
@@ -646,14 +642,13 @@ async fn streams_end_with_their_last_chunk_at_shutdown() {
 #[tokio::test]
 async fn a_quiet_stream_gets_keep_alive_comments() {
     let keep_alive = Duration::from_millis(200);
-    let stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
             keep_alive,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     // Both ways a stream is served: on a new connection, and by hyper
     // after another request on the same connection.
     let fresh = sse::open_raw(
@@ -697,7 +692,7 @@ fn id_of(event: &sse::SseEvent) -> Hlc {
 /// the SET's, so a client resuming with the SET's id still learns of it.
 #[tokio::test]
 async fn a_delete_found_by_a_resync_has_its_own_id_and_reaches_resuming_clients() {
-    let mut stack = Stack::start_with(|_| {}, resync_options()).await;
+    let mut stack = Stack::builder().gateway(resync_options()).start().await;
     put(&stack, "gone", "v1").await;
     let url = stack.gateway.url("/watch/gone");
     let mut stream = sse::open(&stack.gateway.http, &url, None).await.unwrap();
@@ -724,7 +719,7 @@ async fn a_delete_found_by_a_resync_has_its_own_id_and_reaches_resuming_clients(
 /// 30 s ahead); the hub still follows later changes.
 #[tokio::test]
 async fn after_a_store_restart_lower_versions_still_reach_watchers() {
-    let mut stack = Stack::start_with(|_| {}, resync_options()).await;
+    let mut stack = Stack::builder().gateway(resync_options()).start().await;
     // The gateway learns of the SET from its notification only, so its
     // own clock stays behind.
     let url = stack.gateway.url("/watch/behind");
@@ -784,7 +779,7 @@ async fn a_registration_whose_get_failed_is_stopped() {
             }
         })
     };
-    let stack = Stack::scripted(script, GatewayOptions::default()).await;
+    let stack = Stack::builder().scripted(script).start().await;
     let response = stack
         .gateway
         .http
@@ -816,16 +811,16 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
         Request::Get { .. } => Scripted::Reply(b"$-1\r\n".to_vec()),
         _ => Scripted::Reply(b"+OK\r\n".to_vec()),
     });
-    let stack = Stack::scripted(
-        script,
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .scripted(script)
+        .gateway(options(WatchSettings {
             max_keys_per_stream: 1_000,
             register_timeout: Duration::from_secs(3),
             resync_interval: None,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     let hub = stack.gateway.server().state().hub.clone();
     let keys: Vec<Bytes> = (0..1_000)
         .map(|i| Bytes::from(format!("released/{i:04}")))
@@ -854,14 +849,13 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
 /// a sync of the latest state instead.
 #[tokio::test]
 async fn a_key_keeps_a_bounded_number_of_bytes_for_a_watcher_that_does_not_read() {
-    let stack = Stack::start_with(
-        |_| {},
-        options(WatchSettings {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
             buffer_bytes: 64 * 1024,
             ..WatchSettings::default()
-        }),
-    )
-    .await;
+        }))
+        .start()
+        .await;
     let hub = stack.gateway.server().state().hub.clone();
     let key = || vec![Bytes::from_static(b"big")];
     let mut idle = hub.watch(key(), None).await.unwrap();

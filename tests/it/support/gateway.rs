@@ -144,6 +144,31 @@ impl Gateway {
         format!("http://{}/keys/{}", self.api, encode(key))
     }
 
+    /// A request on `/keys/{key}`, to give a query and headers before its
+    /// method: `gw.at(b"k").query("nex=true").header("fencing-token", t).put("v")`.
+    pub fn at(&self, key: &[u8]) -> KeyRequest<'_> {
+        KeyRequest {
+            gateway: self,
+            url: self.key(key),
+            headers: Vec::new(),
+        }
+    }
+
+    /// `PUT /keys/{key}` with `value`.
+    pub async fn put(&self, key: &[u8], value: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.at(key).put(value).await
+    }
+
+    /// `GET /keys/{key}`.
+    pub async fn get(&self, key: &[u8]) -> reqwest::Response {
+        self.at(key).get().await
+    }
+
+    /// `DELETE /keys/{key}`.
+    pub async fn delete(&self, key: &[u8]) -> reqwest::Response {
+        self.at(key).delete().await
+    }
+
     /// A URL on the key API listener.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.api)
@@ -215,60 +240,16 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Defaults everywhere.
+    /// Defaults everywhere: `Stack::builder().start()`.
     pub async fn start() -> Stack {
-        Self::start_with(|_| {}, GatewayOptions::default()).await
+        Self::builder().start().await
     }
 
-    /// An emulator configured by `configure`, a gateway with `options`;
-    /// returns once the gateway is ready.
-    pub async fn start_with(
-        configure: impl FnOnce(&mut EmulatorConfig),
-        options: GatewayOptions,
-    ) -> Stack {
-        Self::start_full(MosquittoConfig::default(), configure, options).await
-    }
-
-    /// Like [`Stack::start_with`], with extra broker settings.
-    pub async fn start_full(
-        broker: MosquittoConfig,
-        configure: impl FnOnce(&mut EmulatorConfig),
-        options: GatewayOptions,
-    ) -> Stack {
-        init_logging();
-        let broker = Mosquitto::start_with(broker).await;
-        let mut config = EmulatorConfig::new("127.0.0.1", broker.port());
-        config.client_id = format!("emulator-{:08x}", rand::random::<u32>());
-        configure(&mut config);
-        let emulator = Emulator::start(config.clone())
-            .await
-            .expect("emulator starts");
-        let gateway = Gateway::start(broker.port(), options).await;
-        gateway.wait_ready().await;
-        Stack {
-            broker,
-            emulator: Some(emulator),
-            emulator_config: Some(config),
-            scripted: None,
-            gateway,
-        }
-    }
-
-    /// A store that answers as `script` says, instead of the emulator: for
-    /// replies the emulator never sends (clock skew, syntax errors, garbage).
-    pub async fn scripted(script: Script, options: GatewayOptions) -> Stack {
-        init_logging();
-        let broker = Mosquitto::start().await;
-        let scripted = ScriptedStore::start(broker.port(), script).await;
-        let gateway = Gateway::start(broker.port(), options).await;
-        gateway.wait_ready().await;
-        Stack {
-            broker,
-            emulator: None,
-            emulator_config: None,
-            scripted: Some(scripted),
-            gateway,
-        }
+    /// The one way to start a stack with anything but the defaults:
+    /// broker settings, the emulator's configuration (or a scripted store
+    /// instead) and the gateway's options.
+    pub fn builder() -> StackBuilder {
+        StackBuilder::default()
     }
 
     /// Stops the emulator (the store goes silent; the broker stays up).
@@ -284,4 +265,170 @@ impl Stack {
         let config = self.emulator_config.clone().expect("an emulator stack");
         self.emulator = Some(Emulator::start(config).await.expect("emulator restarts"));
     }
+}
+
+/// A change to the emulator's configuration before it starts.
+type Configure = Box<dyn FnOnce(&mut EmulatorConfig)>;
+
+/// What [`Stack::builder`] starts; every part defaults.
+#[derive(Default)]
+pub struct StackBuilder {
+    broker: MosquittoConfig,
+    configure: Option<Configure>,
+    script: Option<Script>,
+    gateway: GatewayOptions,
+}
+
+impl StackBuilder {
+    /// Broker settings.
+    pub fn broker(mut self, config: MosquittoConfig) -> Self {
+        self.broker = config;
+        self
+    }
+
+    /// Changes the emulator's configuration before it starts.
+    pub fn emulator(mut self, configure: impl FnOnce(&mut EmulatorConfig) + 'static) -> Self {
+        self.configure = Some(Box::new(configure));
+        self
+    }
+
+    /// A store that answers as `script` says, instead of the emulator: for
+    /// replies the emulator never sends (clock skew, syntax errors, garbage).
+    pub fn scripted(mut self, script: Script) -> Self {
+        self.script = Some(script);
+        self
+    }
+
+    /// The gateway's options.
+    pub fn gateway(mut self, options: GatewayOptions) -> Self {
+        self.gateway = options;
+        self
+    }
+
+    /// Starts broker, store and gateway; returns once the gateway is ready.
+    pub async fn start(self) -> Stack {
+        init_logging();
+        let broker = Mosquitto::start_with(self.broker).await;
+        let (emulator, emulator_config, scripted) = match self.script {
+            Some(script) => (
+                None,
+                None,
+                Some(ScriptedStore::start(broker.port(), script).await),
+            ),
+            None => {
+                let mut config = EmulatorConfig::new("127.0.0.1", broker.port());
+                config.client_id = format!("emulator-{:08x}", rand::random::<u32>());
+                if let Some(configure) = self.configure {
+                    configure(&mut config);
+                }
+                let emulator = Emulator::start(config.clone())
+                    .await
+                    .expect("emulator starts");
+                (Some(emulator), Some(config), None)
+            }
+        };
+        let gateway = Gateway::start(broker.port(), self.gateway).await;
+        gateway.wait_ready().await;
+        Stack {
+            broker,
+            emulator,
+            emulator_config,
+            scripted,
+            gateway,
+        }
+    }
+}
+
+/// A request on one key; see [`Gateway::at`]. Sending panics on a
+/// transport error: every test expects an HTTP answer.
+#[derive(Debug)]
+pub struct KeyRequest<'a> {
+    gateway: &'a Gateway,
+    url: String,
+    headers: Vec<(String, String)>,
+}
+
+impl KeyRequest<'_> {
+    /// Appends `?query` (already encoded).
+    pub fn query(mut self, query: &str) -> Self {
+        self.url.push('?');
+        self.url.push_str(query);
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: impl ToString, value: impl ToString) -> Self {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// `GET`.
+    pub async fn get(self) -> reqwest::Response {
+        self.send(reqwest::Method::GET, None).await
+    }
+
+    /// `HEAD`.
+    pub async fn head(self) -> reqwest::Response {
+        self.send(reqwest::Method::HEAD, None).await
+    }
+
+    /// `PUT` with `value`.
+    pub async fn put(self, value: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.send(reqwest::Method::PUT, Some(value.into())).await
+    }
+
+    /// `DELETE`.
+    pub async fn delete(self) -> reqwest::Response {
+        self.send(reqwest::Method::DELETE, None).await
+    }
+
+    async fn send(self, method: reqwest::Method, body: Option<reqwest::Body>) -> reqwest::Response {
+        let mut request = self.gateway.http.request(method.clone(), &self.url);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        request
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("{method} {}: {error}", self.url))
+    }
+}
+
+/// The body as JSON (reqwest is built without its `json` feature).
+pub async fn json(response: reqwest::Response) -> serde_json::Value {
+    let bytes = response.bytes().await.unwrap();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Asserts a problem+json response of `status` and `kind`; its body.
+pub async fn problem(response: reqwest::Response, status: u16, kind: &str) -> serde_json::Value {
+    assert_eq!(response.status().as_u16(), status, "{response:?}");
+    assert_eq!(
+        response.headers()[reqwest::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = json(response).await;
+    assert_eq!(body["type"], kind, "{body}");
+    assert_eq!(body["status"], status, "{body}");
+    assert!(body["title"].is_string(), "{body}");
+    assert!(body["detail"].is_string(), "{body}");
+    body
+}
+
+/// The version in an `ETag`, without its quotes.
+pub fn etag(headers: &reqwest::header::HeaderMap) -> String {
+    let value = headers
+        .get(reqwest::header::ETAG)
+        .expect("an ETag")
+        .to_str()
+        .unwrap();
+    value
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+        .expect("a quoted ETag")
+        .to_owned()
 }

@@ -93,3 +93,53 @@ impl std::ops::Deref for SdkClient {
         &self.client
     }
 }
+
+/// How long each call of [`Calls`] waits for the store.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The SDK client's calls without a fencing token, bounded by
+/// [`CALL_TIMEOUT`] and expected to succeed (a test that expects an error
+/// calls the client itself).
+pub trait Calls {
+    /// `set`.
+    fn set_ok(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        options: state_store::SetOptions,
+    ) -> impl Future<Output = state_store::Response<bool>>;
+    /// `get`.
+    fn get_ok(&self, key: &[u8]) -> impl Future<Output = state_store::Response<Option<Vec<u8>>>>;
+    /// `del`.
+    fn del_ok(&self, key: &[u8]) -> impl Future<Output = state_store::Response<i64>>;
+    /// `vdel`.
+    fn vdel_ok(&self, key: &[u8], value: &[u8])
+    -> impl Future<Output = state_store::Response<i64>>;
+}
+
+impl Calls for state_store::Client {
+    async fn set_ok(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        options: state_store::SetOptions,
+    ) -> state_store::Response<bool> {
+        self.set(key.to_vec(), value.to_vec(), CALL_TIMEOUT, None, options)
+            .await
+            .unwrap()
+    }
+
+    async fn get_ok(&self, key: &[u8]) -> state_store::Response<Option<Vec<u8>>> {
+        self.get(key.to_vec(), CALL_TIMEOUT).await.unwrap()
+    }
+
+    async fn del_ok(&self, key: &[u8]) -> state_store::Response<i64> {
+        self.del(key.to_vec(), None, CALL_TIMEOUT).await.unwrap()
+    }
+
+    async fn vdel_ok(&self, key: &[u8], value: &[u8]) -> state_store::Response<i64> {
+        self.vdel(key.to_vec(), value.to_vec(), None, CALL_TIMEOUT)
+            .await
+            .unwrap()
+    }
+}
