@@ -86,7 +86,7 @@ pub enum WatchError {
     TooManyWatchers(usize),
     /// The stream names more keys than allowed.
     #[error("a stream may watch at most {0} keys")]
-    TooManyKeys(usize),
+    TooManyKeysPerStream(usize),
     /// The gateway already watches its maximum number of distinct keys.
     #[error("the gateway already watches its maximum of {0} keys")]
     TooManyWatchedKeys(usize),
@@ -391,7 +391,9 @@ impl WatchHub {
             return Err(WatchError::NoKeys);
         }
         if keys.len() > settings.max_keys_per_stream {
-            return Err(WatchError::TooManyKeys(settings.max_keys_per_stream));
+            return Err(WatchError::TooManyKeysPerStream(
+                settings.max_keys_per_stream,
+            ));
         }
         if keys.iter().any(Bytes::is_empty) {
             return Err(WatchError::EmptyKey);

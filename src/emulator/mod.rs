@@ -45,8 +45,8 @@ pub use acl::{Access, AccessList, AclError, Grant};
 pub use entry::Entry;
 pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 pub use store::{
-    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, KeyEvent, MAX_TOPIC_BYTES,
-    NODE_ID, Outcome, Quota, ScanLimits, Store,
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, MAX_TOPIC_BYTES, NODE_ID,
+    Outcome, Quota, ScanLimits, Store, WatcherNotice,
 };
 
 use crate::mqtt::{MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY, base_options};
@@ -1047,7 +1047,7 @@ mod tests {
         let outcome = Outcome {
             reply: Reply::Ok.into(),
             version: Some(version.clone()),
-            events: vec![KeyEvent {
+            events: vec![WatcherNotice {
                 client_id: "w".into(),
                 key: Bytes::from_static(b"k"),
                 notification: crate::protocol::Notification::Delete,

@@ -94,7 +94,7 @@ pub struct Envelope<'a> {
 
 /// A notification to publish: `client_id` watches `key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyEvent {
+pub struct WatcherNotice {
     /// The watcher.
     pub client_id: String,
     /// The key that changed.
@@ -144,7 +144,7 @@ pub struct Outcome {
     /// `__ts` of the reply; `None` when there is no key to speak of.
     pub version: Option<Hlc>,
     /// Notifications to publish once the records are durable.
-    pub events: Vec<KeyEvent>,
+    pub events: Vec<WatcherNotice>,
     /// Changes to persisted keys, to append to the log before replying.
     pub records: Vec<Record>,
 }
@@ -623,7 +623,7 @@ impl Store {
         self.bytes -= key.len() + entry.value.len();
     }
 
-    fn remove(&mut self, key: Bytes, version: &Hlc) -> (Vec<KeyEvent>, Vec<Record>) {
+    fn remove(&mut self, key: Bytes, version: &Hlc) -> (Vec<WatcherNotice>, Vec<Record>) {
         let Some(entry) = self.entries.remove(&key) else {
             return (Vec::new(), Vec::new());
         };
@@ -637,11 +637,11 @@ impl Store {
         (events, records)
     }
 
-    fn events(&self, key: &Bytes, notification: Notification, version: &Hlc) -> Vec<KeyEvent> {
+    fn events(&self, key: &Bytes, notification: Notification, version: &Hlc) -> Vec<WatcherNotice> {
         self.watchers.get(key).map_or_else(Vec::new, |clients| {
             clients
                 .iter()
-                .map(|client_id| KeyEvent {
+                .map(|client_id| WatcherNotice {
                     client_id: client_id.clone(),
                     key: key.clone(),
                     notification: notification.clone(),

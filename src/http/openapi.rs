@@ -62,7 +62,7 @@ mod tests {
             ApiError::Unauthorized,
             ApiError::TooManyWatchers(1),
             ApiError::TooManyWatchedKeys(1),
-            ApiError::TooManyWatchKeys(1),
+            ApiError::TooManyKeysPerStream(1),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
             ApiError::LockHeld(None),
             ApiError::LockNotHeld,

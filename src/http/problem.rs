@@ -140,7 +140,7 @@ pub enum ApiError {
     TooManyWatchedKeys(usize),
     /// A stream names more than `--max-keys-per-watch` keys.
     #[error("a stream may watch at most {0} keys")]
-    TooManyWatchKeys(usize),
+    TooManyKeysPerStream(usize),
     /// Someone else holds the lock (`None`: it was released just after
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
@@ -422,7 +422,9 @@ impl ApiError {
                 "Too many watched keys",
                 Warn,
             ),
-            Self::TooManyWatchKeys(_) => (429, "/problems/too-many-keys", "Too many keys", Info),
+            Self::TooManyKeysPerStream(_) => {
+                (429, "/problems/too-many-keys", "Too many keys", Info)
+            }
             Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
             Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),

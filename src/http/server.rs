@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::watch as signal;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::listener::ConnectionLimits;
@@ -18,7 +18,7 @@ use super::state::{AppState, Limits};
 use super::{admin, listener};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
-use crate::mqtt::{ConfigError, Pool, PoolSettings};
+use crate::mqtt::{Pool, PoolSettings, PoolStartError};
 use crate::settings::{self};
 use crate::watch::WatchSettings;
 
@@ -89,7 +89,7 @@ pub enum ServeError {
     /// The pool refused its settings (TLS material, the SAT file, ...);
     /// the message names the setting.
     #[error("{0}")]
-    Pool(#[from] ConfigError),
+    Pool(#[from] PoolStartError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -107,8 +107,8 @@ pub struct Server {
     admin_addr: SocketAddr,
     state: AppState,
     grace: Duration,
-    stop_api: signal::Sender<bool>,
-    stop_admin: signal::Sender<bool>,
+    stop_api: watch::Sender<bool>,
+    stop_admin: watch::Sender<bool>,
     api_task: JoinHandle<io::Result<()>>,
     admin_task: JoinHandle<io::Result<()>>,
 }
@@ -142,8 +142,8 @@ impl Server {
             max_connections: ADMIN_MAX_CONNECTIONS,
             ..limits
         };
-        let (stop_api, api_stopped) = signal::channel(false);
-        let (stop_admin, admin_stopped) = signal::channel(false);
+        let (stop_api, api_stopped) = watch::channel(false);
+        let (stop_admin, admin_stopped) = watch::channel(false);
         let api_task = tokio::spawn(listener::serve(
             api_listener,
             api,
@@ -257,7 +257,7 @@ fn local_addr(
     })
 }
 
-async fn stopped(mut receiver: signal::Receiver<bool>) {
+async fn stopped(mut receiver: watch::Receiver<bool>) {
     // A dropped sender also means stop.
     let _ = receiver.wait_for(|stop| *stop).await;
 }

@@ -87,7 +87,9 @@ async fn watch_query(
         keys.push(decode_key(value, true, state.limits.max_key_bytes)?);
         // Refuse early rather than decode an unbounded list.
         if keys.len() > state.hub.settings().max_keys_per_stream {
-            return Err(WatchError::TooManyKeys(state.hub.settings().max_keys_per_stream).into());
+            return Err(
+                WatchError::TooManyKeysPerStream(state.hub.settings().max_keys_per_stream).into(),
+            );
         }
     }
     start(&state, keys, &headers).await
@@ -257,7 +259,7 @@ impl From<WatchError> for ApiError {
     fn from(error: WatchError) -> Self {
         match error {
             WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
-            WatchError::TooManyKeys(max) => ApiError::TooManyWatchKeys(max),
+            WatchError::TooManyKeysPerStream(max) => ApiError::TooManyKeysPerStream(max),
             WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
             WatchError::NoKeys => ApiError::BadQuery(
                 "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),

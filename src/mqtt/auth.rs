@@ -23,7 +23,7 @@ use rumqttc::tokio_rustls::rustls::{
 use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
 
-use super::error::ConfigError;
+use super::error::PoolStartError;
 #[cfg(test)]
 use super::options::REQUEST_CHANNEL_CAPACITY;
 use super::options::base_options;
@@ -55,7 +55,7 @@ pub(crate) struct ConnectOptions {
 
 /// Checks every setting and file once, so that `Pool::start` fails with a
 /// clear error instead of members retrying forever.
-pub(crate) fn check(broker: &BrokerSettings) -> Result<(), ConfigError> {
+pub(crate) fn check(broker: &BrokerSettings) -> Result<(), PoolStartError> {
     connect_options(broker, "check").map(drop)
 }
 
@@ -64,18 +64,18 @@ pub(crate) fn check(broker: &BrokerSettings) -> Result<(), ConfigError> {
 pub(crate) fn connect_options(
     broker: &BrokerSettings,
     client_id: &str,
-) -> Result<ConnectOptions, ConfigError> {
+) -> Result<ConnectOptions, PoolStartError> {
     if broker.host.trim().is_empty() {
-        return Err(ConfigError::EmptyHost);
+        return Err(PoolStartError::EmptyHost);
     }
     if broker.port == 0 {
-        return Err(ConfigError::ZeroPort);
+        return Err(PoolStartError::ZeroPort);
     }
     if broker.keep_alive.as_secs() == 0 || broker.keep_alive.as_secs() > u64::from(u16::MAX) {
-        return Err(ConfigError::KeepAlive);
+        return Err(PoolStartError::KeepAlive);
     }
     if broker.sat_file.is_some() && broker.password_file.is_some() {
-        return Err(ConfigError::SatAndPassword);
+        return Err(PoolStartError::SatAndPassword);
     }
     let mut options = base_options(client_id, &broker.host, broker.port, broker.keep_alive);
     // We re-subscribe and re-register after every connect, so an old
@@ -95,7 +95,7 @@ pub(crate) fn connect_options(
             ("AIO_TLS_KEY_FILE", &broker.key_file),
         ] {
             if file.is_some() {
-                return Err(ConfigError::TlsFileWithoutTls(setting));
+                return Err(PoolStartError::TlsFileWithoutTls(setting));
             }
         }
     }
@@ -136,15 +136,15 @@ pub(crate) fn connect_options(
 }
 
 /// MQTT strings and binary data have a 16-bit length.
-fn fits_mqtt(setting: &'static str, bytes: usize) -> Result<(), ConfigError> {
+fn fits_mqtt(setting: &'static str, bytes: usize) -> Result<(), PoolStartError> {
     if bytes > usize::from(u16::MAX) {
-        return Err(ConfigError::TooLong { setting, bytes });
+        return Err(PoolStartError::TooLong { setting, bytes });
     }
     Ok(())
 }
 
 /// The service-account token, byte for byte (the SDK sends the file as is).
-pub(crate) fn read_sat(path: &Path) -> Result<Bytes, ConfigError> {
+pub(crate) fn read_sat(path: &Path) -> Result<Bytes, PoolStartError> {
     let token = read("AIO_SAT_FILE", path)?;
     if token.is_empty() {
         return Err(unusable("AIO_SAT_FILE", path, "is empty"));
@@ -154,15 +154,15 @@ pub(crate) fn read_sat(path: &Path) -> Result<Bytes, ConfigError> {
 
 /// The password, verbatim as the SDK reads it (a trailing newline is part
 /// of the password).
-fn read_password(path: &Path) -> Result<String, ConfigError> {
+fn read_password(path: &Path) -> Result<String, PoolStartError> {
     let bytes = read("AIO_MQTT_PASSWORD_FILE", path)?;
     String::from_utf8(bytes)
         .map_err(|_| unusable("AIO_MQTT_PASSWORD_FILE", path, "is not UTF-8 text"))
 }
 
-fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, ConfigError> {
+fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, PoolStartError> {
     ServerName::try_from(broker.host.as_str())
-        .map_err(|_| ConfigError::InvalidServerName(broker.host.clone()))?;
+        .map_err(|_| PoolStartError::InvalidServerName(broker.host.clone()))?;
 
     let (setting, ca_path) = match &broker.ca_file {
         Some(path) => ("AIO_TLS_CA_FILE", path.clone()),
@@ -182,7 +182,7 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, ConfigError>
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(ConfigError::ClientCertificate)?
+        .map_err(PoolStartError::ClientCertificate)?
         .with_root_certificates(roots);
     let config = match (&broker.cert_file, &broker.key_file) {
         (Some(cert_path), Some(key_path)) => {
@@ -192,10 +192,10 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, ConfigError>
                 .map_err(|error| unusable("AIO_TLS_KEY_FILE", key_path, &error.to_string()))?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(ConfigError::ClientCertificate)?
+                .map_err(PoolStartError::ClientCertificate)?
         }
         (None, None) => builder.with_no_client_auth(),
-        _ => return Err(ConfigError::IncompleteClientCertificate),
+        _ => return Err(PoolStartError::IncompleteClientCertificate),
     };
     Ok(Arc::new(config))
 }
@@ -204,7 +204,7 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, ConfigError>
 fn certificates(
     setting: &'static str,
     path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+) -> Result<Vec<CertificateDer<'static>>, PoolStartError> {
     let pem = read(setting, path)?;
     let certificates = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -215,7 +215,7 @@ fn certificates(
     Ok(certificates)
 }
 
-fn system_ca_bundle() -> Result<PathBuf, ConfigError> {
+fn system_ca_bundle() -> Result<PathBuf, PoolStartError> {
     if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
         return Ok(PathBuf::from(path));
     }
@@ -223,19 +223,19 @@ fn system_ca_bundle() -> Result<PathBuf, ConfigError> {
         .iter()
         .map(PathBuf::from)
         .find(|path| path.is_file())
-        .ok_or(ConfigError::NoSystemRoots)
+        .ok_or(PoolStartError::NoSystemRoots)
 }
 
-fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|source| ConfigError::Unreadable {
+fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, PoolStartError> {
+    std::fs::read(path).map_err(|source| PoolStartError::Unreadable {
         setting,
         path: path.to_owned(),
         source,
     })
 }
 
-fn unusable(setting: &'static str, path: &Path, problem: &str) -> ConfigError {
-    ConfigError::Unusable {
+fn unusable(setting: &'static str, path: &Path, problem: &str) -> PoolStartError {
+    PoolStartError::Unusable {
         setting,
         path: path.to_owned(),
         problem: problem.to_owned(),
@@ -273,7 +273,7 @@ mod tests {
         broker.username = Some(long.clone());
         assert!(matches!(
             connect_options(&broker, "gw-0"),
-            Err(ConfigError::TooLong {
+            Err(PoolStartError::TooLong {
                 setting: "AIO_MQTT_USERNAME",
                 bytes: 65_536
             })
@@ -282,7 +282,7 @@ mod tests {
         assert!(connect_options(&broker, "gw-0").is_ok(), "65,535 bytes fit");
         assert!(matches!(
             connect_options(&settings(), &long),
-            Err(ConfigError::TooLong {
+            Err(PoolStartError::TooLong {
                 setting: "AIO_MQTT_CLIENT_ID",
                 ..
             })
@@ -291,7 +291,7 @@ mod tests {
         broker.password_file = Some(file(&dir, "password", long.as_bytes()));
         assert!(matches!(
             connect_options(&broker, "gw-0"),
-            Err(ConfigError::TooLong {
+            Err(PoolStartError::TooLong {
                 setting: "AIO_MQTT_PASSWORD_FILE",
                 ..
             })
@@ -300,7 +300,7 @@ mod tests {
         broker.sat_file = Some(file(&dir, "token", long.as_bytes()));
         assert!(matches!(
             connect_options(&broker, "gw-0"),
-            Err(ConfigError::TooLong {
+            Err(PoolStartError::TooLong {
                 setting: "AIO_SAT_FILE",
                 ..
             })
@@ -376,7 +376,7 @@ mod tests {
         broker.sat_file = Some(file(&dir, "token", b""));
         assert!(matches!(
             check(&broker),
-            Err(ConfigError::Unusable {
+            Err(PoolStartError::Unusable {
                 setting: "AIO_SAT_FILE",
                 ..
             })
@@ -404,7 +404,10 @@ mod tests {
         let mut broker = settings();
         broker.sat_file = Some(file(&dir, "token", b"t"));
         broker.password_file = Some(file(&dir, "password", b"p"));
-        assert!(matches!(check(&broker), Err(ConfigError::SatAndPassword)));
+        assert!(matches!(
+            check(&broker),
+            Err(PoolStartError::SatAndPassword)
+        ));
     }
 
     #[test]
@@ -452,11 +455,11 @@ mod tests {
         let mut broker = settings();
         broker.use_tls = true;
         broker.host = String::new();
-        assert!(matches!(check(&broker), Err(ConfigError::EmptyHost)));
+        assert!(matches!(check(&broker), Err(PoolStartError::EmptyHost)));
         broker.host = "bad host name".into();
         assert!(matches!(
             check(&broker),
-            Err(ConfigError::InvalidServerName(_))
+            Err(PoolStartError::InvalidServerName(_))
         ));
     }
 
@@ -469,7 +472,7 @@ mod tests {
         broker.cert_file = Some(file(&dir, "client.crt", ca_pem().as_bytes()));
         assert!(matches!(
             check(&broker),
-            Err(ConfigError::IncompleteClientCertificate)
+            Err(PoolStartError::IncompleteClientCertificate)
         ));
     }
 
@@ -491,7 +494,7 @@ mod tests {
         broker.ca_file = Some("/some/ca.crt".into());
         assert!(matches!(
             check(&broker),
-            Err(ConfigError::TlsFileWithoutTls("AIO_TLS_CA_FILE"))
+            Err(PoolStartError::TlsFileWithoutTls("AIO_TLS_CA_FILE"))
         ));
     }
 }

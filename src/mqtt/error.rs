@@ -8,10 +8,11 @@ use thiserror::Error;
 
 use crate::protocol::{DecodeError, HlcError};
 
-/// A setting that cannot work; the message names the setting (by its
-/// environment variable) so an operator can fix it.
+/// Why a pool could not start: a setting that cannot work (the message
+/// names it by its environment variable, so an operator can fix it), or no
+/// Tokio runtime to run in.
 #[derive(Debug, Error)]
-pub enum ConfigError {
+pub enum PoolStartError {
     /// `AIO_BROKER_HOSTNAME` is empty.
     #[error("AIO_BROKER_HOSTNAME: the broker host name is empty")]
     EmptyHost,

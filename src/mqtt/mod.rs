@@ -4,7 +4,7 @@
 //!
 //! - `options`: packet limits, timeouts and [`base_options`] (both sides).
 //! - `settings`: [`BrokerSettings`], [`PoolSettings`] and their checks.
-//! - `error`: [`ConfigError`] (why the pool cannot start) and [`PoolError`]
+//! - `error`: [`PoolStartError`] (why the pool cannot start) and [`PoolError`]
 //!   (why a request got no reply).
 //! - `events`: [`KeyNotification`] and [`MemberEvent`].
 //! - `auth`: TLS, `K8S-SAT` and passwords, read anew at every connect.
@@ -19,7 +19,7 @@ mod options;
 mod pool;
 mod settings;
 
-pub use error::{ConfigError, PoolError};
+pub use error::{PoolError, PoolStartError};
 pub use events::{KeyNotification, MemberEvent};
 pub use options::{
     CONNECT_TIMEOUT, MAX_PACKET_SIZE, OUTGOING_INFLIGHT_LIMIT, REQUEST_CHANNEL_CAPACITY,

@@ -34,7 +34,7 @@ use super::auth;
 use super::connection::{
     self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
 };
-use super::error::{ConfigError, PoolError};
+use super::error::{PoolError, PoolStartError};
 use super::events::{KeyNotification, MemberEvent};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use super::settings::PoolSettings;
@@ -168,10 +168,11 @@ impl Pool {
     ///
     /// `max_in_flight_per_member` is capped at half the rumqttc request
     /// channel so that publishing never waits on the channel.
-    pub fn start(settings: PoolSettings, metrics: Metrics) -> Result<Pool, ConfigError> {
+    pub fn start(settings: PoolSettings, metrics: Metrics) -> Result<Pool, PoolStartError> {
         settings.check()?;
         auth::check(&settings.broker)?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| PoolStartError::NoRuntime)?;
 
         let members: Vec<Arc<Member>> = (0..settings.size)
             .map(|index| {
@@ -838,7 +839,7 @@ mod tests {
         let settings = PoolSettings::new(BrokerSettings::new("localhost", 1883), "gw");
         assert!(matches!(
             Pool::start(settings, Metrics::new()),
-            Err(ConfigError::NoRuntime)
+            Err(PoolStartError::NoRuntime)
         ));
     }
 }

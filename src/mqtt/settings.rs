@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::error::ConfigError;
+use super::error::PoolStartError;
 use crate::settings;
 
 /// How to reach and authenticate to the broker (the AIO SDKs' settings).
@@ -116,8 +116,8 @@ impl PoolSettings {
         }
     }
 
-    pub(super) fn check(&self) -> Result<(), ConfigError> {
-        let fail = |setting, problem| Err(ConfigError::Pool { setting, problem });
+    pub(super) fn check(&self) -> Result<(), PoolStartError> {
+        let fail = |setting, problem| Err(PoolStartError::Pool { setting, problem });
         if self.size == 0 {
             return fail("pool size", "must be at least 1");
         }

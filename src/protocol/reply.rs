@@ -319,7 +319,8 @@ mod tests {
         })
     }
 
-    /// PROTOCOL.md's SCAN reply vectors and the SDK's own tests, both ways.
+    /// The SCAN reply vectors of the wire protocol (see docs/protocol.md) and
+    /// the SDK's own tests, both ways.
     #[test]
     fn scan_reply_vectors() {
         let vectors: [(&[u8], ScanReply); 5] = [
