@@ -123,6 +123,10 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" $standalone) (int $g.port) | quote }}
     - name: STATESTORE_GATEWAY_ADMIN_LISTEN
       value: {{ printf "0.0.0.0:%d" (int $g.adminPort) | quote }}
+    {{- if and $standalone (gt (int $v.standalone.workerThreads) 0) }}
+    - name: TOKIO_WORKER_THREADS
+      value: {{ int $v.standalone.workerThreads | quote }}
+    {{- end }}
     - name: STATESTORE_GATEWAY_POOL_SIZE
       value: {{ int $g.poolSize | quote }}
     - name: STATESTORE_GATEWAY_REQUEST_TIMEOUT
