@@ -23,6 +23,9 @@ pub fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
     set_representation_etag(headers, version, Representation::Raw);
 }
 
+/// What the JSON form's entity tag adds to the version.
+const JSON_TAG_SUFFIX: &str = "+json";
+
 /// The two forms of a key's value that `Accept` chooses between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Representation {
@@ -36,9 +39,15 @@ impl Representation {
     /// The opaque part of its entity tag: the version, with `+json` for the
     /// JSON form (RFC 9110 8.8.3: each representation has its own tag).
     pub fn entity_tag(self, version: &Hlc) -> String {
-        match self {
-            Self::Raw => version.to_string(),
-            Self::Json => format!("{version}+json"),
+        let mut tag = String::with_capacity(32 + version.node.len());
+        self.push_entity_tag(version, &mut tag);
+        tag
+    }
+
+    fn push_entity_tag(self, version: &Hlc, out: &mut String) {
+        version.push_to(out);
+        if self == Self::Json {
+            out.push_str(JSON_TAG_SUFFIX);
         }
     }
 }
@@ -59,10 +68,13 @@ fn set_representation_etag(
     version: Option<&Hlc>,
     representation: Representation,
 ) {
-    if let Some(version) = version
-        && let Ok(value) =
-            HeaderValue::from_str(&format!("\"{}\"", representation.entity_tag(version)))
-    {
+    let Some(version) = version else { return };
+    // Built in one buffer that becomes the header value without a copy.
+    let mut quoted = String::with_capacity(32 + version.node.len());
+    quoted.push('"');
+    representation.push_entity_tag(version, &mut quoted);
+    quoted.push('"');
+    if let Ok(value) = HeaderValue::try_from(quoted) {
         headers.insert(header::ETAG, value);
     }
 }

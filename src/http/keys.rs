@@ -209,7 +209,7 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
             } else {
                 StatusCode::OK
             };
-            let text = version.as_ref().map(ToString::to_string);
+            let text = version.as_ref().map(Hlc::encode);
             let body = serde_json::to_vec(&json!({ "version": text })).unwrap_or_default();
             let mut http = (status, body).into_response();
             set_common_headers(http.headers_mut(), "application/json");
@@ -291,7 +291,7 @@ fn value_response(
             "key": key_text,
             "value": std::str::from_utf8(&value).ok(),
             "value_base64": BASE64.encode(&value),
-            "version": version.map(ToString::to_string),
+            "version": version.map(Hlc::encode),
         });
         if key_text.is_none() {
             document["key_base64"] = BASE64.encode(key).into();

@@ -541,7 +541,7 @@ impl Pool {
     ) -> PublishProperties {
         let mut user_properties = Vec::with_capacity(7);
         if let Some(token) = &options.fencing_token {
-            user_properties.push((property::FENCING_TOKEN.to_owned(), token.to_string()));
+            user_properties.push((property::FENCING_TOKEN.to_owned(), token.encode()));
         }
         // The SDK only offers persistence on SET.
         if options.persist && matches!(request, Request::Set { .. }) {
@@ -549,7 +549,7 @@ impl Pool {
         }
         user_properties.extend([
             (property::SOURCE_ID.to_owned(), member.client_id.clone()),
-            (property::TIMESTAMP.to_owned(), timestamp.to_string()),
+            (property::TIMESTAMP.to_owned(), timestamp.encode()),
             (
                 property::PROTOCOL_VERSION.to_owned(),
                 PROTOCOL_VERSION.to_owned(),

@@ -147,13 +147,44 @@ impl Hlc {
     }
 }
 
+impl Hlc {
+    /// The padded text form, as [`fmt::Display`] writes it, sized at once:
+    /// every request carries one (`__ts`) and every read an `ETag`.
+    pub fn encode(&self) -> String {
+        let mut text = String::with_capacity(15 + 1 + 5 + 1 + self.node.len() + 8);
+        self.push_to(&mut text);
+        text
+    }
+
+    /// Appends the padded text form to `out`.
+    pub fn push_to(&self, out: &mut String) {
+        // Writing to a String cannot fail.
+        let _ = self.write_padded(out);
+    }
+
+    /// Writes `{wall:0>15}:{counter:0>5}:{node}` with integer formatting
+    /// (itoa) rather than `core::fmt`'s padding machinery.
+    fn write_padded(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        write_zero_padded(out, self.wall_ms, 15)?;
+        out.write_char(':')?;
+        write_zero_padded(out, self.counter, 5)?;
+        out.write_char(':')?;
+        out.write_str(&self.node)
+    }
+}
+
+/// `n` in decimal, zero-padded on the left to `width` digits.
+fn write_zero_padded(out: &mut impl fmt::Write, n: u64, width: usize) -> fmt::Result {
+    const ZEROS: &str = "000000000000000";
+    let mut buffer = itoa::Buffer::new();
+    let digits = buffer.format(n);
+    out.write_str(&ZEROS[..width.min(ZEROS.len()).saturating_sub(digits.len())])?;
+    out.write_str(digits)
+}
+
 impl fmt::Display for Hlc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:0>15}:{:0>5}:{}",
-            self.wall_ms, self.counter, self.node
-        )
+        self.write_padded(f)
     }
 }
 
@@ -474,6 +505,13 @@ mod proptests {
         #[test]
         fn display_parses_back_to_the_same_clock(hlc in hlc()) {
             prop_assert_eq!(Hlc::parse(&hlc.to_string()), Ok(hlc));
+        }
+
+        #[test]
+        fn encode_writes_what_padded_formatting_writes(hlc in hlc()) {
+            let padded = format!("{:0>15}:{:0>5}:{}", hlc.wall_ms, hlc.counter, hlc.node);
+            prop_assert_eq!(hlc.to_string(), padded.clone());
+            prop_assert_eq!(hlc.encode(), padded);
         }
 
         #[test]
