@@ -581,7 +581,7 @@ async fn drive(
 ) -> End {
     // rumqttc bounds TCP/TLS + CONNACK by the connection timeout; this
     // bounds the whole way to SUBACK.
-    let mut progress_deadline = Instant::now() + CONNECT_TIMEOUT + SUBACK_TIMEOUT;
+    let connect_deadline = sleep_until(Instant::now() + CONNECT_TIMEOUT + SUBACK_TIMEOUT);
     let mut subscribed = false;
     let mut drain_deadline: Option<Instant> = None;
     // Requests published and not yet PUBACKed, by packet id. A broker that
@@ -589,8 +589,15 @@ async fn drive(
     // died) is noticed within the request timeout rather than after two
     // keep-alive periods, and a refusing PUBACK fails its request at once.
     let mut unacked: HashMap<u16, (Option<CorrelationId>, Instant)> = HashMap::new();
-    let mut next_ack_check = Instant::now() + ACK_CHECK;
+    let ack_check = sleep_until(Instant::now() + ACK_CHECK);
     let mut refusals = RepeatedFailure::default();
+    // Made once per connection, not once per event: every request brings
+    // about four events, and a fresh `Notified` or `Sleep` each time would
+    // register and deregister with tokio (a lock apiece) for nothing. A
+    // timer pushed later only updates its deadline.
+    let shutdown_signal = shutdown.wait_for(|down| *down);
+    let reconnect = member.reconnect.notified();
+    tokio::pin!(connect_deadline, ack_check, shutdown_signal, reconnect);
     loop {
         let event = {
             // One poll future per event, kept alive while timers fire: a
@@ -602,8 +609,9 @@ async fn drive(
             loop {
                 tokio::select! {
                     biased;
-                    _ = shutdown.wait_for(|down| *down) => return End::Shutdown,
-                    () = member.reconnect.notified(), if drain_deadline.is_none() => {
+                    _ = &mut shutdown_signal => return End::Shutdown,
+                    // Fires once: draining ends the connection.
+                    () = &mut reconnect, if drain_deadline.is_none() => {
                         if !subscribed {
                             // Not serving yet: the next attempt reads the new token anyway.
                             return End::Reconnect;
@@ -611,7 +619,7 @@ async fn drive(
                         member.draining.store(true, Ordering::Release);
                         drain_deadline = Some(Instant::now() + ctx.request_timeout);
                     }
-                    () = sleep_until(progress_deadline), if !subscribed => {
+                    () = &mut connect_deadline, if !subscribed => {
                         return End::Lost("no CONNACK and SUBACK within the connect deadline".into());
                     }
                     () = sleep(DRAIN_CHECK), if drain_deadline.is_some() => {
@@ -621,9 +629,9 @@ async fn drive(
                             return End::Reconnect;
                         }
                     }
-                    () = sleep_until(next_ack_check), if !unacked.is_empty() => {
+                    () = &mut ack_check, if !unacked.is_empty() => {
                         let now = Instant::now();
-                        next_ack_check = now + ACK_CHECK;
+                        ack_check.as_mut().reset(now + ACK_CHECK);
                         if unacked.values().any(|(_, sent)| now.duration_since(*sent) >= ctx.request_timeout) {
                             return End::Lost(format!(
                                 "the broker acknowledged no request for {:?}",
@@ -647,7 +655,9 @@ async fn drive(
                 if let Err(error) = client.try_subscribe_many(filters) {
                     return End::Lost(format!("cannot queue SUBSCRIBE: {error}"));
                 }
-                progress_deadline = Instant::now() + SUBACK_TIMEOUT;
+                connect_deadline
+                    .as_mut()
+                    .reset(Instant::now() + SUBACK_TIMEOUT);
             }
             Ok(Event::Incoming(Packet::SubAck(suback))) => {
                 let refused: Vec<&SubscribeReasonCode> = suback
@@ -666,7 +676,7 @@ async fn drive(
             Ok(Event::Incoming(Packet::Publish(publish))) => member.route(publish, ctx),
             Ok(Event::Outgoing(Outgoing::Publish(packet_id))) => {
                 if unacked.is_empty() {
-                    next_ack_check = Instant::now() + ACK_CHECK;
+                    ack_check.as_mut().reset(Instant::now() + ACK_CHECK);
                 }
                 unacked.insert(packet_id, (member.next_queued(), Instant::now()));
             }
