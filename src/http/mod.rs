@@ -2,6 +2,7 @@
 //! runner with graceful shutdown.
 //!
 //! - [`keys`]: `/keys/{key}` handlers.
+//! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
 //! - [`extract`]: request parsing as extractors (key, query, conditions,
 //!   fencing token, representation) whose rejection is the API error.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.

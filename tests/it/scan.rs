@@ -278,7 +278,7 @@ async fn the_sdks_scan_payloads_equal_our_encoding() {
         scans, 2,
         "pages of two: key1 key2 | key3 (the next key, other, ends it)"
     );
-    // The first page's exact bytes, the PROTOCOL.md vector's shape.
+    // The first page's exact bytes, the shape of the SDK vector in docs/protocol.md.
     assert_eq!(
         Request::Scan {
             pattern: Bytes::from_static(pattern),
