@@ -254,6 +254,75 @@ async fn an_sdk_lease_holder_refuses_an_http_acquire_and_get_shows_its_token() {
 }
 
 #[tokio::test]
+async fn a_holder_that_is_not_utf8_is_named_in_base64() {
+    let stack = Stack::start().await;
+    let gateway = &Api::of(&stack.gateway);
+    let sdk = SdkClient::connect(stack.broker.port(), "sdk-binary-holder");
+    let holder = b"sdk-\xff\x00-holder".to_vec();
+    let lease = lease::Client::new(sdk.client.clone(), b"binary".to_vec(), holder.clone()).unwrap();
+    let token = lease
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap();
+    let expected = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &holder);
+
+    let (status, body, _) = put_lock(gateway, "binary", "holder=http-client&ttl=5s").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["type"], "/problems/lock-held");
+    assert_eq!(body["holder"], serde_json::Value::Null);
+    assert_eq!(body["holder_base64"], expected);
+    assert_eq!(body["fencing_token"], token.to_string());
+
+    let (status, body) = get_lock(gateway, "binary").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["holder"], serde_json::Value::Null);
+    assert_eq!(body["holder_base64"], expected);
+    lease.release(TIMEOUT).await.unwrap();
+    sdk.close().await;
+}
+
+#[tokio::test]
+async fn a_waiter_keeps_waiting_across_a_broker_restart_and_gets_the_lock() {
+    let mut stack = Stack::start().await;
+    let gateway = Api::of(&stack.gateway);
+    acquire(&gateway, "rejoin", "first", "30s", "0")
+        .await
+        .unwrap();
+    let waiter = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move { acquire(&gateway, "rejoin", "second", "30s", "30s").await })
+    };
+    wait_metric(&gateway, WAITERS, 1.0, Duration::from_secs(5)).await;
+
+    // Every connection drops, with them the waiter's KEYNOTIFY registration.
+    stack.broker.restart().await;
+    stack
+        .gateway
+        .wait_readyz(200, Duration::from_secs(10))
+        .await;
+    // The release reaches the store once the emulator is back too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match release(&gateway, "rejoin", "first").await {
+            StatusCode::NO_CONTENT => break,
+            StatusCode::SERVICE_UNAVAILABLE if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("release after the restart: {other}"),
+        }
+    }
+    let token = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter returns well before its 30 s wait ends")
+        .unwrap();
+    assert!(token.is_some(), "the waiter got the lock after the restart");
+    let (status, body) = get_lock(&gateway, "rejoin").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["holder"], "second");
+    assert_eq!(metric(&gateway, WAITERS).await, 0.0);
+}
+
+#[tokio::test]
 async fn an_http_waiter_gets_the_lock_soon_after_the_sdk_releases() {
     let stack = Stack::start().await;
     let gateway = Api::of(&stack.gateway);
@@ -417,7 +486,10 @@ async fn a_waiter_whose_connection_closes_never_holds_the_lock() {
 
 #[tokio::test]
 async fn many_waiters_share_one_registration_and_each_release_wakes_one() {
-    const COUNT: usize = 200;
+    const COUNT: usize = 1_000;
+    // Both ends of 1,000 connections live in this process: more than the
+    // usual soft limit of 1,024 open files.
+    rlimit::increase_nofile_limit(u64::MAX).expect("raise the open-file limit");
     let stack = Stack::start().await;
     let gateway = &Api::of(&stack.gateway);
     acquire(gateway, "crowded", "first", "30s", "0")
