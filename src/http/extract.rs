@@ -210,7 +210,14 @@ pub fn form_decode(input: &[u8], plus_as_space: bool) -> Vec<u8> {
             .collect();
         return percent_decode(&spaced).collect();
     }
-    percent_decode(input).collect()
+    // Every key in a path comes through here: most have nothing to decode,
+    // and the decoder's iterator would grow its Vec a byte at a time.
+    if !input.contains(&b'%') {
+        return input.to_vec();
+    }
+    let mut decoded = Vec::with_capacity(input.len());
+    decoded.extend(percent_decode(input));
+    decoded
 }
 
 /// The query parameters a method accepts; unknown or repeated ones are
