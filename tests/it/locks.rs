@@ -556,11 +556,13 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
     let stack = Stack::start().await;
     let port = stack.broker.port();
     let holds: Arc<Mutex<Vec<Hold>>> = Arc::default();
+    let fenced_off = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let until = Instant::now() + Duration::from_secs(4);
     let mut tasks = Vec::new();
     for index in 0..3 {
         let gateway = Api::of(&stack.gateway);
         let holds = Arc::clone(&holds);
+        let fenced_off = Arc::clone(&fenced_off);
         tasks.push(tokio::spawn(async move {
             let holder = format!("http-{index}");
             while Instant::now() < until {
@@ -577,6 +579,28 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
                     .await
                     .unwrap();
                 assert_eq!(response.status(), StatusCode::OK, "{holder}'s fenced write");
+                // While we hold it, the holders before us are fenced off.
+                let earlier = holds
+                    .lock()
+                    .unwrap()
+                    .last()
+                    .map(|hold: &Hold| hold.token.clone());
+                if let Some(earlier) = earlier {
+                    let stale = gateway
+                        .http
+                        .put(gateway.url("/keys/fenced-counter"))
+                        .header("fencing-token", earlier.to_string())
+                        .body("stale")
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        stale.status(),
+                        StatusCode::CONFLICT,
+                        "a write fenced by {earlier} while {holder} holds {token}"
+                    );
+                    fenced_off.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 hold_briefly().await;
                 let releasing = Instant::now();
                 holds.lock().unwrap().push(Hold {
@@ -642,7 +666,15 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
     }
     let mut holds = holds.lock().unwrap().clone();
     holds.sort_by(|a, b| a.token.cmp(&b.token));
-    eprintln!("{} holds", holds.len());
+    let fenced_off = fenced_off.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{} holds, {fenced_off} stale writes refused during the run",
+        holds.len()
+    );
+    assert!(
+        fenced_off > 0,
+        "no stale write was tried while another held the lock"
+    );
     for side in ["http-", "sdk-"] {
         assert!(
             holds.iter().any(|hold| hold.holder.starts_with(side)),
