@@ -145,9 +145,7 @@ impl Hlc {
         }
         Ok(())
     }
-}
 
-impl Hlc {
     /// The padded text form, as [`fmt::Display`] writes it, sized at once:
     /// every request carries one (`__ts`) and every read an `ETag`.
     pub fn encode(&self) -> String {
