@@ -493,6 +493,51 @@ async fn value_over_the_configured_limit_is_413() {
     );
 }
 
+/// A 413 sent before the body was read: the gateway will not read a large
+/// body to its end, so the answer must say `Connection: close` (RFC 9112
+/// 9.6), or a client that sent the whole body reuses the connection and its
+/// next request fails (seen with reqwest against the webhook).
+#[tokio::test]
+async fn a_413_before_the_body_was_read_says_connection_close() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            max_value_bytes: Some(1000),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let socket = tokio::net::TcpStream::connect(stack.gateway.api)
+        .await
+        .unwrap();
+    let (mut read, mut write) = socket.into_split();
+    let body = vec![b'v'; 4 * 1024 * 1024];
+    let head = format!(
+        "PUT /keys/k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // The gateway may stop reading (and close) before all of it is sent.
+    let sender = tokio::spawn(async move {
+        let _ = write.write_all(head.as_bytes()).await;
+        let _ = write.write_all(&body).await;
+        write
+    });
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|window| window == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), read.read(&mut buffer))
+            .await
+            .expect("the 413 arrives")
+            .unwrap();
+        assert!(n > 0, "closed before the answer: {answer:?}");
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 413"), "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    drop(sender);
+}
+
 #[tokio::test]
 async fn value_limit_defaults_to_the_brokers_maximum_packet_size() {
     let stack = Stack::builder()
