@@ -280,6 +280,25 @@ async fn the_webhook_leaves_other_pods_and_refuses_bad_bodies_without_falling_ov
         assert_eq!(status, expect_status, "{text}");
         assert!(text.contains(says), "{text}");
     }
+    // A body refused before it was read ends its connection, and says so:
+    // a client that sent it all must not reuse the connection.
+    let refused = injector
+        .client
+        .post(injector.url("/mutate"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 4 * 1024 * 1024])
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 413);
+    assert_eq!(
+        refused
+            .headers()
+            .get("connection")
+            .map(|value| value.as_bytes()),
+        Some(&b"close"[..])
+    );
     // Plain HTTP on the TLS port: the handshake fails, the webhook lives.
     let plain = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{}/mutate", injector.port))
