@@ -26,6 +26,15 @@ pub fn set_etag(headers: &mut HeaderMap, version: Option<&Hlc>) {
 /// What the JSON form's entity tag adds to the version.
 const JSON_TAG_SUFFIX: &str = "+json";
 
+/// An entity tag's bytes besides the version's node id: the padded
+/// numbers, separators, quotes and `+json`.
+const TAG_CAPACITY: usize = 32;
+
+/// What `HeaderValue::from_str` accepts: tab and visible ASCII.
+fn is_visible_ascii(byte: u8) -> bool {
+    byte == b'\t' || (0x20..0x7f).contains(&byte)
+}
+
 /// The two forms of a key's value that `Accept` chooses between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Representation {
@@ -39,7 +48,7 @@ impl Representation {
     /// The opaque part of its entity tag: the version, with `+json` for the
     /// JSON form (RFC 9110 8.8.3: each representation has its own tag).
     pub fn entity_tag(self, version: &Hlc) -> String {
-        let mut tag = String::with_capacity(32 + version.node.len());
+        let mut tag = String::with_capacity(TAG_CAPACITY + version.node.len());
         self.push_entity_tag(version, &mut tag);
         tag
     }
@@ -70,11 +79,15 @@ fn set_representation_etag(
 ) {
     let Some(version) = version else { return };
     // Built in one buffer that becomes the header value without a copy.
-    let mut quoted = String::with_capacity(32 + version.node.len());
+    let mut quoted = String::with_capacity(TAG_CAPACITY + version.node.len());
     quoted.push('"');
     representation.push_entity_tag(version, &mut quoted);
     quoted.push('"');
-    if let Ok(value) = HeaderValue::try_from(quoted) {
+    // Only tags a client can send back: `If-None-Match` is read as visible
+    // ASCII, and `HeaderValue::try_from` alone would let bytes >= 0x80 through.
+    if quoted.bytes().all(is_visible_ascii)
+        && let Ok(value) = HeaderValue::try_from(quoted)
+    {
         headers.insert(header::ETAG, value);
     }
 }

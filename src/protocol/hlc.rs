@@ -149,7 +149,8 @@ impl Hlc {
     /// The padded text form, as [`fmt::Display`] writes it, sized at once:
     /// every request carries one (`__ts`) and every read an `ETag`.
     pub fn encode(&self) -> String {
-        let mut text = String::with_capacity(15 + 1 + 5 + 1 + self.node.len() + 8);
+        let mut text =
+            String::with_capacity(WALL_DIGITS + 1 + COUNTER_DIGITS + 1 + self.node.len());
         self.push_to(&mut text);
         text
     }
@@ -163,17 +164,23 @@ impl Hlc {
     /// Writes `{wall:0>15}:{counter:0>5}:{node}` with integer formatting
     /// (itoa) rather than `core::fmt`'s padding machinery.
     fn write_padded(&self, out: &mut impl fmt::Write) -> fmt::Result {
-        write_zero_padded(out, self.wall_ms, 15)?;
+        write_zero_padded(out, self.wall_ms, WALL_DIGITS)?;
         out.write_char(':')?;
-        write_zero_padded(out, self.counter, 5)?;
+        write_zero_padded(out, self.counter, COUNTER_DIGITS)?;
         out.write_char(':')?;
         out.write_str(&self.node)
     }
 }
 
+/// The padded text form's digits for the wall clock and the counter (more
+/// when a number is wider), as the SDKs write them.
+const WALL_DIGITS: usize = 15;
+const COUNTER_DIGITS: usize = 5;
+
 /// `n` in decimal, zero-padded on the left to `width` digits.
 fn write_zero_padded(out: &mut impl fmt::Write, n: u64, width: usize) -> fmt::Result {
     const ZEROS: &str = "000000000000000";
+    debug_assert!(width <= ZEROS.len());
     let mut buffer = itoa::Buffer::new();
     let digits = buffer.format(n);
     out.write_str(&ZEROS[..width.min(ZEROS.len()).saturating_sub(digits.len())])?;
@@ -506,7 +513,17 @@ mod proptests {
         }
 
         #[test]
-        fn encode_writes_what_padded_formatting_writes(hlc in hlc()) {
+        fn encode_writes_what_padded_formatting_writes(
+            hlc in prop_oneof![
+                hlc(),
+                // Numbers of every width, so that padding is exercised.
+                (0u32..17, 0u32..7)
+                    .prop_flat_map(|(wall, counter)| {
+                        (0..10u64.pow(wall), 0..10u64.pow(counter), node())
+                    })
+                    .prop_map(|(wall_ms, counter, node)| Hlc { wall_ms, counter, node }),
+            ]
+        ) {
             let padded = format!("{:0>15}:{:0>5}:{}", hlc.wall_ms, hlc.counter, hlc.node);
             prop_assert_eq!(hlc.to_string(), padded.clone());
             prop_assert_eq!(hlc.encode(), padded);
