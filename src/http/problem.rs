@@ -498,15 +498,6 @@ impl IntoResponse for ApiError {
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
-        // Answered before the body was read to its end: hyper will not
-        // read a large remainder, so the connection cannot carry another
-        // request, and the client must be told (RFC 9112 9.6).
-        if matches!(
-            self,
-            Self::ValueTooLarge { .. } | Self::BodyTimeout(_) | Self::BodyRead(_)
-        ) {
-            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         if matches!(self, Self::Unauthorized) {
             headers.insert(
                 header::WWW_AUTHENTICATE,

@@ -1,13 +1,20 @@
 //! The key API's router and its middleware: request metrics and failure
 //! logs, the token check and backstop, CORS.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -66,7 +73,10 @@ fn log_path(path: &str) -> &str {
 
 /// Counts every request by route template, method and status, times it,
 /// and writes one log line per failure with the cause the error left in
-/// the response.
+/// the response. An answer given before the request's body was read to
+/// its end says `Connection: close`: hyper does not read a large unread
+/// remainder but closes, and a client that sent it all would otherwise
+/// reuse the dead connection (RFC 9112 9.6).
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     // Both cheap to clone (shared buffers): no allocation per request.
     let matched = request.extensions().get::<MatchedPath>().cloned();
@@ -74,8 +84,18 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let path = log_path(uri.path());
     let method = method_label(request.method());
+    let body_read = declares_body(&request).then(|| Arc::new(AtomicBool::new(false)));
+    let request = match &body_read {
+        Some(flag) => request.map(|body| Body::new(ReadToEnd::new(body, flag.clone()))),
+        None => request,
+    };
     let started = Instant::now();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
+    if body_read.is_some_and(|flag| !flag.load(Ordering::Acquire)) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let elapsed = started.elapsed();
     let status = response.status();
     metrics
@@ -108,6 +128,52 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
         }
     }
     response
+}
+
+/// Whether the request comes with a body (GETs and DELETEs have none, and
+/// pay nothing for the watch on it).
+fn declares_body(request: &Request) -> bool {
+    let headers = request.headers();
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|length| length.as_bytes() != b"0")
+}
+
+/// A request body that raises its flag once read to its end.
+struct ReadToEnd {
+    inner: Body,
+    flag: Arc<AtomicBool>,
+}
+
+impl ReadToEnd {
+    fn new(inner: Body, flag: Arc<AtomicBool>) -> Self {
+        Self { inner, flag }
+    }
+}
+
+impl http_body::Body for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.flag.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A bounded method label: custom methods would make the label set unbounded.

@@ -102,14 +102,13 @@ struct GroupVersionKind {
 fn bad_request(status: StatusCode, message: String) -> Response {
     tracing::warn!(%status, %message, "refused a request to /mutate");
     let mut response = (status, format!("{message}\n")).into_response();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        // Refused before the body was read to its end: hyper will not read
-        // the rest, so the client must not reuse the connection (RFC 9112 9.6).
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
+    // Some refusals come before the body was read to its end (too large,
+    // not JSON): hyper will not read the rest, so the client must not reuse
+    // the connection (RFC 9112 9.6). The API server rarely sends these.
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
     response
 }
 

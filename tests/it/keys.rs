@@ -493,33 +493,23 @@ async fn value_over_the_configured_limit_is_413() {
     );
 }
 
-/// A 413 sent before the body was read: the gateway will not read a large
-/// body to its end, so the answer must say `Connection: close` (RFC 9112
-/// 9.6), or a client that sent the whole body reuses the connection and its
-/// next request fails (seen with reqwest against the webhook).
-#[tokio::test]
-async fn a_413_before_the_body_was_read_says_connection_close() {
+/// Sends `PUT {target}` with `body_len` bytes (and `headers`) on a raw
+/// socket and returns the answer's head, lower case. The gateway may stop
+/// reading (and close) before the whole body is sent.
+async fn raw_put_head(
+    api: std::net::SocketAddr,
+    target: &str,
+    headers: &str,
+    body_len: usize,
+) -> String {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            max_value_bytes: Some(1000),
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
-    let socket = tokio::net::TcpStream::connect(stack.gateway.api)
-        .await
-        .unwrap();
+    let socket = tokio::net::TcpStream::connect(api).await.unwrap();
     let (mut read, mut write) = socket.into_split();
-    let body = vec![b'v'; 4 * 1024 * 1024];
-    let head = format!(
-        "PUT /keys/k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    // The gateway may stop reading (and close) before all of it is sent.
+    let head =
+        format!("PUT {target} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {body_len}\r\n\r\n");
     let sender = tokio::spawn(async move {
         let _ = write.write_all(head.as_bytes()).await;
-        let _ = write.write_all(&body).await;
+        let _ = write.write_all(&vec![b'v'; body_len]).await;
         write
     });
     let mut answer = Vec::new();
@@ -527,15 +517,55 @@ async fn a_413_before_the_body_was_read_says_connection_close() {
     while !answer.windows(4).any(|window| window == b"\r\n\r\n") {
         let n = tokio::time::timeout(Duration::from_secs(5), read.read(&mut buffer))
             .await
-            .expect("the 413 arrives")
+            .expect("the answer arrives")
             .unwrap();
         assert!(n > 0, "closed before the answer: {answer:?}");
         answer.extend_from_slice(&buffer[..n]);
     }
-    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    assert!(text.starts_with("http/1.1 413"), "{text}");
-    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
     drop(sender);
+    String::from_utf8_lossy(&answer).to_ascii_lowercase()
+}
+
+/// An answer given before the body was read to its end: the gateway will
+/// not read a large remainder, so it must say `Connection: close` (RFC 9112
+/// 9.6), or a client that sent the whole body reuses the connection and its
+/// next request fails (seen with reqwest against the webhook). An answer
+/// after the whole body keeps the connection.
+#[tokio::test]
+async fn an_answer_before_the_body_was_read_says_connection_close() {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            max_value_bytes: Some(1000),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let api = stack.gateway.api;
+    let big = 4 * 1024 * 1024;
+    for (target, headers, status) in [
+        ("/keys/k", "", "413"),
+        ("/keys/k?ttl=soon", "", "400"),
+        ("/keys/k", "Fencing-Token: x\r\n", "400"),
+        ("/nowhere", "", "404"),
+    ] {
+        let head = raw_put_head(api, target, headers, big).await;
+        assert!(
+            head.starts_with(&format!("http/1.1 {status}")),
+            "{target}: {head}"
+        );
+        assert!(
+            head.contains("\r\nconnection: close\r\n"),
+            "{target}: {head}"
+        );
+    }
+    // Read to its end, then refused: the connection stays open.
+    assert_eq!(
+        stack.gateway.put(b"made", "v").await.status(),
+        StatusCode::OK
+    );
+    let head = raw_put_head(api, "/keys/made", "If-None-Match: *\r\n", 10).await;
+    assert!(head.starts_with("http/1.1 412"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
 }
 
 #[tokio::test]
