@@ -489,7 +489,11 @@ async fn many_waiters_share_one_registration_and_each_release_wakes_one() {
     const COUNT: usize = 1_000;
     // Both ends of 1,000 connections live in this process: more than the
     // usual soft limit of 1,024 open files.
-    rlimit::increase_nofile_limit(u64::MAX).expect("raise the open-file limit");
+    let limit = rlimit::increase_nofile_limit(u64::MAX).expect("raise the open-file limit");
+    assert!(
+        limit >= 2 * COUNT as u64 + 256,
+        "the open-file limit {limit} is too low for {COUNT} waiters"
+    );
     let stack = Stack::start().await;
     let gateway = &Api::of(&stack.gateway);
     acquire(gateway, "crowded", "first", "30s", "0")
