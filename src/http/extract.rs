@@ -1,6 +1,7 @@
 //! Request parsing, once for every route: the key in a path, the query
-//! parameters, the conditions, the fencing token and the representation
-//! asked for, as axum extractors whose rejection is the API's problem
+//! parameters, the conditions, the fencing token, the representation asked
+//! for, a watch's `Last-Event-ID`, a listing's preferred form and a body's
+//! declared length, as axum extractors whose rejection is the API's problem
 //! response ([`ApiError`]), and the parsers behind them.
 
 use std::convert::Infallible;
@@ -129,6 +130,64 @@ impl<S: Send + Sync> FromRequestParts<S> for Representation {
         } else {
             Self::Raw
         })
+    }
+}
+
+/// A watch's `Last-Event-ID`: the version the client saw last, to resume
+/// after. An unparsable one is not the client's fault: the stream starts
+/// afresh (`None`).
+#[derive(Debug)]
+pub struct LastEventId(pub Option<Hlc>);
+
+impl<S: Send + Sync> FromRequestParts<S> for LastEventId {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Self(
+            parts
+                .headers
+                .get("last-event-id")
+                .and_then(|value| value.to_str().ok())
+                .and_then(|text| Hlc::parse(text.trim()).ok()),
+        ))
+    }
+}
+
+/// Whether a listing's client prefers one key per line (`text/plain`
+/// weighted above `application/json`) to the JSON page.
+#[derive(Debug)]
+pub struct PrefersText(pub bool);
+
+impl<S: Send + Sync> FromRequestParts<S> for PrefersText {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Self(prefers_text(&parts.headers)))
+    }
+}
+
+fn prefers_text(headers: &HeaderMap) -> bool {
+    let text = accept_weight(headers, "text/plain").unwrap_or(0.0);
+    let json = accept_weight(headers, "application/json").unwrap_or(0.0);
+    text > 0.0 && text > json
+}
+
+/// The body length a request declares (`Content-Length`), if any: a value
+/// over the limit is refused before reading.
+#[derive(Debug)]
+pub struct DeclaredLength(pub Option<u64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for DeclaredLength {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Self(
+            parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|text| text.parse().ok()),
+        ))
     }
 }
 
@@ -431,11 +490,27 @@ pub fn wants_json(headers: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use axum::http::{HeaderValue, Uri};
+
+    use super::*;
 
     fn uri(text: &str) -> Uri {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn text_is_chosen_only_when_preferred() {
+        let accept = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ACCEPT, HeaderValue::from_static(value));
+            prefers_text(&headers)
+        };
+        assert!(accept("text/plain"));
+        assert!(accept("text/plain, application/json;q=0.5"));
+        assert!(!accept("*/*"));
+        assert!(!accept("application/json, text/plain"));
+        assert!(!accept("text/plain;q=0"));
+        assert!(!prefers_text(&HeaderMap::new()));
     }
 
     #[test]

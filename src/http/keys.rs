@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
@@ -21,7 +21,9 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use super::extract::{Conditions, FencingToken, IfNoneMatch, Key, Query, parse_ttl};
+use super::extract::{
+    Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl,
+};
 use super::headers::{Representation, set_common_headers, set_etag, set_read_headers};
 use super::problem::{ApiError, Precondition};
 use super::state::AppState;
@@ -84,7 +86,7 @@ async fn put_key(
     query: Query,
     conditions: Conditions,
     FencingToken(fencing_token): FencingToken,
-    headers: HeaderMap,
+    DeclaredLength(declared): DeclaredLength,
     body: Body,
 ) -> Result<Response, ApiError> {
     let mut query = query.accept(&["ttl", "nex", "persist"])?;
@@ -109,7 +111,7 @@ async fn put_key(
     };
     let value = read_value(
         body,
-        &headers,
+        declared,
         state.value_limit(),
         state.limits.request_timeout,
     )
@@ -240,14 +242,10 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
 /// refused before reading, a chunked body as soon as it passes the limit.
 async fn read_value(
     body: Body,
-    headers: &HeaderMap,
+    declared: Option<u64>,
     limit: usize,
     within: Duration,
 ) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::ValueTooLarge { max: limit });
     }
@@ -311,6 +309,8 @@ fn value_response(
 
 #[cfg(test)]
 mod tests {
+    use axum::http::header;
+
     use super::*;
 
     #[test]

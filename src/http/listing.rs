@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
@@ -24,8 +24,8 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::extract::Query;
-use super::headers::{accept_weight, set_common_headers};
+use super::extract::{PrefersText, Query};
+use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
@@ -47,7 +47,7 @@ pub fn routes() -> Router<AppState> {
 async fn list_keys(
     State(state): State<AppState>,
     query: Query,
-    headers: HeaderMap,
+    PrefersText(text): PrefersText,
 ) -> Result<Response, ApiError> {
     let mut query = query.accept(&["match", "limit", "cursor"])?;
     let pattern = match query.take("match") {
@@ -75,7 +75,6 @@ async fn list_keys(
         None => Position::default(),
         Some(raw) => Cursor::decode(&raw, &pattern)?,
     };
-    let text = wants_text(&headers);
     // Stop asking the store once this is spent, so that one response
     // stays well inside the request backstop however sparse the matches.
     let budget = state.limits.request_timeout / 2;
@@ -244,13 +243,6 @@ impl Cursor {
         }
         Ok(Position { token, skip, last })
     }
-}
-
-/// Whether the client prefers `text/plain` (one key per line) to JSON.
-fn wants_text(headers: &HeaderMap) -> bool {
-    let text = accept_weight(headers, "text/plain").unwrap_or(0.0);
-    let json = accept_weight(headers, "application/json").unwrap_or(0.0);
-    text > 0.0 && text > json
 }
 
 /// What a `match` needs escaped to sit in a query value of the `Link`
@@ -465,21 +457,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn text_is_chosen_only_when_preferred() {
-        let accept = |value: &'static str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::ACCEPT, HeaderValue::from_static(value));
-            wants_text(&headers)
-        };
-        assert!(accept("text/plain"));
-        assert!(accept("text/plain, application/json;q=0.5"));
-        assert!(!accept("*/*"));
-        assert!(!accept("application/json, text/plain"));
-        assert!(!accept("text/plain;q=0"));
-        assert!(!wants_text(&HeaderMap::new()));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! - [`keys`]: `/keys/{key}` handlers.
 //! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
 //! - [`extract`]: request parsing as extractors (key, query, conditions,
-//!   fencing token, representation) whose rejection is the API error.
+//!   fencing token, representation, `Last-Event-ID`, a listing's preferred
+//!   form, the declared body length) whose rejection is the API error.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use axum::routing::get;
 use base64::Engine as _;
@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::extract::{Key, Query, decode_key};
+use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
@@ -52,9 +52,9 @@ pub fn routes() -> Router<AppState> {
 async fn watch_path(
     State(state): State<AppState>,
     Key(key): Key,
-    headers: HeaderMap,
+    LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
-    start(&state, vec![key], &headers).await
+    start(&state, vec![key], last_version).await
 }
 
 /// The query parameter that may carry the API token on watch requests
@@ -71,7 +71,7 @@ pub fn is_watch_path(path: &str) -> bool {
 async fn watch_query(
     State(state): State<AppState>,
     query: Query,
-    headers: HeaderMap,
+    LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
     let mut keys = Vec::new();
     // `key` is repeated, once per key: not for `Query::accept`.
@@ -92,22 +92,17 @@ async fn watch_query(
             );
         }
     }
-    start(&state, keys, &headers).await
+    start(&state, keys, last_version).await
 }
 
 async fn start(
     state: &AppState,
     keys: Vec<Bytes>,
-    headers: &HeaderMap,
+    last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
         return Err(ApiError::Pool(PoolError::ShuttingDown));
     }
-    // An unparsable Last-Event-ID is not the client's fault: start afresh.
-    let last_version = headers
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| Hlc::parse(text.trim()).ok());
     let watcher = state.hub.watch(keys, last_version).await?;
     let keep_alive = state.hub.settings().keep_alive;
     let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
