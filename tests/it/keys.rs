@@ -464,15 +464,19 @@ async fn key_over_the_limit_is_414() {
     assert_eq!(gw.put(&[0xff; 64], "v").await.status(), StatusCode::OK);
 }
 
-#[tokio::test]
-async fn value_over_the_configured_limit_is_413() {
-    let stack = Stack::builder()
+async fn stack_with_value_limit(max: usize) -> Stack {
+    Stack::builder()
         .gateway(GatewayOptions {
-            max_value_bytes: Some(1000),
+            max_value_bytes: Some(max),
             ..GatewayOptions::default()
         })
         .start()
-        .await;
+        .await
+}
+
+#[tokio::test]
+async fn value_over_the_configured_limit_is_413() {
+    let stack = stack_with_value_limit(1000).await;
     let gw = &stack.gateway;
     assert_eq!(gw.put(b"k", vec![7u8; 1000]).await.status(), StatusCode::OK);
     problem(
@@ -533,13 +537,7 @@ async fn raw_put_head(
 /// after the whole body keeps the connection.
 #[tokio::test]
 async fn an_answer_before_the_body_was_read_says_connection_close() {
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            max_value_bytes: Some(1000),
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let stack = stack_with_value_limit(1000).await;
     let api = stack.gateway.api;
     let big = 4 * 1024 * 1024;
     for (target, headers, status) in [

@@ -111,6 +111,19 @@ async fn get_lock(gateway: &Api, name: &str) -> (StatusCode, serde_json::Value) 
     (status, body)
 }
 
+/// `PUT /keys/{key}` with `Fencing-Token: token`: the status.
+async fn fenced_put(gateway: &Api, key: &str, token: &Hlc, value: String) -> StatusCode {
+    gateway
+        .http
+        .put(gateway.url(&format!("/keys/{key}")))
+        .header("fencing-token", token.to_string())
+        .body(value)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
 /// A metric's value from `/metrics` (0 when absent).
 async fn metric(gateway: &Api, line_start: &str) -> f64 {
     let text = gateway
@@ -191,16 +204,10 @@ async fn a_fenced_resource_is_not_a_lock() {
     let token = acquire(gateway, "guard", "writer", "30s", "0s")
         .await
         .expect("a free lock");
-    let status = gateway
-        .http
-        .put(gateway.url("/keys/fenced-resource"))
-        .header("fencing-token", token.to_string())
-        .body("42")
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        fenced_put(gateway, "fenced-resource", &token, "42".into()).await,
+        StatusCode::OK
+    );
     let (status, body, _) = put_lock(gateway, "fenced-resource", "holder=a&ttl=10s").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["type"], "/problems/not-a-lock", "{body}");
@@ -574,15 +581,17 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
                     continue;
                 };
                 let acquired = Instant::now();
-                let response = gateway
-                    .http
-                    .put(gateway.url("/keys/fenced-counter"))
-                    .header("fencing-token", token.to_string())
-                    .body(format!("{holder} {token}"))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(response.status(), StatusCode::OK, "{holder}'s fenced write");
+                assert_eq!(
+                    fenced_put(
+                        &gateway,
+                        "fenced-counter",
+                        &token,
+                        format!("{holder} {token}")
+                    )
+                    .await,
+                    StatusCode::OK,
+                    "{holder}'s fenced write"
+                );
                 // While we hold it, the holders before us are fenced off.
                 let earlier = holds
                     .lock()
@@ -590,16 +599,8 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
                     .last()
                     .map(|hold: &Hold| hold.token.clone());
                 if let Some(earlier) = earlier {
-                    let stale = gateway
-                        .http
-                        .put(gateway.url("/keys/fenced-counter"))
-                        .header("fencing-token", earlier.to_string())
-                        .body("stale")
-                        .send()
-                        .await
-                        .unwrap();
                     assert_eq!(
-                        stale.status(),
+                        fenced_put(&gateway, "fenced-counter", &earlier, "stale".into()).await,
                         StatusCode::CONFLICT,
                         "a write fenced by {earlier} while {holder} holds {token}"
                     );
@@ -699,15 +700,12 @@ async fn http_and_sdk_contenders_never_hold_together_and_fencing_follows_acquisi
     // Only the newest holder's token is accepted by the fenced key now.
     let gateway = &Api::of(&stack.gateway);
     for hold in &holds[..holds.len() - 1] {
-        let response = gateway
-            .http
-            .put(gateway.url("/keys/fenced-counter"))
-            .header("fencing-token", hold.token.to_string())
-            .body("stale")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::CONFLICT, "{}", hold.holder);
+        assert_eq!(
+            fenced_put(gateway, "fenced-counter", &hold.token, "stale".into()).await,
+            StatusCode::CONFLICT,
+            "{}",
+            hold.holder
+        );
     }
 }
 
