@@ -144,10 +144,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LastEventId {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
         Ok(Self(
-            parts
-                .headers
-                .get("last-event-id")
-                .and_then(|value| value.to_str().ok())
+            header_text(&parts.headers, "last-event-id")
                 .and_then(|text| Hlc::parse(text.trim()).ok()),
         ))
     }
@@ -182,13 +179,16 @@ impl<S: Send + Sync> FromRequestParts<S> for DeclaredLength {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
         Ok(Self(
-            parts
-                .headers
-                .get(header::CONTENT_LENGTH)
-                .and_then(|value| value.to_str().ok())
+            header_text(&parts.headers, header::CONTENT_LENGTH.as_str())
                 .and_then(|text| text.parse().ok()),
         ))
     }
+}
+
+/// A header's value when present and visible ASCII, for headers whose
+/// absence or garbling means "not given".
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
 }
 
 /// The header carrying a write's fencing token (an HLC, e.g. a lease's version).
