@@ -30,11 +30,6 @@ const JSON_TAG_SUFFIX: &str = "+json";
 /// numbers, separators, quotes and `+json`.
 const TAG_CAPACITY: usize = 32;
 
-/// What `HeaderValue::from_str` accepts: tab and visible ASCII.
-fn is_visible_ascii(byte: u8) -> bool {
-    byte == b'\t' || (0x20..0x7f).contains(&byte)
-}
-
 /// The two forms of a key's value that `Accept` chooses between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Representation {
@@ -78,16 +73,12 @@ fn set_representation_etag(
     representation: Representation,
 ) {
     let Some(version) = version else { return };
-    // Built in one buffer that becomes the header value without a copy.
     let mut quoted = String::with_capacity(TAG_CAPACITY + version.node.len());
     quoted.push('"');
     representation.push_entity_tag(version, &mut quoted);
     quoted.push('"');
-    // Only tags a client can send back: `If-None-Match` is read as visible
-    // ASCII, and `HeaderValue::try_from` alone would let bytes >= 0x80 through.
-    if quoted.bytes().all(is_visible_ascii)
-        && let Ok(value) = HeaderValue::try_from(quoted)
-    {
+    // `from_str` takes visible ASCII only: a tag `If-None-Match` can send back.
+    if let Ok(value) = HeaderValue::from_str(&quoted) {
         headers.insert(header::ETAG, value);
     }
 }
