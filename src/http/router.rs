@@ -14,7 +14,7 @@ use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
 
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -73,10 +73,8 @@ fn log_path(path: &str) -> &str {
 
 /// Counts every request by route template, method and status, times it,
 /// and writes one log line per failure with the cause the error left in
-/// the response. An answer given before the request's body was read to
-/// its end says `Connection: close`: hyper does not read a large unread
-/// remainder but closes, and a client that sent it all would otherwise
-/// reuse the dead connection (RFC 9112 9.6).
+/// the response; an answer given before the request's body was read says
+/// so ([`BodyWatch`]).
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     // Both cheap to clone (shared buffers): no allocation per request.
     let matched = request.extensions().get::<MatchedPath>().cloned();
@@ -84,18 +82,10 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let path = log_path(uri.path());
     let method = method_label(request.method());
-    let body_read = declares_body(&request).then(|| Arc::new(AtomicBool::new(false)));
-    let request = match &body_read {
-        Some(flag) => request.map(|body| Body::new(ReadToEnd::new(body, flag.clone()))),
-        None => request,
-    };
+    let (request, body_watch) = BodyWatch::start(request);
     let started = Instant::now();
     let mut response = next.run(request).await;
-    if body_read.is_some_and(|flag| !flag.load(Ordering::Acquire)) {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
+    body_watch.finish(&mut response);
     let elapsed = started.elapsed();
     let status = response.status();
     metrics
@@ -130,26 +120,50 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     response
 }
 
-/// Whether the request comes with a body (GETs and DELETEs have none, and
-/// pay nothing for the watch on it).
-fn declares_body(request: &Request) -> bool {
-    let headers = request.headers();
-    headers.contains_key(header::TRANSFER_ENCODING)
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|length| length.as_bytes() != b"0")
+/// Whether a request's body was read to its end before the answer: if not,
+/// the answer says `Connection: close` (RFC 9112 9.6), since hyper does not
+/// read a large unread remainder but closes, and a client that sent it all
+/// would reuse the dead connection.
+struct BodyWatch(Option<Arc<AtomicBool>>);
+
+impl BodyWatch {
+    /// Watches the body, if the request has one (GETs and DELETEs pay nothing).
+    fn start(request: Request) -> (Request, Self) {
+        if request.body().is_end_stream() {
+            return (request, Self(None));
+        }
+        let flag = Arc::new(AtomicBool::new(false));
+        let request = request.map(|inner| {
+            Body::new(ReadToEnd {
+                inner,
+                flag: flag.clone(),
+            })
+        });
+        (request, Self(Some(flag)))
+    }
+
+    fn finish(self, response: &mut Response) {
+        if self.0.is_some_and(|flag| !flag.load(Ordering::Acquire)) {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+    }
+}
+
+/// [`BodyWatch`] as a middleware, for routers without the API's `observe`
+/// (the admission webhook).
+pub async fn close_unless_body_read(request: Request, next: Next) -> Response {
+    let (request, body_watch) = BodyWatch::start(request);
+    let mut response = next.run(request).await;
+    body_watch.finish(&mut response);
+    response
 }
 
 /// A request body that raises its flag once read to its end.
 struct ReadToEnd {
     inner: Body,
     flag: Arc<AtomicBool>,
-}
-
-impl ReadToEnd {
-    fn new(inner: Body, flag: Arc<AtomicBool>) -> Self {
-        Self { inner, flag }
-    }
 }
 
 impl http_body::Body for ReadToEnd {

@@ -30,6 +30,8 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
+use crate::http::close_unless_body_read;
+
 use super::manifest::{Unannotated, inject_object};
 use super::settings::SidecarValues;
 
@@ -69,6 +71,9 @@ pub fn router(values: SidecarValues) -> Router {
         .route("/mutate", post(mutate))
         .route("/livez", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        // A refusal before the body was read (too large, not JSON) ends
+        // the connection and says so, as the API's answers do.
+        .layer(axum::middleware::from_fn(close_unless_body_read))
         .with_state(Arc::new(values))
 }
 
@@ -101,15 +106,7 @@ struct GroupVersionKind {
 /// plain text, for whoever reads the API server's log.
 fn bad_request(status: StatusCode, message: String) -> Response {
     tracing::warn!(%status, %message, "refused a request to /mutate");
-    let mut response = (status, format!("{message}\n")).into_response();
-    // Some refusals come before the body was read to its end (too large,
-    // not JSON): hyper will not read the rest, so the client must not reuse
-    // the connection (RFC 9112 9.6). The API server rarely sends these.
-    response.headers_mut().insert(
-        axum::http::header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    response
+    (status, format!("{message}\n")).into_response()
 }
 
 async fn mutate(
