@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn a_resync_older_than_what_a_watcher_saw_is_skipped() {
         // A lagged watcher skipped to the sync of id 9, then reads an older
-        // resync still in its buffer (issue 13 item 3).
+        // resync still in its buffer: it must not go back to id 7.
         let resync = event(
             EventKind::Sync {
                 resync: true,
