@@ -18,7 +18,8 @@
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
 //!
 //! Beside it: [`settings`] (a leaf: environment names, defaults, the
-//! duration syntax), [`metrics`] (the Prometheus registry), [`emulator`]
+//! duration syntax), [`metrics`] (the Prometheus registry), [`trace`] (the
+//! caller's W3C Trace Context, carried onto store requests), [`emulator`]
 //! (the state store protocol served over any MQTT5 broker), [`dev`]
 //! (embedded broker + emulator + gateway in one process), [`ui`] (the
 //! browser dashboard at `/ui/`) and [`inject`] (the sidecar added to
@@ -35,5 +36,6 @@ pub mod mqtt;
 pub mod protocol;
 pub mod settings;
 pub mod store;
+pub mod trace;
 pub mod ui;
 pub mod watch;

@@ -35,6 +35,7 @@ use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetCondition, SetOptions};
 use crate::settings;
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
+use crate::trace;
 use crate::watch::{EventKind, WatchError, WatchHub};
 
 /// How long a waiter pauses before trying again after the store could not
@@ -341,7 +342,7 @@ impl Locks {
             condition: SetCondition::OnlyIfMissingOrEqual,
             expires_in_ms: Some(request.ttl_ms),
         };
-        tokio::spawn(async move {
+        tokio::spawn(trace::inherit(async move {
             let outcome = store
                 .set(
                     name.clone(),
@@ -353,7 +354,7 @@ impl Locks {
             if let Err(Ok(SetOutcome::Applied(_))) = reply.send(outcome) {
                 abandon(store, name, holder).await;
             }
-        });
+        }));
         let mut pending = PendingSet {
             outcome,
             store: Some(self.inner.store.clone()),
@@ -399,7 +400,11 @@ impl Locks {
         let line = Arc::clone(line);
         let mut waiters = line.waiters();
         if waiters.follower.is_none() {
-            let task = tokio::spawn(follow(self.inner.hub.clone(), Arc::clone(&line)));
+            // The line's watch is registered in the first waiter's trace.
+            let task = tokio::spawn(trace::inherit(follow(
+                self.inner.hub.clone(),
+                Arc::clone(&line),
+            )));
             waiters.follower = Some(task.abort_handle());
         }
         if waiters.queue.is_empty() {
@@ -517,7 +522,7 @@ impl Drop for PendingSet {
         {
             let name = std::mem::take(&mut self.name);
             let holder = std::mem::take(&mut self.holder);
-            runtime.spawn(abandon(store, name, holder));
+            runtime.spawn(trace::inherit(abandon(store, name, holder)));
         }
     }
 }

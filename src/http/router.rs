@@ -21,6 +21,7 @@ use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
 use super::{extract, keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
+use crate::trace::{self, TraceContext};
 
 /// The key API (everything but the admin endpoints), with its middleware:
 /// request metrics and failure logs outermost, then the bearer token check,
@@ -72,7 +73,7 @@ fn log_path(path: &str) -> &str {
 }
 
 /// Counts every request by route template, method and status, times it,
-/// and writes one log line per failure with the cause the error left in
+/// runs it in the caller's trace context, and writes one log line per failure with the cause the error left in
 /// the response; an answer given before the request's body was read says
 /// so ([`BodyWatch`]).
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
@@ -84,7 +85,10 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     let method = method_label(request.method());
     let (request, body_watch) = BodyWatch::start(request);
     let started = Instant::now();
-    let mut response = next.run(request).await;
+    // The caller's trace context goes on to every store request this one
+    // causes; without a `traceparent` nothing is allocated.
+    let context = TraceContext::from_headers(request.headers());
+    let mut response = trace::scope(context, next.run(request)).await;
     body_watch.finish(&mut response);
     let elapsed = started.elapsed();
     let status = response.status();

@@ -15,7 +15,8 @@
 //!
 //! The envelope is the official SDK's, in its order: `__ft` and
 //! `aio-persistence` (when asked), then `__srcId`, `__ts`, `__protVer`,
-//! `$partition`, `$high_priority`; content type `application/octet-stream`,
+//! `$partition`, `$high_priority`, then the caller's `traceparent` and
+//! `tracestate` (see [`crate::trace`]); content type `application/octet-stream`,
 //! message expiry = the request timeout rounded up to whole seconds, QoS 1.
 
 use std::path::PathBuf;
@@ -43,6 +44,7 @@ use crate::protocol::{
     CONTENT_TYPE, Hlc, HybridClock, PROTOCOL_VERSION, REQUEST_TOPIC, Reply, Request, STATUS_OK,
     StoreError, property,
 };
+use crate::trace;
 
 /// Bytes of a SET's packet that are not the value: topic, response topic,
 /// correlation data, user properties, the key and RESP framing. Covers keys
@@ -539,7 +541,7 @@ impl Pool {
         timestamp: &Hlc,
         correlation: CorrelationId,
     ) -> PublishProperties {
-        let mut user_properties = Vec::with_capacity(7);
+        let mut user_properties = Vec::with_capacity(9);
         if let Some(token) = &options.fencing_token {
             user_properties.push((property::FENCING_TOKEN.to_owned(), token.encode()));
         }
@@ -557,6 +559,13 @@ impl Pool {
             (property::PARTITION.to_owned(), member.client_id.clone()),
             (property::HIGH_PRIORITY.to_owned(), String::new()),
         ]);
+        // The HTTP request's trace context, if it has one.
+        trace::with_current(|context| {
+            user_properties.push((trace::TRACEPARENT.to_owned(), context.traceparent()));
+            if let Some(state) = context.tracestate() {
+                user_properties.push((trace::TRACESTATE.to_owned(), state.to_owned()));
+            }
+        });
         PublishProperties {
             // The SDK leaves the indicator out for bytes (= 0, unspecified).
             payload_format_indicator: None,

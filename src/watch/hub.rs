@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::store::{RequestError, StoreClient};
+use crate::trace;
 
 /// The hub; cheap to clone.
 #[derive(Debug, Clone)]
@@ -182,6 +183,7 @@ impl WatchHub {
                     changes: 0,
                     retained: VecDeque::new(),
                     retained_bytes: 0,
+                    cause: trace::current(),
                 }),
                 events: broadcast::channel(self.inner.settings.buffer.max(1)).0,
                 registration: watch::Sender::new(Registration::Pending),

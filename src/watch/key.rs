@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, watch};
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent, Snapshot, next_id};
 use crate::protocol::Hlc;
+use crate::trace::TraceContext;
 
 #[derive(Debug, Clone)]
 pub(super) enum Registration {
@@ -29,6 +30,9 @@ pub(super) struct KeyState {
     /// events' weights, and the sum of those weights.
     pub(super) retained: VecDeque<(Arc<Slot>, usize)>,
     pub(super) retained_bytes: usize,
+    /// The trace context of the watch request that created the entry,
+    /// until the key is registered.
+    pub(super) cause: Option<TraceContext>,
 }
 
 /// One event in a key's channel. The channel holds at most `buffer`

@@ -20,6 +20,7 @@ use super::shared::{Inner, NO_HOLDER};
 use crate::mqtt::{KeyNotification, MemberEvent};
 use crate::protocol::Notification;
 use crate::store::Versioned;
+use crate::trace;
 
 /// Routes the pool's notifications to the keys' watchers.
 pub(super) async fn dispatch(
@@ -252,8 +253,22 @@ async fn sync_registrations(
     if failed { Err(()) } else { Ok(()) }
 }
 
-/// KEYNOTIFY, then GET: no change can fall between the two.
+/// Registers the key with the store. Until it succeeds, registering is
+/// the work of the watch request that asked for the key first, and runs
+/// in that request's trace context.
 async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<(), WatchError> {
+    let cause = key_watch.state().cause.clone();
+    trace::scope(cause, keynotify_and_get(inner, holder, key_watch)).await?;
+    key_watch.state().cause = None;
+    Ok(())
+}
+
+/// KEYNOTIFY, then GET: no change can fall between the two.
+async fn keynotify_and_get(
+    inner: &Inner,
+    holder: usize,
+    key_watch: &KeyWatch,
+) -> Result<(), WatchError> {
     let store = inner.store.on_member(holder);
     store.keynotify(key_watch.key.clone()).await?;
     let changes_before = key_watch.state().changes;
