@@ -15,6 +15,7 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
+use tracing::Instrument as _;
 
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -73,7 +74,8 @@ fn log_path(path: &str) -> &str {
 }
 
 /// Counts every request by route template, method and status, times it,
-/// runs it in the caller's trace context, and writes one log line per failure with the cause the error left in
+/// runs it in the caller's trace context (its log lines in a span with
+/// `trace_id` and `span_id`), and writes one log line per failure with the cause the error left in
 /// the response; an answer given before the request's body was read says
 /// so ([`BodyWatch`]).
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
@@ -88,7 +90,13 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     // The caller's trace context goes on to every store request this one
     // causes; without a `traceparent` nothing is allocated.
     let context = TraceContext::from_headers(request.headers());
-    let mut response = trace::scope(context, next.run(request)).await;
+    let span = context
+        .as_ref()
+        .map_or_else(tracing::Span::none, TraceContext::log_span);
+    let mut response = trace::scope(context, next.run(request))
+        .instrument(span.clone())
+        .await;
+    let _in_span = span.enter();
     body_watch.finish(&mut response);
     let elapsed = started.elapsed();
     let status = response.status();
@@ -333,6 +341,57 @@ mod tests {
             assert_eq!(body["status"], status);
             assert_eq!(headers[header::CONTENT_TYPE], problem::PROBLEM_JSON);
         }
+    }
+
+    /// Log lines written as the JSON format writes them.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn json_log_lines_of_a_traced_request_carry_its_trace_and_span_ids() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let state = state(None);
+        let mut traced = request("GET", "/nothing");
+        traced.headers_mut().insert(
+            "traceparent",
+            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        );
+        assert_eq!(send(&state, traced).await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            send(&state, request("GET", "/nothing")).await.0,
+            StatusCode::NOT_FOUND
+        );
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let failures: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|line: &serde_json::Value| line["message"] == "request failed")
+            .collect();
+        assert_eq!(failures.len(), 2, "{text}");
+        assert_eq!(
+            failures[0]["span"]["trace_id"],
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(failures[0]["span"]["span_id"], "b7ad6b7169203331");
+        assert!(failures[1].get("span").is_none(), "{}", failures[1]);
     }
 
     #[tokio::test]

@@ -128,6 +128,16 @@ impl TraceContext {
         out
     }
 
+    /// A span for the request's log lines, with `trace_id` and `span_id`
+    /// (the caller's span: the one the store requests name as parent).
+    pub fn log_span(&self) -> tracing::Span {
+        let mut trace_id = String::with_capacity(32);
+        push_hex(&mut trace_id, &self.trace_id);
+        let mut span_id = String::with_capacity(16);
+        push_hex(&mut span_id, &self.parent_id);
+        tracing::info_span!("request", trace_id, span_id)
+    }
+
     /// The `tracestate` value to pass on, if the caller sent a valid one.
     pub fn tracestate(&self) -> Option<&str> {
         self.state.as_deref()
