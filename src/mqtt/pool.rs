@@ -47,9 +47,10 @@ use crate::protocol::{
 use crate::trace;
 
 /// Bytes of a SET's packet that are not the value: topic, response topic,
-/// correlation data, user properties, the key and RESP framing. Covers keys
-/// up to about 1 KiB; [`Pool::request`] checks each packet exactly.
-pub const ENVELOPE_ALLOWANCE: usize = 2048;
+/// correlation data, user properties (the caller's trace context among
+/// them: at most about 600 bytes), the key and RESP framing. Covers keys up
+/// to about 1 KiB; [`Pool::request`] checks each packet exactly.
+pub const ENVELOPE_ALLOWANCE: usize = 2048 + 640;
 
 /// Notifications buffered per receiver before it lags.
 const NOTIFICATION_BUFFER: usize = 4096;

@@ -656,6 +656,46 @@ async fn odd_replies_become_clear_errors() {
     assert!(rendered.contains("outcome=\"not_found\"} 1"), "{rendered}");
 }
 
+/// The envelope allowance covers the longest key, the largest trace
+/// context and every other property: the largest value still goes out.
+#[tokio::test]
+async fn the_largest_value_fits_with_the_longest_key_and_trace_context() {
+    use statestore_gateway::trace::{self, TraceContext};
+    let broker = Mosquitto::start_with(MosquittoConfig {
+        extra: "max_packet_size 20000\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let responder = Responder::start(broker.addr).await;
+    let mut settings = pool_settings(broker.addr, "big-traced");
+    settings.size = 1;
+    let (pool, _) = start_pool(settings).await;
+    let fits = pool.max_value_bytes().unwrap();
+    // 32 members of 15 bytes and their commas: 511 bytes, all kept.
+    let state: Vec<String> = (0..32)
+        .map(|i| format!("k{i:02}={}", "s".repeat(11)))
+        .collect();
+    let state = state.join(",");
+    let context = TraceContext::parse(
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        std::iter::once(state.as_bytes()),
+    )
+    .unwrap();
+    assert_eq!(context.tracestate(), Some(state.as_str()));
+    let key = "k".repeat(statestore_gateway::settings::DEFAULT_MAX_KEY_BYTES);
+    let options = RequestOptions {
+        fencing_token: Some(Hlc::new(1_700_000_000_000, "a-fencing-node")),
+        persist: true,
+    };
+    let request = set(&key, &"x".repeat(fits));
+    let response = trace::scope(Some(context), pool.request(&request, &options))
+        .await
+        .unwrap();
+    assert_eq!(response.reply, Reply::Ok);
+    let sent = responder.requests();
+    assert_eq!(user_property(&sent[0], "tracestate"), state);
+}
+
 #[tokio::test]
 async fn requests_beyond_the_brokers_packet_limit_fail_before_sending() {
     let broker = Mosquitto::start_with(MosquittoConfig {
