@@ -7,8 +7,6 @@
 //! form-encoded: `+` is a space there, as browsers and HTTP clients write
 //! it, while `+` in the key path is a plus (RFC 3986).
 
-use std::time::Duration;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,12 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
+use bytes::Bytes;
 use serde_json::json;
 
 use super::extract::{
-    Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl,
+    Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl, read_body,
 };
 use super::headers::{Representation, set_common_headers, set_etag, set_read_headers};
 use super::problem::{ApiError, Precondition};
@@ -109,7 +106,7 @@ async fn put_key(
         (false, true) => SetCondition::OnlyIfMissingOrEqual,
         (false, false) => SetCondition::Always,
     };
-    let value = read_value(
+    let value = read_body(
         body,
         declared,
         state.value_limit(),
@@ -236,38 +233,6 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
             Err(ApiError::PreconditionFailed(Precondition::ValueMatches))
         }
     }
-}
-
-/// Reads the body up to `limit` bytes: `Content-Length` over the limit is
-/// refused before reading, a chunked body as soon as it passes the limit.
-async fn read_value(
-    body: Body,
-    declared: Option<u64>,
-    limit: usize,
-    within: Duration,
-) -> Result<Bytes, ApiError> {
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::ValueTooLarge { max: limit });
-    }
-    // Reserve for what arrives, not for what a client merely declares: a
-    // Content-Length alone must not hold megabytes for the body timeout.
-    const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
-    let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
-    let read = async move {
-        let mut stream = body.into_data_stream();
-        let mut value = BytesMut::with_capacity(capacity);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|error| ApiError::BodyRead(error.to_string()))?;
-            if value.len() + chunk.len() > limit {
-                return Err(ApiError::ValueTooLarge { max: limit });
-            }
-            value.extend_from_slice(&chunk);
-        }
-        Ok(value.freeze())
-    };
-    tokio::time::timeout(within, read)
-        .await
-        .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
 fn not_modified(version: Option<&Hlc>, representation: Representation) -> Response {

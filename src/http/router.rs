@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
 
@@ -158,6 +158,40 @@ pub async fn close_unless_body_read(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     body_watch.finish(&mut response);
     response
+}
+
+/// How a body read whole before the handler must arrive: see
+/// [`read_body_first`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyReadLimits {
+    /// The largest body (413 above it).
+    pub max_bytes: usize,
+    /// How long the whole body may take to arrive (408 after it).
+    pub timeout: Duration,
+}
+
+/// Reads the request body whole ([`extract::read_body`], as the key API's
+/// PUT does) before the handler runs, for routes whose handlers read their
+/// body with an extractor that has no deadline: a client that sends its
+/// body too slowly gets 408 instead of holding its connection. Put it
+/// inside [`close_unless_body_read`], so that such an answer closes the
+/// connection.
+pub async fn read_body_first(
+    State(limits): State<BodyReadLimits>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    // Read up to the limit even when Content-Length is over it: answering
+    // before the client has written most of a large body makes many
+    // clients fail on the write and never see the 413.
+    match extract::read_body(body, None, limits.max_bytes, limits.timeout).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(error) => error.into_response(),
+    }
 }
 
 /// A request body that raises its flag once read to its end.

@@ -315,6 +315,122 @@ async fn the_webhook_leaves_other_pods_and_refuses_bad_bodies_without_falling_ov
     assert_eq!(live.status(), 200);
 }
 
+/// A TLS connection to the injector that sends a review's headers and one
+/// byte of its body, then nothing: a client too slow (or hostile) to finish.
+async fn slow_review(
+    port: u16,
+    connector: tokio_rustls::TlsConnector,
+) -> Option<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use tokio::io::AsyncWriteExt as _;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let mut tls = tokio::time::timeout(Duration::from_secs(30), connector.connect(name, tcp))
+        .await
+        .ok()?
+        .ok()?;
+    tls.write_all(
+        b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+          Content-Length: 2000\r\n\r\n{",
+    )
+    .await
+    .ok()?;
+    tls.flush().await.ok()?;
+    Some(tls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_get_408_and_cannot_keep_a_review_from_its_answer() {
+    use futures_util::StreamExt as _;
+    use tokio::io::AsyncReadExt as _;
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let injector = Injector::start(&[]).await;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(&injector.pki.ca).unwrap();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+
+    // 512 clients hold a connection each with a body that never ends.
+    let started = std::time::Instant::now();
+    let slow: Vec<_> = futures_util::stream::iter(0..512)
+        .map(|_| slow_review(injector.port, connector.clone()))
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut slow: Vec<_> = slow.into_iter().flatten().collect();
+    eprintln!(
+        "{} slow clients connected in {:?}",
+        slow.len(),
+        started.elapsed()
+    );
+    assert!(slow.len() >= 500, "only {} slow clients got in", slow.len());
+
+    // A client that never starts its TLS handshake is closed soon.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", injector.port))
+        .await
+        .unwrap();
+
+    // A valid review is still answered, well within the API server's 10 s.
+    let mut pod = sample_pods().remove(0);
+    pod["metadata"]["annotations"] = json!({"statestore-gateway/inject": "enabled"});
+    let asked = std::time::Instant::now();
+    let (status, body) = injector
+        .post(
+            serde_json::to_vec(&review(&pod)).unwrap(),
+            "application/json",
+        )
+        .await;
+    let answered_in = asked.elapsed();
+    eprintln!("a valid review answered in {answered_in:?} beside the slow clients");
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
+    assert!(
+        answered_in < Duration::from_secs(6),
+        "a valid review took {answered_in:?} beside slow clients"
+    );
+
+    // Each slow client is answered 408 and its connection closed, after
+    // the body timeout and not much later.
+    let reads = slow.iter_mut().map(|tls| async move {
+        let mut received = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(15), tls.read_to_end(&mut received)).await;
+        String::from_utf8_lossy(&received).into_owned()
+    });
+    let answers = futures_util::future::join_all(reads).await;
+    let cut_off_in = started.elapsed();
+    for answer in &answers {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    assert!(
+        cut_off_in < Duration::from_secs(20),
+        "the slow clients were cut off after {cut_off_in:?}"
+    );
+    let mut nothing = Vec::new();
+    let closed =
+        tokio::time::timeout(Duration::from_secs(2), silent.read_to_end(&mut nothing)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection without a TLS handshake is still open after {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn the_webhook_serves_a_renewed_certificate_without_a_restart() {
     let injector = Injector::start(&[]).await;
