@@ -431,6 +431,121 @@ async fn slow_bodies_get_408_and_cannot_keep_a_review_from_its_answer() {
     );
 }
 
+/// Every kind of scalar kubectl (YAML 1.1) reads differently from YAML
+/// 1.2, in the fields Kubernetes users write in octal and elsewhere.
+const SCALARS: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web   # comments are dropped; values are not
+  labels: {app: web, tier: "0400", on: yes}
+spec:
+  replicas: 0x2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations:
+        note: |
+          line one
+            indented
+          last
+        folded: >
+          a b
+          c
+    spec:
+      terminationGracePeriodSeconds: 1:00
+      containers:
+      - name: web
+        image: nginx
+        env:
+        - {name: A, value: "yes"}
+        - {name: B, value: ~}
+        - name: C
+          value: '12:30'
+        args: [on, off, 1_000, 12:30, 0x1F, .inf, -.inf, .nan, 0o400, 1e3, 1.5e+3, ~, null, "", '']
+        volumeMounts:
+        - {name: secret, mountPath: /s}
+      volumes:
+      - name: secret
+        secret:
+          secretName: s
+          defaultMode: 0400
+          items:
+          - {key: a, path: a, mode: 0644}
+          - key: b
+            path: b
+            mode: 0o600
+      - name: cfg
+        configMap: {name: c, defaultMode: 420}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c}
+data:
+  x: &anchor "1"
+  y: *anchor
+"#;
+
+/// The documents of `path` as PyYAML (a YAML 1.1 loader, as kubectl's is)
+/// reads them, as JSON (a float stays a float: `256.0`, not `256`), with
+/// the sidecar's container, volumes and pod security context taken out.
+fn read_as_yaml_1_1(path: &Path) -> Value {
+    const LOADER: &str = r#"
+import json, math, sys, yaml
+def plain(x):
+    if isinstance(x, float) and not math.isfinite(x): return repr(x)
+    if isinstance(x, dict): return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, list): return [plain(v) for v in x]
+    return x
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+for doc in docs:
+    spec = doc.get("spec", {}).get("template", {}).get("spec")
+    if spec:
+        spec["containers"] = [c for c in spec["containers"] if c["name"] != "statestore-gateway"]
+        spec["volumes"] = [v for v in spec["volumes"] if not v["name"].startswith("statestore-gateway-")]
+        spec.pop("securityContext", None)
+print(json.dumps(plain(docs)))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", LOADER])
+        .arg(path)
+        .output()
+        .expect("python3 runs (scripts/test installs PyYAML)");
+    assert!(
+        out.status.success(),
+        "PyYAML: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn inject_output_means_to_a_yaml_1_1_reader_what_its_input_meant() {
+    let (code, injected, stderr) = inject(&[], SCALARS);
+    assert_eq!(code, 0, "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.yaml"), dir.path().join("out.yaml"));
+    std::fs::write(&input, SCALARS).unwrap();
+    std::fs::write(&output, &injected).unwrap();
+    let (before, after) = (read_as_yaml_1_1(&input), read_as_yaml_1_1(&output));
+    assert_eq!(before, after, "{injected}");
+    // The octal modes kubectl sends: 0400 is 256, 0644 is 420; 0o600 is
+    // not an integer in YAML 1.1 and stays the string it was.
+    let volume = &after[0]["spec"]["template"]["spec"]["volumes"][0]["secret"];
+    assert_eq!(volume["defaultMode"], json!(256));
+    assert_eq!(volume["items"][0]["mode"], json!(420));
+    assert_eq!(volume["items"][1]["mode"], json!("0o600"));
+    assert!(injected.contains("defaultMode: 0400"), "{injected}");
+    // The sidecar is there, and injecting again changes nothing.
+    let output = statestore_gateway::inject::yaml::parse(&injected).unwrap();
+    let containers = &output[0].to_json()["spec"]["template"]["spec"]["containers"];
+    assert_eq!(containers[1]["name"], "statestore-gateway");
+    let (code, again, stderr) = inject(&[], &injected);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(again, injected);
+}
+
 #[tokio::test]
 async fn the_webhook_serves_a_renewed_certificate_without_a_restart() {
     let injector = Injector::start(&[]).await;
