@@ -546,6 +546,37 @@ fn inject_output_means_to_a_yaml_1_1_reader_what_its_input_meant() {
     assert_eq!(again, injected);
 }
 
+#[test]
+fn inject_refuses_a_pod_whose_own_container_or_volume_has_the_sidecars_name() {
+    let pod = |extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: mine}}\nspec:\n  containers:\n  \
+             - {{name: app, image: app}}\n{extra}"
+        )
+    };
+    let own_container = pod("  - {name: statestore-gateway, image: my/own-gateway}\n");
+    let own_volume =
+        pod("  volumes:\n  - {name: statestore-gateway-ca, configMap: {name: my-ca}}\n");
+    for (input, names) in [
+        (own_container, "container statestore-gateway"),
+        (own_volume, "volume statestore-gateway-ca"),
+    ] {
+        let (code, out, stderr) = inject(&[], &input);
+        assert_eq!(code, 1, "{out}{stderr}");
+        assert!(out.is_empty(), "{out}");
+        assert!(stderr.contains("document 1, Pod/mine"), "{stderr}");
+        assert!(stderr.contains(names), "{stderr}");
+        assert!(stderr.contains("rename"), "{stderr}");
+    }
+    // The sidecar itself (from inject, the webhook or the chart's template)
+    // is replaced, as before: injecting twice changes nothing.
+    let (code, once, stderr) = inject(&[], &pod(""));
+    assert_eq!(code, 0, "{stderr}");
+    let (code, twice, stderr) = inject(&[], &once);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(once, twice);
+}
+
 #[tokio::test]
 async fn the_webhook_serves_a_renewed_certificate_without_a_restart() {
     let injector = Injector::start(&[]).await;
