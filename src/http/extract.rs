@@ -12,7 +12,7 @@ use axum::extract::{FromRequestParts, OriginalUri};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt as _;
+use http_body_util::BodyExt as _;
 use percent_encoding::percent_decode;
 
 use super::headers::{Representation, accept_weight};
@@ -193,7 +193,7 @@ impl<S: Send + Sync> FromRequestParts<S> for DeclaredLength {
 /// chunked body as soon as it passes the limit; a body that has not arrived
 /// in time is 408, so a slow client cannot hold its connection for ever.
 pub async fn read_body(
-    body: Body,
+    body: &mut Body,
     declared: Option<u64>,
     limit: usize,
     within: Duration,
@@ -206,10 +206,13 @@ pub async fn read_body(
     const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
     let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
     let read = async move {
-        let mut stream = body.into_data_stream();
         let mut value = BytesMut::with_capacity(capacity);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|error| ApiError::BodyRead(error.to_string()))?;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|error| ApiError::BodyRead(error.to_string()))?;
+            // Trailers carry no value bytes.
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
             if value.len() + chunk.len() > limit {
                 return Err(ApiError::ValueTooLarge { max: limit });
             }

@@ -84,7 +84,7 @@ async fn put_key(
     conditions: Conditions,
     FencingToken(fencing_token): FencingToken,
     DeclaredLength(declared): DeclaredLength,
-    body: Body,
+    mut body: Body,
 ) -> Result<Response, ApiError> {
     let mut query = query.accept(&["ttl", "nex", "persist"])?;
     let ttl_ms = query.take("ttl").map(|raw| parse_ttl(&raw)).transpose()?;
@@ -107,7 +107,7 @@ async fn put_key(
         (false, false) => SetCondition::Always,
     };
     let value = read_body(
-        body,
+        &mut body,
         declared,
         state.value_limit(),
         state.limits.request_timeout,

@@ -15,6 +15,7 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt as _;
 
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -181,16 +182,39 @@ pub async fn read_body_first(
     request: Request,
     next: Next,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    // Read up to the limit even when Content-Length is over it: answering
-    // before the client has written most of a large body makes many
-    // clients fail on the write and never see the 413.
-    match extract::read_body(body, None, limits.max_bytes, limits.timeout).await {
+    let (parts, mut body) = request.into_parts();
+    let started = Instant::now();
+    // Read up to the limit even when Content-Length is over it, then up
+    // to as much again (dropped) within the deadline: a client answered
+    // while it is still writing its body fails on the write (the socket is
+    // reset) and never sees the 413.
+    match extract::read_body(&mut body, None, limits.max_bytes, limits.timeout).await {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
+        Err(error @ ApiError::ValueTooLarge { .. }) => {
+            let left = limits.timeout.saturating_sub(started.elapsed());
+            let _ = tokio::time::timeout(left, discard(&mut body, limits.max_bytes)).await;
+            // What is left of the body, if anything, is not read.
+            let mut response = error.into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
         Err(error) => error.into_response(),
+    }
+}
+
+/// Reads and drops up to `at_most` more bytes of `body`.
+async fn discard(body: &mut Body, at_most: usize) {
+    let mut dropped = 0;
+    while dropped <= at_most {
+        match body.frame().await {
+            Some(Ok(frame)) => dropped += frame.data_ref().map_or(0, Bytes::len),
+            Some(Err(_)) | None => return,
+        }
     }
 }
 
