@@ -20,8 +20,11 @@
 //!    feeds (`ServeArgs::settings` builds them; rules that hold for any
 //!    caller live in the typed settings' own `check`).
 //! 3. Its use. Then run the tests: they name the README row, the chart
-//!    value, schema entry or template line that is missing (a setting the
-//!    chart does not set has `helm: Helm::None`).
+//!    value, schema entry, template line or chart README entry that is
+//!    missing (a setting the chart does not set has `helm: Helm::None`).
+//!    The checks: `cli`'s `every_flag_is_a_row_of_the_settings_table`,
+//!    `inject::values`' `the_container_gets_each_chart_value_the_table_names`
+//!    and the `settings_table` integration tests.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
@@ -47,10 +50,25 @@ pub struct Setting {
 pub enum Helm {
     /// Not at all (the chart's `extraEnv` can).
     None,
-    /// This value, as it is (`gateway.poolSize`): its default is the row's.
-    Same(&'static str),
-    /// A value the chart derives it from (`gateway.port` makes `--listen`).
+    /// This value, as it is, with the row's default (`gateway.poolSize`).
+    Default(&'static str),
+    /// This value, as it is, with a default of the chart's own: the AIO
+    /// broker's address, JSON logs; or empty, and then the chart leaves
+    /// the variable out.
+    Own(&'static str),
+    /// A value the chart derives it from (`gateway.port` makes `--listen`,
+    /// a Secret's name makes a file).
     Derived(&'static str),
+}
+
+impl Helm {
+    /// The chart value's path (`gateway.poolSize`), if the chart sets it.
+    pub fn path(self) -> Option<&'static str> {
+        match self {
+            Helm::None => None,
+            Helm::Default(path) | Helm::Own(path) | Helm::Derived(path) => Some(path),
+        }
+    }
 }
 
 const fn loopback(port: u16) -> SocketAddr {
@@ -77,42 +95,42 @@ pub const POOL_SIZE: Setting = Setting {
     flag: "--pool-size",
     env: "STATESTORE_GATEWAY_POOL_SIZE",
     default: "4",
-    helm: Helm::Same("gateway.poolSize"),
+    helm: Helm::Default("gateway.poolSize"),
 };
 
 pub const REQUEST_TIMEOUT: Setting = Setting {
     flag: "--request-timeout",
     env: "STATESTORE_GATEWAY_REQUEST_TIMEOUT",
     default: "10s",
-    helm: Helm::Same("gateway.requestTimeout"),
+    helm: Helm::Default("gateway.requestTimeout"),
 };
 
 pub const MAX_IN_FLIGHT: Setting = Setting {
     flag: "--max-in-flight",
     env: "STATESTORE_GATEWAY_MAX_IN_FLIGHT",
     default: "256",
-    helm: Helm::Same("gateway.maxInFlight"),
+    helm: Helm::Default("gateway.maxInFlight"),
 };
 
 pub const MAX_KEY_BYTES: Setting = Setting {
     flag: "--max-key-bytes",
     env: "STATESTORE_GATEWAY_MAX_KEY_BYTES",
     default: "1024",
-    helm: Helm::Same("gateway.maxKeyBytes"),
+    helm: Helm::Default("gateway.maxKeyBytes"),
 };
 
 pub const MAX_VALUE_BYTES: Setting = Setting {
     flag: "--max-value-bytes",
     env: "STATESTORE_GATEWAY_MAX_VALUE_BYTES",
     default: "",
-    helm: Helm::Same("gateway.maxValueBytes"),
+    helm: Helm::Own("gateway.maxValueBytes"),
 };
 
 pub const API_TOKEN_FILE: Setting = Setting {
     flag: "--api-token-file",
     env: "STATESTORE_GATEWAY_API_TOKEN_FILE",
     default: "",
-    helm: Helm::Derived("gateway.apiToken"),
+    helm: Helm::Derived("gateway.apiToken.secretName"),
 };
 
 pub const SHUTDOWN_GRACE: Setting = Setting {
@@ -126,42 +144,42 @@ pub const LOG_FORMAT: Setting = Setting {
     flag: "--log-format",
     env: "STATESTORE_GATEWAY_LOG_FORMAT",
     default: "text",
-    helm: Helm::Same("gateway.logFormat"),
+    helm: Helm::Own("gateway.logFormat"),
 };
 
 pub const MAX_WATCHERS: Setting = Setting {
     flag: "--max-watchers",
     env: "STATESTORE_GATEWAY_MAX_WATCHERS",
     default: "10000",
-    helm: Helm::Same("gateway.maxWatchers"),
+    helm: Helm::Default("gateway.maxWatchers"),
 };
 
 pub const MAX_KEYS_PER_WATCH: Setting = Setting {
     flag: "--max-keys-per-watch",
     env: "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH",
     default: "64",
-    helm: Helm::Same("gateway.maxKeysPerWatch"),
+    helm: Helm::Default("gateway.maxKeysPerWatch"),
 };
 
 pub const MAX_WATCHED_KEYS: Setting = Setting {
     flag: "--max-watched-keys",
     env: "STATESTORE_GATEWAY_MAX_WATCHED_KEYS",
     default: "10000",
-    helm: Helm::Same("gateway.maxWatchedKeys"),
+    helm: Helm::Default("gateway.maxWatchedKeys"),
 };
 
 pub const WATCH_KEEPALIVE: Setting = Setting {
     flag: "--watch-keepalive",
     env: "STATESTORE_GATEWAY_WATCH_KEEPALIVE",
     default: "15s",
-    helm: Helm::Same("gateway.watchKeepalive"),
+    helm: Helm::Default("gateway.watchKeepalive"),
 };
 
 pub const WATCH_BUFFER: Setting = Setting {
     flag: "--watch-buffer",
     env: "STATESTORE_GATEWAY_WATCH_BUFFER",
     default: "64",
-    helm: Helm::Same("gateway.watchBuffer"),
+    helm: Helm::Default("gateway.watchBuffer"),
 };
 
 pub const WATCH_BUFFER_BYTES: Setting = Setting {
@@ -175,28 +193,28 @@ pub const WATCH_RESYNC_INTERVAL: Setting = Setting {
     flag: "--watch-resync-interval",
     env: "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL",
     default: "60s",
-    helm: Helm::Same("gateway.watchResyncInterval"),
+    helm: Helm::Default("gateway.watchResyncInterval"),
 };
 
 pub const CORS_ALLOW_ORIGIN: Setting = Setting {
     flag: "--cors-allow-origin",
     env: "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN",
     default: "",
-    helm: Helm::Same("gateway.corsAllowOrigin"),
+    helm: Helm::Own("gateway.corsAllowOrigin"),
 };
 
 pub const HEADER_READ_TIMEOUT: Setting = Setting {
     flag: "--header-read-timeout",
     env: "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT",
     default: "30s",
-    helm: Helm::Same("gateway.headerReadTimeout"),
+    helm: Helm::Default("gateway.headerReadTimeout"),
 };
 
 pub const MAX_CONNECTIONS: Setting = Setting {
     flag: "--max-connections",
     env: "STATESTORE_GATEWAY_MAX_CONNECTIONS",
     default: "20000",
-    helm: Helm::Same("gateway.maxConnections"),
+    helm: Helm::Default("gateway.maxConnections"),
 };
 
 pub const MAX_LOCK_WAIT: Setting = Setting {
@@ -217,21 +235,21 @@ pub const BROKER_HOSTNAME: Setting = Setting {
     flag: "--broker-host",
     env: "AIO_BROKER_HOSTNAME",
     default: "localhost",
-    helm: Helm::Same("broker.host"),
+    helm: Helm::Own("broker.host"),
 };
 
 pub const BROKER_TCP_PORT: Setting = Setting {
     flag: "--broker-port",
     env: "AIO_BROKER_TCP_PORT",
     default: "8883",
-    helm: Helm::Same("broker.port"),
+    helm: Helm::Own("broker.port"),
 };
 
 pub const MQTT_USE_TLS: Setting = Setting {
     flag: "--use-tls",
     env: "AIO_MQTT_USE_TLS",
     default: "true",
-    helm: Helm::Same("broker.tls.enabled"),
+    helm: Helm::Default("broker.tls.enabled"),
 };
 
 pub const TLS_CA_FILE: Setting = Setting {
@@ -266,35 +284,35 @@ pub const MQTT_USERNAME: Setting = Setting {
     flag: "--mqtt-username",
     env: "AIO_MQTT_USERNAME",
     default: "",
-    helm: Helm::Same("broker.username"),
+    helm: Helm::Own("broker.username"),
 };
 
 pub const MQTT_PASSWORD_FILE: Setting = Setting {
     flag: "--mqtt-password-file",
     env: "AIO_MQTT_PASSWORD_FILE",
     default: "",
-    helm: Helm::Derived("broker.passwordSecret"),
+    helm: Helm::Derived("broker.passwordSecret.name"),
 };
 
 pub const MQTT_CLIENT_ID: Setting = Setting {
     flag: "--client-id",
     env: "AIO_MQTT_CLIENT_ID",
     default: "",
-    helm: Helm::Same("broker.clientId"),
+    helm: Helm::Own("broker.clientId"),
 };
 
 pub const MQTT_KEEP_ALIVE: Setting = Setting {
     flag: "--keep-alive",
     env: "AIO_MQTT_KEEP_ALIVE",
     default: "60",
-    helm: Helm::Same("broker.keepAlive"),
+    helm: Helm::Default("broker.keepAlive"),
 };
 
 pub const MQTT_SESSION_EXPIRY: Setting = Setting {
     flag: "--session-expiry",
     env: "AIO_MQTT_SESSION_EXPIRY",
     default: "0",
-    helm: Helm::Same("broker.sessionExpiry"),
+    helm: Helm::Default("broker.sessionExpiry"),
 };
 
 /// Every setting of `serve`, in `--help` order.

@@ -39,3 +39,58 @@ pub enum Command {
     /// Mutating admission webhook adding the sidecar to annotated pods.
     Injector(inject::InjectorArgs),
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+    use crate::settings::{self, Setting};
+
+    /// Every flag with an environment variable is a row of the settings
+    /// table, with the row's variable and default, and every row a flag:
+    /// a setting added to one and not the other fails here.
+    #[test]
+    fn every_flag_is_a_row_of_the_settings_table() {
+        let cli = Cli::command();
+        for (name, rows) in [
+            ("serve", settings::SERVE),
+            ("emulator", settings::EMULATOR),
+            ("dev", settings::DEV),
+            ("injector", settings::INJECTOR),
+        ] {
+            let command = cli.find_subcommand(name).expect("the subcommand");
+            let flags: Vec<&clap::Arg> = command
+                .get_arguments()
+                .filter(|arg| arg.get_env().is_some())
+                .collect();
+            for arg in &flags {
+                let flag = format!("--{}", arg.get_long().expect("a long flag"));
+                let row: &Setting = rows
+                    .iter()
+                    .find(|row| row.flag == flag)
+                    .unwrap_or_else(|| panic!("{name} {flag} has no row in settings::{name}"));
+                assert_eq!(
+                    arg.get_env().and_then(|e| e.to_str()),
+                    Some(row.env),
+                    "{name} {flag}"
+                );
+                let default: Vec<&str> = arg
+                    .get_default_values()
+                    .iter()
+                    .filter_map(|value| value.to_str())
+                    .collect();
+                assert_eq!(default.join(","), row.default, "{name} {flag}: default");
+            }
+            for row in rows {
+                assert!(
+                    flags.iter().any(|arg| arg
+                        .get_long()
+                        .is_some_and(|long| format!("--{long}") == row.flag)),
+                    "{name}: the row {} has no flag",
+                    row.flag
+                );
+            }
+        }
+    }
+}

@@ -585,48 +585,47 @@ mod tests {
         assert!(sidecar.broker.sat.enabled);
     }
 
-    /// The chart's defaults for the gateway's limits are `serve`'s own:
-    /// a default changed in one place fails here until the other follows.
+    /// The container's environment, from the chart's defaults, gives
+    /// every setting the chart takes as it is (`Helm::Default` in the
+    /// settings table) the table's default; the others, their chart value.
     #[test]
-    fn the_charts_limits_are_the_binarys_defaults() {
-        use crate::settings as env;
-        let same = [
-            env::POOL_SIZE.env,
-            env::REQUEST_TIMEOUT.env,
-            env::MAX_IN_FLIGHT.env,
-            env::MAX_KEY_BYTES.env,
-            env::MAX_WATCHERS.env,
-            env::MAX_KEYS_PER_WATCH.env,
-            env::MAX_WATCHED_KEYS.env,
-            env::WATCH_KEEPALIVE.env,
-            env::WATCH_BUFFER.env,
-            env::WATCH_RESYNC_INTERVAL.env,
-            env::HEADER_READ_TIMEOUT.env,
-            env::MAX_CONNECTIONS.env,
-            env::SHUTDOWN_GRACE.env,
-            env::MQTT_KEEP_ALIVE.env,
-            env::MQTT_SESSION_EXPIRY.env,
-        ];
-        let sidecar = SidecarValues::chart_defaults().sidecar().unwrap();
+    fn the_container_gets_each_chart_value_the_table_names() {
+        use crate::settings::{self as table, Helm};
+        let values = SidecarValues::chart_defaults();
+        let sidecar = values.sidecar().unwrap();
         let rendered = container_env(&sidecar);
-        use clap::Args as _;
-        let serve = crate::cli::serve::ServeArgs::augment_args(clap::Command::new("serve"));
-        for name in same {
-            let chart = rendered
+        let tree = Value::Object(values.tree().clone());
+        for row in table::SERVE {
+            let (Helm::Default(path) | Helm::Own(path)) = row.helm else {
+                continue;
+            };
+            let chart = path
+                .split('.')
+                .try_fold(&tree, |node, key| node.get(key))
+                .unwrap_or_else(|| panic!("no chart value {path}"));
+            let chart = match chart {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            let env = rendered
                 .iter()
-                .find(|var| var["name"] == name)
-                .and_then(|var| var["value"].as_str())
-                .unwrap_or_else(|| panic!("the chart sets no {name}"));
-            let arg = serve
-                .get_arguments()
-                .find(|arg| arg.get_env().and_then(|e| e.to_str()) == Some(name))
-                .unwrap();
-            let default = arg.get_default_values();
-            assert_eq!(
-                default.first().and_then(|d| d.to_str()),
-                Some(chart),
-                "{name}: serve's default differs from the chart's values.yaml"
-            );
+                .find(|var| var["name"] == row.env)
+                .and_then(|var| var["value"].as_str());
+            match env {
+                Some(value) => assert_eq!(value, chart, "{}: not {path}", row.env),
+                // The chart leaves empty (or 0: from the broker) values out.
+                None => assert!(
+                    matches!(row.helm, Helm::Own(_)) && (chart.is_empty() || chart == "0"),
+                    "the container has no {} ({path} = {chart:?})",
+                    row.env
+                ),
+            }
+            if let Helm::Default(_) = row.helm {
+                assert_eq!(
+                    chart, row.default,
+                    "{path}: the chart's default is not serve's"
+                );
+            }
         }
     }
 
