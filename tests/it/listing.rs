@@ -447,3 +447,57 @@ async fn deleting_a_listed_key_does_not_skip_the_rest_of_its_page() {
     let expected: Vec<Vec<u8>> = (2..10).map(|n| format!("d/{n}").into_bytes()).collect();
     assert_eq!(rest, expected);
 }
+
+/// A pattern that makes the glob backtrack over every byte of every key
+/// (`*` then 1,000 `a` and a `b`, over 4,000 keys of 1,000 `a`-heavy
+/// bytes) does not hold the store: SCAN pages end once the matcher spent
+/// its budget, so an unrelated GET meanwhile is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pathological_glob_does_not_delay_other_requests() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    put(gw, b"unrelated").await;
+    let mut puts = tokio::task::JoinSet::new();
+    for chunk in 0..40 {
+        let (http, gateway) = (gw.http.clone(), gw.api);
+        puts.spawn(async move {
+            for n in chunk * 100..(chunk + 1) * 100 {
+                let key = format!("{}{n:04}", "a".repeat(996));
+                let url = format!("http://{gateway}/keys/{key}");
+                let response = http.put(url).body("1").send().await.unwrap();
+                assert_eq!(response.status(), 200);
+            }
+        });
+    }
+    while let Some(done) = puts.join_next().await {
+        done.unwrap();
+    }
+
+    let pattern = format!("*{}b", "a".repeat(1_000));
+    let listing = tokio::spawn({
+        let (http, url) = (gw.http.clone(), gw.url(&format!("/keys?match={pattern}")));
+        async move { http.get(url).send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        let response = gw
+            .http
+            .get(gw.key(b"unrelated"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A few milliseconds in a release build; the bound leaves room for a
+    // debug build on a loaded machine (without the budget: over 5 s, 504).
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a GET waited {slowest:?} behind the glob"
+    );
+    assert_eq!(listing.await.unwrap(), 200);
+}
