@@ -333,7 +333,9 @@ fn json_body(keys: &[Bytes], next: Option<&str>) -> Vec<u8> {
 fn push_line(out: &mut String, key: &[u8]) {
     for chunk in key.utf8_chunks() {
         for ch in chunk.valid().chars() {
-            if ch == '%' || ch.is_control() {
+            // Line and paragraph separators and the byte-order mark are
+            // not control characters, but split or vanish in many tools.
+            if ch == '%' || ch.is_control() || matches!(ch, '\u{2028}' | '\u{2029}' | '\u{feff}') {
                 let mut buffer = [0; 4];
                 for byte in ch.encode_utf8(&mut buffer).bytes() {
                     out.push_str(&format!("%{byte:02X}"));
