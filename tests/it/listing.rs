@@ -463,21 +463,10 @@ async fn a_pathological_glob_does_not_delay_other_requests() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
     put(gw, b"unrelated").await;
-    let mut puts = tokio::task::JoinSet::new();
-    for chunk in 0..40 {
-        let (http, gateway) = (gw.http.clone(), gw.api);
-        puts.spawn(async move {
-            for n in chunk * 100..(chunk + 1) * 100 {
-                let key = format!("{}{n:04}", "a".repeat(996));
-                let url = format!("http://{gateway}/keys/{key}");
-                let response = http.put(url).body("1").send().await.unwrap();
-                assert_eq!(response.status(), 200);
-            }
-        });
-    }
-    while let Some(done) = puts.join_next().await {
-        done.unwrap();
-    }
+    let keys: Vec<String> = (0..4_000)
+        .map(|n| format!("{}{n:04}", "a".repeat(996)))
+        .collect();
+    put_many(gw, &keys).await;
 
     let pattern = format!("*{}b", "a".repeat(1_000));
     let listing = tokio::spawn({
@@ -506,4 +495,54 @@ async fn a_pathological_glob_does_not_delay_other_requests() {
         "a GET waited {slowest:?} behind the glob"
     );
     assert_eq!(listing.await.unwrap(), 200);
+}
+
+/// PUTs every key (`1` as the value), 32 at a time.
+async fn put_many(gateway: &Gateway, keys: &[String]) {
+    let mut puts = tokio::task::JoinSet::new();
+    for chunk in keys.chunks(keys.len().div_ceil(32).max(1)) {
+        let (http, api, chunk) = (gateway.http.clone(), gateway.api, chunk.to_vec());
+        puts.spawn(async move {
+            for key in chunk {
+                let url = format!("http://{api}/keys/{}", encode(key.as_bytes()));
+                let response = http.put(url).body("1").send().await.unwrap();
+                assert_eq!(response.status(), 200, "PUT {key}");
+            }
+        });
+    }
+    while let Some(done) = puts.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Keys inserted before a cursor's key push it out of the store page the
+/// cursor names: the next response still resumes after it, so every key
+/// present for the whole listing is listed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_inserted_before_the_cursor_repeat_nothing() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let present: Vec<String> = (1_000..3_000).map(|n| format!("k/{n}")).collect();
+    put_many(gw, &present).await;
+    let first = json(
+        gw.http
+            .get(gw.url("/keys?match=k/*&limit=500"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let mut listed = keys_of(&first);
+    assert_eq!(listed.len(), 500);
+    let inserted: Vec<String> = (400..1_000).map(|n| format!("k/0{n}")).collect();
+    put_many(gw, &inserted).await;
+    let cursor = first["next"].as_str().expect("a next cursor");
+    let (rest, _) = list_all(gw, &format!("/keys?match=k/*&limit=500&cursor={cursor}")).await;
+    listed.extend(rest);
+    for key in &present {
+        let times = listed.iter().filter(|k| *k == key.as_bytes()).count();
+        assert_eq!(times, 1, "{key} listed {times} times");
+    }
+    let unique: BTreeSet<_> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "no key listed twice");
 }
