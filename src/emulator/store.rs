@@ -442,8 +442,9 @@ impl Store {
     ///
     /// A page ends at [`ScanLimits::max_keys`] keys, after
     /// [`ScanLimits::max_examined`] keys looked at (possibly with none
-    /// listed), after [`ScanLimits::max_match_steps`] glob steps, or before the reply would exceed `envelope.reply_limit`;
-    /// then the token names the last key looked at. A key present for the
+    /// listed), after [`ScanLimits::max_match_steps`] glob steps, or before
+    /// the reply would exceed `envelope.reply_limit`; then the token names
+    /// the last key looked at. A key present for the
     /// whole listing is listed exactly once; one added or deleted meanwhile
     /// may or may not be. A token this store did not issue is a `syntax
     /// error`.
