@@ -275,7 +275,7 @@ async fn keynotify_and_get(
     let current = match store.get(key_watch.key.clone()).await? {
         Some(Versioned { value, version }) => Snapshot {
             id: version.clone(),
-            value: Some(value),
+            value: Some(value.into()),
             version,
         },
         None => Snapshot {

@@ -30,6 +30,7 @@ mod official_client;
 mod pool;
 mod readme;
 mod scan;
+mod settings_table;
 mod trace;
 mod watch;
 
