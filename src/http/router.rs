@@ -90,13 +90,10 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     let started = Instant::now();
     // The caller's trace context goes on to every store request this one
     // causes; without a `traceparent` nothing is allocated.
-    let context = TraceContext::from_headers(request.headers());
-    let span = context
-        .as_ref()
-        .map_or_else(tracing::Span::none, TraceContext::log_span);
-    let mut response = trace::scope(context, next.run(request))
-        .instrument(span.clone())
-        .await;
+    let (mut response, span) = match TraceContext::from_headers(request.headers()) {
+        None => (next.run(request).await, tracing::Span::none()),
+        Some(context) => traced(context, next.run(request)).await,
+    };
     let _in_span = span.enter();
     body_watch.finish(&mut response);
     let elapsed = started.elapsed();
@@ -131,6 +128,22 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
         }
     }
     response
+}
+
+/// Runs `response` in the caller's trace `context` and in a log span
+/// carrying its ids; returns the span for the request's last log lines.
+/// Boxed so that untraced requests do not carry its state.
+fn traced(
+    context: TraceContext,
+    response: impl Future<Output = Response> + Send + 'static,
+) -> Pin<Box<dyn Future<Output = (Response, tracing::Span)> + Send>> {
+    let span = context.log_span();
+    Box::pin(async move {
+        let response = trace::scope(Some(context), response)
+            .instrument(span.clone())
+            .await;
+        (response, span)
+    })
 }
 
 /// Whether a request's body was read to its end before the answer: if not,

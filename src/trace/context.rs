@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 
 /// The MQTT5 user property (and HTTP header) naming the parent span.
 pub const TRACEPARENT: &str = "traceparent";
@@ -49,15 +49,15 @@ impl TraceContext {
     /// `traceparent`. A malformed `tracestate` is dropped (the
     /// `traceparent` still counts); several are joined in order.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        let mut parents = headers.get_all(TRACEPARENT).iter();
+        // Constant names: no parsing of the name on every request.
+        const PARENT: HeaderName = HeaderName::from_static(TRACEPARENT);
+        const STATE: HeaderName = HeaderName::from_static(TRACESTATE);
+        let mut parents = headers.get_all(&PARENT).iter();
         let parent = parents.next()?;
         if parents.next().is_some() {
             return None;
         }
-        let states = headers
-            .get_all(TRACESTATE)
-            .iter()
-            .map(|value| value.as_bytes());
+        let states = headers.get_all(&STATE).iter().map(|value| value.as_bytes());
         Self::parse(parent.as_bytes(), states)
     }
 
