@@ -137,6 +137,12 @@ pub struct ServeArgs {
     /// The longest lock holder name, in bytes.
     #[arg(long, env = settings::ENV_MAX_LOCK_HOLDER_BYTES, default_value_t = settings::DEFAULT_MAX_LOCK_HOLDER_BYTES, value_parser = parse_positive_usize)]
     pub max_lock_holder_bytes: usize,
+    /// Ops one `POST /batch` may carry (more: 413).
+    #[arg(long, env = settings::ENV_MAX_BATCH_OPS, default_value_t = settings::DEFAULT_MAX_BATCH_OPS, value_parser = parse_positive_usize)]
+    pub max_batch_ops: usize,
+    /// Largest `POST /batch` body, in bytes (larger: 413).
+    #[arg(long, env = settings::ENV_MAX_BATCH_BYTES, default_value_t = settings::DEFAULT_MAX_BATCH_BYTES, value_parser = parse_positive_usize)]
+    pub max_batch_bytes: usize,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -245,6 +251,8 @@ impl ServeArgs {
             max_key_bytes: self.max_key_bytes,
             max_value_bytes: self.max_value_bytes,
             request_timeout: self.request_timeout,
+            max_batch_ops: self.max_batch_ops,
+            max_batch_bytes: self.max_batch_bytes,
         };
         Ok(ServeSettings {
             listen: self.listen,

@@ -106,6 +106,14 @@ pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
 pub const ENV_MAX_LOCK_HOLDER_BYTES: &str = "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES";
 pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
 
+/// `--max-batch-ops`
+pub const ENV_MAX_BATCH_OPS: &str = "STATESTORE_GATEWAY_MAX_BATCH_OPS";
+pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
+
+/// `--max-batch-bytes`
+pub const ENV_MAX_BATCH_BYTES: &str = "STATESTORE_GATEWAY_MAX_BATCH_BYTES";
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+
 /// `--broker-host`
 pub const ENV_BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";
