@@ -341,6 +341,8 @@ pub struct Gateway {
     pub watch_resync_interval: String,
     pub header_read_timeout: String,
     pub max_connections: u64,
+    pub max_batch_ops: u64,
+    pub max_batch_bytes: u64,
     pub cors_allow_origin: String,
     pub shutdown_grace_seconds: u64,
     pub log_format: String,
@@ -519,6 +521,8 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
         var(env::ENV_WATCH_RESYNC_INTERVAL, &g.watch_resync_interval),
         var(env::ENV_HEADER_READ_TIMEOUT, &g.header_read_timeout),
         var(env::ENV_MAX_CONNECTIONS, g.max_connections.to_string()),
+        var(env::ENV_MAX_BATCH_OPS, g.max_batch_ops.to_string()),
+        var(env::ENV_MAX_BATCH_BYTES, g.max_batch_bytes.to_string()),
     ]);
     if !g.cors_allow_origin.is_empty() {
         vars.push(var(env::ENV_CORS_ALLOW_ORIGIN, &g.cors_allow_origin));
@@ -618,6 +622,8 @@ mod tests {
             env::ENV_WATCH_RESYNC_INTERVAL,
             env::ENV_HEADER_READ_TIMEOUT,
             env::ENV_MAX_CONNECTIONS,
+            env::ENV_MAX_BATCH_OPS,
+            env::ENV_MAX_BATCH_BYTES,
             env::ENV_SHUTDOWN_GRACE,
             env::ENV_MQTT_KEEP_ALIVE,
             env::ENV_MQTT_SESSION_EXPIRY,
