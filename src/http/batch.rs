@@ -38,7 +38,7 @@ use super::problem::{ApiError, Problem};
 use super::state::AppState;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetOptions};
-use crate::store::Versioned;
+use crate::store::{RequestError, Versioned};
 
 /// The batch route; methods other than POST get 405 with `Allow`.
 pub fn routes() -> Router<AppState> {
@@ -354,7 +354,7 @@ async fn run_op(
         },
         // No slot in time (the semaphore is never closed): the op never
         // left the gateway, as when the pool's own window is full.
-        _ => Err(ApiError::Pool(PoolError::Overloaded)),
+        _ => Err(RequestError::Transport(PoolError::Overloaded).into()),
     };
     let result = match answer {
         Ok(answer) => OpResult {

@@ -26,7 +26,6 @@ use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
-use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
 
@@ -101,7 +100,7 @@ async fn start(
     last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
-        return Err(ApiError::Pool(PoolError::ShuttingDown));
+        return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
     let watcher = state.hub.watch(keys, last_version).await?;
     let keep_alive = state.hub.settings().keep_alive;
@@ -248,23 +247,6 @@ fn event_json(event: &KeyEvent) -> String {
         EventKind::Set | EventKind::Delete => {}
     }
     serde_json::Value::Object(data).to_string()
-}
-
-impl From<WatchError> for ApiError {
-    fn from(error: WatchError) -> Self {
-        match error {
-            WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
-            WatchError::TooManyKeysPerStream(max) => ApiError::TooManyKeysPerStream(max),
-            WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
-            WatchError::NoKeys => ApiError::BadQuery(
-                "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
-            ),
-            WatchError::EmptyKey => ApiError::EmptyKey,
-            WatchError::Register(error) => ApiError::from(error),
-            WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
-            WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
-        }
-    }
 }
 
 #[cfg(test)]
