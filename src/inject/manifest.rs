@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::pod::{self, PodError};
-use super::settings::{INJECT_ANNOTATION, SettingsError, SidecarValues};
+use super::values::{INJECT_ANNOTATION, SidecarValues, ValuesError};
 
 /// Where each kind this knows keeps its pod template (`metadata` and
 /// `spec` under that path), by `apiVersion` and `kind`. A kind of another
@@ -130,7 +130,7 @@ pub fn inject_object(
     let sidecar = values
         .with_annotations(&annotations)
         .and_then(|values| values.sidecar())
-        .map_err(|e: SettingsError| (what.clone(), e.to_string()))?;
+        .map_err(|e: ValuesError| (what.clone(), e.to_string()))?;
     let spec = template
         .get_mut("spec")
         .ok_or_else(|| (what.clone(), "the pod template has no spec".to_owned()))?;

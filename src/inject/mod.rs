@@ -4,7 +4,7 @@
 //! container, volumes and pod settings that the chart's named templates
 //! render, from the chart's values.
 //!
-//! - [`settings`]: the chart's values (compiled-in defaults, values files,
+//! - [`values`]: the chart's values (compiled-in defaults, values files,
 //!   `--set`, annotations) and their checks.
 //! - [`pod`]: the sidecar added to one pod spec.
 //! - [`manifest`]: YAML streams, `List`s and the workload kinds.
@@ -12,5 +12,5 @@
 
 pub mod manifest;
 pub mod pod;
-pub mod settings;
+pub mod values;
 pub mod webhook;

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::settings::{SECRETS_DIR, Sidecar, container_env};
+use super::values::{SECRETS_DIR, Sidecar, container_env};
 
 /// The gateway container's name; a container of this name is the sidecar
 /// (replaced on every injection, which makes injection idempotent).
@@ -254,7 +254,7 @@ pub fn volumes(sidecar: &Sidecar) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::settings::SidecarValues;
+    use crate::inject::values::SidecarValues;
 
     fn sidecar(sets: &[&str]) -> Sidecar {
         let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();

@@ -33,7 +33,8 @@ use tokio_rustls::rustls::{self, ServerConfig};
 use crate::http::close_unless_body_read;
 
 use super::manifest::{Unannotated, inject_object};
-use super::settings::SidecarValues;
+use super::values::SidecarValues;
+use crate::settings::{self, Setting, SettingError};
 
 /// The largest AdmissionReview accepted. The API server sends the pod
 /// (objects are at most 1.5 MiB in etcd) and a little more.
@@ -50,15 +51,8 @@ const MAX_CONNECTIONS: usize = 512;
 #[derive(Debug, Error)]
 pub enum WebhookError {
     /// The certificate or key cannot be used.
-    #[error("{setting} {path}: {message}")]
-    Tls {
-        /// The flag.
-        setting: &'static str,
-        /// The file.
-        path: String,
-        /// What is wrong.
-        message: String,
-    },
+    #[error("{0}")]
+    Tls(#[from] SettingError),
     /// Listening failed.
     #[error("cannot accept connections: {0}")]
     Io(#[from] std::io::Error),
@@ -208,11 +202,7 @@ pub async fn serve(
     )?);
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|error| WebhookError::Tls {
-            setting: "--tls-cert-file",
-            path: String::new(),
-            message: error.to_string(),
-        })?
+        .map_err(|error| SettingError::new(&settings::INJECTOR_TLS_CERT_FILE, error.to_string()))?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -336,34 +326,35 @@ fn read_certified_key(
     key_file: &Path,
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, WebhookError> {
-    let tls = |setting: &'static str, path: &Path, message: String| WebhookError::Tls {
-        setting,
-        path: path.display().to_string(),
-        message,
+    let tls = |setting: &Setting, path: &Path, message: String| {
+        WebhookError::Tls(SettingError::new(
+            setting,
+            format!("{} {message}", path.display()),
+        ))
     };
-    let pem =
-        std::fs::read(cert_file).map_err(|e| tls("--tls-cert-file", cert_file, e.to_string()))?;
+    let pem = std::fs::read(cert_file)
+        .map_err(|e| tls(&settings::INJECTOR_TLS_CERT_FILE, cert_file, e.to_string()))?;
     let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             tls(
-                "--tls-cert-file",
+                &settings::INJECTOR_TLS_CERT_FILE,
                 cert_file,
                 format!("is not valid PEM: {e}"),
             )
         })?;
     if chain.is_empty() {
         return Err(tls(
-            "--tls-cert-file",
+            &settings::INJECTOR_TLS_CERT_FILE,
             cert_file,
             "holds no certificate".into(),
         ));
     }
-    let pem =
-        std::fs::read(key_file).map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+    let pem = std::fs::read(key_file)
+        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         tls(
-            "--tls-key-file",
+            &settings::INJECTOR_TLS_KEY_FILE,
             key_file,
             format!("holds no usable key: {e}"),
         )
@@ -371,11 +362,11 @@ fn read_certified_key(
     let key = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
     let certified = CertifiedKey::new(chain, key);
     certified.keys_match().map_err(|e| {
         tls(
-            "--tls-key-file",
+            &settings::INJECTOR_TLS_KEY_FILE,
             key_file,
             format!("does not match the certificate: {e}"),
         )
@@ -423,7 +414,9 @@ mod tests {
             }},
             "spec": {"containers": [{"name": "a"}]},
         });
-        let response = review_response(&request(pod), &SidecarValues::chart_defaults());
+        let values =
+            SidecarValues::chart_defaults().checked_by(crate::cli::serve::check_environment);
+        let response = review_response(&request(pod), &values);
         assert_eq!(response["allowed"], false);
         assert_eq!(response["status"]["code"], 400);
         let message = response["status"]["message"].as_str().unwrap();

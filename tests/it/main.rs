@@ -31,6 +31,7 @@ mod official_client;
 mod pool;
 mod readme;
 mod scan;
+mod settings_table;
 mod watch;
 
 mod broker {

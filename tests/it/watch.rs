@@ -813,12 +813,15 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
     });
     let stack = Stack::builder()
         .scripted(script)
-        .gateway(options(WatchSettings {
-            max_keys_per_stream: 1_000,
-            register_timeout: Duration::from_secs(3),
-            resync_interval: None,
-            ..WatchSettings::default()
-        }))
+        .gateway(GatewayOptions {
+            // The registration timeout follows it.
+            request_timeout: Duration::from_secs(3),
+            ..options(WatchSettings {
+                max_keys_per_stream: 1_000,
+                resync_interval: None,
+                ..WatchSettings::default()
+            })
+        })
         .start()
         .await;
     let hub = stack.gateway.server().state().hub.clone();
