@@ -31,9 +31,11 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use tokio::time::Instant;
 
-use super::extract::{DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl};
+use super::extract::{
+    DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
+};
 use super::headers::set_common_headers;
-use super::keys::{Answer, KeyCommand, method_not_allowed, read_body, respond, set_condition};
+use super::keys::{Answer, KeyCommand, method_not_allowed, respond, set_condition};
 use super::problem::{ApiError, Problem};
 use super::state::AppState;
 use crate::mqtt::{PoolError, RequestOptions};
@@ -52,7 +54,7 @@ async fn batch(
     query: Query,
     headers: HeaderMap,
     DeclaredLength(declared): DeclaredLength,
-    body: Body,
+    mut body: Body,
 ) -> Result<Response, ApiError> {
     // Reading the body and waiting for slots share one request timeout;
     // each op then has its own, as a single request does, which keeps the
@@ -61,14 +63,12 @@ async fn batch(
     query.accept(&[])?;
     refuse_unless_json(&headers)?;
     let max = state.limits.max_batch_bytes;
-    let body = read_body(
-        body,
-        declared,
-        max,
-        state.limits.request_timeout,
-        ApiError::BatchTooLarge { max },
-    )
-    .await?;
+    let body = read_body(&mut body, declared, max, state.limits.request_timeout)
+        .await
+        .map_err(|error| match error {
+            ApiError::ValueTooLarge { .. } => ApiError::BatchTooLarge { max },
+            other => other,
+        })?;
     let ops = parse(&body, &state)?;
     state.metrics.batch_size.observe(ops.len() as f64);
     let results = run(&state, ops, deadline).await;

@@ -27,7 +27,7 @@ use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
 use crate::protocol::Hlc;
-use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
+use crate::watch::{EventKind, KeyEvent, WatchError, WatchedValue, Watcher};
 
 /// The first frame of every stream: how long (ms) a browser waits before
 /// reconnecting a dropped stream.
@@ -220,16 +220,21 @@ fn event_json(event: &KeyEvent) -> String {
             .map_or(serde_json::Value::Null, |v| v.to_string().into()),
     );
     let value = event.value.as_ref();
+    let bytes = value.and_then(WatchedValue::bytes);
     data.insert(
         "value".into(),
-        value
+        bytes
             .and_then(|v| std::str::from_utf8(v).ok())
             .map_or(serde_json::Value::Null, Into::into),
     );
     data.insert(
         "value_base64".into(),
-        value.map_or(serde_json::Value::Null, |v| BASE64.encode(v).into()),
+        bytes.map_or(serde_json::Value::Null, |v| BASE64.encode(v).into()),
     );
+    if let Some(WatchedValue::Omitted(length)) = value {
+        data.insert("value_omitted".into(), true.into());
+        data.insert("value_bytes".into(), (*length).into());
+    }
     match event.kind {
         EventKind::Sync { resync, lagged } => {
             data.insert("exists".into(), value.is_some().into());
@@ -257,7 +262,7 @@ mod tests {
         KeyEvent {
             kind,
             key: Bytes::copy_from_slice(key),
-            value: value.map(Bytes::copy_from_slice),
+            value: value.map(|v| Bytes::copy_from_slice(v).into()),
             version: Some(Hlc::new(1_700_000_000_000, "StateStore")),
             id: Some(Hlc::new(1_700_000_000_000, "StateStore")),
             error: None,
@@ -334,6 +339,20 @@ mod tests {
         assert_eq!(data["version"], serde_json::Value::Null);
         assert_eq!(data["value_base64"], serde_json::Value::Null);
         assert!(data.get("lagged").is_none());
+    }
+
+    #[test]
+    fn a_value_over_the_event_limit_is_left_out_with_its_length() {
+        let large = vec![b'a'; crate::watch::MAX_EVENT_VALUE_BYTES + 1];
+        let data = json(&event(EventKind::Set, b"k", Some(&large)));
+        assert_eq!(data["value"], serde_json::Value::Null);
+        assert_eq!(data["value_base64"], serde_json::Value::Null);
+        assert_eq!(data["value_omitted"], true);
+        assert_eq!(data["value_bytes"], large.len());
+        let at_limit = &large[1..];
+        let data = json(&event(EventKind::Set, b"k", Some(at_limit)));
+        assert_eq!(data["value"].as_str().map(str::len), Some(at_limit.len()));
+        assert!(data.get("value_omitted").is_none());
     }
 
     #[test]

@@ -15,14 +15,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::crypto::CryptoProvider;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
@@ -30,7 +26,8 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
-use crate::http::close_unless_body_read;
+use crate::http::listener::{self, ConnectionLimits, MAX_HEADER_BYTES};
+use crate::http::{BodyReadLimits, close_unless_body_read, read_body_first};
 
 use super::manifest::{Unannotated, inject_object};
 use super::values::SidecarValues;
@@ -40,12 +37,19 @@ use crate::settings::{self, Setting, SettingError};
 /// (objects are at most 1.5 MiB in etcd) and a little more.
 pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 
-/// How long a client may take for the TLS handshake, and for each
-/// request's headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take for the TLS handshake, for each request's
+/// headers, and for its body (408 after it). The API server waits
+/// `timeoutSeconds` for an answer (10 s by default, 5 in the chart) and
+/// sends a review in milliseconds: a client slower than this is not one, and each phase
+/// must end well before the API server gives up on the reviews queued
+/// behind it.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3);
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 512;
+/// Connections served at once; more wait in the listen backlog until one
+/// closes (each costs about 50 KiB of TLS and HTTP buffers).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Why the webhook cannot start.
 #[derive(Debug, Error)]
@@ -65,8 +69,17 @@ pub fn router(values: SidecarValues) -> Router {
         .route("/mutate", post(mutate))
         .route("/livez", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
-        // A refusal before the body was read (too large, not JSON) ends
-        // the connection and says so, as the API's answers do.
+        // The body whole within its deadline before the handler: the JSON
+        // extractor would wait for a slow body for ever.
+        .layer(axum::middleware::from_fn_with_state(
+            BodyReadLimits {
+                max_bytes: MAX_REVIEW_BYTES,
+                timeout: BODY_READ_TIMEOUT,
+            },
+            read_body_first,
+        ))
+        // A refusal before the body was read (too large, too slow, not
+        // JSON) ends the connection and says so, as the API's answers do.
         .layer(axum::middleware::from_fn(close_unless_body_read))
         .with_state(Arc::new(values))
 }
@@ -207,53 +220,20 @@ pub async fn serve(
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
-    let router = router(values);
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT);
-    let builder = Arc::new(builder);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    tokio::pin!(shutdown);
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let served = builder
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
-                .await;
-            if let Err(error) = served {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
-    }
+    let limits = ConnectionLimits {
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        max_header_bytes: MAX_HEADER_BYTES,
+        max_connections: MAX_CONNECTIONS,
+    };
+    listener::serve_tls(
+        listener,
+        router(values),
+        limits,
+        acceptor,
+        HANDSHAKE_TIMEOUT,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 
