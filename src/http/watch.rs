@@ -41,19 +41,28 @@ const KEEP_ALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/watch", get(watch_query).fallback(method_not_allowed))
+        .route("/watch/", get(empty_key).fallback(method_not_allowed))
         .route(
             "/watch/{*key}",
             get(watch_path).fallback(method_not_allowed),
         )
 }
 
-/// `GET /watch/{key}`
+/// `GET /watch/{key}`: unknown query parameters are refused, as for
+/// every route; the API token is the one it takes.
 async fn watch_path(
     State(state): State<AppState>,
     Key(key): Key,
+    query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
+    query.accept(&[ACCESS_TOKEN_PARAMETER])?;
     start(&state, vec![key], last_version).await
+}
+
+/// `GET /watch/`: the empty key, refused as `/keys/` refuses it.
+async fn empty_key() -> ApiError {
+    ApiError::EmptyKey
 }
 
 /// The query parameter that may carry the API token on watch requests
@@ -83,7 +92,11 @@ async fn watch_query(
                 "unknown query parameter {name:?}; use key=<name> once per key"
             )));
         }
-        keys.push(decode_key(value, true, state.limits.max_key_bytes)?);
+        let key = decode_key(value, true, state.limits.max_key_bytes)?;
+        // A key named twice is one key (and counts once against the limit).
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
         // Refuse early rather than decode an unbounded list.
         if keys.len() > state.hub.settings().max_keys_per_stream {
             return Err(

@@ -286,12 +286,51 @@ async fn bad_watch_requests_are_400() {
         "/watch?nope=1",
         "/watch/%zz",
         "/watch/",
+        "/watch/config?tll=30s",
+        "/watch/config?key=other",
     ] {
         let (status, _, body) = sse::open(client, &stack.gateway.url(path), None)
             .await
             .unwrap_err();
-        assert!(status == 400 || status == 404, "{path}: {status} {body}");
+        assert_eq!(status, 400, "{path}: {body}");
     }
+    // The token parameter is the one a single-key stream takes.
+    let mut stream = sse::open(
+        client,
+        &stack.gateway.url("/watch/config?access_token=unused"),
+        None,
+    )
+    .await
+    .unwrap();
+    stream.expect("sync").await;
+}
+
+/// A key named twice on one stream is one key: it counts once against
+/// `--max-keys-per-watch`, and gets one `sync`.
+#[tokio::test]
+async fn a_key_repeated_in_the_query_is_watched_once() {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
+            max_keys_per_stream: 2,
+            ..WatchSettings::default()
+        }))
+        .start()
+        .await;
+    let query = vec!["key=a"; 500].join("&");
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url(&format!("/watch?{query}&key=b")),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut synced = vec![
+        stream.expect("sync").await.data["key"].clone(),
+        stream.expect("sync").await.data["key"].clone(),
+    ];
+    synced.sort_by_key(ToString::to_string);
+    assert_eq!(synced, ["a", "b"]);
+    stream.expect_silence(Duration::from_millis(300)).await;
 }
 
 #[tokio::test]
