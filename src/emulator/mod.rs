@@ -23,7 +23,6 @@
 
 mod acl;
 mod entry;
-pub mod glob;
 mod persist;
 mod store;
 
