@@ -63,6 +63,7 @@ mod tests {
             ApiError::TooManyWatchers(1),
             ApiError::TooManyWatchedKeys(1),
             ApiError::TooManyKeysPerStream(1),
+            ApiError::TooManyKeysPerPattern(1),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
             ApiError::LockHeld(None),
             ApiError::LockNotHeld,

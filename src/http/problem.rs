@@ -141,6 +141,11 @@ pub enum ApiError {
     /// A stream names more than `--max-keys-per-watch` keys.
     #[error("a stream may watch at most {0} keys")]
     TooManyKeysPerStream(usize),
+    /// A followed pattern matches more than `--max-keys-per-pattern` keys.
+    #[error(
+        "the pattern matches more than {0} keys, the most one followed pattern may match (--max-keys-per-pattern); narrow it"
+    )]
+    TooManyKeysPerPattern(usize),
     /// Someone else holds the lock (`None`: it was released just after
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
@@ -425,6 +430,12 @@ impl ApiError {
             Self::TooManyKeysPerStream(_) => {
                 (429, "/problems/too-many-keys", "Too many keys", Info)
             }
+            Self::TooManyKeysPerPattern(_) => (
+                429,
+                "/problems/too-many-pattern-keys",
+                "Pattern matches too many keys",
+                Info,
+            ),
             Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
             Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),
