@@ -28,7 +28,6 @@ use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
-use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
 
@@ -120,7 +119,7 @@ async fn start(
     last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
-        return Err(ApiError::Pool(PoolError::ShuttingDown));
+        return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
     let watcher = state.hub.follow(keys, patterns, last_version).await?;
     let keep_alive = state.hub.settings().keep_alive;
@@ -289,24 +288,6 @@ fn event_json(event: &KeyEvent) -> String {
         }
     }
     serde_json::Value::Object(data).to_string()
-}
-
-impl From<WatchError> for ApiError {
-    fn from(error: WatchError) -> Self {
-        match error {
-            WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
-            WatchError::TooManyKeysPerStream(max) => ApiError::TooManyKeysPerStream(max),
-            WatchError::TooManyKeysPerPattern(max) => ApiError::TooManyKeysPerPattern(max),
-            WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
-            WatchError::NoKeys => ApiError::BadQuery(
-                "name at least one key or pattern: /watch/{key}, /watch?key=a&key=b or /watch?match=sensor/*".into(),
-            ),
-            WatchError::EmptyKey => ApiError::EmptyKey,
-            WatchError::Register(error) => ApiError::from(error),
-            WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
-            WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
-        }
-    }
 }
 
 #[cfg(test)]
