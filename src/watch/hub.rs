@@ -160,7 +160,7 @@ impl WatchHub {
             shut_down: false,
         };
         for key in &keys {
-            let key_watch = self.inner.attach(key);
+            let key_watch = self.inner.attach(key, settings.buffer);
             let receiver = key_watch.events.subscribe();
             watcher
                 .events

@@ -28,6 +28,12 @@ use super::key::{KeyWatch, wait_registered};
 use super::shared::Inner;
 use crate::protocol::glob;
 
+/// Events buffered per key a pattern creates the entry of (a key watcher
+/// that comes first gets `--watch-buffer`): each buffered slot costs about
+/// 40 bytes per key, whether used or not, and a pattern follows thousands
+/// of keys; a stream further behind on one key skips to its latest state.
+const PATTERN_KEY_BUFFER: usize = 8;
+
 /// Membership changes a pattern's channel holds before a slow stream
 /// lags (it then re-reads the whole membership, which is always right).
 const MEMBERSHIP_BUFFER: usize = 1024;
@@ -412,7 +418,7 @@ async fn add(
         // stream leaves meanwhile, it releases exactly what is recorded.
         keys.into_iter()
             .map(|key| {
-                let watch = inner.attach(&key);
+                let watch = inner.attach(&key, PATTERN_KEY_BUFFER);
                 state.keys.insert(
                     key,
                     Followed {

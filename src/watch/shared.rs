@@ -36,8 +36,10 @@ impl Inner {
     }
 
     /// Adds a watcher reference to `key`, creating its entry (and asking
-    /// the reconciler to register it) when it is the first.
-    pub(super) fn attach(&self, key: &Bytes) -> Arc<KeyWatch> {
+    /// the reconciler to register it) when it is the first, with a channel
+    /// of `buffer` events (at most `--watch-buffer`).
+    pub(super) fn attach(&self, key: &Bytes, buffer: usize) -> Arc<KeyWatch> {
+        let buffer = buffer.min(self.settings.buffer).max(1);
         let mut keys = self.keys();
         let key_watch = keys.entry(key.clone()).or_insert_with(|| {
             self.metrics.watched_keys.inc();
@@ -50,9 +52,9 @@ impl Inner {
                     retained: VecDeque::new(),
                     retained_bytes: 0,
                 }),
-                events: broadcast::channel(self.settings.buffer.max(1)).0,
+                events: broadcast::channel(buffer).0,
                 registration: watch::Sender::new(Registration::Pending),
-                buffer: self.settings.buffer.max(1),
+                buffer,
                 buffer_bytes: self.settings.buffer_bytes,
             })
         });
