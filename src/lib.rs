@@ -4,7 +4,8 @@
 //! The data path reads top to bottom, and no module imports one above it
 //! (checked by the `modules` integration test):
 //!
-//! - [`config`]: the command line (clap, with environment fallbacks).
+//! - [`cli`]: the command line (clap, with environment fallbacks), one
+//!   module per subcommand, each turning its arguments into its settings.
 //! - [`http`]: router and state, request parsing as extractors, the key
 //!   API, listing, locks and watch routes, problem+json errors, the admin
 //!   listener, `serve`.
@@ -24,7 +25,7 @@
 //! browser dashboard at `/ui/`) and [`inject`] (the sidecar added to
 //! Kubernetes YAML by `inject` and by the `injector` admission webhook).
 
-pub mod config;
+pub mod cli;
 pub mod dev;
 pub mod emulator;
 pub mod http;

@@ -18,6 +18,13 @@
 //! A waiter's future may be dropped at any point (its HTTP client went
 //! away): it leaves the line, and if a SET was in flight, which may have
 //! acquired the lock for nobody, the lock is released with VDEL.
+//!
+//! The store's VDEL compares the value only, and every request of one
+//! holder writes the same value: a clean-up VDEL sent while a later
+//! request of that holder (a client's retry) has its SET out could delete
+//! the retry's hold. So the SETs of one holder on one lock, with the
+//! clean-up VDEL of an abandoned one, take turns ([`HolderTurns`]): a
+//! clean-up always reaches the store before the next SET of that holder.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +33,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use thiserror::Error;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, OwnedMutexGuard, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -138,6 +145,7 @@ struct Inner {
     settings: LockSettings,
     lines: Mutex<HashMap<Bytes, Arc<Line>>>,
     tickets: AtomicU64,
+    turns: HolderTurns,
 }
 
 impl Inner {
@@ -200,6 +208,7 @@ impl Locks {
                 settings,
                 lines: Mutex::new(HashMap::new()),
                 tickets: AtomicU64::new(0),
+                turns: HolderTurns::default(),
             }),
         }
     }
@@ -329,20 +338,30 @@ impl Locks {
             .inc();
     }
 
-    /// `SET name holder NEX PX ttl`. The SET runs in its own task, so
-    /// that if this future is dropped (the client went away) while the
-    /// SET is out, the lock it may have taken is released after its reply,
-    /// not raced by a VDEL on another connection.
+    /// `SET name holder NEX PX ttl`. The SET runs in its own task, in the
+    /// holder's turn on this lock, so that if this future is dropped (the
+    /// client went away) while the SET is out, the lock it may have taken
+    /// is released after its reply and before the holder's next SET (a
+    /// retry's), not raced by a VDEL on another connection.
     async fn try_set(&self, request: &Acquire) -> Result<SetOutcome, RequestError> {
         let (reply, outcome) = oneshot::channel();
-        let store = self.inner.store.clone();
+        // Sent once the outcome was read: a requester dropped between the
+        // reply and reading it never saw a 200 either.
+        let (read, was_read) = oneshot::channel::<()>();
+        let inner = Arc::clone(&self.inner);
         let (name, holder) = (request.name.clone(), request.holder.clone());
         let options = SetOptions {
             condition: SetCondition::OnlyIfMissingOrEqual,
             expires_in_ms: Some(request.ttl_ms),
         };
         tokio::spawn(async move {
-            let outcome = store
+            let _turn = inner.turns.take(&name, &holder).await;
+            if reply.is_closed() {
+                // Gone before its SET was sent: nothing to send or undo.
+                return;
+            }
+            let outcome = inner
+                .store
                 .set(
                     name.clone(),
                     holder.clone(),
@@ -350,18 +369,14 @@ impl Locks {
                     &RequestOptions::default(),
                 )
                 .await;
-            if let Err(Ok(SetOutcome::Applied(_))) = reply.send(outcome) {
-                abandon(store, name, holder).await;
+            let applied = matches!(outcome, Ok(SetOutcome::Applied(_)));
+            let answered = reply.send(outcome).is_ok() && was_read.await.is_ok();
+            if applied && !answered {
+                abandon(&inner.store, name, holder).await;
             }
         });
-        let mut pending = PendingSet {
-            outcome,
-            store: Some(self.inner.store.clone()),
-            name: request.name.clone(),
-            holder: request.holder.clone(),
-        };
-        let outcome = (&mut pending.outcome).await;
-        pending.store = None;
+        let outcome = outcome.await;
+        let _ = read.send(());
         outcome.unwrap_or(Err(RequestError::Transport(PoolError::ShuttingDown)))
     }
 
@@ -500,38 +515,63 @@ impl Drop for Place {
     }
 }
 
-/// The requester's end of a SET: dropped before its outcome was read
-/// (the client went away just as the reply came), a lock it took is
-/// released. The SET's task covers the other order (its send fails).
-struct PendingSet {
-    outcome: oneshot::Receiver<Result<SetOutcome, RequestError>>,
-    /// `None` once the outcome was read.
-    store: Option<StoreClient>,
-    name: Bytes,
-    holder: Bytes,
-}
-
-impl Drop for PendingSet {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        if let Ok(Ok(SetOutcome::Applied(_))) = self.outcome.try_recv()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let name = std::mem::take(&mut self.name);
-            let holder = std::mem::take(&mut self.holder);
-            runtime.spawn(abandon(store, name, holder));
-        }
-    }
-}
-
 /// Releases a lock taken for a requester that went away.
-async fn abandon(store: StoreClient, name: Bytes, holder: Bytes) {
+async fn abandon(store: &StoreClient, name: Bytes, holder: Bytes) {
     match store.vdel(name, holder, None).await {
         Ok(outcome) => tracing::debug!(?outcome, "released a lock whose requester went away"),
         Err(error) => {
             tracing::warn!(%error, "could not release a lock whose requester went away")
+        }
+    }
+}
+
+/// A (lock name, holder) pair and its turn.
+type TurnsByPair = HashMap<(Bytes, Bytes), Arc<tokio::sync::Mutex<()>>>;
+
+/// One turn per (lock, holder) pair: the SETs of one holder on one lock,
+/// and the release of an abandoned one, reach the store one at a time.
+#[derive(Debug, Default)]
+struct HolderTurns {
+    /// Only pairs with a request taking or waiting for its turn.
+    pairs: Mutex<TurnsByPair>,
+}
+
+impl HolderTurns {
+    fn pairs(&self) -> MutexGuard<'_, TurnsByPair> {
+        self.pairs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for `holder`'s turn on `name`; it lasts until the guard drops.
+    async fn take<'a>(&'a self, name: &Bytes, holder: &Bytes) -> HolderTurn<'a> {
+        let pair = (name.clone(), holder.clone());
+        let turn = Arc::clone(self.pairs().entry(pair.clone()).or_default());
+        HolderTurn {
+            turns: self,
+            guard: Some(turn.lock_owned().await),
+            pair,
+        }
+    }
+}
+
+/// A holder's turn on a lock; dropping it passes the turn on and forgets
+/// the pair when nobody else waits for it.
+struct HolderTurn<'a> {
+    turns: &'a HolderTurns,
+    guard: Option<OwnedMutexGuard<()>>,
+    pair: (Bytes, Bytes),
+}
+
+impl Drop for HolderTurn<'_> {
+    fn drop(&mut self) {
+        let mut pairs = self.turns.pairs();
+        // The guard holds one reference; without it, the map's is the last
+        // one unless someone waits.
+        drop(self.guard.take());
+        if pairs
+            .get(&self.pair)
+            .is_some_and(|turn| Arc::strong_count(turn) == 1)
+        {
+            pairs.remove(&self.pair);
         }
     }
 }
@@ -549,6 +589,29 @@ mod tests {
         });
         assert_eq!(holding.holder, Bytes::from_static(b"me"));
         assert_eq!(holding.fencing_token, Some(version));
+    }
+
+    #[tokio::test]
+    async fn a_holder_waits_for_its_own_turn_only_and_pairs_are_forgotten() {
+        let turns = HolderTurns::default();
+        let (lock, me, you) = (
+            Bytes::from_static(b"lock"),
+            Bytes::from_static(b"me"),
+            Bytes::from_static(b"you"),
+        );
+        let mine = turns.take(&lock, &me).await;
+        // Another holder's turn does not wait for mine.
+        drop(turns.take(&lock, &you).await);
+        let next = turns.take(&lock, &me);
+        tokio::pin!(next);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), next.as_mut())
+                .await
+                .is_err()
+        );
+        drop(mine);
+        drop(next.await);
+        assert!(turns.pairs().is_empty());
     }
 
     #[test]

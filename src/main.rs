@@ -1,13 +1,19 @@
-//! The `statestore-gateway` binary: parse the command line, run the subcommand.
+//! The `statestore-gateway` binary: parse the command line, turn the
+//! subcommand's arguments into its settings, run it.
 
 use anyhow::Context as _;
 use clap::Parser;
-use statestore_gateway::config::{
-    Cli, Command, DevArgs, EmulatorArgs, InjectArgs, InjectorArgs, LogFormat, ServeArgs,
-};
-use statestore_gateway::emulator::{AccessList, Emulator, EmulatorConfig};
-use statestore_gateway::http::{ServeError, Server, termination_signal};
+use statestore_gateway::cli::dev::DevArgs;
+use statestore_gateway::cli::emulator::EmulatorArgs;
+use statestore_gateway::cli::inject::{InjectArgs, InjectorArgs};
+use statestore_gateway::cli::parse::LogFormat;
+use statestore_gateway::cli::serve::ServeArgs;
+use statestore_gateway::cli::{Cli, Command};
+use statestore_gateway::emulator::Emulator;
+use statestore_gateway::http::{Server, termination_signal};
+use statestore_gateway::inject::{manifest, webhook};
 use statestore_gateway::metrics::Metrics;
+use statestore_gateway::settings::SettingError;
 
 /// jemalloc instead of glibc's malloc: after a burst (10,000 watchers come
 /// and go) glibc kept the memory for good; jemalloc, with the settings in
@@ -21,91 +27,32 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// same for the ones that do not parse).
 const EXIT_BAD_SETTING: i32 = 2;
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let cli = Cli::parse();
-    match cli.command {
+    let ran = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Emulator(args) => emulator(args),
         Command::Dev(args) => dev(args),
         Command::Inject(args) => inject(args),
         Command::Injector(args) => injector(args),
-    }
-}
-
-/// `inject`: the YAML of a file or stdin, with the sidecar, to stdout.
-fn inject(args: InjectArgs) -> anyhow::Result<()> {
-    use statestore_gateway::inject::{manifest, settings::SidecarValues};
-    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
-        .and_then(|values| values.sidecar().map(|_| values))
-        .unwrap_or_else(|error| bad_setting(&error));
-    let text = match args.file.as_deref() {
-        None => std::io::read_to_string(std::io::stdin()).context("reading standard input")?,
-        Some(path) if path.as_os_str() == "-" => {
-            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-        }
-        Some(path) => {
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-        }
     };
-    let out = manifest::inject_yaml(&text, &values)?;
-    std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
-        .context("writing standard output")
-}
-
-/// `injector`: the admission webhook until SIGTERM/SIGINT.
-fn injector(args: InjectorArgs) -> anyhow::Result<()> {
-    use statestore_gateway::inject::{settings::SidecarValues, webhook};
-    init_tracing(args.log_format);
-    let values = SidecarValues::from_sources(&args.sidecar.values, &args.sidecar.set)
-        .and_then(|values| values.sidecar().map(|_| values))
-        .unwrap_or_else(|error| bad_setting(&error));
-    runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        tracing::info!(listen = %args.listen, "admission webhook ready");
-        let served = webhook::serve(
-            listener,
-            args.tls_cert_file,
-            args.tls_key_file,
-            values,
-            termination_signal(),
-        )
-        .await;
-        if let Err(error @ webhook::WebhookError::Tls { .. }) = &served {
-            bad_setting(error);
+    if let Err(error) = ran {
+        // A setting that cannot be used exits like one that does not parse.
+        if let Some(setting) = error.chain().find_map(|e| e.downcast_ref::<SettingError>()) {
+            eprintln!("statestore-gateway: {setting}");
+            std::process::exit(EXIT_BAD_SETTING);
         }
-        Ok(served?)
-    })
-}
-
-/// Reports a setting that cannot be used and exits with the usage code.
-fn bad_setting(error: &dyn std::fmt::Display) -> ! {
-    eprintln!("statestore-gateway: {error}");
-    std::process::exit(EXIT_BAD_SETTING);
+        eprintln!("Error: {error:?}");
+        std::process::exit(1);
+    }
 }
 
 /// `serve`: the gateway until SIGTERM/SIGINT, then a graceful drain; exit 0.
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
-    let settings = match args.settings() {
-        Ok(settings) => settings,
-        Err(error) => {
-            // Nothing has started yet: exiting here leaves nothing behind.
-            eprintln!("statestore-gateway: {error}");
-            std::process::exit(EXIT_BAD_SETTING);
-        }
-    };
+    let settings = args.settings()?;
     serve_runtime()?.block_on(async move {
-        let server = match Server::start(settings, Metrics::new()).await {
-            Ok(server) => server,
-            // The pool's checks (TLS material, SAT file) name the setting.
-            Err(ServeError::Pool(error)) => {
-                eprintln!("statestore-gateway: {error}");
-                std::process::exit(EXIT_BAD_SETTING);
-            }
-            Err(error) => return Err(error.into()),
-        };
+        let server = Server::start(settings, Metrics::new()).await?;
         server.run_until(termination_signal()).await?;
         anyhow::Ok(())
     })
@@ -114,7 +61,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `emulator`: serve the store until SIGTERM/SIGINT, then disconnect cleanly.
 fn emulator(args: EmulatorArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
-    let config = emulator_config(args)?;
+    let config = args.settings()?;
     runtime()?.block_on(async move {
         let mut emulator = Emulator::start(config).await?;
         let stopped = tokio::select! {
@@ -136,22 +83,39 @@ fn dev(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn emulator_config(args: EmulatorArgs) -> anyhow::Result<EmulatorConfig> {
-    let mut config = EmulatorConfig::new(args.broker.host, args.broker.port);
-    config.client_id = args.client_id;
-    config.username = args.username;
-    if let Some(path) = &args.password_file {
-        let password = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the password file {}", path.display()))?;
-        config.password = Some(password.trim_end_matches(['\r', '\n']).to_owned());
-    }
-    config.data_dir = args.data_dir;
-    config.max_keys = args.max_keys;
-    config.max_bytes = args.max_bytes;
-    if let Some(path) = &args.acl {
-        config.acl = Some(AccessList::load(path)?);
-    }
-    Ok(config)
+/// `inject`: the YAML of a file or stdin, with the sidecar, to stdout.
+fn inject(args: InjectArgs) -> anyhow::Result<()> {
+    let values = args.sidecar.settings()?;
+    let text = match args.file.as_deref() {
+        Some(path) if path.as_os_str() != "-" => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        _ => std::io::read_to_string(std::io::stdin()).context("reading standard input")?,
+    };
+    let out = manifest::inject_yaml(&text, &values)?;
+    std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
+        .context("writing standard output")
+}
+
+/// `injector`: the admission webhook until SIGTERM/SIGINT.
+fn injector(args: InjectorArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let values = args.sidecar.settings()?;
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        tracing::info!(listen = %args.listen, "admission webhook ready");
+        webhook::serve(
+            listener,
+            args.tls_cert_file,
+            args.tls_key_file,
+            values,
+            termination_signal(),
+        )
+        .await?;
+        Ok(())
+    })
 }
 
 /// Raises the soft limit on open files to the hard limit, as the Go runtime

@@ -1,16 +1,75 @@
-//! Settings every layer shares: the environment variable names of every
-//! flag, the defaults the command line documents (`DEFAULT_*`, next to the
-//! variable they default), and the duration syntax.
+//! Every setting of every subcommand, in one table: its flag, its
+//! environment variable, its default as `--help` shows it and the Helm
+//! chart value that sets it. A leaf, so every layer can name its settings.
 //!
-//! A leaf: the settings types (`PoolSettings`, `WatchSettings`, ...) live
-//! beside the code they configure and take their `Default` from here, and
-//! `config` builds its clap flags from the same constants, so the code and
-//! `--help` cannot disagree (checked by a test in `config`).
+//! The command line takes each flag's environment variable and default
+//! from its row; the typed settings (`PoolSettings`, `WatchSettings`, ...)
+//! take their `Default` from the `DEFAULT_*` constants below; tests check
+//! that the two agree, and that the README's configuration tables, the
+//! chart's `values.yaml`, `values.schema.json` and named templates, and
+//! `inject`'s container say what the table says.
+//!
+//! # Adding a setting
+//!
+//! 1. A row here (a `Setting` constant, and its name in the subcommand's
+//!    list: `SERVE`, `EMULATOR`, `DEV` or `INJECTOR`), and a `DEFAULT_*`
+//!    constant if code outside the command line needs the default.
+//! 2. The field in the subcommand's arguments (`cli::serve::ServeArgs`,
+//!    ...): `#[arg(long, env = settings::ROW.env, default_value =
+//!    settings::ROW.default)]`, and its check in the typed settings it
+//!    feeds (`ServeArgs::settings` builds them; rules that hold for any
+//!    caller live in the typed settings' own `check`).
+//! 3. Its use. Then run the tests: they name the README row, the chart
+//!    value, schema entry, template line or chart README entry that is
+//!    missing (a setting the chart does not set has `helm: Helm::None`).
+//!    The checks: `cli`'s `every_flag_is_a_row_of_the_settings_table`,
+//!    `inject::values`' `the_container_gets_each_chart_value_the_table_names`
+//!    and the `settings_table` integration tests.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use thiserror::Error;
+
+/// One setting: how the command line, the environment and the chart name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The flag, `--pool-size`.
+    pub flag: &'static str,
+    /// Its environment variable.
+    pub env: &'static str,
+    /// Its default as the command line writes it; empty when there is
+    /// none or it is computed at start (the client id from the host name).
+    pub default: &'static str,
+    /// The Helm chart value that sets it.
+    pub helm: Helm,
+}
+
+/// How the Helm chart sets a setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Helm {
+    /// Not at all (the chart's `extraEnv` can).
+    None,
+    /// This value, as it is, with the row's default (`gateway.poolSize`).
+    Default(&'static str),
+    /// This value, as it is, with a default of the chart's own: the AIO
+    /// broker's address, JSON logs; or empty, and then the chart leaves
+    /// the variable out.
+    Own(&'static str),
+    /// A value the chart derives it from (`gateway.port` makes `--listen`,
+    /// a Secret's name makes a file).
+    Derived(&'static str),
+}
+
+impl Helm {
+    /// The chart value's path (`gateway.poolSize`), if the chart sets it.
+    pub fn path(self) -> Option<&'static str> {
+        match self {
+            Helm::None => None,
+            Helm::Default(path) | Helm::Own(path) | Helm::Derived(path) => Some(path),
+        }
+    }
+}
 
 const fn loopback(port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
@@ -18,205 +77,495 @@ const fn loopback(port: u16) -> SocketAddr {
 
 // `serve` (the `AIO_*` names are the AIO SDKs').
 
-/// `--listen`
-pub const ENV_LISTEN: &str = "STATESTORE_GATEWAY_LISTEN";
+pub const LISTEN: Setting = Setting {
+    flag: "--listen",
+    env: "STATESTORE_GATEWAY_LISTEN",
+    default: "127.0.0.1:8080",
+    helm: Helm::Derived("gateway.port"),
+};
+
+pub const ADMIN_LISTEN: Setting = Setting {
+    flag: "--admin-listen",
+    env: "STATESTORE_GATEWAY_ADMIN_LISTEN",
+    default: "127.0.0.1:8081",
+    helm: Helm::Derived("gateway.adminPort"),
+};
+
+pub const POOL_SIZE: Setting = Setting {
+    flag: "--pool-size",
+    env: "STATESTORE_GATEWAY_POOL_SIZE",
+    default: "4",
+    helm: Helm::Default("gateway.poolSize"),
+};
+
+pub const REQUEST_TIMEOUT: Setting = Setting {
+    flag: "--request-timeout",
+    env: "STATESTORE_GATEWAY_REQUEST_TIMEOUT",
+    default: "10s",
+    helm: Helm::Default("gateway.requestTimeout"),
+};
+
+pub const MAX_IN_FLIGHT: Setting = Setting {
+    flag: "--max-in-flight",
+    env: "STATESTORE_GATEWAY_MAX_IN_FLIGHT",
+    default: "256",
+    helm: Helm::Default("gateway.maxInFlight"),
+};
+
+pub const MAX_KEY_BYTES: Setting = Setting {
+    flag: "--max-key-bytes",
+    env: "STATESTORE_GATEWAY_MAX_KEY_BYTES",
+    default: "1024",
+    helm: Helm::Default("gateway.maxKeyBytes"),
+};
+
+pub const MAX_VALUE_BYTES: Setting = Setting {
+    flag: "--max-value-bytes",
+    env: "STATESTORE_GATEWAY_MAX_VALUE_BYTES",
+    default: "",
+    helm: Helm::Own("gateway.maxValueBytes"),
+};
+
+pub const API_TOKEN_FILE: Setting = Setting {
+    flag: "--api-token-file",
+    env: "STATESTORE_GATEWAY_API_TOKEN_FILE",
+    default: "",
+    helm: Helm::Derived("gateway.apiToken.secretName"),
+};
+
+pub const SHUTDOWN_GRACE: Setting = Setting {
+    flag: "--shutdown-grace",
+    env: "STATESTORE_GATEWAY_SHUTDOWN_GRACE",
+    default: "20s",
+    helm: Helm::Derived("gateway.shutdownGraceSeconds"),
+};
+
+pub const LOG_FORMAT: Setting = Setting {
+    flag: "--log-format",
+    env: "STATESTORE_GATEWAY_LOG_FORMAT",
+    default: "text",
+    helm: Helm::Own("gateway.logFormat"),
+};
+
+pub const MAX_WATCHERS: Setting = Setting {
+    flag: "--max-watchers",
+    env: "STATESTORE_GATEWAY_MAX_WATCHERS",
+    default: "10000",
+    helm: Helm::Default("gateway.maxWatchers"),
+};
+
+pub const MAX_KEYS_PER_WATCH: Setting = Setting {
+    flag: "--max-keys-per-watch",
+    env: "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH",
+    default: "64",
+    helm: Helm::Default("gateway.maxKeysPerWatch"),
+};
+
+pub const MAX_WATCHED_KEYS: Setting = Setting {
+    flag: "--max-watched-keys",
+    env: "STATESTORE_GATEWAY_MAX_WATCHED_KEYS",
+    default: "10000",
+    helm: Helm::Default("gateway.maxWatchedKeys"),
+};
+
+pub const WATCH_KEEPALIVE: Setting = Setting {
+    flag: "--watch-keepalive",
+    env: "STATESTORE_GATEWAY_WATCH_KEEPALIVE",
+    default: "15s",
+    helm: Helm::Default("gateway.watchKeepalive"),
+};
+
+pub const WATCH_BUFFER: Setting = Setting {
+    flag: "--watch-buffer",
+    env: "STATESTORE_GATEWAY_WATCH_BUFFER",
+    default: "64",
+    helm: Helm::Default("gateway.watchBuffer"),
+};
+
+pub const WATCH_BUFFER_BYTES: Setting = Setting {
+    flag: "--watch-buffer-bytes",
+    env: "STATESTORE_GATEWAY_WATCH_BUFFER_BYTES",
+    default: "8388608",
+    helm: Helm::None,
+};
+
+pub const WATCH_RESYNC_INTERVAL: Setting = Setting {
+    flag: "--watch-resync-interval",
+    env: "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL",
+    default: "60s",
+    helm: Helm::Default("gateway.watchResyncInterval"),
+};
+
+/// How often a pattern followed by `/watch?match=` is listed again to
+/// find keys other clients created.
+pub const WATCH_RESCAN_INTERVAL: Setting = Setting {
+    flag: "--watch-rescan-interval",
+    env: "STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL",
+    default: "5s",
+    helm: Helm::Default("gateway.watchRescanInterval"),
+};
+
+/// Keys one followed pattern may match.
+pub const MAX_KEYS_PER_PATTERN: Setting = Setting {
+    flag: "--max-keys-per-pattern",
+    env: "STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN",
+    default: "10000",
+    helm: Helm::Default("gateway.maxKeysPerPattern"),
+};
+
+pub const CORS_ALLOW_ORIGIN: Setting = Setting {
+    flag: "--cors-allow-origin",
+    env: "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN",
+    default: "",
+    helm: Helm::Own("gateway.corsAllowOrigin"),
+};
+
+pub const HEADER_READ_TIMEOUT: Setting = Setting {
+    flag: "--header-read-timeout",
+    env: "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT",
+    default: "30s",
+    helm: Helm::Default("gateway.headerReadTimeout"),
+};
+
+pub const MAX_CONNECTIONS: Setting = Setting {
+    flag: "--max-connections",
+    env: "STATESTORE_GATEWAY_MAX_CONNECTIONS",
+    default: "20000",
+    helm: Helm::Default("gateway.maxConnections"),
+};
+
+pub const MAX_LOCK_WAIT: Setting = Setting {
+    flag: "--max-lock-wait",
+    env: "STATESTORE_GATEWAY_MAX_LOCK_WAIT",
+    default: "5m",
+    helm: Helm::None,
+};
+
+pub const MAX_LOCK_HOLDER_BYTES: Setting = Setting {
+    flag: "--max-lock-holder-bytes",
+    env: "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES",
+    default: "1024",
+    helm: Helm::None,
+};
+
+pub const BROKER_HOSTNAME: Setting = Setting {
+    flag: "--broker-host",
+    env: "AIO_BROKER_HOSTNAME",
+    default: "localhost",
+    helm: Helm::Own("broker.host"),
+};
+
+pub const BROKER_TCP_PORT: Setting = Setting {
+    flag: "--broker-port",
+    env: "AIO_BROKER_TCP_PORT",
+    default: "8883",
+    helm: Helm::Own("broker.port"),
+};
+
+pub const MQTT_USE_TLS: Setting = Setting {
+    flag: "--use-tls",
+    env: "AIO_MQTT_USE_TLS",
+    default: "true",
+    helm: Helm::Default("broker.tls.enabled"),
+};
+
+pub const TLS_CA_FILE: Setting = Setting {
+    flag: "--tls-ca-file",
+    env: "AIO_TLS_CA_FILE",
+    default: "",
+    helm: Helm::Derived("broker.tls.caConfigMap"),
+};
+
+pub const TLS_CERT_FILE: Setting = Setting {
+    flag: "--tls-cert-file",
+    env: "AIO_TLS_CERT_FILE",
+    default: "",
+    helm: Helm::Derived("broker.tls.clientCertSecret"),
+};
+
+pub const TLS_KEY_FILE: Setting = Setting {
+    flag: "--tls-key-file",
+    env: "AIO_TLS_KEY_FILE",
+    default: "",
+    helm: Helm::Derived("broker.tls.clientCertSecret"),
+};
+
+pub const SAT_FILE: Setting = Setting {
+    flag: "--sat-file",
+    env: "AIO_SAT_FILE",
+    default: "",
+    helm: Helm::Derived("broker.sat.enabled"),
+};
+
+pub const MQTT_USERNAME: Setting = Setting {
+    flag: "--mqtt-username",
+    env: "AIO_MQTT_USERNAME",
+    default: "",
+    helm: Helm::Own("broker.username"),
+};
+
+pub const MQTT_PASSWORD_FILE: Setting = Setting {
+    flag: "--mqtt-password-file",
+    env: "AIO_MQTT_PASSWORD_FILE",
+    default: "",
+    helm: Helm::Derived("broker.passwordSecret.name"),
+};
+
+pub const MQTT_CLIENT_ID: Setting = Setting {
+    flag: "--client-id",
+    env: "AIO_MQTT_CLIENT_ID",
+    default: "",
+    helm: Helm::Own("broker.clientId"),
+};
+
+pub const MQTT_KEEP_ALIVE: Setting = Setting {
+    flag: "--keep-alive",
+    env: "AIO_MQTT_KEEP_ALIVE",
+    default: "60",
+    helm: Helm::Default("broker.keepAlive"),
+};
+
+pub const MQTT_SESSION_EXPIRY: Setting = Setting {
+    flag: "--session-expiry",
+    env: "AIO_MQTT_SESSION_EXPIRY",
+    default: "0",
+    helm: Helm::Default("broker.sessionExpiry"),
+};
+
+/// Every setting of `serve`, in `--help` order.
+pub const SERVE: &[&Setting] = &[
+    &LISTEN,
+    &ADMIN_LISTEN,
+    &POOL_SIZE,
+    &REQUEST_TIMEOUT,
+    &MAX_IN_FLIGHT,
+    &MAX_KEY_BYTES,
+    &MAX_VALUE_BYTES,
+    &API_TOKEN_FILE,
+    &SHUTDOWN_GRACE,
+    &LOG_FORMAT,
+    &MAX_WATCHERS,
+    &MAX_KEYS_PER_WATCH,
+    &MAX_WATCHED_KEYS,
+    &WATCH_KEEPALIVE,
+    &WATCH_BUFFER,
+    &WATCH_BUFFER_BYTES,
+    &WATCH_RESYNC_INTERVAL,
+    &WATCH_RESCAN_INTERVAL,
+    &MAX_KEYS_PER_PATTERN,
+    &CORS_ALLOW_ORIGIN,
+    &HEADER_READ_TIMEOUT,
+    &MAX_CONNECTIONS,
+    &MAX_LOCK_WAIT,
+    &MAX_LOCK_HOLDER_BYTES,
+    &BROKER_HOSTNAME,
+    &BROKER_TCP_PORT,
+    &MQTT_USE_TLS,
+    &TLS_CA_FILE,
+    &TLS_CERT_FILE,
+    &TLS_KEY_FILE,
+    &SAT_FILE,
+    &MQTT_USERNAME,
+    &MQTT_PASSWORD_FILE,
+    &MQTT_CLIENT_ID,
+    &MQTT_KEEP_ALIVE,
+    &MQTT_SESSION_EXPIRY,
+];
+
+// `emulator`.
+
+pub const EMULATOR_BROKER: Setting = Setting {
+    flag: "--broker",
+    env: "STATESTORE_EMULATOR_BROKER",
+    default: "localhost:1883",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_CLIENT_ID: Setting = Setting {
+    flag: "--client-id",
+    env: "STATESTORE_EMULATOR_CLIENT_ID",
+    default: "statestore-emulator",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_USERNAME: Setting = Setting {
+    flag: "--username",
+    env: "STATESTORE_EMULATOR_USERNAME",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_PASSWORD_FILE: Setting = Setting {
+    flag: "--password-file",
+    env: "STATESTORE_EMULATOR_PASSWORD_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_DATA_DIR: Setting = Setting {
+    flag: "--data-dir",
+    env: "STATESTORE_EMULATOR_DATA_DIR",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_MAX_KEYS: Setting = Setting {
+    flag: "--max-keys",
+    env: "STATESTORE_EMULATOR_MAX_KEYS",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_MAX_BYTES: Setting = Setting {
+    flag: "--max-bytes",
+    env: "STATESTORE_EMULATOR_MAX_BYTES",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_ACL: Setting = Setting {
+    flag: "--acl",
+    env: "STATESTORE_EMULATOR_ACL",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const EMULATOR_LOG_FORMAT: Setting = Setting {
+    flag: "--log-format",
+    env: "STATESTORE_EMULATOR_LOG_FORMAT",
+    default: "text",
+    helm: Helm::None,
+};
+
+/// Every setting of `emulator`, in `--help` order.
+pub const EMULATOR: &[&Setting] = &[
+    &EMULATOR_BROKER,
+    &EMULATOR_CLIENT_ID,
+    &EMULATOR_USERNAME,
+    &EMULATOR_PASSWORD_FILE,
+    &EMULATOR_DATA_DIR,
+    &EMULATOR_MAX_KEYS,
+    &EMULATOR_MAX_BYTES,
+    &EMULATOR_ACL,
+    &EMULATOR_LOG_FORMAT,
+];
+
+// `dev`.
+
+pub const DEV_LISTEN: Setting = Setting {
+    flag: "--listen",
+    env: "STATESTORE_GATEWAY_DEV_LISTEN",
+    default: "127.0.0.1:8080",
+    helm: Helm::None,
+};
+
+pub const DEV_ADMIN_LISTEN: Setting = Setting {
+    flag: "--admin-listen",
+    env: "STATESTORE_GATEWAY_DEV_ADMIN_LISTEN",
+    default: "127.0.0.1:8081",
+    helm: Helm::None,
+};
+
+pub const DEV_BROKER_LISTEN: Setting = Setting {
+    flag: "--broker-listen",
+    env: "STATESTORE_GATEWAY_DEV_BROKER_LISTEN",
+    default: "127.0.0.1:1883",
+    helm: Helm::None,
+};
+
+pub const DEV_DATA_DIR: Setting = Setting {
+    flag: "--data-dir",
+    env: "STATESTORE_GATEWAY_DEV_DATA_DIR",
+    default: "",
+    helm: Helm::None,
+};
+
+/// Every setting of `dev`, in `--help` order.
+pub const DEV: &[&Setting] = &[
+    &DEV_LISTEN,
+    &DEV_ADMIN_LISTEN,
+    &DEV_BROKER_LISTEN,
+    &DEV_DATA_DIR,
+];
+
+// `injector`.
+
+pub const INJECTOR_LISTEN: Setting = Setting {
+    flag: "--listen",
+    env: "STATESTORE_GATEWAY_INJECTOR_LISTEN",
+    default: "0.0.0.0:8443",
+    helm: Helm::None,
+};
+
+pub const INJECTOR_TLS_CERT_FILE: Setting = Setting {
+    flag: "--tls-cert-file",
+    env: "STATESTORE_GATEWAY_INJECTOR_TLS_CERT_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const INJECTOR_TLS_KEY_FILE: Setting = Setting {
+    flag: "--tls-key-file",
+    env: "STATESTORE_GATEWAY_INJECTOR_TLS_KEY_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+pub const INJECTOR_LOG_FORMAT: Setting = Setting {
+    flag: "--log-format",
+    env: "STATESTORE_GATEWAY_LOG_FORMAT",
+    default: "text",
+    helm: Helm::None,
+};
+
+/// Every setting of `injector`, in `--help` order.
+pub const INJECTOR: &[&Setting] = &[
+    &INJECTOR_LISTEN,
+    &INJECTOR_TLS_CERT_FILE,
+    &INJECTOR_TLS_KEY_FILE,
+    &INJECTOR_LOG_FORMAT,
+];
+
+// Typed defaults, for the settings types' `Default` (equal to the rows'
+// text: checked by the command line's tests).
+
 pub const DEFAULT_LISTEN: SocketAddr = loopback(8080);
-
-/// `--admin-listen`
-pub const ENV_ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_ADMIN_LISTEN";
 pub const DEFAULT_ADMIN_LISTEN: SocketAddr = loopback(8081);
-
-/// `--pool-size`
-pub const ENV_POOL_SIZE: &str = "STATESTORE_GATEWAY_POOL_SIZE";
 pub const DEFAULT_POOL_SIZE: usize = 4;
-
-/// `--request-timeout`
-pub const ENV_REQUEST_TIMEOUT: &str = "STATESTORE_GATEWAY_REQUEST_TIMEOUT";
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `--max-in-flight`
-pub const ENV_MAX_IN_FLIGHT: &str = "STATESTORE_GATEWAY_MAX_IN_FLIGHT";
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
-
-/// `--max-key-bytes`
-pub const ENV_MAX_KEY_BYTES: &str = "STATESTORE_GATEWAY_MAX_KEY_BYTES";
 pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
-
-/// `--max-value-bytes`
-pub const ENV_MAX_VALUE_BYTES: &str = "STATESTORE_GATEWAY_MAX_VALUE_BYTES";
 /// Without the flag: the broker's maximum packet size minus the envelope,
 /// or this when the broker has not said it yet.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 4 * 1024 * 1024;
-
-/// `--api-token-file`
-pub const ENV_API_TOKEN_FILE: &str = "STATESTORE_GATEWAY_API_TOKEN_FILE";
-
-/// `--shutdown-grace`
-pub const ENV_SHUTDOWN_GRACE: &str = "STATESTORE_GATEWAY_SHUTDOWN_GRACE";
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
-
-/// `--log-format`
-pub const ENV_LOG_FORMAT: &str = "STATESTORE_GATEWAY_LOG_FORMAT";
-
-/// `--max-watchers`
-pub const ENV_MAX_WATCHERS: &str = "STATESTORE_GATEWAY_MAX_WATCHERS";
 pub const DEFAULT_MAX_WATCHERS: usize = 10_000;
-
-/// `--max-keys-per-watch`
-pub const ENV_MAX_KEYS_PER_WATCH: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_WATCH";
 pub const DEFAULT_MAX_KEYS_PER_WATCH: usize = 64;
-
-/// `--max-watched-keys`
-pub const ENV_MAX_WATCHED_KEYS: &str = "STATESTORE_GATEWAY_MAX_WATCHED_KEYS";
 pub const DEFAULT_MAX_WATCHED_KEYS: usize = 10_000;
-
-/// `--watch-keepalive`
-pub const ENV_WATCH_KEEPALIVE: &str = "STATESTORE_GATEWAY_WATCH_KEEPALIVE";
 pub const DEFAULT_WATCH_KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// `--watch-buffer`
-pub const ENV_WATCH_BUFFER: &str = "STATESTORE_GATEWAY_WATCH_BUFFER";
 pub const DEFAULT_WATCH_BUFFER: usize = 64;
-
-/// `--watch-buffer-bytes`: the bytes of events a key keeps for watchers
-/// that fall behind (the newest event is always kept, whatever its size).
-pub const ENV_WATCH_BUFFER_BYTES: &str = "STATESTORE_GATEWAY_WATCH_BUFFER_BYTES";
 pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
-
-/// `--watch-resync-interval`
-pub const ENV_WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
 pub const DEFAULT_WATCH_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
-
-/// `--watch-rescan-interval`: how often a followed pattern is listed
-/// again to find keys other clients created.
-pub const ENV_WATCH_RESCAN_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL";
 pub const DEFAULT_WATCH_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
-
-/// `--max-keys-per-pattern`
-pub const ENV_MAX_KEYS_PER_PATTERN: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN";
 pub const DEFAULT_MAX_KEYS_PER_PATTERN: usize = 10_000;
-
-/// `--cors-allow-origin`
-pub const ENV_CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
-
-/// `--header-read-timeout`
-pub const ENV_HEADER_READ_TIMEOUT: &str = "STATESTORE_GATEWAY_HEADER_READ_TIMEOUT";
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// `--max-connections`
-pub const ENV_MAX_CONNECTIONS: &str = "STATESTORE_GATEWAY_MAX_CONNECTIONS";
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 20_000;
-
-/// `--max-lock-wait`
-pub const ENV_MAX_LOCK_WAIT: &str = "STATESTORE_GATEWAY_MAX_LOCK_WAIT";
 pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
-
-/// `--max-lock-holder-bytes` (the SDKs use their MQTT client id)
-pub const ENV_MAX_LOCK_HOLDER_BYTES: &str = "STATESTORE_GATEWAY_MAX_LOCK_HOLDER_BYTES";
 pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
-
-/// `--broker-host`
-pub const ENV_BROKER_HOSTNAME: &str = "AIO_BROKER_HOSTNAME";
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";
-
-/// `--broker-port`
-pub const ENV_BROKER_TCP_PORT: &str = "AIO_BROKER_TCP_PORT";
 pub const DEFAULT_BROKER_TCP_PORT: u16 = 8883;
-
-/// `--use-tls`
-pub const ENV_MQTT_USE_TLS: &str = "AIO_MQTT_USE_TLS";
 pub const DEFAULT_MQTT_USE_TLS: bool = true;
-
-/// `--tls-ca-file`
-pub const ENV_TLS_CA_FILE: &str = "AIO_TLS_CA_FILE";
-
-/// `--tls-cert-file`
-pub const ENV_TLS_CERT_FILE: &str = "AIO_TLS_CERT_FILE";
-
-/// `--tls-key-file`
-pub const ENV_TLS_KEY_FILE: &str = "AIO_TLS_KEY_FILE";
-
-/// `--sat-file`
-pub const ENV_SAT_FILE: &str = "AIO_SAT_FILE";
-
-/// `--mqtt-username`
-pub const ENV_MQTT_USERNAME: &str = "AIO_MQTT_USERNAME";
-
-/// `--mqtt-password-file`
-pub const ENV_MQTT_PASSWORD_FILE: &str = "AIO_MQTT_PASSWORD_FILE";
-
-/// `--client-id`
-pub const ENV_MQTT_CLIENT_ID: &str = "AIO_MQTT_CLIENT_ID";
-
-/// `--keep-alive`
-pub const ENV_MQTT_KEEP_ALIVE: &str = "AIO_MQTT_KEEP_ALIVE";
 /// In seconds.
 pub const DEFAULT_MQTT_KEEP_ALIVE: u16 = 60;
-
-/// `--session-expiry`
-pub const ENV_MQTT_SESSION_EXPIRY: &str = "AIO_MQTT_SESSION_EXPIRY";
 /// In seconds. Members connect with clean start and subscribe again after
 /// every CONNACK, so a session outliving the connection would only keep
 /// messages for nobody (the AIO SDKs default to 3600: they resume sessions).
 pub const DEFAULT_MQTT_SESSION_EXPIRY: u32 = 0;
-
 /// How often the SAT file is read again to notice a rotated token (not a flag).
 pub const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
-
-// `emulator`.
-
-/// `emulator --broker`
-pub const ENV_EMULATOR_BROKER: &str = "STATESTORE_EMULATOR_BROKER";
-pub const DEFAULT_EMULATOR_BROKER: &str = "localhost:1883";
-
-/// `emulator --client-id`
-pub const ENV_EMULATOR_CLIENT_ID: &str = "STATESTORE_EMULATOR_CLIENT_ID";
-pub const DEFAULT_EMULATOR_CLIENT_ID: &str = "statestore-emulator";
-
-/// `emulator --username`
-pub const ENV_EMULATOR_USERNAME: &str = "STATESTORE_EMULATOR_USERNAME";
-
-/// `emulator --password-file`
-pub const ENV_EMULATOR_PASSWORD_FILE: &str = "STATESTORE_EMULATOR_PASSWORD_FILE";
-
-/// `emulator --data-dir`
-pub const ENV_EMULATOR_DATA_DIR: &str = "STATESTORE_EMULATOR_DATA_DIR";
-
-/// `emulator --max-keys`
-pub const ENV_EMULATOR_MAX_KEYS: &str = "STATESTORE_EMULATOR_MAX_KEYS";
-
-/// `emulator --max-bytes`
-pub const ENV_EMULATOR_MAX_BYTES: &str = "STATESTORE_EMULATOR_MAX_BYTES";
-
-/// `emulator --log-format`
-pub const ENV_EMULATOR_LOG_FORMAT: &str = "STATESTORE_EMULATOR_LOG_FORMAT";
-
-/// `emulator --acl`
-pub const ENV_EMULATOR_ACL: &str = "STATESTORE_EMULATOR_ACL";
-
-// `dev`.
-
-/// `dev --listen`
-pub const ENV_DEV_LISTEN: &str = "STATESTORE_GATEWAY_DEV_LISTEN";
 pub const DEFAULT_DEV_LISTEN: SocketAddr = loopback(8080);
-
-/// `dev --admin-listen`
-pub const ENV_DEV_ADMIN_LISTEN: &str = "STATESTORE_GATEWAY_DEV_ADMIN_LISTEN";
 pub const DEFAULT_DEV_ADMIN_LISTEN: SocketAddr = loopback(8081);
-
-/// `dev --broker-listen`
-pub const ENV_DEV_BROKER_LISTEN: &str = "STATESTORE_GATEWAY_DEV_BROKER_LISTEN";
 pub const DEFAULT_DEV_BROKER_LISTEN: SocketAddr = loopback(1883);
-
-/// `dev --data-dir`
-pub const ENV_DEV_DATA_DIR: &str = "STATESTORE_GATEWAY_DEV_DATA_DIR";
-
-/// Environment fallback of `injector --listen`.
-pub const ENV_INJECTOR_LISTEN: &str = "STATESTORE_GATEWAY_INJECTOR_LISTEN";
-/// Environment fallback of `injector --tls-cert-file`.
-pub const ENV_INJECTOR_TLS_CERT_FILE: &str = "STATESTORE_GATEWAY_INJECTOR_TLS_CERT_FILE";
-/// Environment fallback of `injector --tls-key-file`.
-pub const ENV_INJECTOR_TLS_KEY_FILE: &str = "STATESTORE_GATEWAY_INJECTOR_TLS_KEY_FILE";
 
 /// How long a request waits for an in-flight slot before it fails as
 /// overloaded: long enough to ride out a burst, short enough that the
@@ -235,6 +584,40 @@ pub fn default_client_id() -> String {
         .filter(|name| !name.is_empty());
     let suffix = hostname.unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
     format!("statestore-gateway-{suffix}")
+}
+
+/// A setting that parsed but cannot be used: the one error every layer
+/// reports a bad setting with, named by its flag and environment variable,
+/// so an operator can fix it (the binary exits with the usage code).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid {setting}{}: {message}", env.map(|env| format!(" ({env})")).unwrap_or_default())]
+pub struct SettingError {
+    /// The flag (`--client-id`).
+    pub setting: &'static str,
+    /// Its environment variable, when it has one.
+    pub env: Option<&'static str>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl SettingError {
+    /// `setting` cannot be used.
+    pub fn new(setting: &Setting, message: impl Into<String>) -> Self {
+        Self {
+            setting: setting.flag,
+            env: Some(setting.env),
+            message: message.into(),
+        }
+    }
+
+    /// `setting`, a flag without an environment variable, cannot be used.
+    pub fn flag(setting: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            setting,
+            env: None,
+            message: message.into(),
+        }
+    }
 }
 
 /// Why a duration did not parse.

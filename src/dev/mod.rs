@@ -4,7 +4,7 @@
 //! The broker (rmqtt) sits behind the cargo feature `embedded-broker`, on by
 //! default; the container image is built without it and `dev` then says so.
 
-use crate::config::DevArgs;
+use crate::cli::dev::DevArgs;
 
 mod banner;
 #[cfg(feature = "embedded-broker")]

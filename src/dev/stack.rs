@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::broker::EmbeddedBroker;
 use super::error::DevError;
-use crate::config::DevArgs;
+use crate::cli::dev::DevArgs;
 use crate::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use crate::http::{ServeSettings, Server};
 use crate::metrics::Metrics;

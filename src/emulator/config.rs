@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::acl::AccessList;
 use super::store::ScanLimits;
+use crate::settings;
 
 /// How long [`Emulator::start`](super::Emulator::start) waits by default to be connected and subscribed.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -55,7 +56,7 @@ impl EmulatorConfig {
         Self {
             broker_host: broker_host.into(),
             broker_port,
-            client_id: "statestore-emulator".into(),
+            client_id: settings::EMULATOR_CLIENT_ID.default.into(),
             username: None,
             password: None,
             data_dir: None,

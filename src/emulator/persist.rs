@@ -2,10 +2,14 @@
 //! in the data directory, replayed at start-up.
 //!
 //! Each record is `[len u32 LE][crc32 u32 LE][body]`. A crash can leave the
-//! last records half written; replay keeps the longest valid prefix and cuts
-//! the rest off (a tail of zeros, which a file system may leave after a
-//! crash, counts as torn). That loses nothing acknowledged, because the
-//! emulator only replies once a record is written and `fsync`ed. After replay, and whenever
+//! last records half written; replay cuts off a tail that no valid record
+//! follows (a tail of zeros, which a file system may leave after a crash,
+//! counts as torn). That loses nothing acknowledged, because the emulator
+//! only replies once a record is written and `fsync`ed. Bytes that fail
+//! their checksum *before* a valid record are damage, not a crash: replay
+//! skips them and keeps every later record, keeps a copy of the damaged
+//! file beside the log (`statestore.log.damaged-<unix ms>`), logs an error
+//! and rewrites the log without them. After replay, and whenever
 //! the appended records outgrow both 64 MiB and the last rewrite, the log is
 //! rewritten to the live keys alone (write, fsync, rename), so its size stays
 //! within a small multiple of the data.
@@ -206,36 +210,89 @@ impl Reader<'_> {
     }
 }
 
-/// The records of a log image, and how many trailing bytes were torn.
-fn parse(image: &[u8], path: &Path) -> Result<(Vec<Record>, usize), PersistError> {
-    let mut records = Vec::new();
+/// What replaying a log image found.
+#[derive(Debug)]
+struct Parsed {
+    /// The valid records, in order.
+    records: Vec<Record>,
+    /// Byte ranges that hold no valid record but that valid records follow.
+    damaged: Vec<std::ops::Range<usize>>,
+    /// Where the last valid record ends: what follows is a torn tail.
+    end: usize,
+}
+
+/// The records of a log image, the damaged ranges between them, and where
+/// a torn tail starts.
+fn parse(image: &[u8], path: &Path) -> Result<Parsed, PersistError> {
+    let mut parsed = Parsed {
+        records: Vec::new(),
+        damaged: Vec::new(),
+        end: MAGIC.len(),
+    };
     let mut pos = MAGIC.len();
     while pos < image.len() {
-        let rest = &image[pos..];
-        let Some(header) = rest.get(..8) else {
-            break;
-        };
-        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        // Every record has a tag byte, so length 0 (with the CRC-32 of
-        // nothing, which is 0) is a zero-filled tail, not a record.
-        if len == 0 || len > MAX_RECORD {
-            break;
+        match record_at(image, pos) {
+            Some(Ok((record, next))) => {
+                parsed.records.push(record);
+                pos = next;
+                parsed.end = next;
+            }
+            Some(Err(())) => {
+                return Err(PersistError::Corrupt {
+                    path: path.to_owned(),
+                    offset: pos,
+                });
+            }
+            // Damage if a valid record follows; otherwise a torn tail.
+            None => match next_record(image, pos) {
+                Some(next) => {
+                    parsed.damaged.push(pos..next);
+                    pos = next;
+                }
+                None => break,
+            },
         }
-        let Some(body) = rest.get(8..8 + len) else {
-            break;
-        };
-        if crc32(body) != crc {
-            break;
-        }
-        let record = Record::decode(body).ok_or_else(|| PersistError::Corrupt {
-            path: path.to_owned(),
-            offset: pos,
-        })?;
-        records.push(record);
-        pos += 8 + len;
     }
-    Ok((records, image.len() - pos))
+    Ok(parsed)
+}
+
+/// The record starting at `pos` and where the next one starts; `None`
+/// when there is no whole record with a matching checksum there, `Err`
+/// when one passes its checksum but does not decode (a bug, not damage).
+fn record_at(image: &[u8], pos: usize) -> Option<Result<(Record, usize), ()>> {
+    let rest = image.get(pos..)?;
+    let header = rest.get(..8)?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    // Every record has a tag byte, so length 0 (with the CRC-32 of
+    // nothing, which is 0) is zero-filled space, not a record.
+    if len == 0 || len > MAX_RECORD {
+        return None;
+    }
+    let body = rest.get(8..8 + len)?;
+    // The tag first: scanning damaged bytes checksums few candidates.
+    if !matches!(body[0], 1 | 2) || crc32(body) != crc {
+        return None;
+    }
+    Some(
+        Record::decode(body)
+            .map(|record| (record, pos + 8 + len))
+            .ok_or(()),
+    )
+}
+
+/// Where the first valid record after the invalid bytes at `pos` starts:
+/// where the damaged record's own length says the next one is (a flipped
+/// bit in its body), else the first offset where one decodes (a damaged
+/// length, a lost sector). `None`: nothing valid follows.
+fn next_record(image: &[u8], pos: usize) -> Option<usize> {
+    let is_record = |at: usize| matches!(record_at(image, at), Some(Ok(_)));
+    let declared = image
+        .get(pos..pos + 4)
+        .map(|len| u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize)
+        .and_then(|len| pos.checked_add(8 + len))
+        .filter(|&next| next < image.len() && is_record(next));
+    declared.or_else(|| (pos + 1..image.len()).find(|&at| is_record(at)))
 }
 
 /// The open log of a data directory.
@@ -296,11 +353,12 @@ impl Log {
         if !image.starts_with(MAGIC) {
             return Err(PersistError::NotALog(path));
         }
-        let (records, torn) = parse(&image, &path)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io(&path))?;
+        let Parsed {
+            records,
+            damaged,
+            end,
+        } = parse(&image, &path)?;
+        let torn = image.len() - end;
         if torn > 0 {
             tracing::warn!(
                 path = %path.display(),
@@ -308,18 +366,46 @@ impl Log {
                 "persistence log ends in an incomplete record (a crash during a write); \
                  it was never acknowledged and is dropped"
             );
-            // Cut it off so that appends follow the last whole record.
-            file.set_len((image.len() - torn) as u64)
-                .and_then(|()| file.sync_all())
-                .map_err(io(&path))?;
         }
+        let (file, size) = if damaged.is_empty() {
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            if torn > 0 {
+                // Cut it off so that appends follow the last whole record.
+                file.set_len(end as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(io(&path))?;
+            }
+            (file, end as u64)
+        } else {
+            let copy = keep_damaged_copy(dir, &image)?;
+            let lost: usize = damaged.iter().map(|range| range.len()).sum();
+            let ranges: Vec<String> = damaged
+                .iter()
+                .map(|range| format!("{}..{}", range.start, range.end))
+                .collect();
+            tracing::error!(
+                path = %path.display(),
+                copy = %copy.display(),
+                damaged_bytes = lost,
+                ranges = %ranges.join(", "),
+                kept_records = records.len(),
+                "persistence log is damaged (checksum failures before valid records, \
+                 not a crash during a write): the damaged records are lost, every other \
+                 record is kept, and the damaged file is kept as the copy named here"
+            );
+            // Appends must not follow the damage: the log is the valid records alone.
+            rewrite(dir, &path, &records)?
+        };
         let log = Log {
             dir: dir.to_owned(),
             file: Arc::new(file),
             path,
             _lock: lock,
             appended: 0,
-            rewritten: image.len() as u64,
+            rewritten: size,
             compact_after: COMPACT_AFTER,
         };
         Ok((log, records))
@@ -404,6 +490,28 @@ impl Log {
         .map_err(std::io::Error::other);
         written.and_then(|result| result).map_err(io)
     }
+}
+
+/// A copy of a damaged log `image` beside the log, synced; returns its path.
+fn keep_damaged_copy(dir: &Path, image: &[u8]) -> Result<PathBuf, PersistError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let copy = dir.join(format!("{LOG_FILE}.damaged-{now_ms}"));
+    let io = |source| PersistError::Io {
+        path: copy.clone(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&copy)
+        .map_err(io)?;
+    file.write_all(image)
+        .and_then(|()| file.sync_all())
+        .map_err(io)?;
+    sync_dir(dir)?;
+    Ok(copy)
 }
 
 /// The log's image for `records` written next to it, synced, and renamed
@@ -591,6 +699,64 @@ mod tests {
             let (_log, replayed) = Log::open(dir.path()).unwrap();
             assert_eq!(replayed.len(), 4);
             assert_eq!(replayed[3], delete("after"));
+        }
+    }
+
+    fn damaged_copies(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.to_string_lossy().contains(".damaged-"))
+            .collect()
+    }
+
+    #[test]
+    fn damage_before_valid_records_loses_only_the_damaged_ones_and_keeps_a_copy() {
+        let records: Vec<Record> = (0..10)
+            .map(|i| set(&format!("k{i}"), &format!("value {i}"), None, None))
+            .collect();
+        let mut framed = Vec::new();
+        let mut starts = Vec::new();
+        for record in &records {
+            starts.push(MAGIC.len() + framed.len());
+            record.encode(&mut framed);
+        }
+        let whole = [&MAGIC[..], &framed].concat();
+        // A bit flipped in a body, in a length, in a checksum; a zeroed
+        // stretch over two records; each before valid records.
+        let flip = |at: usize| {
+            let mut image = whole.clone();
+            image[at] ^= 0x10;
+            image
+        };
+        let mut zeroed = whole.clone();
+        zeroed[starts[4] + 3..starts[6] + 5].fill(0);
+        let cases = [
+            (flip(starts[2] + 12), vec![2]),
+            (flip(starts[2]), vec![2]),
+            (flip(starts[7] + 2), vec![7]),
+            (flip(starts[2] + 5), vec![2]),
+            (zeroed, vec![4, 5, 6]),
+        ];
+        for (image, lost) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join(LOG_FILE), &image).unwrap();
+            let (log, replayed) = Log::open(dir.path()).unwrap();
+            let expected: Vec<Record> = (0..10)
+                .filter(|i| !lost.contains(i))
+                .map(|i| records[i].clone())
+                .collect();
+            assert_eq!(replayed, expected, "lost {lost:?}");
+            let copies = damaged_copies(dir.path());
+            assert_eq!(copies.len(), 1);
+            assert_eq!(std::fs::read(&copies[0]).unwrap(), image);
+            // The log now holds the kept records alone; appends follow them.
+            append_blocking(&log, &[delete("after")]);
+            drop(log);
+            let (_log, again) = Log::open(dir.path()).unwrap();
+            assert_eq!(again[..expected.len()], expected[..]);
+            assert_eq!(again.last(), Some(&delete("after")));
+            assert_eq!(damaged_copies(dir.path()).len(), 1, "no new damage");
         }
     }
 

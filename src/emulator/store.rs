@@ -51,6 +51,10 @@ pub struct ScanLimits {
     pub max_examined: usize,
     /// Most key bytes looked at for one page (at least one key is).
     pub max_examined_bytes: usize,
+    /// Most glob steps ([`glob::matches_counting`]) spent on one page (at
+    /// least one key is matched): a pattern that backtracks over long keys
+    /// gets short pages instead of holding the store for seconds.
+    pub max_match_steps: u64,
 }
 
 impl Default for ScanLimits {
@@ -59,6 +63,8 @@ impl Default for ScanLimits {
             max_keys: 1_000,
             max_examined: 10_000,
             max_examined_bytes: 4 << 20,
+            // About a millisecond of matching in a release build.
+            max_match_steps: 1_000_000,
         }
     }
 }
@@ -218,6 +224,7 @@ impl Store {
             max_keys: limits.max_keys.max(1),
             max_examined: limits.max_examined.max(1),
             max_examined_bytes: limits.max_examined_bytes.max(1),
+            max_match_steps: limits.max_match_steps.max(1),
         };
     }
 
@@ -435,8 +442,9 @@ impl Store {
     ///
     /// A page ends at [`ScanLimits::max_keys`] keys, after
     /// [`ScanLimits::max_examined`] keys looked at (possibly with none
-    /// listed), or before the reply would exceed `envelope.reply_limit`;
-    /// then the token names the last key looked at. A key present for the
+    /// listed), after [`ScanLimits::max_match_steps`] glob steps, or before
+    /// the reply would exceed `envelope.reply_limit`; then the token names
+    /// the last key looked at. A key present for the
     /// whole listing is listed exactly once; one added or deleted meanwhile
     /// may or may not be. A token this store did not issue is a `syntax
     /// error`.
@@ -455,8 +463,8 @@ impl Store {
         };
         let limits = self.scan_limits;
         let reply_limit = envelope.reply_limit.unwrap_or(usize::MAX);
-        let listed = |key: &[u8]| {
-            glob::matches(pattern, key)
+        let listed = |key: &[u8], steps: &mut u64| {
+            glob::matches_counting(pattern, key, steps)
                 && envelope
                     .acl
                     .is_none_or(|acl| acl.allows(envelope.client_id, key, Access::Read))
@@ -469,18 +477,19 @@ impl Store {
             .peekable();
         let mut page = KeyPage::default();
         let mut size = KeyPage::MAX_HEADER_LEN;
-        let (mut examined, mut examined_bytes) = (0, 0);
+        let (mut examined, mut examined_bytes, mut steps) = (0, 0, 0);
         let mut last: Option<&Bytes> = None;
         while let Some(&key) = keys.peek() {
             if let Some(last) = last
                 && (examined >= limits.max_examined
                     || page.keys.len() >= limits.max_keys
-                    || examined_bytes + key.len() > limits.max_examined_bytes)
+                    || examined_bytes + key.len() > limits.max_examined_bytes
+                    || steps >= limits.max_match_steps)
             {
                 page.token = Some(self.token(last));
                 break;
             }
-            let is_listed = listed(key);
+            let is_listed = listed(key, &mut steps);
             let key_size = if is_listed {
                 bulk_encoded_len(key.len())
             } else {
@@ -1549,11 +1558,14 @@ mod scan_proptests {
     }
 
     fn limits() -> impl Strategy<Value = ScanLimits> {
-        (1..6usize, 1..8usize, 1..12usize).prop_map(|(max_keys, max_examined, bytes)| ScanLimits {
-            max_keys,
-            max_examined,
-            max_examined_bytes: bytes,
-        })
+        (1..6usize, 1..8usize, 1..12usize, 1..40u64).prop_map(
+            |(max_keys, max_examined, bytes, steps)| ScanLimits {
+                max_keys,
+                max_examined,
+                max_examined_bytes: bytes,
+                max_match_steps: steps,
+            },
+        )
     }
 
     /// Runs a listing, applying `changes[i]` after page i.

@@ -5,11 +5,14 @@
 //! response ([`ApiError`]), and the parsers behind them.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{FromRequestParts, OriginalUri};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
 use percent_encoding::percent_decode;
 
 use super::headers::{Representation, accept_weight};
@@ -183,6 +186,43 @@ impl<S: Send + Sync> FromRequestParts<S> for DeclaredLength {
                 .and_then(|text| text.parse().ok()),
         ))
     }
+}
+
+/// Reads a request body whole, up to `limit` bytes and within `within`:
+/// `Content-Length` over the limit is refused before reading (413), a
+/// chunked body as soon as it passes the limit; a body that has not arrived
+/// in time is 408, so a slow client cannot hold its connection for ever.
+pub async fn read_body(
+    body: &mut Body,
+    declared: Option<u64>,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, ApiError> {
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::ValueTooLarge { max: limit });
+    }
+    // Reserve for what arrives, not for what a client merely declares: a
+    // Content-Length alone must not hold megabytes for the body timeout.
+    const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
+    let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
+    let read = async move {
+        let mut value = BytesMut::with_capacity(capacity);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|error| ApiError::BodyRead(error.to_string()))?;
+            // Trailers carry no value bytes.
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            if value.len() + chunk.len() > limit {
+                return Err(ApiError::ValueTooLarge { max: limit });
+            }
+            value.extend_from_slice(&chunk);
+        }
+        Ok(value.freeze())
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| ApiError::BodyTimeout(within))?
 }
 
 /// A header's value when present and visible ASCII, for headers whose

@@ -7,8 +7,6 @@
 //! form-encoded: `+` is a space there, as browsers and HTTP clients write
 //! it, while `+` in the key path is a plus (RFC 3986).
 
-use std::time::Duration;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,12 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
+use bytes::Bytes;
 use serde_json::json;
 
 use super::extract::{
-    Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl,
+    Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl, read_body,
 };
 use super::headers::{Representation, set_common_headers, set_etag, set_read_headers};
 use super::problem::{ApiError, Precondition};
@@ -87,7 +84,7 @@ async fn put_key(
     conditions: Conditions,
     FencingToken(fencing_token): FencingToken,
     DeclaredLength(declared): DeclaredLength,
-    body: Body,
+    mut body: Body,
 ) -> Result<Response, ApiError> {
     let mut query = query.accept(&["ttl", "nex", "persist"])?;
     let ttl_ms = query.take("ttl").map(|raw| parse_ttl(&raw)).transpose()?;
@@ -109,8 +106,8 @@ async fn put_key(
         (false, true) => SetCondition::OnlyIfMissingOrEqual,
         (false, false) => SetCondition::Always,
     };
-    let value = read_value(
-        body,
+    let value = read_body(
+        &mut body,
         declared,
         state.value_limit(),
         state.limits.request_timeout,
@@ -245,38 +242,6 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
     }
 }
 
-/// Reads the body up to `limit` bytes: `Content-Length` over the limit is
-/// refused before reading, a chunked body as soon as it passes the limit.
-async fn read_value(
-    body: Body,
-    declared: Option<u64>,
-    limit: usize,
-    within: Duration,
-) -> Result<Bytes, ApiError> {
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::ValueTooLarge { max: limit });
-    }
-    // Reserve for what arrives, not for what a client merely declares: a
-    // Content-Length alone must not hold megabytes for the body timeout.
-    const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
-    let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
-    let read = async move {
-        let mut stream = body.into_data_stream();
-        let mut value = BytesMut::with_capacity(capacity);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|error| ApiError::BodyRead(error.to_string()))?;
-            if value.len() + chunk.len() > limit {
-                return Err(ApiError::ValueTooLarge { max: limit });
-            }
-            value.extend_from_slice(&chunk);
-        }
-        Ok(value.freeze())
-    };
-    tokio::time::timeout(within, read)
-        .await
-        .map_err(|_| ApiError::BodyTimeout(within))?
-}
-
 fn not_modified(version: Option<&Hlc>, representation: Representation) -> Response {
     let mut response = StatusCode::NOT_MODIFIED.into_response();
     set_common_headers(response.headers_mut(), "");
@@ -291,18 +256,7 @@ fn value_response(
     representation: Representation,
 ) -> Response {
     let mut response = if representation == Representation::Json {
-        let key_text = std::str::from_utf8(key).ok();
-        let mut document = json!({
-            "key": key_text,
-            "value": std::str::from_utf8(&value).ok(),
-            "value_base64": BASE64.encode(&value),
-            "version": version.map(Hlc::encode),
-        });
-        if key_text.is_none() {
-            document["key_base64"] = BASE64.encode(key).into();
-        }
-        let body = serde_json::to_vec(&document).unwrap_or_default();
-        let mut response = (StatusCode::OK, body).into_response();
+        let mut response = Response::new(json_document(key, value, version));
         set_common_headers(response.headers_mut(), "application/json");
         response
     } else {
@@ -312,6 +266,81 @@ fn value_response(
     };
     set_read_headers(response.headers_mut(), version, representation);
     response
+}
+
+/// Bytes of the value encoded per piece of the JSON form: a multiple of 3,
+/// so that only the last piece of base64 has padding.
+const JSON_PIECE_BYTES: usize = 48 * 1024;
+
+/// `{"key", "key_base64"?, "value", "value_base64", "version"}`, written
+/// piece by piece as the client reads it: a value's JSON form is up to
+/// seven times its size (`\u0000` and base64), so it is never held whole;
+/// the request holds the value and one piece.
+fn json_document(key: &[u8], value: Bytes, version: Option<&Hlc>) -> Body {
+    let key_text = std::str::from_utf8(key).ok();
+    let mut head = br#"{"key":"#.to_vec();
+    json_into(&mut head, &key_text);
+    if key_text.is_none() {
+        head.extend_from_slice(br#","key_base64":"#);
+        json_into(&mut head, &BASE64.encode(key));
+    }
+    let is_text = std::str::from_utf8(&value).is_ok();
+    head.extend_from_slice(if is_text {
+        br#","value":""#
+    } else {
+        br#","value":null"#
+    });
+    let mut middle = Vec::new();
+    if is_text {
+        middle.push(b'"');
+    }
+    middle.extend_from_slice(br#","value_base64":""#);
+    let mut tail = br#"","version":"#.to_vec();
+    json_into(&mut tail, &version.map(Hlc::encode));
+    tail.push(b'}');
+
+    let text = value.clone();
+    let mut text_at = if is_text { 0 } else { text.len() };
+    let text_pieces = std::iter::from_fn(move || {
+        if text_at >= text.len() {
+            return None;
+        }
+        // End on a character boundary: not inside a UTF-8 sequence.
+        let mut end = (text_at + JSON_PIECE_BYTES).min(text.len());
+        while end < text.len() && text[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        let piece = std::str::from_utf8(&text[text_at..end]).unwrap_or_default();
+        text_at = end;
+        let mut quoted = Vec::with_capacity(piece.len() + 2);
+        json_into(&mut quoted, piece);
+        // Without the quotes: the pieces are one string.
+        let unquoted = 1..quoted.len() - 1;
+        Some(Bytes::from(quoted).slice(unquoted))
+    });
+    let mut base64_at = 0;
+    let base64_pieces = std::iter::from_fn(move || {
+        if base64_at >= value.len() {
+            return None;
+        }
+        let end = (base64_at + JSON_PIECE_BYTES).min(value.len());
+        let piece = BASE64.encode(&value[base64_at..end]);
+        base64_at = end;
+        Some(Bytes::from(piece))
+    });
+    let pieces = std::iter::once(Bytes::from(head))
+        .chain(text_pieces)
+        .chain(std::iter::once(Bytes::from(middle)))
+        .chain(base64_pieces)
+        .chain(std::iter::once(Bytes::from(tail)))
+        .map(Ok::<_, std::convert::Infallible>);
+    Body::from_stream(futures_util::stream::iter(pieces))
+}
+
+/// Appends the JSON of `value` (a string, `null`, ...).
+fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    // Writing strings and options to a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
 }
 
 #[cfg(test)]
@@ -335,5 +364,42 @@ mod tests {
             "\"000000000000001:00002:S+json\""
         );
         assert_eq!(response.headers()[header::VARY], "Accept");
+    }
+
+    #[tokio::test]
+    async fn the_json_form_written_in_pieces_is_the_whole_document() {
+        use http_body_util::BodyExt as _;
+        let version = Hlc::parse("1:2:S").unwrap();
+        // Multi-byte characters across piece boundaries, quotes and control
+        // characters, bytes that are not UTF-8, nothing at all.
+        let text = "é\"\u{0}😀\n".repeat(JSON_PIECE_BYTES / 3);
+        let mut binary = text.clone().into_bytes();
+        binary.push(0xff);
+        for (key, value) in [
+            (&b"k"[..], text.into_bytes()),
+            (b"k\xff", binary),
+            (b"k", Vec::new()),
+            (b"k", b"x".repeat(3 * JSON_PIECE_BYTES)),
+        ] {
+            let response = value_response(
+                key,
+                Bytes::from(value.clone()),
+                Some(&version),
+                Representation::Json,
+            );
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let key_text = std::str::from_utf8(key).ok();
+            let mut expected = json!({
+                "key": key_text,
+                "value": std::str::from_utf8(&value).ok(),
+                "value_base64": BASE64.encode(&value),
+                "version": "000000000000001:00002:S",
+            });
+            if key_text.is_none() {
+                expected["key_base64"] = BASE64.encode(key).into();
+            }
+            assert_eq!(document, expected);
+        }
     }
 }

@@ -13,6 +13,8 @@
 //!
 //! A connection that opens with a watch request is answered by
 //! [`event_stream`](super::event_stream) instead of hyper (it explains why).
+//! [`serve_tls`] is the same loop over TLS (the admission webhook), with a
+//! handshake timeout.
 
 use std::io;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 
 use super::event_stream::{self, FirstRequest, Prefixed};
 
@@ -62,12 +65,65 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let builder = http1_builder(limits);
+    accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
+        tokio::spawn(connection(
+            stream,
+            router.clone(),
+            Arc::clone(&builder),
+            limits,
+            stopping,
+            slot,
+        ));
+    })
+    .await
+}
+
+/// [`serve`] over TLS, for the admission webhook: each connection must
+/// complete its handshake within `handshake_timeout` (else it is closed),
+/// then hyper serves it with the same limits. No event streams here.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let builder = http1_builder(limits);
+    accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
+        tokio::spawn(tls_connection(
+            stream,
+            acceptor.clone(),
+            handshake_timeout,
+            router.clone(),
+            Arc::clone(&builder),
+            stopping,
+            slot,
+        ));
+    })
+    .await
+}
+
+/// hyper's HTTP/1 with a timer (without one its header read timeout never
+/// fires) and the limits.
+fn http1_builder(limits: ConnectionLimits) -> Arc<http1::Builder> {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(limits.max_header_bytes);
-    let builder = Arc::new(builder);
+    Arc::new(builder)
+}
+
+/// Accepts connections and hands each to `spawn` with a receiver of the
+/// stop signal and the slot it holds until it closes; see [`serve`].
+async fn accept_loop(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+    mut spawn: impl FnMut(TcpStream, watch::Receiver<bool>, OwnedSemaphorePermit),
+) -> io::Result<()> {
     // Every connection task holds one of the `slots` until it closes, so
     // having them all back means every connection is closed. `stop`
     // changes once, after the last connection was accepted, so every
@@ -111,14 +167,7 @@ pub async fn serve(
             },
         };
         set_nodelay(&stream);
-        tokio::spawn(connection(
-            stream,
-            router.clone(),
-            Arc::clone(&builder),
-            limits,
-            stopping.clone(),
-            slot,
-        ));
+        spawn(stream, stopping.clone(), slot);
     }
     drop(listener);
     stop.send_replace(true);
@@ -154,10 +203,41 @@ async fn connection(
         }
         FirstRequest::Hyper(prefix) => prefix,
     };
-    let connection = builder.serve_connection(
-        TokioIo::new(Prefixed::new(prefix, stream)),
-        TowerToHyperService::new(router),
-    );
+    serve_http1(Prefixed::new(prefix, stream), router, &builder, stopping).await;
+}
+
+/// Serves one TLS connection until it closes; its `_slot` is held until then.
+async fn tls_connection(
+    stream: TcpStream,
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+    router: Router,
+    builder: Arc<http1::Builder>,
+    mut stopping: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let tls = tokio::select! {
+        handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => handshake,
+        _ = stopping.changed() => return,
+    };
+    match tls {
+        Ok(Ok(tls)) => serve_http1(tls, router, &builder, stopping).await,
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake timed out"),
+    }
+}
+
+/// hyper serves `io` until the connection closes; when `stopping`
+/// changes it finishes the request in progress and closes.
+async fn serve_http1<I>(
+    io: I,
+    router: Router,
+    builder: &http1::Builder,
+    mut stopping: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
     tokio::pin!(connection);
     loop {
         tokio::select! {

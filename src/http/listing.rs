@@ -5,8 +5,9 @@
 //! it takes. Its `next` cursor names the store page it stopped in, how
 //! many of that page's keys were already returned and the last of them, so
 //! the next response resumes exactly there even when a store page was only
-//! partly used (after the last key when it is still in the page, so keys
-//! deleted from the page meanwhile shift nothing). The
+//! partly used (after the last key when it is still in the page, or
+//! after its place in a byte-ordered page, so keys deleted from the page
+//! or inserted before it meanwhile shift nothing). The
 //! gateway holds one store page and one response at a time, whatever the
 //! store's size.
 //!
@@ -200,14 +201,7 @@ async fn fill(
                 other => ApiError::from(other),
             })?;
         from_client = false;
-        // Resume after the last key returned while the page still holds
-        // it; otherwise (it was deleted) by count, a page that shrank
-        // below it being used up.
-        let skip = at
-            .last
-            .as_ref()
-            .and_then(|last| page.keys.iter().position(|key| key == last))
-            .map_or(at.skip.min(page.keys.len()), |index| index + 1);
+        let skip = resume_at(&at, &page.keys);
         let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
         listed
             .keys
@@ -223,16 +217,47 @@ async fn fill(
         let Some(token) = page.token else {
             return Ok(listed);
         };
+        // A byte-ordered page wholly before the last key returned (keys
+        // inserted before it pushed it on): the next pages are filtered
+        // by it too, until one goes past it.
+        let last = if take == 0 && in_byte_order(&page.keys) {
+            at.last
+        } else {
+            None
+        };
         at = Position {
             token: Some(token),
             skip: 0,
-            last: None,
+            last,
         };
         if listed.keys.len() >= limit || Instant::now() >= deadline {
             listed.next = Some(at);
             return Ok(listed);
         }
     }
+}
+
+/// Where in a store page a listing at `at` resumes: after the last key
+/// returned while the page holds it; when the page is in byte order (as the
+/// emulator's are), after every key up to it in that order, so that keys
+/// inserted before it or its deletion shift nothing; otherwise by count, a
+/// page that shrank below it being used up.
+fn resume_at(at: &Position, keys: &[Bytes]) -> usize {
+    let Some(last) = &at.last else {
+        return at.skip.min(keys.len());
+    };
+    if let Some(index) = keys.iter().position(|key| key == last) {
+        return index + 1;
+    }
+    if in_byte_order(keys) {
+        return keys.partition_point(|key| key <= last);
+    }
+    at.skip.min(keys.len())
+}
+
+/// Whether `keys` ascend in byte order.
+fn in_byte_order(keys: &[Bytes]) -> bool {
+    keys.windows(2).all(|pair| pair[0] < pair[1])
 }
 
 /// `limit`: 1 to [`MAX_LIMIT`].
@@ -431,7 +456,9 @@ fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
 fn push_line(out: &mut String, key: &[u8]) {
     for chunk in key.utf8_chunks() {
         for ch in chunk.valid().chars() {
-            if ch == '%' || ch.is_control() {
+            // Line and paragraph separators and the byte-order mark are
+            // not control characters, but split or vanish in many tools.
+            if ch == '%' || ch.is_control() || matches!(ch, '\u{2028}' | '\u{2029}' | '\u{feff}') {
                 let mut buffer = [0; 4];
                 for byte in ch.encode_utf8(&mut buffer).bytes() {
                     out.push_str(&format!("%{byte:02X}"));
@@ -450,6 +477,33 @@ fn push_line(out: &mut String, key: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_resumes_after_its_last_key_wherever_it_moved() {
+        let keys = |names: &[&'static str]| -> Vec<Bytes> {
+            names
+                .iter()
+                .map(|name| Bytes::from_static(name.as_bytes()))
+                .collect()
+        };
+        let at = Position {
+            token: None,
+            skip: 2,
+            last: Some(Bytes::from_static(b"k5")),
+        };
+        // Still in the page: right after it.
+        assert_eq!(resume_at(&at, &keys(&["k0", "k5", "k6"])), 2);
+        // Pushed on or deleted, in a byte-ordered page: after its place.
+        assert_eq!(resume_at(&at, &keys(&["k0", "k1", "k2", "k3"])), 4);
+        assert_eq!(resume_at(&at, &keys(&["k4", "k6", "k7"])), 1);
+        // Another order: by count.
+        assert_eq!(resume_at(&at, &keys(&["k9", "k1", "k2", "k3"])), 2);
+        let fresh = Position {
+            last: None,
+            ..at.clone()
+        };
+        assert_eq!(resume_at(&fresh, &keys(&["k0"])), 1);
+    }
 
     #[test]
     fn cursors_round_trip_with_their_pattern_only() {

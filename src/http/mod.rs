@@ -37,6 +37,6 @@ mod server;
 mod state;
 pub mod watch;
 
-pub use router::{close_unless_body_read, router};
+pub use router::{BodyReadLimits, close_unless_body_read, read_body_first, router};
 pub use server::{ServeError, ServeSettings, Server, termination_signal};
 pub use state::{ApiToken, AppState, Limits, Shared};

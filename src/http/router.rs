@@ -12,9 +12,10 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{Next, from_fn_with_state};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt as _;
 
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -158,6 +159,63 @@ pub async fn close_unless_body_read(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     body_watch.finish(&mut response);
     response
+}
+
+/// How a body read whole before the handler must arrive: see
+/// [`read_body_first`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyReadLimits {
+    /// The largest body (413 above it).
+    pub max_bytes: usize,
+    /// How long the whole body may take to arrive (408 after it).
+    pub timeout: Duration,
+}
+
+/// Reads the request body whole ([`extract::read_body`], as the key API's
+/// PUT does) before the handler runs, for routes whose handlers read their
+/// body with an extractor that has no deadline: a client that sends its
+/// body too slowly gets 408 instead of holding its connection. Put it
+/// inside [`close_unless_body_read`], so that such an answer closes the
+/// connection.
+pub async fn read_body_first(
+    State(limits): State<BodyReadLimits>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, mut body) = request.into_parts();
+    let started = Instant::now();
+    // Read up to the limit even when Content-Length is over it, then up
+    // to as much again (dropped) within the deadline: a client answered
+    // while it is still writing its body fails on the write (the socket is
+    // reset) and never sees the 413.
+    match extract::read_body(&mut body, None, limits.max_bytes, limits.timeout).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(error @ ApiError::ValueTooLarge { .. }) => {
+            let left = limits.timeout.saturating_sub(started.elapsed());
+            let _ = tokio::time::timeout(left, discard(&mut body, limits.max_bytes)).await;
+            // What is left of the body, if anything, is not read.
+            let mut response = error.into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Reads and drops up to `at_most` more bytes of `body`.
+async fn discard(body: &mut Body, at_most: usize) {
+    let mut dropped = 0;
+    while dropped <= at_most {
+        match body.frame().await {
+            Some(Ok(frame)) => dropped += frame.data_ref().map_or(0, Bytes::len),
+            Some(Err(_)) | None => return,
+        }
+    }
 }
 
 /// A request body that raises its flag once read to its end.

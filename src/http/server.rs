@@ -70,6 +70,22 @@ impl Default for ServeSettings {
             max_connections: usize::try_from(settings::DEFAULT_MAX_CONNECTIONS)
                 .unwrap_or(usize::MAX),
         }
+        .with_request_timeout(settings::DEFAULT_REQUEST_TIMEOUT)
+    }
+}
+
+impl ServeSettings {
+    /// These settings with `timeout` as the request timeout, and every wait
+    /// that follows from it: the pool's reply and slot waits, the key API's
+    /// limit (body reads, the backstop) and how long a new watcher waits
+    /// for its keys' registration. The one place they are derived, for the
+    /// command line and the tests alike.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.pool.request_timeout = timeout;
+        self.pool.slot_wait = settings::slot_wait(timeout);
+        self.limits.request_timeout = timeout;
+        self.watch.register_timeout = timeout;
+        self
     }
 }
 

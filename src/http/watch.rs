@@ -29,7 +29,7 @@ use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
 use crate::protocol::Hlc;
-use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
+use crate::watch::{EventKind, KeyEvent, WatchError, WatchedValue, Watcher};
 
 /// The first frame of every stream: how long (ms) a browser waits before
 /// reconnecting a dropped stream.
@@ -43,19 +43,28 @@ const KEEP_ALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/watch", get(watch_query).fallback(method_not_allowed))
+        .route("/watch/", get(empty_key).fallback(method_not_allowed))
         .route(
             "/watch/{*key}",
             get(watch_path).fallback(method_not_allowed),
         )
 }
 
-/// `GET /watch/{key}`
+/// `GET /watch/{key}`: unknown query parameters are refused, as for
+/// every route; the API token is the one it takes.
 async fn watch_path(
     State(state): State<AppState>,
     Key(key): Key,
+    query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
+    query.accept(&[ACCESS_TOKEN_PARAMETER])?;
     start(&state, vec![key], Vec::new(), last_version).await
+}
+
+/// `GET /watch/`: the empty key, refused as `/keys/` refuses it.
+async fn empty_key() -> ApiError {
+    ApiError::EmptyKey
 }
 
 /// The query parameter that may carry the API token on watch requests
@@ -80,8 +89,19 @@ async fn watch_query(
     for (name, value) in query.pairs() {
         match name {
             ACCESS_TOKEN_PARAMETER => continue,
-            "key" => keys.push(decode_key(value, true, state.limits.max_key_bytes)?),
-            "match" => patterns.push(decode_pattern(value, state.limits.max_key_bytes)?),
+            "key" => {
+                let key = decode_key(value, true, state.limits.max_key_bytes)?;
+                // A key named twice is one key (and counts once against the limit).
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+            "match" => {
+                let pattern = decode_pattern(value, state.limits.max_key_bytes)?;
+                if !patterns.contains(&pattern) {
+                    patterns.push(pattern);
+                }
+            }
             _ => {
                 return Err(ApiError::BadQuery(format!(
                     "unknown query parameter {name:?}; use key=<name> once per key, match=<glob> once per pattern"
@@ -260,16 +280,21 @@ fn event_json(event: &KeyEvent) -> String {
             .map_or(serde_json::Value::Null, |v| v.to_string().into()),
     );
     let value = event.value.as_ref();
+    let bytes = value.and_then(WatchedValue::bytes);
     data.insert(
         "value".into(),
-        value
+        bytes
             .and_then(|v| std::str::from_utf8(v).ok())
             .map_or(serde_json::Value::Null, Into::into),
     );
     data.insert(
         "value_base64".into(),
-        value.map_or(serde_json::Value::Null, |v| BASE64.encode(v).into()),
+        bytes.map_or(serde_json::Value::Null, |v| BASE64.encode(v).into()),
     );
+    if let Some(WatchedValue::Omitted(length)) = value {
+        data.insert("value_omitted".into(), true.into());
+        data.insert("value_bytes".into(), (*length).into());
+    }
     match event.kind {
         EventKind::Sync { resync, lagged } => {
             data.insert("exists".into(), value.is_some().into());
@@ -298,7 +323,7 @@ mod tests {
         KeyEvent {
             kind,
             key: Bytes::copy_from_slice(key),
-            value: value.map(Bytes::copy_from_slice),
+            value: value.map(|v| Bytes::copy_from_slice(v).into()),
             version: Some(Hlc::new(1_700_000_000_000, "StateStore")),
             id: Some(Hlc::new(1_700_000_000_000, "StateStore")),
             error: None,
@@ -394,6 +419,20 @@ mod tests {
             serde_json::json!({"match": null, "match_base64": "/yo=", "op": "error", "error": "too many"})
         );
         assert!(sse_frame(&refused).starts_with(b"event: error\ndata: {"));
+    }
+
+    #[test]
+    fn a_value_over_the_event_limit_is_left_out_with_its_length() {
+        let large = vec![b'a'; crate::watch::MAX_EVENT_VALUE_BYTES + 1];
+        let data = json(&event(EventKind::Set, b"k", Some(&large)));
+        assert_eq!(data["value"], serde_json::Value::Null);
+        assert_eq!(data["value_base64"], serde_json::Value::Null);
+        assert_eq!(data["value_omitted"], true);
+        assert_eq!(data["value_bytes"], large.len());
+        let at_limit = &large[1..];
+        let data = json(&event(EventKind::Set, b"k", Some(at_limit)));
+        assert_eq!(data["value"].as_str().map(str::len), Some(at_limit.len()));
+        assert!(data.get("value_omitted").is_none());
     }
 
     #[test]

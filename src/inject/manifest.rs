@@ -5,7 +5,8 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::pod::{self, PodError};
-use super::settings::{INJECT_ANNOTATION, SettingsError, SidecarValues};
+use super::values::{INJECT_ANNOTATION, SidecarValues, ValuesError};
+use super::yaml;
 
 /// Where each kind this knows keeps its pod template (`metadata` and
 /// `spec` under that path), by `apiVersion` and `kind`. A kind of another
@@ -56,20 +57,24 @@ pub enum Unannotated {
 
 /// Reads a stream of YAML documents, adds the sidecar to every pod
 /// template in it (`List` items too), and writes the stream back.
-/// Documents are re-serialized: comments are dropped and keys come out in
-/// alphabetical order, as `kubectl get -o yaml` writes them.
+/// Documents are re-serialized in block style: comments are dropped, keys
+/// keep their order (new ones follow), and every scalar the sidecar does
+/// not change is written as the input wrote it, so that kubectl (YAML 1.1)
+/// reads the same value from the output as from the input ([`yaml`]).
 pub fn inject_yaml(text: &str, values: &SidecarValues) -> Result<String, InjectError> {
-    let mut documents: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| InjectError::Yaml(e.to_string()))?;
-    for (index, document) in documents.iter_mut().enumerate() {
-        inject_object(document, values, Unannotated::Inject).map_err(|(what, message)| {
+    let nodes = yaml::parse(text).map_err(InjectError::Yaml)?;
+    let mut injected = Vec::with_capacity(nodes.len());
+    for (index, node) in nodes.iter().enumerate() {
+        let mut document = node.to_json();
+        inject_object(&mut document, values, Unannotated::Inject).map_err(|(what, message)| {
             InjectError::Object {
                 what: format!("document {}{what}", index + 1),
                 message,
             }
         })?;
+        injected.push(yaml::rebuild(&document, Some(node)));
     }
-    serde_saphyr::to_string_multiple(&documents).map_err(|e| InjectError::Write(e.to_string()))
+    yaml::emit(&injected).map_err(InjectError::Write)
 }
 
 /// What went wrong and in which object (`, Deployment/web`).
@@ -130,7 +135,7 @@ pub fn inject_object(
     let sidecar = values
         .with_annotations(&annotations)
         .and_then(|values| values.sidecar())
-        .map_err(|e: SettingsError| (what.clone(), e.to_string()))?;
+        .map_err(|e: ValuesError| (what.clone(), e.to_string()))?;
     let spec = template
         .get_mut("spec")
         .ok_or_else(|| (what.clone(), "the pod template has no spec".to_owned()))?;

@@ -4,13 +4,16 @@
 //! container, volumes and pod settings that the chart's named templates
 //! render, from the chart's values.
 //!
-//! - [`settings`]: the chart's values (compiled-in defaults, values files,
+//! - [`values`]: the chart's values (compiled-in defaults, values files,
 //!   `--set`, annotations) and their checks.
 //! - [`pod`]: the sidecar added to one pod spec.
 //! - [`manifest`]: YAML streams, `List`s and the workload kinds.
+//! - [`yaml`]: YAML read and written as kubectl reads it (YAML 1.1), every
+//!   unchanged scalar as the input wrote it.
 //! - [`webhook`]: AdmissionReview over TLS, answered with a JSON Patch.
 
 pub mod manifest;
 pub mod pod;
-pub mod settings;
+pub mod values;
 pub mod webhook;
+pub mod yaml;

@@ -6,11 +6,16 @@
 
 use serde_json::{Map, Value, json};
 
-use super::settings::{SECRETS_DIR, Sidecar, container_env};
+use super::values::{SECRETS_DIR, Sidecar, container_env};
 
-/// The gateway container's name; a container of this name is the sidecar
-/// (replaced on every injection, which makes injection idempotent).
+/// The gateway container's name. A container of this name that is the
+/// sidecar (`args: [serve]`, the admin port) is replaced on every
+/// injection, which makes injection idempotent; one that is not is the
+/// pod's own, and refused.
 pub const CONTAINER_NAME: &str = "statestore-gateway";
+
+/// The name of the sidecar's admin port (probes).
+const ADMIN_PORT_NAME: &str = "gateway-admin";
 
 /// Names of the volumes the sidecar may add.
 pub const VOLUME_NAMES: [&str; 5] = [
@@ -27,6 +32,9 @@ pub const VOLUME_NAMES: [&str; 5] = [
 pub struct PodError(String);
 
 /// Adds the sidecar to `spec` (a PodSpec), replacing one added before.
+/// A container named [`CONTAINER_NAME`] that is not the sidecar, or a
+/// volume with one of [`VOLUME_NAMES`] that is not the sidecar's alone, is
+/// refused rather than replaced: it is the pod's own.
 ///
 /// The container goes under `initContainers` (first, with
 /// `restartPolicy: Always`) when `sidecar.native` is set or when the pod
@@ -40,7 +48,7 @@ pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> 
     if !spec.get("containers").is_some_and(Value::is_array) {
         return Err(PodError("the pod spec has no containers list".into()));
     }
-    remove_sidecar(spec);
+    remove_sidecar(spec)?;
     let runs_to_completion = matches!(
         spec.get("restartPolicy").and_then(Value::as_str),
         Some("Never" | "OnFailure")
@@ -89,10 +97,67 @@ pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> 
     Ok(())
 }
 
-/// Takes out a sidecar added before: the container of that name and the
-/// sidecar's volumes. An `initContainers` list left empty is removed.
-fn remove_sidecar(spec: &mut Map<String, Value>) {
-    let is_sidecar = |c: &Value| c.get("name").and_then(Value::as_str) == Some(CONTAINER_NAME);
+/// Whether `container` is the sidecar, as `inject`, the webhook or the
+/// chart's sidecar template add it: its name, `args: [serve]` and its
+/// admin port.
+fn is_sidecar(container: &Value) -> bool {
+    container.get("name").and_then(Value::as_str) == Some(CONTAINER_NAME)
+        && container.get("args") == Some(&json!(["serve"]))
+        && container
+            .get("ports")
+            .and_then(Value::as_array)
+            .is_some_and(|ports| {
+                ports
+                    .iter()
+                    .any(|port| port.get("name").and_then(Value::as_str) == Some(ADMIN_PORT_NAME))
+            })
+}
+
+/// The names of the volumes `container` mounts.
+fn mounted(container: &Value) -> impl Iterator<Item = &str> {
+    container
+        .get("volumeMounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|mount| mount.get("name").and_then(Value::as_str))
+}
+
+/// Takes out a sidecar added before: its container and its volumes. An
+/// `initContainers` list left empty is removed. A container or volume
+/// with the sidecar's names that is not the sidecar's is refused.
+fn remove_sidecar(spec: &mut Map<String, Value>) -> Result<(), PodError> {
+    let containers: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|list| spec.get(*list).and_then(Value::as_array))
+        .flatten()
+        .collect();
+    let named = |c: &Value| c.get("name").and_then(Value::as_str) == Some(CONTAINER_NAME);
+    if containers.iter().any(|c| named(c) && !is_sidecar(c)) {
+        return Err(PodError(format!(
+            "the pod already has a container {CONTAINER_NAME} that is not the gateway sidecar \
+             (args [serve] and a {ADMIN_PORT_NAME} port); rename it: the name is the sidecar's"
+        )));
+    }
+    let (sidecars, others): (Vec<&Value>, Vec<&Value>) =
+        containers.into_iter().partition(|c| is_sidecar(c));
+    let sidecar_mounts: Vec<&str> = sidecars.into_iter().flat_map(mounted).collect();
+    let other_mounts: Vec<&str> = others.into_iter().flat_map(mounted).collect();
+    let volume_names = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|volume| volume.get("name").and_then(Value::as_str));
+    for name in volume_names {
+        let theirs = !sidecar_mounts.contains(&name) || other_mounts.contains(&name);
+        if VOLUME_NAMES.contains(&name) && theirs {
+            return Err(PodError(format!(
+                "the pod already has a volume {name} that is not the gateway sidecar's \
+                 (mounted by the sidecar alone); rename it: the name is the sidecar's"
+            )));
+        }
+    }
     for list in ["containers", "initContainers"] {
         if let Some(items) = spec.get_mut(list).and_then(Value::as_array_mut) {
             items.retain(|c| !is_sidecar(c));
@@ -115,6 +180,7 @@ fn remove_sidecar(spec: &mut Map<String, Value>) {
             spec.remove("volumes");
         }
     }
+    Ok(())
 }
 
 /// The chart's `statestore-gateway.terminationGracePeriodSeconds`.
@@ -135,7 +201,7 @@ fn probe(path: &str, fields: &Map<String, Value>) -> Value {
     let mut probe = Map::new();
     probe.insert(
         "httpGet".into(),
-        json!({"path": path, "port": "gateway-admin"}),
+        json!({"path": path, "port": ADMIN_PORT_NAME}),
     );
     for (key, value) in fields {
         if key != "enabled" {
@@ -168,7 +234,7 @@ pub fn container(sidecar: &Sidecar, native: bool) -> Value {
     c.insert("env".into(), Value::Array(container_env(sidecar)));
     c.insert(
         "ports".into(),
-        json!([{"name": "gateway-admin", "containerPort": sidecar.gateway.admin_port}]),
+        json!([{"name": ADMIN_PORT_NAME, "containerPort": sidecar.gateway.admin_port}]),
     );
     let probes = &sidecar.probes;
     c.insert("startupProbe".into(), probe("/livez", &probes.startup));
@@ -254,7 +320,7 @@ pub fn volumes(sidecar: &Sidecar) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::settings::SidecarValues;
+    use crate::inject::values::SidecarValues;
 
     fn sidecar(sets: &[&str]) -> Sidecar {
         let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
@@ -320,6 +386,42 @@ mod tests {
         assert_eq!(names(&spec["containers"]), ["app"]);
         assert_eq!(names(&spec["initContainers"]), [CONTAINER_NAME]);
         assert_eq!(names(&spec["volumes"]), ["data", "statestore-gateway-sat"]);
+    }
+
+    #[test]
+    fn the_pods_own_container_or_volume_with_the_sidecars_name_is_refused() {
+        let plain = sidecar(&[]);
+        let mut own_container = json!({"containers": [
+            {"name": "app"}, {"name": CONTAINER_NAME, "image": "my/gateway"},
+        ]});
+        let error = add_sidecar(&mut own_container, &plain).unwrap_err();
+        assert!(error.0.contains("container statestore-gateway"), "{error}");
+        let mut own_volume = json!({
+            "containers": [{"name": "app"}],
+            "volumes": [{"name": "statestore-gateway-ca", "emptyDir": {}}],
+        });
+        let error = add_sidecar(&mut own_volume, &plain).unwrap_err();
+        assert!(error.0.contains("volume statestore-gateway-ca"), "{error}");
+        // The sidecar's volume, also mounted by the app: not the sidecar's alone.
+        let mut shared = json!({"containers": [{"name": "app"}]});
+        add_sidecar(&mut shared, &plain).unwrap();
+        shared["containers"][0]["volumeMounts"] =
+            json!([{"name": "statestore-gateway-ca", "mountPath": "/ca"}]);
+        assert!(add_sidecar(&mut shared, &plain).is_err());
+        // Names the sidecar never uses are the pod's business.
+        let mut other = json!({
+            "containers": [{"name": "app"}],
+            "volumes": [{"name": "statestore-gateway-data", "emptyDir": {}}],
+        });
+        add_sidecar(&mut other, &plain).unwrap();
+        assert_eq!(
+            names(&other["volumes"]),
+            [
+                "statestore-gateway-data",
+                "statestore-gateway-sat",
+                "statestore-gateway-ca"
+            ]
+        );
     }
 
     #[test]

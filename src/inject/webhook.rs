@@ -15,14 +15,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::crypto::CryptoProvider;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
@@ -30,35 +26,37 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
-use crate::http::close_unless_body_read;
+use crate::http::listener::{self, ConnectionLimits, MAX_HEADER_BYTES};
+use crate::http::{BodyReadLimits, close_unless_body_read, read_body_first};
 
 use super::manifest::{Unannotated, inject_object};
-use super::settings::SidecarValues;
+use super::values::SidecarValues;
+use crate::settings::{self, Setting, SettingError};
 
 /// The largest AdmissionReview accepted. The API server sends the pod
 /// (objects are at most 1.5 MiB in etcd) and a little more.
 pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 
-/// How long a client may take for the TLS handshake, and for each
-/// request's headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take for the TLS handshake, for each request's
+/// headers, and for its body (408 after it). The API server waits
+/// `timeoutSeconds` for an answer (10 s by default, 5 in the chart) and
+/// sends a review in milliseconds: a client slower than this is not one, and each phase
+/// must end well before the API server gives up on the reviews queued
+/// behind it.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3);
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 512;
+/// Connections served at once; more wait in the listen backlog until one
+/// closes (each costs about 50 KiB of TLS and HTTP buffers).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Why the webhook cannot start.
 #[derive(Debug, Error)]
 pub enum WebhookError {
     /// The certificate or key cannot be used.
-    #[error("{setting} {path}: {message}")]
-    Tls {
-        /// The flag.
-        setting: &'static str,
-        /// The file.
-        path: String,
-        /// What is wrong.
-        message: String,
-    },
+    #[error("{0}")]
+    Tls(#[from] SettingError),
     /// Listening failed.
     #[error("cannot accept connections: {0}")]
     Io(#[from] std::io::Error),
@@ -71,8 +69,17 @@ pub fn router(values: SidecarValues) -> Router {
         .route("/mutate", post(mutate))
         .route("/livez", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
-        // A refusal before the body was read (too large, not JSON) ends
-        // the connection and says so, as the API's answers do.
+        // The body whole within its deadline before the handler: the JSON
+        // extractor would wait for a slow body for ever.
+        .layer(axum::middleware::from_fn_with_state(
+            BodyReadLimits {
+                max_bytes: MAX_REVIEW_BYTES,
+                timeout: BODY_READ_TIMEOUT,
+            },
+            read_body_first,
+        ))
+        // A refusal before the body was read (too large, too slow, not
+        // JSON) ends the connection and says so, as the API's answers do.
         .layer(axum::middleware::from_fn(close_unless_body_read))
         .with_state(Arc::new(values))
 }
@@ -208,62 +215,25 @@ pub async fn serve(
     )?);
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|error| WebhookError::Tls {
-            setting: "--tls-cert-file",
-            path: String::new(),
-            message: error.to_string(),
-        })?
+        .map_err(|error| SettingError::new(&settings::INJECTOR_TLS_CERT_FILE, error.to_string()))?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
-    let router = router(values);
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT);
-    let builder = Arc::new(builder);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    tokio::pin!(shutdown);
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let served = builder
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
-                .await;
-            if let Err(error) = served {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
-    }
+    let limits = ConnectionLimits {
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        max_header_bytes: MAX_HEADER_BYTES,
+        max_connections: MAX_CONNECTIONS,
+    };
+    listener::serve_tls(
+        listener,
+        router(values),
+        limits,
+        acceptor,
+        HANDSHAKE_TIMEOUT,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 
@@ -336,34 +306,35 @@ fn read_certified_key(
     key_file: &Path,
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, WebhookError> {
-    let tls = |setting: &'static str, path: &Path, message: String| WebhookError::Tls {
-        setting,
-        path: path.display().to_string(),
-        message,
+    let tls = |setting: &Setting, path: &Path, message: String| {
+        WebhookError::Tls(SettingError::new(
+            setting,
+            format!("{} {message}", path.display()),
+        ))
     };
-    let pem =
-        std::fs::read(cert_file).map_err(|e| tls("--tls-cert-file", cert_file, e.to_string()))?;
+    let pem = std::fs::read(cert_file)
+        .map_err(|e| tls(&settings::INJECTOR_TLS_CERT_FILE, cert_file, e.to_string()))?;
     let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             tls(
-                "--tls-cert-file",
+                &settings::INJECTOR_TLS_CERT_FILE,
                 cert_file,
                 format!("is not valid PEM: {e}"),
             )
         })?;
     if chain.is_empty() {
         return Err(tls(
-            "--tls-cert-file",
+            &settings::INJECTOR_TLS_CERT_FILE,
             cert_file,
             "holds no certificate".into(),
         ));
     }
-    let pem =
-        std::fs::read(key_file).map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+    let pem = std::fs::read(key_file)
+        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         tls(
-            "--tls-key-file",
+            &settings::INJECTOR_TLS_KEY_FILE,
             key_file,
             format!("holds no usable key: {e}"),
         )
@@ -371,11 +342,11 @@ fn read_certified_key(
     let key = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| tls("--tls-key-file", key_file, e.to_string()))?;
+        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
     let certified = CertifiedKey::new(chain, key);
     certified.keys_match().map_err(|e| {
         tls(
-            "--tls-key-file",
+            &settings::INJECTOR_TLS_KEY_FILE,
             key_file,
             format!("does not match the certificate: {e}"),
         )
@@ -423,7 +394,9 @@ mod tests {
             }},
             "spec": {"containers": [{"name": "a"}]},
         });
-        let response = review_response(&request(pod), &SidecarValues::chart_defaults());
+        let values =
+            SidecarValues::chart_defaults().checked_by(crate::cli::serve::check_environment);
+        let response = review_response(&request(pod), &values);
         assert_eq!(response["allowed"], false);
         assert_eq!(response["status"]["code"], 400);
         let message = response["status"]["message"].as_str().unwrap();

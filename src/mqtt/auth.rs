@@ -23,11 +23,11 @@ use rumqttc::tokio_rustls::rustls::{
 use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
 
-use super::error::PoolStartError;
 #[cfg(test)]
 use super::options::REQUEST_CHANNEL_CAPACITY;
 use super::options::base_options;
-use super::settings::BrokerSettings;
+use super::settings::{BrokerSettings, fits_mqtt};
+use crate::settings::{self, Setting, SettingError};
 
 /// The enhanced authentication method of the AIO broker's service-account
 /// token authentication.
@@ -53,30 +53,19 @@ pub(crate) struct ConnectOptions {
     pub sat_token: Option<Bytes>,
 }
 
-/// Checks every setting and file once, so that `Pool::start` fails with a
-/// clear error instead of members retrying forever.
-pub(crate) fn check(broker: &BrokerSettings) -> Result<(), PoolStartError> {
+/// Reads every file once as a connection would, so that `Pool::start`
+/// fails with a clear error instead of members retrying forever.
+pub(crate) fn check(broker: &BrokerSettings) -> Result<(), SettingError> {
     connect_options(broker, "check").map(drop)
 }
 
 /// Builds the options for one connection attempt of `client_id`, reading
-/// the token, password and TLS files now.
+/// the token, password and TLS files now. The settings themselves were
+/// checked once, by [`BrokerSettings::check`].
 pub(crate) fn connect_options(
     broker: &BrokerSettings,
     client_id: &str,
-) -> Result<ConnectOptions, PoolStartError> {
-    if broker.host.trim().is_empty() {
-        return Err(PoolStartError::EmptyHost);
-    }
-    if broker.port == 0 {
-        return Err(PoolStartError::ZeroPort);
-    }
-    if broker.keep_alive.as_secs() == 0 || broker.keep_alive.as_secs() > u64::from(u16::MAX) {
-        return Err(PoolStartError::KeepAlive);
-    }
-    if broker.sat_file.is_some() && broker.password_file.is_some() {
-        return Err(PoolStartError::SatAndPassword);
-    }
+) -> Result<ConnectOptions, SettingError> {
     let mut options = base_options(client_id, &broker.host, broker.port, broker.keep_alive);
     // We re-subscribe and re-register after every connect, so an old
     // session is of no use; a clean start also drops QoS 1 replies queued
@@ -88,29 +77,14 @@ pub(crate) fn connect_options(
     if broker.use_tls {
         let config = tls_config(broker)?;
         options.set_transport(Transport::Tls(TlsConfiguration::Rustls(config)));
-    } else {
-        for (setting, file) in [
-            ("AIO_TLS_CA_FILE", &broker.ca_file),
-            ("AIO_TLS_CERT_FILE", &broker.cert_file),
-            ("AIO_TLS_KEY_FILE", &broker.key_file),
-        ] {
-            if file.is_some() {
-                return Err(PoolStartError::TlsFileWithoutTls(setting));
-            }
-        }
     }
 
     let password = match &broker.password_file {
         Some(path) => Some(read_password(path)?),
         None => None,
     };
-    fits_mqtt("AIO_MQTT_CLIENT_ID", client_id.len())?;
     fits_mqtt(
-        "AIO_MQTT_USERNAME",
-        broker.username.as_ref().map_or(0, String::len),
-    )?;
-    fits_mqtt(
-        "AIO_MQTT_PASSWORD_FILE",
+        &settings::MQTT_PASSWORD_FILE,
         password.as_ref().map_or(0, String::len),
     )?;
     if broker.username.is_some() || password.is_some() {
@@ -124,7 +98,7 @@ pub(crate) fn connect_options(
     let sat_token = match &broker.sat_file {
         Some(path) => {
             let token = read_sat(path)?;
-            fits_mqtt("AIO_SAT_FILE", token.len())?;
+            fits_mqtt(&settings::SAT_FILE, token.len())?;
             options
                 .set_authentication_method(Some(SAT_METHOD.to_owned()))
                 .set_authentication_data(Some(token.clone()));
@@ -135,38 +109,36 @@ pub(crate) fn connect_options(
     Ok(ConnectOptions { options, sat_token })
 }
 
-/// MQTT strings and binary data have a 16-bit length.
-fn fits_mqtt(setting: &'static str, bytes: usize) -> Result<(), PoolStartError> {
-    if bytes > usize::from(u16::MAX) {
-        return Err(PoolStartError::TooLong { setting, bytes });
-    }
-    Ok(())
-}
-
 /// The service-account token, byte for byte (the SDK sends the file as is).
-pub(crate) fn read_sat(path: &Path) -> Result<Bytes, PoolStartError> {
-    let token = read("AIO_SAT_FILE", path)?;
+pub(crate) fn read_sat(path: &Path) -> Result<Bytes, SettingError> {
+    let token = read(&settings::SAT_FILE, path)?;
     if token.is_empty() {
-        return Err(unusable("AIO_SAT_FILE", path, "is empty"));
+        return Err(unusable(&settings::SAT_FILE, path, "is empty"));
     }
     Ok(Bytes::from(token))
 }
 
 /// The password, verbatim as the SDK reads it (a trailing newline is part
 /// of the password).
-fn read_password(path: &Path) -> Result<String, PoolStartError> {
-    let bytes = read("AIO_MQTT_PASSWORD_FILE", path)?;
-    String::from_utf8(bytes)
-        .map_err(|_| unusable("AIO_MQTT_PASSWORD_FILE", path, "is not UTF-8 text"))
+fn read_password(path: &Path) -> Result<String, SettingError> {
+    let setting = &settings::MQTT_PASSWORD_FILE;
+    let bytes = read(setting, path)?;
+    String::from_utf8(bytes).map_err(|_| unusable(setting, path, "is not UTF-8 text"))
 }
 
-fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, PoolStartError> {
-    ServerName::try_from(broker.host.as_str())
-        .map_err(|_| PoolStartError::InvalidServerName(broker.host.clone()))?;
+fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, SettingError> {
+    ServerName::try_from(broker.host.as_str()).map_err(|_| {
+        SettingError::new(
+            &settings::BROKER_HOSTNAME,
+            format!("{:?} is not a valid TLS server name", broker.host),
+        )
+    })?;
 
-    let (setting, ca_path) = match &broker.ca_file {
-        Some(path) => ("AIO_TLS_CA_FILE", path.clone()),
-        None => ("SSL_CERT_FILE", system_ca_bundle()?),
+    // Without a CA file, the system bundle stands in for it.
+    let setting = &settings::TLS_CA_FILE;
+    let ca_path = match &broker.ca_file {
+        Some(path) => path.clone(),
+        None => system_ca_bundle()?,
     };
     let ca_certificates = certificates(setting, &ca_path)?;
     let mut roots = RootCertStore::empty();
@@ -182,29 +154,30 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, PoolStartErr
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(PoolStartError::ClientCertificate)?
+        .map_err(|error| SettingError::new(&settings::TLS_CERT_FILE, error.to_string()))?
         .with_root_certificates(roots);
     let config = match (&broker.cert_file, &broker.key_file) {
         (Some(cert_path), Some(key_path)) => {
-            let chain = certificates("AIO_TLS_CERT_FILE", cert_path)?;
-            let key_pem = read("AIO_TLS_KEY_FILE", key_path)?;
+            let chain = certificates(&settings::TLS_CERT_FILE, cert_path)?;
+            let key_setting = &settings::TLS_KEY_FILE;
+            let key_pem = read(key_setting, key_path)?;
             let key = PrivateKeyDer::from_pem_slice(&key_pem)
-                .map_err(|error| unusable("AIO_TLS_KEY_FILE", key_path, &error.to_string()))?;
+                .map_err(|error| unusable(key_setting, key_path, &error.to_string()))?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(PoolStartError::ClientCertificate)?
+                .map_err(|error| SettingError::new(key_setting, error.to_string()))?
         }
-        (None, None) => builder.with_no_client_auth(),
-        _ => return Err(PoolStartError::IncompleteClientCertificate),
+        // A half pair is refused by `BrokerSettings::check`.
+        _ => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
 }
 
 /// Every certificate of a PEM file; an error if there is none.
 fn certificates(
-    setting: &'static str,
+    setting: &Setting,
     path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, PoolStartError> {
+) -> Result<Vec<CertificateDer<'static>>, SettingError> {
     let pem = read(setting, path)?;
     let certificates = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -215,7 +188,7 @@ fn certificates(
     Ok(certificates)
 }
 
-fn system_ca_bundle() -> Result<PathBuf, PoolStartError> {
+fn system_ca_bundle() -> Result<PathBuf, SettingError> {
     if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
         return Ok(PathBuf::from(path));
     }
@@ -223,23 +196,22 @@ fn system_ca_bundle() -> Result<PathBuf, PoolStartError> {
         .iter()
         .map(PathBuf::from)
         .find(|path| path.is_file())
-        .ok_or(PoolStartError::NoSystemRoots)
+        .ok_or_else(|| {
+            SettingError::new(
+                &settings::TLS_CA_FILE,
+                "not set, and no system CA bundle was found (set it, or SSL_CERT_FILE)",
+            )
+        })
 }
 
-fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, PoolStartError> {
-    std::fs::read(path).map_err(|source| PoolStartError::Unreadable {
-        setting,
-        path: path.to_owned(),
-        source,
+fn read(setting: &Setting, path: &Path) -> Result<Vec<u8>, SettingError> {
+    std::fs::read(path).map_err(|error| {
+        SettingError::new(setting, format!("cannot read {}: {error}", path.display()))
     })
 }
 
-fn unusable(setting: &'static str, path: &Path, problem: &str) -> PoolStartError {
-    PoolStartError::Unusable {
-        setting,
-        path: path.to_owned(),
-        problem: problem.to_owned(),
-    }
+fn unusable(setting: &Setting, path: &Path, problem: &str) -> SettingError {
+    SettingError::new(setting, format!("{} {problem}", path.display()))
 }
 
 #[cfg(test)]
@@ -250,6 +222,17 @@ mod tests {
 
     fn settings() -> BrokerSettings {
         BrokerSettings::new("localhost", 1883)
+    }
+
+    /// What `Pool::start` checks: the settings' rules, then every file read.
+    fn start_check(broker: &BrokerSettings) -> Result<(), SettingError> {
+        broker.check()?;
+        check(broker)
+    }
+
+    /// The flag an error names.
+    fn named(result: Result<impl std::fmt::Debug, SettingError>) -> &'static str {
+        result.unwrap_err().setting
     }
 
     fn file(dir: &tempfile::TempDir, name: &str, contents: &[u8]) -> PathBuf {
@@ -271,40 +254,20 @@ mod tests {
         let long = "x".repeat(65_536);
         let mut broker = settings();
         broker.username = Some(long.clone());
-        assert!(matches!(
-            connect_options(&broker, "gw-0"),
-            Err(PoolStartError::TooLong {
-                setting: "AIO_MQTT_USERNAME",
-                bytes: 65_536
-            })
-        ));
+        let error = start_check(&broker).unwrap_err();
+        assert_eq!(error.setting, "--mqtt-username");
+        assert!(error.message.starts_with("65536 bytes"), "{error}");
         broker.username = Some(long[1..].to_owned());
-        assert!(connect_options(&broker, "gw-0").is_ok(), "65,535 bytes fit");
-        assert!(matches!(
-            connect_options(&settings(), &long),
-            Err(PoolStartError::TooLong {
-                setting: "AIO_MQTT_CLIENT_ID",
-                ..
-            })
-        ));
+        assert!(start_check(&broker).is_ok(), "65,535 bytes fit");
         let mut broker = settings();
         broker.password_file = Some(file(&dir, "password", long.as_bytes()));
-        assert!(matches!(
-            connect_options(&broker, "gw-0"),
-            Err(PoolStartError::TooLong {
-                setting: "AIO_MQTT_PASSWORD_FILE",
-                ..
-            })
-        ));
+        assert_eq!(
+            named(connect_options(&broker, "gw-0")),
+            "--mqtt-password-file"
+        );
         let mut broker = settings();
         broker.sat_file = Some(file(&dir, "token", long.as_bytes()));
-        assert!(matches!(
-            connect_options(&broker, "gw-0"),
-            Err(PoolStartError::TooLong {
-                setting: "AIO_SAT_FILE",
-                ..
-            })
-        ));
+        assert_eq!(named(connect_options(&broker, "gw-0")), "--sat-file");
     }
 
     #[test]
@@ -362,9 +325,9 @@ mod tests {
     fn missing_sat_file_names_the_setting() {
         let mut broker = settings();
         broker.sat_file = Some("/nonexistent/token".into());
-        let error = check(&broker).unwrap_err().to_string();
+        let error = start_check(&broker).unwrap_err().to_string();
         assert!(
-            error.starts_with("AIO_SAT_FILE: cannot read /nonexistent/token"),
+            error.starts_with("invalid --sat-file (AIO_SAT_FILE): cannot read /nonexistent/token"),
             "{error}"
         );
     }
@@ -374,13 +337,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut broker = settings();
         broker.sat_file = Some(file(&dir, "token", b""));
-        assert!(matches!(
-            check(&broker),
-            Err(PoolStartError::Unusable {
-                setting: "AIO_SAT_FILE",
-                ..
-            })
-        ));
+        let error = start_check(&broker).unwrap_err();
+        assert_eq!(error.setting, "--sat-file");
+        assert!(error.message.ends_with("is empty"), "{error}");
     }
 
     #[test]
@@ -404,10 +363,7 @@ mod tests {
         let mut broker = settings();
         broker.sat_file = Some(file(&dir, "token", b"t"));
         broker.password_file = Some(file(&dir, "password", b"p"));
-        assert!(matches!(
-            check(&broker),
-            Err(PoolStartError::SatAndPassword)
-        ));
+        assert_eq!(named(start_check(&broker)), "--sat-file");
     }
 
     #[test]
@@ -415,11 +371,11 @@ mod tests {
         let mut broker = settings();
         broker.use_tls = true;
         broker.ca_file = Some("/nonexistent/ca.crt".into());
-        let error = check(&broker).unwrap_err();
+        let error = start_check(&broker).unwrap_err();
         assert!(
             error
                 .to_string()
-                .starts_with("AIO_TLS_CA_FILE: cannot read"),
+                .starts_with("invalid --tls-ca-file (AIO_TLS_CA_FILE): cannot read"),
             "{error}"
         );
     }
@@ -430,7 +386,7 @@ mod tests {
         let mut broker = settings();
         broker.use_tls = true;
         broker.ca_file = Some(file(&dir, "ca.crt", b"not a certificate\n"));
-        let error = check(&broker).unwrap_err().to_string();
+        let error = start_check(&broker).unwrap_err().to_string();
         assert!(
             error.contains("AIO_TLS_CA_FILE") && error.contains("no PEM certificate"),
             "{error}"
@@ -455,12 +411,14 @@ mod tests {
         let mut broker = settings();
         broker.use_tls = true;
         broker.host = String::new();
-        assert!(matches!(check(&broker), Err(PoolStartError::EmptyHost)));
+        assert_eq!(named(start_check(&broker)), "--broker-host");
         broker.host = "bad host name".into();
-        assert!(matches!(
-            check(&broker),
-            Err(PoolStartError::InvalidServerName(_))
-        ));
+        let error = start_check(&broker).unwrap_err();
+        assert_eq!(error.setting, "--broker-host");
+        assert!(
+            error.message.contains("not a valid TLS server name"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -470,10 +428,7 @@ mod tests {
         broker.use_tls = true;
         broker.ca_file = Some(file(&dir, "ca.crt", ca_pem().as_bytes()));
         broker.cert_file = Some(file(&dir, "client.crt", ca_pem().as_bytes()));
-        assert!(matches!(
-            check(&broker),
-            Err(PoolStartError::IncompleteClientCertificate)
-        ));
+        assert_eq!(named(start_check(&broker)), "--tls-key-file");
     }
 
     #[test]
@@ -484,17 +439,22 @@ mod tests {
         broker.ca_file = Some(file(&dir, "ca.crt", ca_pem().as_bytes()));
         broker.cert_file = Some(file(&dir, "client.crt", ca_pem().as_bytes()));
         broker.key_file = Some(file(&dir, "client.key", ca_pem().as_bytes()));
-        let error = check(&broker).unwrap_err().to_string();
-        assert!(error.starts_with("AIO_TLS_KEY_FILE"), "{error}");
+        let error = start_check(&broker).unwrap_err().to_string();
+        assert!(
+            error.starts_with("invalid --tls-key-file (AIO_TLS_KEY_FILE)"),
+            "{error}"
+        );
     }
 
     #[test]
     fn tls_files_without_tls_are_refused() {
         let mut broker = settings();
         broker.ca_file = Some("/some/ca.crt".into());
-        assert!(matches!(
-            check(&broker),
-            Err(PoolStartError::TlsFileWithoutTls("AIO_TLS_CA_FILE"))
-        ));
+        let error = broker.check().unwrap_err();
+        assert_eq!(error.setting, "--tls-ca-file");
+        assert!(
+            error.message.contains("AIO_MQTT_USE_TLS is false"),
+            "{error}"
+        );
     }
 }

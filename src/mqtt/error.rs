@@ -1,84 +1,20 @@
 //! Why the pool could not start, and why a request got no reply.
 
-use std::io;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::protocol::{DecodeError, HlcError};
+use crate::settings::SettingError;
 
-/// Why a pool could not start: a setting that cannot work (the message
-/// names it by its environment variable, so an operator can fix it), or no
-/// Tokio runtime to run in.
+/// Why a pool could not start: a setting that cannot work (named by its
+/// flag and environment variable, so an operator can fix it), or no Tokio
+/// runtime to run in.
 #[derive(Debug, Error)]
 pub enum PoolStartError {
-    /// `AIO_BROKER_HOSTNAME` is empty.
-    #[error("AIO_BROKER_HOSTNAME: the broker host name is empty")]
-    EmptyHost,
-    /// `AIO_BROKER_TCP_PORT` is 0.
-    #[error("AIO_BROKER_TCP_PORT: 0 is not a broker port")]
-    ZeroPort,
-    /// The host cannot be checked against a server certificate.
-    #[error("AIO_BROKER_HOSTNAME: {0:?} is not a valid TLS server name")]
-    InvalidServerName(String),
-    /// A file could not be read.
-    #[error("{setting}: cannot read {}: {source}", path.display())]
-    Unreadable {
-        /// The environment variable naming the file.
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// A file is empty or has no usable content.
-    #[error("{setting}: {} {problem}", path.display())]
-    Unusable {
-        /// The environment variable naming the file.
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// No CA file and no system bundle to fall back on.
-    #[error(
-        "AIO_TLS_CA_FILE is not set and no system CA bundle was found (set AIO_TLS_CA_FILE or SSL_CERT_FILE)"
-    )]
-    NoSystemRoots,
-    /// A TLS file without `AIO_MQTT_USE_TLS`.
-    #[error("{0} is set but AIO_MQTT_USE_TLS is false")]
-    TlsFileWithoutTls(&'static str),
-    /// Only one half of the client certificate pair.
-    #[error("AIO_TLS_CERT_FILE and AIO_TLS_KEY_FILE must be set together")]
-    IncompleteClientCertificate,
-    /// rustls refused the certificate/key pair or the protocol set-up.
-    #[error("AIO_TLS_CERT_FILE/AIO_TLS_KEY_FILE: {0}")]
-    ClientCertificate(rumqttc::tokio_rustls::rustls::Error),
-    /// Two ways of authenticating at once (the SDKs refuse this too).
-    #[error("AIO_SAT_FILE and AIO_MQTT_PASSWORD_FILE cannot both be set")]
-    SatAndPassword,
-    /// `AIO_MQTT_KEEP_ALIVE` is zero or too large for MQTT.
-    #[error("AIO_MQTT_KEEP_ALIVE: must be between 1 and 65535 seconds")]
-    KeepAlive,
-    /// A pool setting is out of range.
-    #[error("{setting}: {problem}")]
-    Pool {
-        /// The setting.
-        setting: &'static str,
-        /// What is wrong with it.
-        problem: &'static str,
-    },
-    /// A value MQTT carries as a string or binary field is over 65,535
-    /// bytes (rumqttc would silently cut it and write a corrupt packet).
-    #[error("{setting}: {bytes} bytes; MQTT carries at most 65,535")]
-    TooLong {
-        /// The setting.
-        setting: &'static str,
-        /// Its length.
-        bytes: usize,
-    },
+    /// A setting, or a file it names, cannot be used.
+    #[error("{0}")]
+    Setting(#[from] SettingError),
     /// `Pool::start` was called outside a Tokio runtime.
     #[error("the pool must be started inside a Tokio runtime")]
     NoRuntime,

@@ -29,4 +29,4 @@ pub use options::{
     base_options,
 };
 pub use pool::{ENVELOPE_ALLOWANCE, Labelled, Pool, RequestOptions, StoreResponse};
-pub use settings::{BrokerSettings, PoolSettings};
+pub use settings::{BrokerSettings, MAX_CLIENT_ID_BYTES, PoolSettings};

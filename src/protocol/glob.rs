@@ -15,25 +15,39 @@
 //! Like Redis, an empty key matches nothing (the store has none), a pattern
 //! that nests `*` more than 1,000 deep matches nothing, and after a `*` whose
 //! rest matched nowhere, earlier `*`s stop retrying: matching takes at most
-//! about pattern length times key length steps.
+//! about pattern length times key length steps. [`matches_counting`] says
+//! how many it took, so that a SCAN page can stop once it spent its share.
 
 /// Redis gives up on patterns with more `*` levels than this.
 const MAX_NESTING: usize = 1000;
 
 /// Whether `key` matches the glob `pattern`.
 pub fn matches(pattern: &[u8], key: &[u8]) -> bool {
+    matches_counting(pattern, key, &mut 0)
+}
+
+/// Whether `key` matches the glob `pattern`, adding the steps the match
+/// took (bytes compared, `*` positions tried) to `steps`.
+pub fn matches_counting(pattern: &[u8], key: &[u8], steps: &mut u64) -> bool {
     let mut skip_longer_matches = false;
-    match_from(pattern, key, &mut skip_longer_matches, 0)
+    match_from(pattern, key, &mut skip_longer_matches, 0, steps)
 }
 
 /// Redis's `stringmatchlen_impl`. `pattern` always ends where the whole
 /// pattern ends, so reading one byte past it reads C's terminating NUL.
-fn match_from(pattern: &[u8], key: &[u8], skip_longer_matches: &mut bool, nesting: usize) -> bool {
+fn match_from(
+    pattern: &[u8],
+    key: &[u8],
+    skip_longer_matches: &mut bool,
+    nesting: usize,
+    steps: &mut u64,
+) -> bool {
     if nesting > MAX_NESTING {
         return false;
     }
     let (mut p, mut k) = (0, 0);
     while p < pattern.len() && k < key.len() {
+        *steps += 1;
         match pattern[p] {
             b'*' => {
                 while p + 1 < pattern.len() && pattern[p + 1] == b'*' {
@@ -48,6 +62,7 @@ fn match_from(pattern: &[u8], key: &[u8], skip_longer_matches: &mut bool, nestin
                         &key[k..],
                         skip_longer_matches,
                         nesting + 1,
+                        steps,
                     ) {
                         return true;
                     }
@@ -150,6 +165,23 @@ mod tests {
 
     fn m(pattern: &str, key: &str) -> bool {
         matches(pattern.as_bytes(), key.as_bytes())
+    }
+
+    #[test]
+    fn steps_grow_with_pattern_times_key_and_no_further() {
+        let key = "a".repeat(1_000);
+        let pattern = format!("*{}b", "a".repeat(1_000));
+        let mut steps = 0;
+        assert!(!matches_counting(
+            pattern.as_bytes(),
+            key.as_bytes(),
+            &mut steps
+        ));
+        assert!(steps > 100_000, "{steps}");
+        assert!(steps <= 1_100_000, "{steps}");
+        let mut few = 0;
+        assert!(matches_counting(b"a*", key.as_bytes(), &mut few));
+        assert!(few <= 2, "{few}");
     }
 
     #[test]

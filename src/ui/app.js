@@ -345,6 +345,7 @@
         // A resync repeats the value it already had: one point per change.
         if (entry.history.length === 0 || data.resync !== true) remember(entry, entry.value);
         entry.valueBase64 = entry.exists ? data.value_base64 ?? null : null;
+        entry.omittedBytes = entry.exists && data.value_omitted === true ? data.value_bytes : null;
         entry.version = data.version ?? null;
         if (data.resync === true) entry.flags.push('resync');
         if (data.lagged === true) entry.flags.push('lagged');
@@ -355,6 +356,7 @@
         entry.value = data.value ?? null;
         remember(entry, entry.value);
         entry.valueBase64 = data.value_base64 ?? null;
+        entry.omittedBytes = data.value_omitted === true ? data.value_bytes : null;
         entry.version = data.version ?? null;
         entry.error = null;
         break;
@@ -362,6 +364,7 @@
         entry.exists = false;
         entry.value = null;
         entry.valueBase64 = null;
+        entry.omittedBytes = null;
         entry.version = data.version ?? null;
         entry.error = null;
         break;
@@ -392,7 +395,7 @@
     row.querySelector('.remove').addEventListener('click', () => unwatch(key));
 
     const entry = {
-      key, row, exists: null, value: null, valueBase64: null, version: null,
+      key, row, exists: null, value: null, valueBase64: null, omittedBytes: null, version: null,
       kind: null, flags: [], at: null, error: null, history: [],
     };
     watched.set(key, entry);
@@ -428,6 +431,10 @@
     } else if (typeof entry.valueBase64 === 'string') {
       marker.textContent = 'not UTF-8, base64:';
       text.textContent = entry.valueBase64;
+    } else if (typeof entry.omittedBytes === 'number') {
+      // Too large for events: GET /keys/{key} reads it.
+      marker.textContent = `${entry.omittedBytes} bytes, too large to show`;
+      text.textContent = '';
     } else {
       marker.textContent = 'value unknown';
       text.textContent = '';

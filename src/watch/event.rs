@@ -7,11 +7,48 @@ use bytes::Bytes;
 
 use crate::protocol::Hlc;
 
+/// Values longer than this are left out of watch events, and out of the
+/// hub's memory: the event says `value_omitted` and the value's length, and
+/// a `GET` of the key reads it (raw or as JSON, written piece by piece).
+/// The event of a value this long is at most about 7.4 MiB (JSON escapes
+/// and base64), within the default `--watch-buffer-bytes`.
+pub const MAX_EVENT_VALUE_BYTES: usize = 1 << 20;
+
+/// A key's value as the hub keeps it and its events carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchedValue {
+    /// The value, at most [`MAX_EVENT_VALUE_BYTES`] long.
+    Bytes(Bytes),
+    /// A longer value: only its length is kept.
+    Omitted(usize),
+}
+
+impl WatchedValue {
+    /// The bytes, unless they were left out.
+    pub fn bytes(&self) -> Option<&Bytes> {
+        match self {
+            Self::Bytes(bytes) => Some(bytes),
+            Self::Omitted(_) => None,
+        }
+    }
+}
+
+/// The value, or its length alone when it is over [`MAX_EVENT_VALUE_BYTES`].
+impl From<Bytes> for WatchedValue {
+    fn from(value: Bytes) -> Self {
+        if value.len() > MAX_EVENT_VALUE_BYTES {
+            Self::Omitted(value.len())
+        } else {
+            Self::Bytes(value)
+        }
+    }
+}
+
 /// What a key holds, as far as the hub knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     /// The value; `None` when the key is absent.
-    pub value: Option<Bytes>,
+    pub value: Option<WatchedValue>,
     /// The store's version: of the value, or of the delete that removed
     /// it; `None` for a key that was absent when read.
     pub version: Option<Hlc>,
@@ -55,7 +92,7 @@ pub struct KeyEvent {
     /// The key (the pattern, for a pattern's own events).
     pub key: Bytes,
     /// The value after the event, if the key exists.
-    pub value: Option<Bytes>,
+    pub value: Option<WatchedValue>,
     /// The key's version after the event (the store's).
     pub version: Option<Hlc>,
     /// The event's identity (the SSE `id:`), strictly increasing per key
@@ -74,7 +111,11 @@ impl KeyEvent {
     /// What the event may come to hold: the value, its base64 and the SSE
     /// frame that carries both (rendered once, shared by every watcher).
     pub fn weight(&self) -> usize {
-        let value = self.value.as_ref().map_or(0, Bytes::len);
+        let value = self
+            .value
+            .as_ref()
+            .and_then(WatchedValue::bytes)
+            .map_or(0, Bytes::len);
         let error = self.error.as_ref().map_or(0, String::len);
         // Value + base64 in the frame, plus the value itself; the key twice.
         value + 2 * (value + value.div_ceil(3) * 4) + 2 * self.key.len() + error + 256

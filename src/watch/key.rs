@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
 use super::error::WatchError;
-use super::event::{EventKind, KeyEvent, Snapshot, next_id};
+use super::event::{EventKind, KeyEvent, Snapshot, WatchedValue, next_id};
 use crate::protocol::Hlc;
 
 #[derive(Debug, Clone)]
@@ -77,6 +77,7 @@ impl KeyWatch {
         value: Option<Bytes>,
         version: Option<Hlc>,
     ) -> bool {
+        let value = value.map(WatchedValue::from);
         let mut state = self.state();
         if let (Some(known), Some(new)) = (
             state.snapshot.as_ref().and_then(|s| s.version.as_ref()),

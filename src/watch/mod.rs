@@ -39,6 +39,6 @@ mod settings;
 mod shared;
 
 pub use error::WatchError;
-pub use event::{EventKind, KeyEvent, Snapshot};
+pub use event::{EventKind, KeyEvent, MAX_EVENT_VALUE_BYTES, Snapshot, WatchedValue};
 pub use hub::{WatchHub, Watcher};
 pub use settings::WatchSettings;

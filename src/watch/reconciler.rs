@@ -260,7 +260,7 @@ async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<
     let current = match store.get(key_watch.key.clone()).await? {
         Some(Versioned { value, version }) => Snapshot {
             id: version.clone(),
-            value: Some(value),
+            value: Some(value.into()),
             version,
         },
         None => Snapshot {

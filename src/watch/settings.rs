@@ -20,7 +20,8 @@ pub struct WatchSettings {
     /// [`KeyEvent::weight`](super::KeyEvent::weight)): the oldest go first,
     /// the newest always stays.
     pub buffer_bytes: usize,
-    /// How long a new watcher waits for its keys' first registration.
+    /// How long a new watcher waits for its keys' first registration: the
+    /// request timeout (`ServeSettings::with_request_timeout` sets it).
     pub register_timeout: Duration,
     /// How often an idle stream gets a keep-alive comment.
     pub keep_alive: Duration,

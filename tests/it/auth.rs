@@ -158,9 +158,9 @@ async fn start_fails_naming_an_unusable_setting() {
     broker.ca_file = Some("/nonexistent/ca.crt".into());
     let error = Pool::start(PoolSettings::new(broker.clone(), "gw"), Metrics::new()).unwrap_err();
     assert!(
-        error
-            .to_string()
-            .starts_with("AIO_TLS_CA_FILE: cannot read /nonexistent/ca.crt"),
+        error.to_string().starts_with(
+            "invalid --tls-ca-file (AIO_TLS_CA_FILE): cannot read /nonexistent/ca.crt"
+        ),
         "{error}"
     );
 
@@ -168,7 +168,9 @@ async fn start_fails_naming_an_unusable_setting() {
     broker.host = String::new();
     let error = Pool::start(PoolSettings::new(broker, "gw"), Metrics::new()).unwrap_err();
     assert!(
-        error.to_string().starts_with("AIO_BROKER_HOSTNAME"),
+        error
+            .to_string()
+            .starts_with("invalid --broker-host (AIO_BROKER_HOSTNAME)"),
         "{error}"
     );
 
@@ -176,7 +178,9 @@ async fn start_fails_naming_an_unusable_setting() {
     broker.password_file = Some("/nonexistent/password".into());
     let error = Pool::start(PoolSettings::new(broker, "gw"), Metrics::new()).unwrap_err();
     assert!(
-        error.to_string().starts_with("AIO_MQTT_PASSWORD_FILE"),
+        error
+            .to_string()
+            .starts_with("invalid --mqtt-password-file (AIO_MQTT_PASSWORD_FILE)"),
         "{error}"
     );
 }
@@ -327,4 +331,14 @@ async fn sat_rotation_reconnects_members_one_at_a_time_while_serving() {
     assert_eq!(proxy.connects().len(), 4);
     assert_eq!(metrics.reconnects.get(), 2);
     pool.shutdown().await;
+}
+
+/// rumqttc panics on a keep-alive under 5 seconds: the pool refuses one
+/// at start, naming the setting, instead of building a connection with it.
+#[tokio::test]
+async fn start_refuses_a_keep_alive_under_five_seconds() {
+    let mut broker = BrokerSettings::new("localhost", 1883);
+    broker.keep_alive = Duration::from_secs(2);
+    let error = Pool::start(PoolSettings::new(broker, "gw"), Metrics::new()).unwrap_err();
+    assert!(error.to_string().contains("AIO_MQTT_KEEP_ALIVE"), "{error}");
 }

@@ -10,7 +10,7 @@ use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use statestore_gateway::config::DevArgs;
+use statestore_gateway::cli::dev::DevArgs;
 use statestore_gateway::dev::{DevStack, EmbeddedBroker};
 use statestore_gateway::protocol::Request;
 use tokio::sync::{broadcast, mpsc};

@@ -620,6 +620,95 @@ async fn the_binary_serves_and_loses_no_acknowledged_write_when_killed() {
     assert!(process.terminate().success(), "SIGTERM is a clean exit");
 }
 
+/// The byte offsets at which the records of a log image start (after the
+/// 8-byte header; each record is `[len u32 LE][crc32 u32 LE][body]`).
+fn record_offsets(image: &[u8]) -> Vec<usize> {
+    let mut offsets = Vec::new();
+    let mut pos = 8;
+    while pos + 8 <= image.len() {
+        offsets.push(pos);
+        let len = u32::from_le_bytes(image[pos..pos + 4].try_into().unwrap()) as usize;
+        pos += 8 + len;
+    }
+    offsets
+}
+
+#[tokio::test]
+async fn a_damaged_record_in_the_middle_of_the_log_loses_only_itself_and_is_kept_aside() {
+    let broker = Mosquitto::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().display().to_string();
+    let args = ["--data-dir", &*data_dir, "--client-id", "emulator-damaged"];
+    let mut process = EmulatorProcess::start(&broker, &args).await;
+    let mut client = RawClient::connect(&broker, "raw-damaged").await;
+    let persist = [(property::PERSISTENCE, "true")];
+    for i in 0..50u32 {
+        let key = format!("key-{i}");
+        let set = encode_array(&[b"SET", key.as_bytes(), format!("value-{i}").as_bytes()]);
+        assert_eq!(payload(&client.request(&set, &persist).await), b"+OK\r\n");
+    }
+    process.kill();
+
+    // One byte flipped inside the body of record 3 of 50: its checksum fails.
+    let log = dir.path().join(statestore_gateway::emulator::LOG_FILE);
+    let mut image = std::fs::read(&log).unwrap();
+    let offsets = record_offsets(&image);
+    assert_eq!(offsets.len(), 50, "one record per SET");
+    image[offsets[2] + 12] ^= 0x40;
+    std::fs::write(&log, &image).unwrap();
+
+    let mut process = EmulatorProcess::start(&broker, &args).await;
+    for i in 0..50u32 {
+        let key = format!("key-{i}");
+        let reply = payload(&client.request(&get_payload(key.as_bytes()), &[]).await).to_vec();
+        if i == 2 {
+            assert_eq!(reply, b"$-1\r\n", "the damaged record is not replayed");
+        } else {
+            let value = format!("value-{i}");
+            let expected = format!("${}\r\n{value}\r\n", value.len());
+            assert_eq!(reply, expected.as_bytes(), "{key} survives the damage");
+        }
+    }
+    // The damaged file is kept, byte for byte, beside the log.
+    let copies: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("statestore.log.damaged"))
+        })
+        .collect();
+    assert_eq!(copies.len(), 1, "one copy of the damaged log: {copies:?}");
+    assert_eq!(std::fs::read(&copies[0]).unwrap(), image);
+    // Writes after the repair persist as usual, and the next start finds a
+    // clean log (no second copy).
+    let set = encode_array(&[b"SET", b"after", b"v"]);
+    assert_eq!(payload(&client.request(&set, &persist).await), b"+OK\r\n");
+    assert!(process.terminate().success());
+    let _process = EmulatorProcess::start(&broker, &args).await;
+    assert_eq!(
+        payload(&client.request(&get_payload(b"after"), &[]).await),
+        b"$1\r\nv\r\n"
+    );
+    assert_eq!(
+        payload(&client.request(&get_payload(b"key-49"), &[]).await),
+        b"$8\r\nvalue-49\r\n"
+    );
+    let copies = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("statestore.log.damaged")
+        })
+        .count();
+    assert_eq!(copies, 1);
+}
+
 #[tokio::test]
 async fn the_client_id_falls_back_to_the_response_topic() {
     let broker = Mosquitto::start().await;

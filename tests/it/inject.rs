@@ -315,6 +315,268 @@ async fn the_webhook_leaves_other_pods_and_refuses_bad_bodies_without_falling_ov
     assert_eq!(live.status(), 200);
 }
 
+/// A TLS connection to the injector that sends a review's headers and one
+/// byte of its body, then nothing: a client too slow (or hostile) to finish.
+async fn slow_review(
+    port: u16,
+    connector: tokio_rustls::TlsConnector,
+) -> Option<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use tokio::io::AsyncWriteExt as _;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let mut tls = tokio::time::timeout(Duration::from_secs(30), connector.connect(name, tcp))
+        .await
+        .ok()?
+        .ok()?;
+    tls.write_all(
+        b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+          Content-Length: 2000\r\n\r\n{",
+    )
+    .await
+    .ok()?;
+    tls.flush().await.ok()?;
+    Some(tls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_get_408_and_cannot_keep_a_review_from_its_answer() {
+    use futures_util::StreamExt as _;
+    use tokio::io::AsyncReadExt as _;
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let injector = Injector::start(&[]).await;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(&injector.pki.ca).unwrap();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+
+    // 512 clients hold a connection each with a body that never ends.
+    let started = std::time::Instant::now();
+    let slow: Vec<_> = futures_util::stream::iter(0..512)
+        .map(|_| slow_review(injector.port, connector.clone()))
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut slow: Vec<_> = slow.into_iter().flatten().collect();
+    eprintln!(
+        "{} slow clients connected in {:?}",
+        slow.len(),
+        started.elapsed()
+    );
+    assert!(slow.len() >= 500, "only {} slow clients got in", slow.len());
+
+    // A client that never starts its TLS handshake is closed soon.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", injector.port))
+        .await
+        .unwrap();
+
+    // A valid review is still answered, well within the API server's 10 s.
+    let mut pod = sample_pods().remove(0);
+    pod["metadata"]["annotations"] = json!({"statestore-gateway/inject": "enabled"});
+    let asked = std::time::Instant::now();
+    let (status, body) = injector
+        .post(
+            serde_json::to_vec(&review(&pod)).unwrap(),
+            "application/json",
+        )
+        .await;
+    let answered_in = asked.elapsed();
+    eprintln!("a valid review answered in {answered_in:?} beside the slow clients");
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
+    assert!(
+        answered_in < Duration::from_secs(6),
+        "a valid review took {answered_in:?} beside slow clients"
+    );
+
+    // Each slow client is answered 408 and its connection closed, after
+    // the body timeout and not much later.
+    let reads = slow.iter_mut().map(|tls| async move {
+        let mut received = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(15), tls.read_to_end(&mut received)).await;
+        String::from_utf8_lossy(&received).into_owned()
+    });
+    let answers = futures_util::future::join_all(reads).await;
+    let cut_off_in = started.elapsed();
+    for answer in &answers {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    assert!(
+        cut_off_in < Duration::from_secs(20),
+        "the slow clients were cut off after {cut_off_in:?}"
+    );
+    let mut nothing = Vec::new();
+    let closed =
+        tokio::time::timeout(Duration::from_secs(2), silent.read_to_end(&mut nothing)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection without a TLS handshake is still open after {:?}",
+        started.elapsed()
+    );
+}
+
+/// Every kind of scalar kubectl (YAML 1.1) reads differently from YAML
+/// 1.2, in the fields Kubernetes users write in octal and elsewhere.
+const SCALARS: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web   # comments are dropped; values are not
+  labels: {app: web, tier: "0400", on: yes}
+spec:
+  replicas: 0x2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations:
+        note: |
+          line one
+            indented
+          last
+        folded: >
+          a b
+          c
+    spec:
+      terminationGracePeriodSeconds: 1:00
+      containers:
+      - name: web
+        image: nginx
+        env:
+        - {name: A, value: "yes"}
+        - {name: B, value: ~}
+        - name: C
+          value: '12:30'
+        args: [on, off, 1_000, 12:30, 0x1F, .inf, -.inf, .nan, 0o400, 1e3, 1.5e+3, ~, null, "", '']
+        volumeMounts:
+        - {name: secret, mountPath: /s}
+      volumes:
+      - name: secret
+        secret:
+          secretName: s
+          defaultMode: 0400
+          items:
+          - {key: a, path: a, mode: 0644}
+          - key: b
+            path: b
+            mode: 0o600
+      - name: cfg
+        configMap: {name: c, defaultMode: 420}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c}
+data:
+  x: &anchor "1"
+  y: *anchor
+"#;
+
+/// The documents of `path` as PyYAML (a YAML 1.1 loader, as kubectl's is)
+/// reads them, as JSON (a float stays a float: `256.0`, not `256`), with
+/// the sidecar's container, volumes and pod security context taken out.
+fn read_as_yaml_1_1(path: &Path) -> Value {
+    const LOADER: &str = r#"
+import json, math, sys, yaml
+def plain(x):
+    if isinstance(x, float) and not math.isfinite(x): return repr(x)
+    if isinstance(x, dict): return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, list): return [plain(v) for v in x]
+    return x
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+for doc in docs:
+    spec = doc.get("spec", {}).get("template", {}).get("spec")
+    if spec:
+        spec["containers"] = [c for c in spec["containers"] if c["name"] != "statestore-gateway"]
+        spec["volumes"] = [v for v in spec["volumes"] if not v["name"].startswith("statestore-gateway-")]
+        spec.pop("securityContext", None)
+print(json.dumps(plain(docs)))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", LOADER])
+        .arg(path)
+        .output()
+        .expect("python3 runs (scripts/test installs PyYAML)");
+    assert!(
+        out.status.success(),
+        "PyYAML: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn inject_output_means_to_a_yaml_1_1_reader_what_its_input_meant() {
+    let (code, injected, stderr) = inject(&[], SCALARS);
+    assert_eq!(code, 0, "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.yaml"), dir.path().join("out.yaml"));
+    std::fs::write(&input, SCALARS).unwrap();
+    std::fs::write(&output, &injected).unwrap();
+    let (before, after) = (read_as_yaml_1_1(&input), read_as_yaml_1_1(&output));
+    assert_eq!(before, after, "{injected}");
+    // The octal modes kubectl sends: 0400 is 256, 0644 is 420; 0o600 is
+    // not an integer in YAML 1.1 and stays the string it was.
+    let volume = &after[0]["spec"]["template"]["spec"]["volumes"][0]["secret"];
+    assert_eq!(volume["defaultMode"], json!(256));
+    assert_eq!(volume["items"][0]["mode"], json!(420));
+    assert_eq!(volume["items"][1]["mode"], json!("0o600"));
+    assert!(injected.contains("defaultMode: 0400"), "{injected}");
+    // The sidecar is there, and injecting again changes nothing.
+    let output = statestore_gateway::inject::yaml::parse(&injected).unwrap();
+    let containers = &output[0].to_json()["spec"]["template"]["spec"]["containers"];
+    assert_eq!(containers[1]["name"], "statestore-gateway");
+    let (code, again, stderr) = inject(&[], &injected);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(again, injected);
+}
+
+#[test]
+fn inject_refuses_a_pod_whose_own_container_or_volume_has_the_sidecars_name() {
+    let pod = |extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: mine}}\nspec:\n  containers:\n  \
+             - {{name: app, image: app}}\n{extra}"
+        )
+    };
+    let own_container = pod("  - {name: statestore-gateway, image: my/own-gateway}\n");
+    let own_volume =
+        pod("  volumes:\n  - {name: statestore-gateway-ca, configMap: {name: my-ca}}\n");
+    for (input, names) in [
+        (own_container, "container statestore-gateway"),
+        (own_volume, "volume statestore-gateway-ca"),
+    ] {
+        let (code, out, stderr) = inject(&[], &input);
+        assert_eq!(code, 1, "{out}{stderr}");
+        assert!(out.is_empty(), "{out}");
+        assert!(stderr.contains("document 1, Pod/mine"), "{stderr}");
+        assert!(stderr.contains(names), "{stderr}");
+        assert!(stderr.contains("rename"), "{stderr}");
+    }
+    // The sidecar itself (from inject, the webhook or the chart's template)
+    // is replaced, as before: injecting twice changes nothing.
+    let (code, once, stderr) = inject(&[], &pod(""));
+    assert_eq!(code, 0, "{stderr}");
+    let (code, twice, stderr) = inject(&[], &once);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(once, twice);
+}
+
 #[tokio::test]
 async fn the_webhook_serves_a_renewed_certificate_without_a_restart() {
     let injector = Injector::start(&[]).await;

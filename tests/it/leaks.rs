@@ -210,6 +210,165 @@ async fn hundred_thousand_random_key_requests_leave_no_pending_reply_or_memory_b
     assert!(requests >= 110_000.0, "{requests} requests counted");
 }
 
+/// The large value of the memory test: 16 MB of zeros, the worst case of
+/// the JSON form (each zero byte is `\u0000`, six bytes, plus its base64).
+const LARGE_VALUE: usize = 16_000_000;
+
+/// How far the gateway's peak memory may grow over its baseline, in values
+/// in flight (the README's bound): a read holds its value once, whatever
+/// the form; a write also has it in the MQTT connection's write buffer, and
+/// a watched key once more as the notification arrives.
+const READ_MULTIPLE: f64 = 1.5;
+const WATCHED_WRITE_MULTIPLE: f64 = 4.0;
+
+/// Asserts that the peak since the last reset grew by at most `multiple`
+/// times `values` large values over `baseline_kib`.
+fn assert_peak_within(
+    gateway: &GatewayProcess,
+    what: &str,
+    baseline_kib: u64,
+    values: usize,
+    multiple: f64,
+) {
+    let peak = gateway.peak_rss_kib();
+    let grown = peak.saturating_sub(baseline_kib) as f64 * 1024.0;
+    let in_flight = (values * LARGE_VALUE) as f64;
+    eprintln!(
+        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x {values} value(s) of {LARGE_VALUE} bytes)",
+        grown / 1e6,
+        grown / in_flight
+    );
+    assert!(
+        grown <= multiple * in_flight,
+        "{what}: peak memory grew by {:.1} MB, over {multiple} x {values} value(s) of {LARGE_VALUE} bytes",
+        grown / 1e6
+    );
+}
+
+/// `GET` of `url` as JSON: its status and body.
+async fn get_json_bytes(http: &reqwest::Client, url: &str) -> (u16, bytes::Bytes) {
+    let response = http
+        .get(url)
+        .header("accept", "application/json")
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.bytes().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_keep_the_gateways_memory_within_a_small_multiple_of_the_values_in_flight() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    eprintln!("VmRSS at start {} KiB", gateway.rss_kib());
+    let big = gateway.key(b"big");
+    let zeros = vec![0u8; LARGE_VALUE];
+    let put = |body: Vec<u8>| {
+        gateway
+            .http
+            .put(&big)
+            .body(body)
+            .timeout(Duration::from_secs(60))
+            .send()
+    };
+    let written = put(zeros.clone()).await.unwrap();
+    assert_eq!(
+        written.status(),
+        200,
+        "a 16 MB value is under the default limit"
+    );
+    // Small requests of each kind first, so that buffers and pools have
+    // their working size; then let the allocator give back the large write.
+    let (status, _) = get_json_bytes(&gateway.http, &gateway.key(b"small")).await;
+    assert_eq!(status, 404);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+    eprintln!("baseline VmRSS {baseline} KiB");
+
+    // One JSON read: the whole document, and it means the value.
+    gateway.reset_peak_rss();
+    let (status, body) = get_json_bytes(&gateway.http, &big).await;
+    assert_eq!(status, 200);
+    let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    drop(body);
+    assert_eq!(document["key"], "big");
+    assert_eq!(document["value"].as_str().map(str::len), Some(LARGE_VALUE));
+    assert!(document["value"].as_str().unwrap().bytes().all(|b| b == 0));
+    let base64 = document["value_base64"].as_str().unwrap();
+    use base64::Engine as _;
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(base64)
+            .unwrap(),
+        zeros
+    );
+    assert!(document["version"].is_string());
+    drop(document);
+    assert_peak_within(&gateway, "one JSON read", baseline, 1, READ_MULTIPLE);
+
+    // Four at once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gateway.reset_peak_rss();
+    let reads = (0..4).map(|_| get_json_bytes(&gateway.http, &big));
+    for (status, body) in futures_util::future::join_all(reads).await {
+        assert_eq!(status, 200);
+        assert!(
+            body.len() > 6 * LARGE_VALUE,
+            "the whole document: {}",
+            body.len()
+        );
+    }
+    assert_peak_within(
+        &gateway,
+        "four JSON reads at once",
+        baseline,
+        4,
+        READ_MULTIPLE,
+    );
+
+    // A watcher, then a write of another large value it hears of.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gateway.reset_peak_rss();
+    let mut stream = sse::open(&gateway.http, &gateway.url("/watch/big"), None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("watch: {status} {body}"));
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["exists"], true);
+    assert_eq!(sync.data["value_omitted"], true, "{:?}", sync.data);
+    assert_eq!(sync.data["value_bytes"], LARGE_VALUE);
+    assert!(sync.data["value_base64"].is_null());
+    let written = put(vec![1u8; LARGE_VALUE]).await.unwrap();
+    assert_eq!(written.status(), 200);
+    let version = written.headers()["etag"]
+        .to_str()
+        .unwrap()
+        .trim_matches('"')
+        .to_owned();
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["version"], version.as_str());
+    assert_eq!(set.data["value_omitted"], true);
+    assert_eq!(set.data["value_bytes"], LARGE_VALUE);
+    assert_peak_within(
+        &gateway,
+        "a watcher and a write",
+        baseline,
+        1,
+        WATCHED_WRITE_MULTIPLE,
+    );
+    // Nothing keeps the value once every watcher has its event.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = gateway.rss_kib();
+    eprintln!("4 s after the write, with the watcher still open: VmRSS {after} KiB");
+    assert!(
+        after * 1024 <= baseline * 1024 + LARGE_VALUE as u64 + (LARGE_VALUE as u64) / 2,
+        "VmRSS {after} KiB, 4 s after the write, against {baseline} KiB before"
+    );
+    drop(stream);
+}
+
 /// Reads a response head (status line and headers) or until the server
 /// closes; `None` if neither happens within `within`.
 async fn read_head(stream: &mut TcpStream, within: Duration) -> Option<String> {

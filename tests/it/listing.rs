@@ -147,6 +147,7 @@ async fn binary_keys_list_as_base64_and_text_lines_escape_them() {
         b"bin/a b",
         "bin/é%".as_bytes(),
         b"bin/x\ny",
+        "bin/\u{2028}\u{2029}\u{feff}".as_bytes(),
     ] {
         put(gw, key).await;
     }
@@ -185,7 +186,12 @@ async fn binary_keys_list_as_base64_and_text_lines_escape_them() {
     );
     let text = response.text().await.unwrap();
     // Byte order, as the emulator lists.
-    assert_eq!(text, "bin/a b\nbin/x%0Ay\nbin/é%25\nbin/%FF%00\n");
+    // Line and paragraph separators and the byte-order mark break lines
+    // (or vanish) in many tools: escaped like control characters.
+    assert_eq!(
+        text,
+        "bin/a b\nbin/x%0Ay\nbin/é%25\nbin/%E2%80%A8%E2%80%A9%EF%BB%BF\nbin/%FF%00\n"
+    );
 }
 
 #[tokio::test]
@@ -446,6 +452,99 @@ async fn deleting_a_listed_key_does_not_skip_the_rest_of_its_page() {
     let (rest, _) = list_all(gw, &format!("/keys?match=d/*&limit=2&cursor={cursor}")).await;
     let expected: Vec<Vec<u8>> = (2..10).map(|n| format!("d/{n}").into_bytes()).collect();
     assert_eq!(rest, expected);
+}
+
+/// A pattern that makes the glob backtrack over every byte of every key
+/// (`*` then 1,000 `a` and a `b`, over 4,000 keys of 1,000 `a`-heavy
+/// bytes) does not hold the store: SCAN pages end once the matcher spent
+/// its budget, so an unrelated GET meanwhile is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pathological_glob_does_not_delay_other_requests() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    put(gw, b"unrelated").await;
+    let keys: Vec<String> = (0..4_000)
+        .map(|n| format!("{}{n:04}", "a".repeat(996)))
+        .collect();
+    put_many(gw, &keys).await;
+
+    let pattern = format!("*{}b", "a".repeat(1_000));
+    let listing = tokio::spawn({
+        let (http, url) = (gw.http.clone(), gw.url(&format!("/keys?match={pattern}")));
+        async move { http.get(url).send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        let response = gw
+            .http
+            .get(gw.key(b"unrelated"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A few milliseconds in a release build; the bound leaves room for a
+    // debug build on a loaded machine (without the budget: over 5 s, 504).
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a GET waited {slowest:?} behind the glob"
+    );
+    assert_eq!(listing.await.unwrap(), 200);
+}
+
+/// PUTs every key (`1` as the value), 32 at a time.
+async fn put_many(gateway: &Gateway, keys: &[String]) {
+    let mut puts = tokio::task::JoinSet::new();
+    for chunk in keys.chunks(keys.len().div_ceil(32).max(1)) {
+        let (http, api, chunk) = (gateway.http.clone(), gateway.api, chunk.to_vec());
+        puts.spawn(async move {
+            for key in chunk {
+                let url = format!("http://{api}/keys/{}", encode(key.as_bytes()));
+                let response = http.put(url).body("1").send().await.unwrap();
+                assert_eq!(response.status(), 200, "PUT {key}");
+            }
+        });
+    }
+    while let Some(done) = puts.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Keys inserted before a cursor's key push it out of the store page the
+/// cursor names: the next response still resumes after it, so every key
+/// present for the whole listing is listed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_inserted_before_the_cursor_repeat_nothing() {
+    let stack = Stack::start().await;
+    let gw = &stack.gateway;
+    let present: Vec<String> = (1_000..3_000).map(|n| format!("k/{n}")).collect();
+    put_many(gw, &present).await;
+    let first = json(
+        gw.http
+            .get(gw.url("/keys?match=k/*&limit=500"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let mut listed = keys_of(&first);
+    assert_eq!(listed.len(), 500);
+    let inserted: Vec<String> = (400..1_000).map(|n| format!("k/0{n}")).collect();
+    put_many(gw, &inserted).await;
+    let cursor = first["next"].as_str().expect("a next cursor");
+    let (rest, _) = list_all(gw, &format!("/keys?match=k/*&limit=500&cursor={cursor}")).await;
+    listed.extend(rest);
+    for key in &present {
+        let times = listed.iter().filter(|k| *k == key.as_bytes()).count();
+        assert_eq!(times, 1, "{key} listed {times} times");
+    }
+    let unique: BTreeSet<_> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "no key listed twice");
 }
 
 /// `values=true`: each entry carries the value (null when not UTF-8), its

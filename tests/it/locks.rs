@@ -14,7 +14,9 @@ use reqwest::StatusCode;
 use statestore_gateway::protocol::Hlc;
 use tokio::io::AsyncWriteExt as _;
 
-use crate::support::gateway::{Gateway, Stack, encode};
+use crate::support::Mosquitto;
+use crate::support::emulator::EmulatorProcess;
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
 use crate::support::sdk::{SdkClient, hlc};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -489,6 +491,57 @@ async fn a_waiter_whose_connection_closes_never_holds_the_lock() {
         metric(gateway, ghost_sets).await >= 2.0,
         "the ghost's SET was released with VDEL"
     );
+}
+
+/// The most common client pattern: a request times out on the client
+/// while its SET is out (the store frozen with SIGSTOP), and the client
+/// retries as the same holder. The first request's clean-up must release
+/// only what its own SET took, never the hold the retry was answered 200
+/// for: afterwards the lock is the retry's, and another holder is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_holder_retry_after_a_client_timeout_keeps_the_lock() {
+    let broker = Mosquitto::start().await;
+    let store = EmulatorProcess::start(&broker, &[]).await;
+    let gateway = Gateway::start(broker.port(), GatewayOptions::default()).await;
+    gateway.wait_ready().await;
+    let api = Api::of(&gateway);
+
+    store.pause();
+    let abandoned = api
+        .http
+        .put(lock_url(&api, "rr", "holder=W&ttl=60s"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        abandoned.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the client gives up while the store is frozen: {abandoned:?}"
+    );
+    let retry = tokio::spawn({
+        let api = api.clone();
+        async move { put_lock(&api, "rr", "holder=W&ttl=60s").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.resume();
+    let (status, body, _) = tokio::time::timeout(Duration::from_secs(15), retry)
+        .await
+        .expect("the retry is answered")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Let any clean-up of the abandoned request reach the store.
+    wait_metric(
+        &api,
+        "statestore_gateway_store_requests_in_flight ",
+        0.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = get_lock(&api, "rr").await;
+    assert_eq!(status, StatusCode::OK, "the retry's hold is gone: {body}");
+    assert_eq!(body["holder"], "W");
+    let (status, body, _) = put_lock(&api, "rr", "holder=Z&ttl=60s").await;
+    assert_eq!(status, StatusCode::CONFLICT, "a second holder: {body}");
 }
 
 #[tokio::test]

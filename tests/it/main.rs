@@ -31,6 +31,7 @@ mod pattern_watch;
 mod pool;
 mod readme;
 mod scan;
+mod settings_table;
 mod watch;
 
 mod broker {

@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// The data path, top to bottom: a module may import the ones after it,
 /// never one before it.
-const LAYERS: [&str; 7] = [
-    "config", "http", "locks", "watch", "store", "mqtt", "protocol",
-];
+const LAYERS: [&str; 7] = ["cli", "http", "locks", "watch", "store", "mqtt", "protocol"];
 
 /// A module: its path (`http::keys`; the crate root is empty) and code.
 struct Module {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use statestore_gateway::protocol::{Hlc, Request, SetOptions, hlc};
-use statestore_gateway::watch::WatchSettings;
+use statestore_gateway::watch::{WatchSettings, WatchedValue};
 
 use crate::support::emulator::RawClient;
 use crate::support::gateway::{GatewayOptions, Stack, encode};
@@ -286,12 +286,51 @@ async fn bad_watch_requests_are_400() {
         "/watch?nope=1",
         "/watch/%zz",
         "/watch/",
+        "/watch/config?tll=30s",
+        "/watch/config?key=other",
     ] {
         let (status, _, body) = sse::open(client, &stack.gateway.url(path), None)
             .await
             .unwrap_err();
-        assert!(status == 400 || status == 404, "{path}: {status} {body}");
+        assert_eq!(status, 400, "{path}: {body}");
     }
+    // The token parameter is the one a single-key stream takes.
+    let mut stream = sse::open(
+        client,
+        &stack.gateway.url("/watch/config?access_token=unused"),
+        None,
+    )
+    .await
+    .unwrap();
+    stream.expect("sync").await;
+}
+
+/// A key named twice on one stream is one key: it counts once against
+/// `--max-keys-per-watch`, and gets one `sync`.
+#[tokio::test]
+async fn a_key_repeated_in_the_query_is_watched_once() {
+    let stack = Stack::builder()
+        .gateway(options(WatchSettings {
+            max_keys_per_stream: 2,
+            ..WatchSettings::default()
+        }))
+        .start()
+        .await;
+    let query = vec!["key=a"; 500].join("&");
+    let mut stream = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url(&format!("/watch?{query}&key=b")),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut synced = vec![
+        stream.expect("sync").await.data["key"].clone(),
+        stream.expect("sync").await.data["key"].clone(),
+    ];
+    synced.sort_by_key(ToString::to_string);
+    assert_eq!(synced, ["a", "b"]);
+    stream.expect_silence(Duration::from_millis(300)).await;
 }
 
 #[tokio::test]
@@ -813,12 +852,15 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
     });
     let stack = Stack::builder()
         .scripted(script)
-        .gateway(options(WatchSettings {
-            max_keys_per_stream: 1_000,
-            register_timeout: Duration::from_secs(3),
-            resync_interval: None,
-            ..WatchSettings::default()
-        }))
+        .gateway(GatewayOptions {
+            // The registration timeout follows it.
+            request_timeout: Duration::from_secs(3),
+            ..options(WatchSettings {
+                max_keys_per_stream: 1_000,
+                resync_interval: None,
+                ..WatchSettings::default()
+            })
+        })
         .start()
         .await;
     let hub = stack.gateway.server().state().hub.clone();
@@ -872,7 +914,7 @@ async fn a_key_keeps_a_bounded_number_of_bytes_for_a_watcher_that_does_not_read(
             .await
             .expect("the last value within 10 s")
             .unwrap();
-        if event.value.as_deref() == Some(last.as_bytes()) {
+        if event.value.as_ref().and_then(WatchedValue::bytes) == Some(&Bytes::from(last.clone())) {
             break;
         }
     }
@@ -882,7 +924,10 @@ async fn a_key_keeps_a_bounded_number_of_bytes_for_a_watcher_that_does_not_read(
         seen.push(event);
     }
     let newest = seen.last().expect("events for the idle watcher");
-    assert_eq!(newest.value.as_deref(), Some(last.as_bytes()));
+    assert_eq!(
+        newest.value.as_ref().and_then(WatchedValue::bytes),
+        Some(&Bytes::from(last.clone()))
+    );
     assert!(
         seen.len() <= 3,
         "{} events held for a watcher that did not read: {:?}",

@@ -105,6 +105,26 @@ impl EmulatorProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Freezes the store (SIGSTOP): its connection stays open, it answers
+    /// nothing until [`EmulatorProcess::resume`].
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Thaws a paused store (SIGCONT): it answers what arrived meanwhile.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
 }
 
 /// A test that ends (or panics) must not leave the binary running.

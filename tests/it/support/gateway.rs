@@ -106,14 +106,12 @@ impl Gateway {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
                 size: options.pool_size,
-                request_timeout: options.request_timeout,
-                slot_wait: statestore_gateway::settings::slot_wait(options.request_timeout),
                 ..PoolSettings::new(broker, options.client_id.clone())
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
                 max_value_bytes: options.max_value_bytes,
-                request_timeout: options.request_timeout,
+                ..Limits::default()
             },
             api_token: options
                 .api_token
@@ -125,7 +123,9 @@ impl Gateway {
             max_connections: options.max_connections,
             locks: options.locks,
             ..ServeSettings::default()
-        };
+        }
+        // Every timeout that follows the request timeout, as `serve` has them.
+        .with_request_timeout(options.request_timeout);
         let metrics = Metrics::new();
         let server = Server::start(settings, metrics.clone())
             .await

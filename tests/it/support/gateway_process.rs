@@ -116,6 +116,25 @@ impl GatewayProcess {
             .expect("a VmRSS line")
     }
 
+    /// Peak resident memory since start or the last
+    /// [`reset_peak_rss`](Self::reset_peak_rss), in KiB (`VmHWM`).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("a VmHWM line")
+    }
+
+    /// Sets the peak resident memory back to the current one (writing `5`
+    /// to `/proc/<pid>/clear_refs`), to measure the peak of what follows.
+    pub fn reset_peak_rss(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5")
+            .expect("write /proc/<pid>/clear_refs");
+    }
+
     /// CPU time used so far (user + system), from `/proc/<pid>/stat`.
     pub fn cpu_time(&self) -> Duration {
         cpu_time(&format!("/proc/{}/stat", self.pid()))

@@ -8,13 +8,11 @@
 
 use std::path::Path;
 
-use clap::CommandFactory as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use crate::config::{Cli, MAX_CLIENT_ID_BYTES};
-use crate::settings as env;
+use crate::settings::{self as env, SettingError};
 
 /// The chart's defaults: one source for the chart and for `inject`.
 const CHART_VALUES: &str = include_str!("../../helm/statestore-gateway/values.yaml");
@@ -45,7 +43,7 @@ const OPAQUE_SECTIONS: [&str; 3] = ["resources", "securityContext", "podSecurity
 
 /// A setting that cannot be used.
 #[derive(Debug, Error)]
-pub enum SettingsError {
+pub enum ValuesError {
     /// A values file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
@@ -78,16 +76,34 @@ pub enum SettingsError {
     Unusable(String),
 }
 
+/// At the command line, a values error is a bad setting like any other.
+impl From<ValuesError> for SettingError {
+    fn from(error: ValuesError) -> Self {
+        SettingError::flag("chart values", error.to_string())
+    }
+}
+
 /// The chart's sidecar values after every override, as a JSON tree.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SidecarValues {
     tree: Map<String, Value>,
+    serve_check: Option<ServeCheck>,
 }
+
+/// What `statestore-gateway serve` says about a container's environment
+/// (`NAME`, `VALUE` pairs; a later one of the same name wins, as in
+/// Kubernetes): `Err` with its message when it would refuse to start. The
+/// command line provides it, so values are refused here rather than by a
+/// crash-looping sidecar.
+pub type ServeCheck = fn(&[(String, String)]) -> Result<(), String>;
 
 impl SidecarValues {
     /// The chart's defaults.
     pub fn chart_defaults() -> Self {
-        let mut values = Self { tree: Map::new() };
+        let mut values = Self {
+            tree: Map::new(),
+            serve_check: None,
+        };
         // The chart's values.yaml is part of the source; the unit tests
         // read it, so a broken one fails the build's tests, not a user.
         if let Err(error) = values.merge_yaml(CHART_VALUES, "the chart's values.yaml") {
@@ -96,22 +112,25 @@ impl SidecarValues {
         values
     }
 
+    /// These values, checked by `serve_check` too when made into a sidecar.
+    pub fn checked_by(mut self, serve_check: ServeCheck) -> Self {
+        self.serve_check = Some(serve_check);
+        self
+    }
+
     /// The defaults, then each values file, then each `PATH=VALUE`.
-    pub fn from_sources(
-        files: &[impl AsRef<Path>],
-        sets: &[String],
-    ) -> Result<Self, SettingsError> {
+    pub fn from_sources(files: &[impl AsRef<Path>], sets: &[String]) -> Result<Self, ValuesError> {
         let mut values = Self::chart_defaults();
         for file in files {
             let path = file.as_ref();
-            let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+            let text = std::fs::read_to_string(path).map_err(|source| ValuesError::Read {
                 path: path.display().to_string(),
                 source,
             })?;
             values.merge_yaml(&text, &path.display().to_string())?;
         }
         for set in sets {
-            let (path, value) = set.split_once('=').ok_or_else(|| SettingsError::Setting {
+            let (path, value) = set.split_once('=').ok_or_else(|| ValuesError::Setting {
                 origin: "--set",
                 path: set.clone(),
                 message: "expected PATH=VALUE (gateway.port=9080)".into(),
@@ -124,8 +143,8 @@ impl SidecarValues {
     /// Merges a values document over these values as helm does: mappings
     /// key by key, `null` deletes, anything else replaces. Keys unknown to
     /// the chart are refused (helm's schema refuses them too).
-    pub fn merge_yaml(&mut self, text: &str, origin: &str) -> Result<(), SettingsError> {
-        let not_values = |message: String| SettingsError::NotValues {
+    pub fn merge_yaml(&mut self, text: &str, origin: &str) -> Result<(), ValuesError> {
+        let not_values = |message: String| ValuesError::NotValues {
             origin: origin.to_owned(),
             message,
         };
@@ -159,13 +178,8 @@ impl SidecarValues {
     /// Sets one scalar (`gateway.port`, `broker.tls.enabled`,
     /// `resources.limits.memory`) from its text, typed like the default it
     /// replaces: `true`/`false` for booleans, whole numbers for numbers.
-    pub fn set(
-        &mut self,
-        origin: &'static str,
-        path: &str,
-        text: &str,
-    ) -> Result<(), SettingsError> {
-        let error = |message: String| SettingsError::Setting {
+    pub fn set(&mut self, origin: &'static str, path: &str, text: &str) -> Result<(), ValuesError> {
+        let error = |message: String| ValuesError::Setting {
             origin,
             path: path.to_owned(),
             message,
@@ -216,10 +230,7 @@ impl SidecarValues {
 
     /// These values with a pod's `statestore-gateway/PATH` annotations
     /// applied (the `inject` annotation aside).
-    pub fn with_annotations(
-        &self,
-        annotations: &Map<String, Value>,
-    ) -> Result<Self, SettingsError> {
+    pub fn with_annotations(&self, annotations: &Map<String, Value>) -> Result<Self, ValuesError> {
         let mut values = self.clone();
         for (key, value) in annotations {
             let Some(path) = key.strip_prefix(ANNOTATION_PREFIX) else {
@@ -228,7 +239,7 @@ impl SidecarValues {
             if key == INJECT_ANNOTATION {
                 continue;
             }
-            let text = value.as_str().ok_or_else(|| SettingsError::Setting {
+            let text = value.as_str().ok_or_else(|| ValuesError::Setting {
                 origin: "annotation",
                 path: key.clone(),
                 message: "annotation values are strings".into(),
@@ -236,7 +247,7 @@ impl SidecarValues {
             values
                 .set("annotation", path, text)
                 .map_err(|error| match error {
-                    SettingsError::Setting { message, .. } => SettingsError::Setting {
+                    ValuesError::Setting { message, .. } => ValuesError::Setting {
                         origin: "annotation",
                         path: key.clone(),
                         message,
@@ -249,10 +260,10 @@ impl SidecarValues {
 
     /// The typed sidecar, after the checks the chart makes with `fail` and
     /// the ones `statestore-gateway serve` makes at start.
-    pub fn sidecar(&self) -> Result<Sidecar, SettingsError> {
+    pub fn sidecar(&self) -> Result<Sidecar, ValuesError> {
         let sidecar: Sidecar = serde_json::from_value(Value::Object(self.tree.clone()))
-            .map_err(|error| SettingsError::Unusable(format!("the sidecar values: {error}")))?;
-        sidecar.check()?;
+            .map_err(|error| ValuesError::Unusable(format!("the sidecar values: {error}")))?;
+        sidecar.check(self.serve_check)?;
         Ok(sidecar)
     }
 
@@ -421,67 +432,40 @@ impl Sidecar {
     /// The chart's `fail` checks, then the gateway's own command-line
     /// parser on the environment the container will get, so that a value
     /// `serve` refuses at start is refused here instead.
-    fn check(&self) -> Result<(), SettingsError> {
+    fn check(&self, serve_check: Option<ServeCheck>) -> Result<(), ValuesError> {
         if self.broker.sat.enabled && !self.broker.password_secret.name.is_empty() {
-            return Err(SettingsError::Unusable(
+            return Err(ValuesError::Unusable(
                 "broker.sat.enabled and broker.passwordSecret.name: the gateway authenticates \
                  with one of a service account token or a password; turn one off"
                     .into(),
             ));
         }
         if self.gateway.port == self.gateway.admin_port {
-            return Err(SettingsError::Unusable(format!(
+            return Err(ValuesError::Unusable(format!(
                 "gateway.port and gateway.adminPort are both {}: the key API and the admin \
                  listener need a port each",
                 self.gateway.port
             )));
         }
-        if self.broker.client_id.len() > MAX_CLIENT_ID_BYTES {
-            return Err(SettingsError::Unusable(format!(
-                "broker.clientId: {} bytes; at most {MAX_CLIENT_ID_BYTES}",
-                self.broker.client_id.len()
-            )));
-        }
-        self.check_with_serve_parser()
+        self.check_with_serve(serve_check)
     }
 
-    fn check_with_serve_parser(&self) -> Result<(), SettingsError> {
-        let serve = Cli::command()
-            .find_subcommand("serve")
-            .cloned()
-            .ok_or_else(|| SettingsError::Unusable("no serve subcommand".into()))?;
-        let env = container_env(self);
-        let mut argv = vec!["serve".to_owned()];
-        // Kubernetes lets a later variable of the same name win.
-        let mut seen = std::collections::HashSet::new();
-        for entry in env.iter().rev() {
-            let (Some(name), Some(value)) = (
-                entry.get("name").and_then(Value::as_str),
-                entry.get("value").and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            if !seen.insert(name.to_owned()) {
-                continue;
-            }
-            let flag = serve
-                .get_arguments()
-                .find(|arg| arg.get_env().is_some_and(|env| env.to_str() == Some(name)));
-            // Files are not there yet: only values that parse are checked.
-            if let Some(long) = flag.and_then(|arg| arg.get_long())
-                && !long.ends_with("-file")
-            {
-                argv.push(format!("--{long}={value}"));
-            }
-        }
-        // Only the values given here: not the environment of this process.
-        let serve = serve.mut_args(|arg| arg.env(None::<&str>));
-        serve.try_get_matches_from(argv).map(drop).map_err(|error| {
-            let text = error.to_string();
-            let first = text.lines().next().unwrap_or_default();
-            SettingsError::Unusable(format!(
-                "statestore-gateway serve would refuse these values: {}",
-                first.trim_start_matches("error: ")
+    /// What `serve` would say about the container's environment.
+    fn check_with_serve(&self, serve_check: Option<ServeCheck>) -> Result<(), ValuesError> {
+        let Some(serve_check) = serve_check else {
+            return Ok(());
+        };
+        let vars: Vec<(String, String)> = container_env(self)
+            .iter()
+            .filter_map(|entry| {
+                let name = entry.get("name").and_then(Value::as_str)?;
+                let value = entry.get("value").and_then(Value::as_str)?;
+                Some((name.to_owned(), value.to_owned()))
+            })
+            .collect();
+        serve_check(&vars).map_err(|why| {
+            ValuesError::Unusable(format!(
+                "statestore-gateway serve would refuse these values: {why}"
             ))
         })
     }
@@ -499,93 +483,93 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
     let g = &sidecar.gateway;
     let b = &sidecar.broker;
     let mut vars = vec![
-        var(env::ENV_LISTEN, format!("127.0.0.1:{}", g.port)),
-        var(env::ENV_ADMIN_LISTEN, format!("0.0.0.0:{}", g.admin_port)),
-        var(env::ENV_POOL_SIZE, g.pool_size.to_string()),
-        var(env::ENV_REQUEST_TIMEOUT, &g.request_timeout),
-        var(env::ENV_MAX_IN_FLIGHT, g.max_in_flight.to_string()),
-        var(env::ENV_MAX_KEY_BYTES, g.max_key_bytes.to_string()),
+        var(env::LISTEN.env, format!("127.0.0.1:{}", g.port)),
+        var(env::ADMIN_LISTEN.env, format!("0.0.0.0:{}", g.admin_port)),
+        var(env::POOL_SIZE.env, g.pool_size.to_string()),
+        var(env::REQUEST_TIMEOUT.env, &g.request_timeout),
+        var(env::MAX_IN_FLIGHT.env, g.max_in_flight.to_string()),
+        var(env::MAX_KEY_BYTES.env, g.max_key_bytes.to_string()),
     ];
     if g.max_value_bytes > 0 {
-        vars.push(var(env::ENV_MAX_VALUE_BYTES, g.max_value_bytes.to_string()));
+        vars.push(var(env::MAX_VALUE_BYTES.env, g.max_value_bytes.to_string()));
     }
     vars.extend([
-        var(env::ENV_MAX_WATCHERS, g.max_watchers.to_string()),
+        var(env::MAX_WATCHERS.env, g.max_watchers.to_string()),
         var(
-            env::ENV_MAX_KEYS_PER_WATCH,
+            env::MAX_KEYS_PER_WATCH.env,
             g.max_keys_per_watch.to_string(),
         ),
-        var(env::ENV_MAX_WATCHED_KEYS, g.max_watched_keys.to_string()),
-        var(env::ENV_WATCH_KEEPALIVE, &g.watch_keepalive),
-        var(env::ENV_WATCH_BUFFER, g.watch_buffer.to_string()),
-        var(env::ENV_WATCH_RESYNC_INTERVAL, &g.watch_resync_interval),
-        var(env::ENV_WATCH_RESCAN_INTERVAL, &g.watch_rescan_interval),
+        var(env::MAX_WATCHED_KEYS.env, g.max_watched_keys.to_string()),
+        var(env::WATCH_KEEPALIVE.env, &g.watch_keepalive),
+        var(env::WATCH_BUFFER.env, g.watch_buffer.to_string()),
+        var(env::WATCH_RESYNC_INTERVAL.env, &g.watch_resync_interval),
+        var(env::WATCH_RESCAN_INTERVAL.env, &g.watch_rescan_interval),
         var(
-            env::ENV_MAX_KEYS_PER_PATTERN,
+            env::MAX_KEYS_PER_PATTERN.env,
             g.max_keys_per_pattern.to_string(),
         ),
-        var(env::ENV_HEADER_READ_TIMEOUT, &g.header_read_timeout),
-        var(env::ENV_MAX_CONNECTIONS, g.max_connections.to_string()),
+        var(env::HEADER_READ_TIMEOUT.env, &g.header_read_timeout),
+        var(env::MAX_CONNECTIONS.env, g.max_connections.to_string()),
     ]);
     if !g.cors_allow_origin.is_empty() {
-        vars.push(var(env::ENV_CORS_ALLOW_ORIGIN, &g.cors_allow_origin));
+        vars.push(var(env::CORS_ALLOW_ORIGIN.env, &g.cors_allow_origin));
     }
     vars.extend([
         var(
-            env::ENV_SHUTDOWN_GRACE,
+            env::SHUTDOWN_GRACE.env,
             format!("{}s", g.shutdown_grace_seconds),
         ),
-        var(env::ENV_LOG_FORMAT, &g.log_format),
+        var(env::LOG_FORMAT.env, &g.log_format),
         var("RUST_LOG", &g.log_level),
     ]);
     if !g.api_token.name.is_empty() {
         vars.push(var(
-            env::ENV_API_TOKEN_FILE,
+            env::API_TOKEN_FILE.env,
             format!("{SECRETS_DIR}/api-token/token"),
         ));
     }
     vars.extend([
-        var(env::ENV_BROKER_HOSTNAME, &b.host),
-        var(env::ENV_BROKER_TCP_PORT, b.port.to_string()),
+        var(env::BROKER_HOSTNAME.env, &b.host),
+        var(env::BROKER_TCP_PORT.env, b.port.to_string()),
         var(
-            env::ENV_MQTT_USE_TLS,
+            env::MQTT_USE_TLS.env,
             sidecar.broker.tls.enabled.to_string(),
         ),
     ]);
     if sidecar.broker.tls.enabled {
         vars.push(var(
-            env::ENV_TLS_CA_FILE,
+            env::TLS_CA_FILE.env,
             format!("{SECRETS_DIR}/ca/ca.crt"),
         ));
         if !b.tls.client_cert_secret.is_empty() {
             vars.push(var(
-                env::ENV_TLS_CERT_FILE,
+                env::TLS_CERT_FILE.env,
                 format!("{SECRETS_DIR}/client-cert/tls.crt"),
             ));
             vars.push(var(
-                env::ENV_TLS_KEY_FILE,
+                env::TLS_KEY_FILE.env,
                 format!("{SECRETS_DIR}/client-cert/tls.key"),
             ));
         }
     }
     if sidecar.broker.sat.enabled {
-        vars.push(var(env::ENV_SAT_FILE, format!("{SECRETS_DIR}/sat/token")));
+        vars.push(var(env::SAT_FILE.env, format!("{SECRETS_DIR}/sat/token")));
     }
     if !b.username.is_empty() {
-        vars.push(var(env::ENV_MQTT_USERNAME, &b.username));
+        vars.push(var(env::MQTT_USERNAME.env, &b.username));
     }
     if !b.password_secret.name.is_empty() {
         vars.push(var(
-            env::ENV_MQTT_PASSWORD_FILE,
+            env::MQTT_PASSWORD_FILE.env,
             format!("{SECRETS_DIR}/mqtt-password/password"),
         ));
     }
     if !b.client_id.is_empty() {
-        vars.push(var(env::ENV_MQTT_CLIENT_ID, &b.client_id));
+        vars.push(var(env::MQTT_CLIENT_ID.env, &b.client_id));
     }
     vars.extend([
-        var(env::ENV_MQTT_KEEP_ALIVE, b.keep_alive.to_string()),
-        var(env::ENV_MQTT_SESSION_EXPIRY, b.session_expiry.to_string()),
+        var(env::MQTT_KEEP_ALIVE.env, b.keep_alive.to_string()),
+        var(env::MQTT_SESSION_EXPIRY.env, b.session_expiry.to_string()),
     ]);
     vars.extend(g.extra_env.iter().cloned());
     vars
@@ -595,9 +579,10 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
 mod tests {
     use super::*;
 
-    fn values(sets: &[&str]) -> Result<SidecarValues, SettingsError> {
+    fn values(sets: &[&str]) -> Result<SidecarValues, ValuesError> {
         let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
         SidecarValues::from_sources(&[] as &[&Path], &sets)
+            .map(|values| values.checked_by(crate::cli::serve::check_environment))
     }
 
     #[test]
@@ -607,50 +592,47 @@ mod tests {
         assert!(sidecar.broker.sat.enabled);
     }
 
-    /// The chart's defaults for the gateway's limits are `serve`'s own:
-    /// a default changed in one place fails here until the other follows.
+    /// The container's environment, from the chart's defaults, gives
+    /// every setting the chart takes as it is (`Helm::Default` in the
+    /// settings table) the table's default; the others, their chart value.
     #[test]
-    fn the_charts_limits_are_the_binarys_defaults() {
-        use crate::settings as env;
-        let same = [
-            env::ENV_POOL_SIZE,
-            env::ENV_REQUEST_TIMEOUT,
-            env::ENV_MAX_IN_FLIGHT,
-            env::ENV_MAX_KEY_BYTES,
-            env::ENV_MAX_WATCHERS,
-            env::ENV_MAX_KEYS_PER_WATCH,
-            env::ENV_MAX_WATCHED_KEYS,
-            env::ENV_WATCH_KEEPALIVE,
-            env::ENV_WATCH_BUFFER,
-            env::ENV_WATCH_RESYNC_INTERVAL,
-            env::ENV_WATCH_RESCAN_INTERVAL,
-            env::ENV_MAX_KEYS_PER_PATTERN,
-            env::ENV_HEADER_READ_TIMEOUT,
-            env::ENV_MAX_CONNECTIONS,
-            env::ENV_SHUTDOWN_GRACE,
-            env::ENV_MQTT_KEEP_ALIVE,
-            env::ENV_MQTT_SESSION_EXPIRY,
-        ];
-        let sidecar = SidecarValues::chart_defaults().sidecar().unwrap();
+    fn the_container_gets_each_chart_value_the_table_names() {
+        use crate::settings::{self as table, Helm};
+        let values = SidecarValues::chart_defaults();
+        let sidecar = values.sidecar().unwrap();
         let rendered = container_env(&sidecar);
-        let cli = Cli::command();
-        let serve = cli.find_subcommand("serve").unwrap();
-        for name in same {
-            let chart = rendered
+        let tree = Value::Object(values.tree().clone());
+        for row in table::SERVE {
+            let (Helm::Default(path) | Helm::Own(path)) = row.helm else {
+                continue;
+            };
+            let chart = path
+                .split('.')
+                .try_fold(&tree, |node, key| node.get(key))
+                .unwrap_or_else(|| panic!("no chart value {path}"));
+            let chart = match chart {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            let env = rendered
                 .iter()
-                .find(|var| var["name"] == name)
-                .and_then(|var| var["value"].as_str())
-                .unwrap_or_else(|| panic!("the chart sets no {name}"));
-            let arg = serve
-                .get_arguments()
-                .find(|arg| arg.get_env().and_then(|e| e.to_str()) == Some(name))
-                .unwrap();
-            let default = arg.get_default_values();
-            assert_eq!(
-                default.first().and_then(|d| d.to_str()),
-                Some(chart),
-                "{name}: serve's default differs from the chart's values.yaml"
-            );
+                .find(|var| var["name"] == row.env)
+                .and_then(|var| var["value"].as_str());
+            match env {
+                Some(value) => assert_eq!(value, chart, "{}: not {path}", row.env),
+                // The chart leaves empty (or 0: from the broker) values out.
+                None => assert!(
+                    matches!(row.helm, Helm::Own(_)) && (chart.is_empty() || chart == "0"),
+                    "the container has no {} ({path} = {chart:?})",
+                    row.env
+                ),
+            }
+            if let Helm::Default(_) = row.helm {
+                assert_eq!(
+                    chart, row.default,
+                    "{path}: the chart's default is not serve's"
+                );
+            }
         }
     }
 

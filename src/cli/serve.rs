@@ -1,0 +1,440 @@
+//! `serve`: the gateway's arguments and the [`ServeSettings`] they make.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, FromArgMatches as _};
+
+use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::http::{ApiToken, Limits, ServeSettings};
+use crate::locks::LockSettings;
+use crate::mqtt::{BrokerSettings, PoolSettings};
+use crate::settings::{self, SettingError};
+use crate::watch::WatchSettings;
+
+/// Settings of `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address of the key API listener.
+    #[arg(long, env = settings::LISTEN.env, default_value = settings::LISTEN.default)]
+    pub listen: SocketAddr,
+    /// Address of the admin listener (/livez, /readyz, /metrics).
+    #[arg(long, env = settings::ADMIN_LISTEN.env, default_value = settings::ADMIN_LISTEN.default)]
+    pub admin_listen: SocketAddr,
+    /// Number of MQTT connections to the broker.
+    #[arg(long, env = settings::POOL_SIZE.env, default_value = settings::POOL_SIZE.default, value_parser = parse_positive_usize)]
+    pub pool_size: usize,
+    /// How long a store request may wait for its reply (`500ms`, `10s`, `2m`).
+    #[arg(long, env = settings::REQUEST_TIMEOUT.env, default_value = settings::REQUEST_TIMEOUT.default, value_parser = parse_positive_duration)]
+    pub request_timeout: Duration,
+    /// Store requests in flight per MQTT connection.
+    #[arg(long, env = settings::MAX_IN_FLIGHT.env, default_value = settings::MAX_IN_FLIGHT.default, value_parser = parse_positive_usize)]
+    pub max_in_flight: usize,
+    /// Longest key accepted, in bytes after percent-decoding.
+    #[arg(long, env = settings::MAX_KEY_BYTES.env, default_value = settings::MAX_KEY_BYTES.default, value_parser = parse_positive_usize)]
+    pub max_key_bytes: usize,
+    /// Largest value accepted; default: the broker's maximum packet size
+    /// minus the envelope, else 4 MiB.
+    #[arg(long, env = settings::MAX_VALUE_BYTES.env, value_parser = parse_positive_usize)]
+    pub max_value_bytes: Option<usize>,
+    /// File holding a bearer token the key API requires (admin port excluded).
+    #[arg(long, env = settings::API_TOKEN_FILE.env)]
+    pub api_token_file: Option<PathBuf>,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, env = settings::SHUTDOWN_GRACE.env, default_value = settings::SHUTDOWN_GRACE.default, value_parser = parse_any_duration)]
+    pub shutdown_grace: Duration,
+    /// Log line format.
+    #[arg(long, env = settings::LOG_FORMAT.env, value_enum, default_value = settings::LOG_FORMAT.default)]
+    pub log_format: LogFormat,
+    /// Open SSE watch streams the gateway serves before answering 429.
+    #[arg(long, env = settings::MAX_WATCHERS.env, default_value = settings::MAX_WATCHERS.default, value_parser = parse_positive_usize)]
+    pub max_watchers: usize,
+    /// Keys one watch stream may name.
+    #[arg(long, env = settings::MAX_KEYS_PER_WATCH.env, default_value = settings::MAX_KEYS_PER_WATCH.default, value_parser = parse_positive_usize)]
+    pub max_keys_per_watch: usize,
+    /// Distinct keys watched in the whole gateway (each holds a store
+    /// registration and an event buffer).
+    #[arg(long, env = settings::MAX_WATCHED_KEYS.env, default_value = settings::MAX_WATCHED_KEYS.default, value_parser = parse_positive_usize)]
+    pub max_watched_keys: usize,
+    /// Interval of keep-alive comments on idle watch streams.
+    #[arg(long, env = settings::WATCH_KEEPALIVE.env, default_value = settings::WATCH_KEEPALIVE.default, value_parser = parse_positive_duration)]
+    pub watch_keepalive: Duration,
+    /// Events buffered per watched key; a watcher that falls further behind
+    /// skips to a `sync` of the latest state.
+    #[arg(long, env = settings::WATCH_BUFFER.env, default_value = settings::WATCH_BUFFER.default, value_parser = parse_positive_usize)]
+    pub watch_buffer: usize,
+    /// Bytes of events kept per watched key (an event counts its value,
+    /// its base64 and its SSE frame); past it the oldest are dropped and a
+    /// watcher that needed them skips to a `sync`. The newest is always kept.
+    #[arg(long, env = settings::WATCH_BUFFER_BYTES.env, default_value = settings::WATCH_BUFFER_BYTES.default, value_parser = parse_positive_usize)]
+    pub watch_buffer_bytes: usize,
+    /// How often every watched key is registered and read again as a safety
+    /// net (`0` disables); reconnects trigger it at once anyway.
+    #[arg(long, env = settings::WATCH_RESYNC_INTERVAL.env, default_value = settings::WATCH_RESYNC_INTERVAL.default, value_parser = parse_any_duration)]
+    pub watch_resync_interval: Duration,
+    /// How often a pattern followed by `/watch?match=` is listed again
+    /// (SCAN) to find keys created by other clients; keys created through
+    /// this gateway are followed at once.
+    #[arg(long, env = settings::WATCH_RESCAN_INTERVAL.env, default_value = settings::WATCH_RESCAN_INTERVAL.default, value_parser = parse_positive_duration)]
+    pub watch_rescan_interval: Duration,
+    /// Keys one followed pattern may match: a pattern matching more is
+    /// refused, and one that grows past it stops taking new keys.
+    #[arg(long, env = settings::MAX_KEYS_PER_PATTERN.env, default_value = settings::MAX_KEYS_PER_PATTERN.default, value_parser = parse_positive_usize)]
+    pub max_keys_per_pattern: usize,
+    /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
+    #[arg(long, env = settings::CORS_ALLOW_ORIGIN.env, value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
+    /// How long a client may take to send a request's headers (slow
+    /// clients are disconnected); also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = settings::HEADER_READ_TIMEOUT.env, default_value = settings::HEADER_READ_TIMEOUT.default, value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+    /// Open connections on the API listener; at the limit the gateway
+    /// stops accepting (new clients wait in the kernel's backlog) until one
+    /// closes. Each watch stream is a connection.
+    #[arg(long, env = settings::MAX_CONNECTIONS.env, default_value = settings::MAX_CONNECTIONS.default, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// The longest `wait=` a lock request may ask for.
+    #[arg(long, env = settings::MAX_LOCK_WAIT.env, default_value = settings::MAX_LOCK_WAIT.default, value_parser = parse_any_duration)]
+    pub max_lock_wait: Duration,
+    /// The longest lock holder name, in bytes.
+    #[arg(long, env = settings::MAX_LOCK_HOLDER_BYTES.env, default_value = settings::MAX_LOCK_HOLDER_BYTES.default, value_parser = parse_positive_usize)]
+    pub max_lock_holder_bytes: usize,
+    /// The broker.
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+}
+
+/// How to reach the MQTT broker, with the AIO SDKs' environment variables.
+#[derive(Debug, Clone, Args)]
+pub struct BrokerArgs {
+    /// Broker host name.
+    #[arg(long, env = settings::BROKER_HOSTNAME.env, default_value = settings::BROKER_HOSTNAME.default)]
+    pub broker_host: String,
+    /// Broker TCP port.
+    #[arg(long, env = settings::BROKER_TCP_PORT.env, default_value = settings::BROKER_TCP_PORT.default)]
+    pub broker_port: u16,
+    /// Whether to connect with TLS (`true`/`false`).
+    #[arg(long, env = settings::MQTT_USE_TLS.env, default_value = settings::MQTT_USE_TLS.default, action = ArgAction::Set,
+          value_parser = BoolishValueParser::new())]
+    pub use_tls: bool,
+    /// PEM CA bundle for the broker's certificate (default: system roots).
+    #[arg(long, env = settings::TLS_CA_FILE.env)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS.
+    #[arg(long, env = settings::TLS_CERT_FILE.env)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    #[arg(long, env = settings::TLS_KEY_FILE.env)]
+    pub tls_key_file: Option<PathBuf>,
+    /// Service-account token file, sent as `K8S-SAT` enhanced authentication.
+    #[arg(long, env = settings::SAT_FILE.env)]
+    pub sat_file: Option<PathBuf>,
+    /// MQTT user name.
+    #[arg(long, env = settings::MQTT_USERNAME.env)]
+    pub mqtt_username: Option<String>,
+    /// File holding the MQTT password.
+    #[arg(long, env = settings::MQTT_PASSWORD_FILE.env)]
+    pub mqtt_password_file: Option<PathBuf>,
+    /// MQTT client id prefix (members are `<id>-<n>`); default
+    /// `statestore-gateway-<hostname>`.
+    #[arg(long, env = settings::MQTT_CLIENT_ID.env)]
+    pub client_id: Option<String>,
+    /// MQTT keep-alive in seconds (5 to 65535: rumqttc refuses less).
+    #[arg(long, env = settings::MQTT_KEEP_ALIVE.env, default_value = settings::MQTT_KEEP_ALIVE.default)]
+    pub keep_alive: u16,
+    /// MQTT session expiry in seconds. Members connect with clean start and
+    /// subscribe again after every CONNACK, so a session outliving the
+    /// connection only keeps queued messages for nobody: 0 by default
+    /// (the AIO SDKs default to 3600 because they resume sessions).
+    #[arg(long, env = settings::MQTT_SESSION_EXPIRY.env, default_value = settings::MQTT_SESSION_EXPIRY.default)]
+    pub session_expiry: u32,
+}
+
+impl ServeArgs {
+    /// The gateway's settings: every rule that needs more than parsing is
+    /// checked here, by the typed settings' own checks (files exist, pairs
+    /// are complete, the client id and keep-alive fit), and the API token
+    /// is read, so a bad setting stops the process before anything starts.
+    pub fn settings(&self) -> Result<ServeSettings, SettingError> {
+        let api_token = match &self.api_token_file {
+            None => None,
+            Some(path) => Some(
+                read_api_token(path)
+                    .map_err(|message| SettingError::new(&settings::API_TOKEN_FILE, message))?,
+            ),
+        };
+        let client_id = match &self.broker.client_id {
+            Some(id) => id.clone(),
+            None => settings::default_client_id(),
+        };
+        let settings = ServeSettings {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            pool: PoolSettings {
+                broker: self.broker.settings(),
+                client_id,
+                size: self.pool_size,
+                max_in_flight_per_member: self.max_in_flight,
+                ..PoolSettings::default()
+            },
+            limits: Limits {
+                max_key_bytes: self.max_key_bytes,
+                max_value_bytes: self.max_value_bytes,
+                ..Limits::default()
+            },
+            api_token,
+            shutdown_grace: self.shutdown_grace,
+            watch: WatchSettings {
+                max_watchers: self.max_watchers,
+                max_keys_per_stream: self.max_keys_per_watch,
+                max_watched_keys: self.max_watched_keys,
+                buffer: self.watch_buffer,
+                buffer_bytes: self.watch_buffer_bytes,
+                keep_alive: self.watch_keepalive,
+                resync_interval: (!self.watch_resync_interval.is_zero())
+                    .then_some(self.watch_resync_interval),
+                rescan_interval: self.watch_rescan_interval,
+                max_keys_per_pattern: self.max_keys_per_pattern,
+                ..WatchSettings::default()
+            },
+            cors_allow_origins: self
+                .cors_allow_origin
+                .iter()
+                .map(|origin| origin.trim().to_owned())
+                .filter(|origin| !origin.is_empty())
+                .collect(),
+            header_read_timeout: self.header_read_timeout,
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            locks: LockSettings {
+                max_wait: self.max_lock_wait,
+                max_holder_bytes: self.max_lock_holder_bytes,
+            },
+        }
+        .with_request_timeout(self.request_timeout);
+        settings.pool.check()?;
+        Ok(settings)
+    }
+}
+
+impl BrokerArgs {
+    /// The pool's broker settings, as given (checked with the pool's).
+    pub fn settings(&self) -> BrokerSettings {
+        BrokerSettings {
+            host: self.broker_host.clone(),
+            port: self.broker_port,
+            use_tls: self.use_tls,
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+            sat_file: self.sat_file.clone(),
+            username: self.mqtt_username.clone(),
+            password_file: self.mqtt_password_file.clone(),
+            keep_alive: Duration::from_secs(u64::from(self.keep_alive)),
+            session_expiry: Duration::from_secs(u64::from(self.session_expiry)),
+        }
+    }
+}
+
+/// What `serve` says about a container's environment (`NAME`, `VALUE`
+/// pairs; a later one of the same name wins, as in Kubernetes): its parser,
+/// then its settings' checks, on those values alone. Files are not there
+/// yet, so the settings naming one are left out. For `inject`'s and the
+/// webhook's [`ServeCheck`](crate::inject::values::ServeCheck).
+pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
+    let mut argv = vec!["serve".to_owned()];
+    let mut seen = std::collections::HashSet::new();
+    for (name, value) in vars.iter().rev() {
+        if !seen.insert(name.as_str()) {
+            continue;
+        }
+        let row = settings::SERVE.iter().find(|row| row.env == name);
+        if let Some(row) = row
+            && !row.flag.ends_with("-file")
+        {
+            argv.push(format!("{}={value}", row.flag));
+        }
+    }
+    // Only the values given: not the environment of this process.
+    let serve =
+        ServeArgs::augment_args(clap::Command::new("serve")).mut_args(|arg| arg.env(None::<&str>));
+    let args = serve
+        .try_get_matches_from(argv)
+        .and_then(|matches| ServeArgs::from_arg_matches(&matches))
+        .map_err(|error| {
+            let text = error.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.trim_start_matches("error: ").to_owned()
+        })?;
+    args.settings().map(drop).map_err(|error| error.to_string())
+}
+
+/// Reads a token file: trailing line breaks are dropped (editors and
+/// `kubectl create secret --from-file` leave one), an empty token is refused.
+fn read_api_token(path: &Path) -> Result<ApiToken, String> {
+    let bytes =
+        std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    let mut token = bytes.as_slice();
+    while let Some(rest) = token
+        .strip_suffix(b"\n")
+        .or_else(|| token.strip_suffix(b"\r"))
+    {
+        token = rest;
+    }
+    if token.is_empty() {
+        return Err(format!("{} holds an empty token", path.display()));
+    }
+    Ok(ApiToken::new(token.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let mut argv = vec!["statestore-gateway", "serve"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Serve(args) => Ok(args),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_client_id_longer_than_1_kib_is_refused() {
+        let long = "a".repeat(crate::mqtt::MAX_CLIENT_ID_BYTES + 1);
+        let args = serve_args(&["--client-id", &long, "--use-tls", "false"]).unwrap();
+        let error = args.settings().unwrap_err();
+        assert_eq!(error.setting, "--client-id");
+        assert!(error.to_string().contains("1025 bytes"), "{error}");
+        let fits = "a".repeat(crate::mqtt::MAX_CLIENT_ID_BYTES);
+        let args = serve_args(&["--client-id", &fits, "--use-tls", "false"]).unwrap();
+        assert_eq!(args.settings().unwrap().pool.client_id, fits);
+    }
+
+    #[test]
+    fn serve_defaults_match_the_documentation() {
+        let args = serve_args(&[]).unwrap();
+        assert_eq!(args.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(args.admin_listen, "127.0.0.1:8081".parse().unwrap());
+        assert_eq!(args.pool_size, 4);
+        assert_eq!(args.request_timeout, Duration::from_secs(10));
+        assert_eq!(args.max_in_flight, 256);
+        assert_eq!(args.max_key_bytes, 1024);
+        assert_eq!(args.max_value_bytes, None);
+        assert_eq!(args.shutdown_grace, Duration::from_secs(20));
+        assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.broker.broker_port, 8883);
+        assert!(args.broker.use_tls);
+        assert_eq!(args.broker.keep_alive, 60);
+        assert_eq!(args.broker.session_expiry, 0);
+        let settings = args.settings().unwrap();
+        assert!(settings.pool.client_id.starts_with("statestore-gateway-"));
+        assert_eq!(settings.pool.size, 4);
+        assert_eq!(settings.pool.broker.keep_alive, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn code_defaults_equal_the_command_lines() {
+        let from_cli = serve_args(&[]).unwrap().settings().unwrap();
+        let code = ServeSettings {
+            // Both come from the host name (random when there is none).
+            pool: PoolSettings {
+                client_id: from_cli.pool.client_id.clone(),
+                ..PoolSettings::default()
+            },
+            ..ServeSettings::default()
+        };
+        assert_eq!(from_cli.listen, code.listen);
+        assert_eq!(from_cli.admin_listen, code.admin_listen);
+        assert_eq!(from_cli.pool, code.pool);
+        assert_eq!(from_cli.limits, code.limits);
+        assert!(from_cli.api_token.is_none() && code.api_token.is_none());
+        assert_eq!(from_cli.shutdown_grace, code.shutdown_grace);
+        assert_eq!(from_cli.watch, code.watch);
+        assert_eq!(from_cli.cors_allow_origins, code.cors_allow_origins);
+        assert_eq!(from_cli.header_read_timeout, code.header_read_timeout);
+        assert_eq!(from_cli.max_connections, code.max_connections);
+        assert_eq!(from_cli.locks, code.locks);
+
+        let cli = Cli::try_parse_from(["statestore-gateway", "dev"]).unwrap();
+        let Command::Dev(dev) = cli.command else {
+            panic!("not dev");
+        };
+        assert_eq!(dev.listen, settings::DEFAULT_DEV_LISTEN);
+        assert_eq!(dev.admin_listen, settings::DEFAULT_DEV_ADMIN_LISTEN);
+        assert_eq!(dev.broker_listen, settings::DEFAULT_DEV_BROKER_LISTEN);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        for (args, named) in [
+            (&["--request-timeout", "10x"][..], "--request-timeout"),
+            (&["--request-timeout", "0s"][..], "--request-timeout"),
+            (&["--pool-size", "0"][..], "--pool-size"),
+            (&["--max-key-bytes=-1"][..], "--max-key-bytes"),
+            (&["--max-value-bytes", "lots"][..], "--max-value-bytes"),
+            (&["--use-tls", "perhaps"][..], "--use-tls"),
+            (&["--log-format", "xml"][..], "--log-format"),
+            (&["--listen", "nowhere"][..], "--listen"),
+        ] {
+            let error = serve_args(args).unwrap_err().to_string();
+            assert!(error.contains(named), "{args:?}: {error}");
+        }
+        // These parse; the pool's own rules refuse them.
+        for (args, named) in [
+            (&["--pool-size", "65"][..], "--pool-size"),
+            (&["--keep-alive", "4"][..], "--keep-alive"),
+            (&["--keep-alive", "0"][..], "--keep-alive"),
+            (&["--client-id", " "][..], "--client-id"),
+            (&["--client-id", "gw/#"][..], "--client-id"),
+            (&["--broker-host", ""][..], "--broker-host"),
+        ] {
+            let error = serve_args(args).unwrap().settings().unwrap_err();
+            assert_eq!(error.setting, named, "{args:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn use_tls_takes_a_value() {
+        assert!(!serve_args(&["--use-tls", "false"]).unwrap().broker.use_tls);
+        assert!(serve_args(&["--use-tls", "true"]).unwrap().broker.use_tls);
+    }
+
+    #[test]
+    fn api_token_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "s3cret\r\n").unwrap();
+        let args = serve_args(&["--api-token-file", path.to_str().unwrap()]).unwrap();
+        let token = args.settings().unwrap().api_token.unwrap();
+        assert!(token.matches(b"s3cret"));
+
+        std::fs::write(&path, "\n").unwrap();
+        let error = args.settings().unwrap_err();
+        assert_eq!(error.setting, "--api-token-file");
+        assert!(error.to_string().contains(settings::API_TOKEN_FILE.env));
+    }
+
+    #[test]
+    fn missing_files_and_half_pairs_are_refused_at_start() {
+        let error = serve_args(&["--sat-file", "/nonexistent/token"])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert_eq!(error.setting, "--sat-file");
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, "x").unwrap();
+        let error = serve_args(&["--tls-cert-file", cert.to_str().unwrap()])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert_eq!(error.setting, "--tls-key-file");
+    }
+}
