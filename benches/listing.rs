@@ -21,15 +21,9 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
-use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
-use azure_iot_operations_services::state_store;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use statestore_gateway::mqtt::RequestOptions;
@@ -38,7 +32,9 @@ use statestore_gateway::protocol::{Reply, Request, SetOptions};
 use support::direct;
 use support::gateway::GatewayLaunch;
 use support::http::HttpConn;
+use support::memory::PeakRss;
 use support::procs;
+use support::sdk::Sdk;
 
 /// Gateway listing page sizes measured.
 const LIMITS: [usize; 2] = [1_000, 10_000];
@@ -250,121 +246,5 @@ async fn list_through_gateway(api: std::net::SocketAddr, limit: usize) -> Result
             Some(next) => cursor = Some(next.to_owned()),
             None => return Ok(keys),
         }
-    }
-}
-
-/// The peak RSS of a process, sampled from `/proc` until stopped.
-struct PeakRss {
-    peak: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl PeakRss {
-    fn watch(pid: u32) -> Self {
-        let peak = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (peak, stop) = (peak.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(kib) = rss_kib(pid) {
-                        peak.fetch_max(kib, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        };
-        Self { peak, stop, thread }
-    }
-
-    fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        self.peak.load(Ordering::Relaxed)
-    }
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The official client, with its session running in the background.
-struct Sdk {
-    client: state_store::Client,
-    exit: azure_iot_operations_mqtt::session::SessionExitHandle,
-    session: tokio::task::JoinHandle<()>,
-}
-
-impl Sdk {
-    async fn connect(port: u16) -> Result<Sdk> {
-        let settings = MqttConnectionSettingsBuilder::default()
-            .client_id("bench-sdk")
-            .hostname("127.0.0.1")
-            .tcp_port(port)
-            .keep_alive(Duration::from_secs(10))
-            .clean_start(true)
-            .use_tls(false)
-            .build()?;
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .build()?;
-        let session =
-            Session::new(options).map_err(|error| anyhow::anyhow!("SDK session: {error:?}"))?;
-        let client = state_store::Client::new(
-            ApplicationContextBuilder::default().build()?,
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default().build()?,
-        )?;
-        let exit = session.create_exit_handle();
-        let session = tokio::spawn(async move {
-            let _ = session.run().await;
-        });
-        let sdk = Sdk {
-            client,
-            exit,
-            session,
-        };
-        // Connected once a request gets an answer.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while sdk
-            .client
-            .get(b"bench-probe".to_vec(), Duration::from_secs(1))
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                bail!("the official client got no answer within 15 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(sdk)
-    }
-
-    async fn list_all(&self) -> Result<Vec<Vec<u8>>> {
-        let mut pager = self
-            .client
-            .list_keys(b"*".to_vec(), Duration::from_secs(10))
-            .map_err(|error| anyhow::anyhow!("list_keys: {error:?}"))?;
-        let mut keys = Vec::new();
-        while let Some(page) = pager
-            .next()
-            .await
-            .map_err(|error| anyhow::anyhow!("list_keys page: {error:?}"))?
-        {
-            keys.extend(page);
-        }
-        Ok(keys)
-    }
-
-    async fn close(self) {
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.client.shutdown()).await;
-        if self.exit.try_exit().is_err() {
-            self.exit.force_exit();
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.session).await;
     }
 }

@@ -7,7 +7,7 @@
 //! - [`cli`]: the command line (clap, with environment fallbacks), one
 //!   module per subcommand, each turning its arguments into its settings.
 //! - [`http`]: router and state, request parsing as extractors, the key
-//!   API, listing, locks and watch routes, problem+json errors, the admin
+//!   API and its batches, listing, locks and watch routes, problem+json errors, the admin
 //!   listener, `serve`.
 //! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
 //!   share one hub watch per lock.

@@ -445,11 +445,22 @@ async fn ended(following: &mut watch::Receiver<Following>) {
 
 /// Follows a line's key with the hub, counting the times it is seen free.
 async fn follow(hub: WatchHub, line: Arc<Line>) {
-    let mut watcher = match hub.watch(vec![line.key.clone()], None).await {
-        Ok(watcher) => watcher,
-        Err(error) => {
-            line.following.send_replace(Following::Failed(error));
-            return;
+    let mut watcher = loop {
+        match hub.watch(vec![line.key.clone()], None).await {
+            Ok(watcher) => break watcher,
+            // A connection lost under the registration, or a slow store:
+            // the waiters keep their places (each until its own deadline)
+            // and the line registers again; it is aborted once empty.
+            Err(
+                error @ (WatchError::Register(RequestError::Transport(_)) | WatchError::Timeout(_)),
+            ) => {
+                tracing::debug!(%error, "a lock line's registration failed; trying again");
+                tokio::time::sleep(RETRY_AFTER_TRANSPORT_ERROR).await;
+            }
+            Err(error) => {
+                line.following.send_replace(Following::Failed(error));
+                return;
+            }
         }
     };
     line.following.send_replace(Following::Active);

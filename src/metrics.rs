@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets in seconds, fine below a millisecond where a sidecar lives.
@@ -75,6 +75,12 @@ pub struct Families {
     pub lock_contention: IntCounter,
     /// Lock requests waiting for a lock.
     pub lock_waiters: IntGauge,
+    /// Batch ops by op (get, set, delete) and the status each answered.
+    pub batch_ops: IntCounterVec,
+    /// Batch op latency by op, from its start to its result.
+    pub batch_op_latency: HistogramVec,
+    /// Ops per batch (its count: the batches).
+    pub batch_size: Histogram,
 }
 
 impl Metrics {
@@ -117,6 +123,23 @@ impl Metrics {
             ),
             &["waited"],
         );
+        let batch_ops = IntCounterVec::new(
+            Opts::new(
+                "batch_ops_total",
+                "Batch ops by op and the status each answered",
+            ),
+            &["op", "status"],
+        );
+        let batch_op_latency = HistogramVec::new(
+            HistogramOpts::new("batch_op_duration_seconds", "Batch op latency by op")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            &["op"],
+        );
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new("batch_size", "Ops per batch").buckets(vec![
+                1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+            ]),
+        );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
             http_latency: http_latency.expect("valid metric"),
@@ -154,6 +177,9 @@ impl Metrics {
                 "Lock attempts that found the lock held by another",
             ),
             lock_waiters: gauge("lock_waiters", "Lock requests waiting for a lock"),
+            batch_ops: batch_ops.expect("valid metric"),
+            batch_op_latency: batch_op_latency.expect("valid metric"),
+            batch_size: batch_size.expect("valid metric"),
             registry,
         };
         families.register_all();
@@ -170,7 +196,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 21] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -189,6 +215,9 @@ impl Families {
             Box::new(self.lock_acquisitions.clone()),
             Box::new(self.lock_contention.clone()),
             Box::new(self.lock_waiters.clone()),
+            Box::new(self.batch_ops.clone()),
+            Box::new(self.batch_op_latency.clone()),
+            Box::new(self.batch_size.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.

@@ -231,6 +231,20 @@ pub const MAX_LOCK_HOLDER_BYTES: Setting = Setting {
     helm: Helm::None,
 };
 
+pub const MAX_BATCH_OPS: Setting = Setting {
+    flag: "--max-batch-ops",
+    env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
+    default: "1000",
+    helm: Helm::Default("gateway.maxBatchOps"),
+};
+
+pub const MAX_BATCH_BYTES: Setting = Setting {
+    flag: "--max-batch-bytes",
+    env: "STATESTORE_GATEWAY_MAX_BATCH_BYTES",
+    default: "16777216",
+    helm: Helm::Default("gateway.maxBatchBytes"),
+};
+
 pub const BROKER_HOSTNAME: Setting = Setting {
     flag: "--broker-host",
     env: "AIO_BROKER_HOSTNAME",
@@ -339,6 +353,8 @@ pub const SERVE: &[&Setting] = &[
     &MAX_CONNECTIONS,
     &MAX_LOCK_WAIT,
     &MAX_LOCK_HOLDER_BYTES,
+    &MAX_BATCH_OPS,
+    &MAX_BATCH_BYTES,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,
@@ -531,6 +547,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 20_000;
 pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
+pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";
 pub const DEFAULT_BROKER_TCP_PORT: u16 = 8883;
 pub const DEFAULT_MQTT_USE_TLS: bool = true;

@@ -66,8 +66,14 @@ impl HttpConn {
     async fn exchange(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Response> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
         if !body.is_empty() || method == "PUT" || method == "POST" {
+            // POST bodies here are JSON (the gateway's batches, etcd's API).
+            let content_type = if method == "POST" {
+                "application/json"
+            } else {
+                "application/octet-stream"
+            };
             head.push_str(&format!(
-                "Content-Type: application/octet-stream\r\nContent-Length: {}\r\n",
+                "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
                 body.len()
             ));
         }

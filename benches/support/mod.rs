@@ -6,8 +6,12 @@ pub mod direct;
 pub mod gateway;
 pub mod http;
 pub mod locks;
+#[allow(dead_code)] // the listing and batch benchmarks' part
+pub mod memory;
 pub mod procs;
 pub mod rate;
+#[allow(dead_code)] // the listing and batch benchmarks' peer
+pub mod sdk;
 pub mod stats;
 pub mod watchers;
 pub mod wrk;

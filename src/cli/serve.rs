@@ -93,6 +93,12 @@ pub struct ServeArgs {
     /// The longest lock holder name, in bytes.
     #[arg(long, env = settings::MAX_LOCK_HOLDER_BYTES.env, default_value = settings::MAX_LOCK_HOLDER_BYTES.default, value_parser = parse_positive_usize)]
     pub max_lock_holder_bytes: usize,
+    /// Ops one `POST /batch` may carry (more: 413).
+    #[arg(long, env = settings::MAX_BATCH_OPS.env, default_value = settings::MAX_BATCH_OPS.default, value_parser = parse_positive_usize)]
+    pub max_batch_ops: usize,
+    /// Largest `POST /batch` body, in bytes (larger: 413).
+    #[arg(long, env = settings::MAX_BATCH_BYTES.env, default_value = settings::MAX_BATCH_BYTES.default, value_parser = parse_positive_usize)]
+    pub max_batch_bytes: usize,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -174,6 +180,8 @@ impl ServeArgs {
             limits: Limits {
                 max_key_bytes: self.max_key_bytes,
                 max_value_bytes: self.max_value_bytes,
+                max_batch_ops: self.max_batch_ops,
+                max_batch_bytes: self.max_batch_bytes,
                 ..Limits::default()
             },
             api_token,

@@ -268,6 +268,13 @@ pub fn decode_key(raw: &str, plus_as_space: bool, max_key_bytes: usize) -> Resul
     }
     let key = percent_decode_strict(raw.as_bytes(), plus_as_space)
         .ok_or(ApiError::BadPercentEncoding("key"))?;
+    checked_key(key, max_key_bytes)
+}
+
+/// A decoded key, refused when empty (400) or over the limit (414): the
+/// one check of a key's bytes, wherever the key came from.
+pub fn checked_key(key: impl Into<Bytes>, max_key_bytes: usize) -> Result<Bytes, ApiError> {
+    let key = key.into();
     if key.is_empty() {
         return Err(ApiError::EmptyKey);
     }
@@ -277,7 +284,7 @@ pub fn decode_key(raw: &str, plus_as_space: bool, max_key_bytes: usize) -> Resul
             max: max_key_bytes,
         });
     }
-    Ok(Bytes::from(key))
+    Ok(key)
 }
 
 /// Percent-decodes `input`, refusing a `%` not followed by two hex digits
@@ -496,15 +503,21 @@ pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, Ap
     if values.next().is_some() {
         return Err(ApiError::BadFencingToken("given more than once".into()));
     }
-    if value.len() > MAX_FENCING_TOKEN_BYTES {
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::BadFencingToken("not visible ASCII".into()))?;
+    parse_fencing_token(text, now_ms).map(Some)
+}
+
+/// A fencing token's text (a version, quoted or not) as an HLC, refused
+/// when too long or more than 60 s ahead of our clock.
+pub fn parse_fencing_token(text: &str, now_ms: u64) -> Result<Hlc, ApiError> {
+    if text.len() > MAX_FENCING_TOKEN_BYTES {
         return Err(ApiError::BadFencingToken(format!(
             "longer than {MAX_FENCING_TOKEN_BYTES} bytes"
         )));
     }
-    let text = value
-        .to_str()
-        .map_err(|_| ApiError::BadFencingToken("not visible ASCII".into()))?
-        .trim();
+    let text = text.trim();
     let text = text
         .strip_prefix('"')
         .and_then(|inner| inner.strip_suffix('"'))
@@ -513,7 +526,7 @@ pub fn fencing_token(headers: &HeaderMap, now_ms: u64) -> Result<Option<Hlc>, Ap
     if token.is_too_far_ahead_of(now_ms) {
         return Err(ApiError::FencingTokenTooFarAhead);
     }
-    Ok(Some(token))
+    Ok(token)
 }
 
 /// Whether the client asked for the JSON form: `application/json` listed

@@ -26,7 +26,7 @@ use super::problem::{ApiError, Precondition};
 use super::state::AppState;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
-use crate::store::{DelOutcome, SetOutcome, VdelOutcome, Versioned};
+use crate::store::{DelOutcome, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 /// The key routes. `/keys/` alone is an empty key (400); methods other than
 /// GET, HEAD, PUT and DELETE get 405 with `Allow`.
@@ -66,13 +66,25 @@ async fn get_key(
     representation: Representation,
 ) -> Result<Response, ApiError> {
     query.accept(&[])?;
-    let value = state.store.get(key.clone()).await?;
-    respond(KeyOutcome::Read {
-        key,
+    let outcome = KeyCommand::Get { key: key.clone() }
+        .send(&state.store)
+        .await?;
+    let Versioned { value, version } = match respond(outcome)? {
+        Answer::Value(versioned) => versioned,
+        other => return Ok(other.into_response()),
+    };
+    if conditions
+        .if_none_match
+        .is_some_and(|condition| condition.matches(version.as_ref(), representation))
+    {
+        return Ok(not_modified(version.as_ref(), representation));
+    }
+    Ok(value_response(
+        &key,
         value,
+        version.as_ref(),
         representation,
-        if_none_match: conditions.if_none_match,
-    })
+    ))
 }
 
 /// `PUT /keys/{key}`: SET, with `If-None-Match: *` (NX), `?nex=true` (NEX),
@@ -100,12 +112,7 @@ async fn put_key(
             ));
         }
     };
-    let condition = match (only_if_absent, nex) {
-        (true, true) => return Err(ApiError::ConflictingConditions),
-        (true, false) => SetCondition::OnlyIfMissing,
-        (false, true) => SetCondition::OnlyIfMissingOrEqual,
-        (false, false) => SetCondition::Always,
-    };
+    let condition = set_condition(only_if_absent, nex)?;
     let value = read_body(
         &mut body,
         declared,
@@ -113,16 +120,19 @@ async fn put_key(
         state.limits.request_timeout,
     )
     .await?;
-    let options = SetOptions {
-        condition,
-        expires_in_ms: ttl_ms,
+    let command = KeyCommand::Set {
+        key,
+        value,
+        options: SetOptions {
+            condition,
+            expires_in_ms: ttl_ms,
+        },
+        envelope: RequestOptions {
+            fencing_token,
+            persist,
+        },
     };
-    let envelope = RequestOptions {
-        fencing_token,
-        persist,
-    };
-    let outcome = state.store.set(key, value, options, &envelope).await?;
-    respond(KeyOutcome::Written { outcome, condition })
+    Ok(respond(command.send(&state.store).await?)?.into_response())
 }
 
 /// `DELETE /keys/{key}`: DEL, or VDEL with `?value=`; `Fencing-Token` too.
@@ -133,7 +143,7 @@ async fn delete_key(
     conditions: Conditions,
     FencingToken(fencing_token): FencingToken,
 ) -> Result<Response, ApiError> {
-    let expected = query.accept(&["value"])?.take("value");
+    let expected = query.accept(&["value"])?.take("value").map(Bytes::from);
     conditions.refuse_if_match()?;
     if conditions.if_none_match.is_some() {
         return Err(ApiError::BadHeader(
@@ -141,28 +151,98 @@ async fn delete_key(
                 .into(),
         ));
     }
-    let outcome = match expected {
-        Some(value) => KeyOutcome::DeletedValue(
-            state
-                .store
-                .vdel(key, Bytes::from(value), fencing_token)
-                .await?,
-        ),
-        None => KeyOutcome::Deleted(state.store.del(key, fencing_token).await?),
+    let command = KeyCommand::Delete {
+        key,
+        expected,
+        fencing_token,
     };
-    respond(outcome)
+    Ok(respond(command.send(&state.store).await?)?.into_response())
+}
+
+/// The store command of a write's conditions: `If-None-Match: *` (NX) and
+/// `nex=true` (NEX) exclude each other.
+pub(super) fn set_condition(only_if_absent: bool, nex: bool) -> Result<SetCondition, ApiError> {
+    match (only_if_absent, nex) {
+        (true, true) => Err(ApiError::ConflictingConditions),
+        (true, false) => Ok(SetCondition::OnlyIfMissing),
+        (false, true) => Ok(SetCondition::OnlyIfMissingOrEqual),
+        (false, false) => Ok(SetCondition::Always),
+    }
+}
+
+/// A key request, parsed and checked: what a one-key request and each op
+/// of a batch send to the store.
+#[derive(Debug)]
+pub(super) enum KeyCommand {
+    /// GET.
+    Get {
+        /// The key.
+        key: Bytes,
+    },
+    /// SET, with its condition, expiry, fencing token and persistence.
+    Set {
+        /// The key.
+        key: Bytes,
+        /// The value.
+        value: Bytes,
+        /// NX/NEX and PX.
+        options: SetOptions,
+        /// Fencing token and persistence.
+        envelope: RequestOptions,
+    },
+    /// DEL, or VDEL with the value the key must hold.
+    Delete {
+        /// The key.
+        key: Bytes,
+        /// VDEL's value; `None`: DEL.
+        expected: Option<Bytes>,
+        /// Fences the delete when given.
+        fencing_token: Option<Hlc>,
+    },
+}
+
+impl KeyCommand {
+    /// The key the command is about.
+    pub(super) fn key(&self) -> &Bytes {
+        match self {
+            Self::Get { key } | Self::Set { key, .. } | Self::Delete { key, .. } => key,
+        }
+    }
+
+    /// Sends the command to the store: what the store did, or why it has
+    /// no outcome.
+    pub(super) async fn send(self, store: &StoreClient) -> Result<KeyOutcome, ApiError> {
+        Ok(match self {
+            Self::Get { key } => KeyOutcome::Read(store.get(key).await?),
+            Self::Set {
+                key,
+                value,
+                options,
+                envelope,
+            } => {
+                let condition = options.condition;
+                let outcome = store.set(key, value, options, &envelope).await?;
+                KeyOutcome::Written { outcome, condition }
+            }
+            Self::Delete {
+                key,
+                expected: Some(value),
+                fencing_token,
+            } => KeyOutcome::DeletedValue(store.vdel(key, value, fencing_token).await?),
+            Self::Delete {
+                key,
+                expected: None,
+                fencing_token,
+            } => KeyOutcome::Deleted(store.del(key, fencing_token).await?),
+        })
+    }
 }
 
 /// What a key request came to, as the store client decoded it.
 #[derive(Debug)]
-enum KeyOutcome {
+pub(super) enum KeyOutcome {
     /// GET: the value, or `None` when the key does not exist.
-    Read {
-        key: Bytes,
-        value: Option<Versioned<Bytes>>,
-        representation: Representation,
-        if_none_match: Option<IfNoneMatch>,
-    },
+    Read(Option<Versioned<Bytes>>),
     /// PUT: what SET did under its condition.
     Written {
         outcome: SetOutcome,
@@ -174,29 +254,69 @@ enum KeyOutcome {
     DeletedValue(VdelOutcome),
 }
 
-/// The one mapping from a store outcome to an HTTP status (failures:
-/// [`ApiError::problem`]).
-fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
-    match outcome {
-        KeyOutcome::Read {
-            key,
-            value: Some(Versioned { value, version }),
-            representation,
-            if_none_match,
-        } => {
-            if if_none_match
-                .is_some_and(|condition| condition.matches(version.as_ref(), representation))
-            {
-                return Ok(not_modified(version.as_ref(), representation));
-            }
-            Ok(value_response(
-                &key,
-                value,
-                version.as_ref(),
-                representation,
-            ))
+/// A key request's success, before it is written as a response (one-key)
+/// or as a batch result.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// 200 with the value and its version.
+    Value(Versioned<Bytes>),
+    /// A write's status (200, or 201 when created only if absent) and
+    /// the new version.
+    Written(StatusCode, Option<Hlc>),
+    /// 204, with the version of the delete.
+    Deleted(Option<Hlc>),
+}
+
+impl Answer {
+    /// The HTTP status of the answer.
+    pub(super) fn status(&self) -> StatusCode {
+        match self {
+            Self::Value(_) => StatusCode::OK,
+            Self::Written(status, _) => *status,
+            Self::Deleted(_) => StatusCode::NO_CONTENT,
         }
-        KeyOutcome::Read { value: None, .. }
+    }
+
+    /// The key's version after the request.
+    pub(super) fn version(&self) -> Option<&Hlc> {
+        match self {
+            Self::Value(versioned) => versioned.version.as_ref(),
+            Self::Written(_, version) | Self::Deleted(version) => version.as_ref(),
+        }
+    }
+}
+
+/// A write's answer: `{"version"}` and the `ETag`, or 204 with the
+/// deleted version in the `ETag`. (Reads are written by [`get_key`], whose
+/// form depends on `Accept` and `If-None-Match`.)
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut http = match &self {
+            Self::Deleted(_) => {
+                let mut http = status.into_response();
+                set_common_headers(http.headers_mut(), "");
+                http
+            }
+            _ => {
+                let text = self.version().map(Hlc::encode);
+                let body = serde_json::to_vec(&json!({ "version": text })).unwrap_or_default();
+                let mut http = (status, body).into_response();
+                set_common_headers(http.headers_mut(), "application/json");
+                http
+            }
+        };
+        set_etag(http.headers_mut(), self.version());
+        http
+    }
+}
+
+/// The one mapping from a store outcome to an answer and its status
+/// (failures: [`ApiError::problem`]), for one-key requests and batch ops alike.
+pub(super) fn respond(outcome: KeyOutcome) -> Result<Answer, ApiError> {
+    match outcome {
+        KeyOutcome::Read(Some(versioned)) => Ok(Answer::Value(versioned)),
+        KeyOutcome::Read(None)
         | KeyOutcome::Deleted(DelOutcome::Missing)
         | KeyOutcome::DeletedValue(VdelOutcome::Missing) => Err(ApiError::KeyNotFound),
         KeyOutcome::Written {
@@ -208,12 +328,7 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
             } else {
                 StatusCode::OK
             };
-            let text = version.as_ref().map(Hlc::encode);
-            let body = serde_json::to_vec(&json!({ "version": text })).unwrap_or_default();
-            let mut http = (status, body).into_response();
-            set_common_headers(http.headers_mut(), "application/json");
-            set_etag(http.headers_mut(), version.as_ref());
-            Ok(http)
+            Ok(Answer::Written(status, version))
         }
         KeyOutcome::Written {
             outcome: SetOutcome::NotApplied,
@@ -223,12 +338,7 @@ fn respond(outcome: KeyOutcome) -> Result<Response, ApiError> {
             _ => Precondition::AbsentOrEqual,
         })),
         KeyOutcome::Deleted(DelOutcome::Deleted(version))
-        | KeyOutcome::DeletedValue(VdelOutcome::Deleted(version)) => {
-            let mut http = StatusCode::NO_CONTENT.into_response();
-            set_common_headers(http.headers_mut(), "");
-            set_etag(http.headers_mut(), version.as_ref());
-            Ok(http)
-        }
+        | KeyOutcome::DeletedValue(VdelOutcome::Deleted(version)) => Ok(Answer::Deleted(version)),
         KeyOutcome::DeletedValue(VdelOutcome::ValueDiffers) => {
             Err(ApiError::PreconditionFailed(Precondition::ValueMatches))
         }

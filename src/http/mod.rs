@@ -2,6 +2,8 @@
 //! runner with graceful shutdown.
 //!
 //! - [`keys`]: `/keys/{key}` handlers.
+//! - [`batch`]: `POST /batch`, many key requests in one, each answered as
+//!   its one-key request would be.
 //! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
 //! - [`extract`]: request parsing as extractors (key, query, conditions,
 //!   fencing token, representation, `Last-Event-ID`, a listing's preferred
@@ -23,6 +25,7 @@
 
 pub mod admin;
 mod auth;
+pub mod batch;
 pub mod event_stream;
 pub mod extract;
 mod headers;

@@ -75,6 +75,14 @@ mod tests {
             ApiError::NotALock,
             ApiError::BadHolder("x".into()),
             ApiError::BadWait("x".into()),
+            ApiError::BadBatch("x".into()),
+            ApiError::BatchOp {
+                index: 0,
+                error: Box::new(ApiError::EmptyKey),
+            },
+            ApiError::TooManyOps { count: 2, max: 1 },
+            ApiError::BatchTooLarge { max: 1 },
+            ApiError::UnsupportedMediaType("x".into()),
         ];
         for error in StoreError::KNOWN
             .into_iter()
@@ -141,9 +149,10 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 14] = [
+        let expected: [(&str, &[&str]); 15] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
+            ("/batch", &["post"]),
             ("/watch/{key}", &["get"]),
             ("/watch", &["get"]),
             ("/locks/{name}", &["get", "put", "delete"]),

@@ -141,6 +141,35 @@ pub enum ApiError {
     /// `wait` did not parse or is longer than allowed.
     #[error("{0}")]
     BadWait(String),
+    /// A batch body that is not `{"ops": [...]}` JSON.
+    #[error("{0}")]
+    BadBatch(String),
+    /// One op of a batch is refused as its one-key request would be; the
+    /// whole batch is refused and nothing is sent.
+    #[error("op {index}: {error}")]
+    BatchOp {
+        /// The op's position in `ops`, from 0.
+        index: usize,
+        /// Why the op is refused.
+        error: Box<ApiError>,
+    },
+    /// A batch of more than `--max-batch-ops` ops.
+    #[error("the batch has {count} ops; the limit is {max}")]
+    TooManyOps {
+        /// Ops in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A batch body larger than `--max-batch-bytes`.
+    #[error("the batch body is larger than the limit of {max} bytes")]
+    BatchTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// A body in a media type the route does not read.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// The whole request outlived the gateway's backstop timeout.
     #[error("the request did not complete within {0:?}")]
     HandlerTimeout(Duration),
@@ -274,6 +303,9 @@ pub struct Problem {
     /// The fencing token of the current holder's hold.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<String>,
+    /// The index of the batch op that made the whole batch refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<usize>,
     #[serde(skip)]
     retry_after: bool,
     #[serde(skip)]
@@ -329,6 +361,13 @@ impl ApiError {
     /// The one mapping from failure to status, problem type and log level.
     pub fn problem(&self) -> Problem {
         use Severity::{Info, Warn};
+        if let Self::BatchOp { index, error } = self {
+            return Problem {
+                detail: self.to_string(),
+                op: Some(*index),
+                ..error.problem()
+            };
+        }
         let (status, kind, title, severity) = match self {
             Self::KeyNotFound => (404, "/problems/key-not-found", "Key not found", Info),
             Self::RouteNotFound => (404, "/problems/not-found", "Not found", Info),
@@ -371,6 +410,19 @@ impl ApiError {
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
+            Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
+            // Answered above, with the op's own problem.
+            Self::BatchOp { .. } => (400, "/problems/invalid-batch", "Invalid batch", Info),
+            Self::TooManyOps { .. } => (413, "/problems/too-many-ops", "Too many ops", Info),
+            Self::BatchTooLarge { .. } => {
+                (413, "/problems/batch-too-large", "Batch too large", Info)
+            }
+            Self::UnsupportedMediaType(_) => (
+                415,
+                "/problems/unsupported-media-type",
+                "Unsupported media type",
+                Info,
+            ),
             Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
             Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),
@@ -394,6 +446,7 @@ impl ApiError {
             holder: holding.and_then(|h| std::str::from_utf8(&h.holder).ok().map(str::to_owned)),
             holder_base64: holding.map(|h| BASE64.encode(&h.holder)),
             fencing_token: holding.and_then(|h| h.fencing_token.as_ref().map(ToString::to_string)),
+            op: None,
             retry_after: status == 429 || kind == UNAVAILABLE.1,
             severity,
         }

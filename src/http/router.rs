@@ -20,7 +20,7 @@ use http_body_util::BodyExt as _;
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{extract, keys, listing, locks, openapi, watch};
+use super::{batch, extract, keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
 
 /// The key API (everything but the admin endpoints), with its middleware:
@@ -52,6 +52,7 @@ pub fn router(state: AppState) -> Router {
 fn api_routes() -> Router<AppState> {
     Router::new()
         .merge(keys::routes())
+        .merge(batch::routes())
         .merge(listing::routes())
         .merge(watch::routes())
         .merge(locks::routes())
@@ -280,7 +281,13 @@ pub(super) fn cors(router: Router, origins: &[String]) -> Router {
     };
     let layer = CorsLayer::new()
         .allow_origin(allow_origin)
-        .allow_methods([Method::GET, Method::HEAD, Method::PUT, Method::DELETE])
+        .allow_methods([
+            Method::GET,
+            Method::HEAD,
+            Method::PUT,
+            Method::DELETE,
+            Method::POST,
+        ])
         .allow_headers([
             header::CONTENT_TYPE,
             header::IF_NONE_MATCH,
@@ -327,6 +334,7 @@ mod tests {
             max_key_bytes: 8,
             max_value_bytes: Some(16),
             request_timeout: Duration::from_millis(200),
+            ..Limits::default()
         };
         AppState::new(
             pool,

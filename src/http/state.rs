@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
@@ -25,6 +26,10 @@ pub struct Limits {
     pub max_value_bytes: Option<usize>,
     /// How long a store request may take; bounds body reads too.
     pub request_timeout: Duration,
+    /// Most ops in one batch (more: 413).
+    pub max_batch_ops: usize,
+    /// Largest batch body, in bytes (larger: 413).
+    pub max_batch_bytes: usize,
 }
 
 /// The command line's defaults.
@@ -34,6 +39,8 @@ impl Default for Limits {
             max_key_bytes: settings::DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: None,
             request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+            max_batch_ops: settings::DEFAULT_MAX_BATCH_OPS,
+            max_batch_bytes: settings::DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
@@ -105,6 +112,9 @@ pub struct Shared {
     pub hub: WatchHub,
     /// Locks and their waiters (who follow keys through `hub`).
     pub locks: Locks,
+    /// In-flight slots every batch together may hold: half the pool's,
+    /// so that batches never starve one-key requests.
+    pub batch_slots: Semaphore,
 }
 
 impl AppState {
@@ -118,6 +128,7 @@ impl AppState {
         watch: WatchSettings,
         locks: LockSettings,
     ) -> Self {
+        let batch_slots = Semaphore::new((pool.capacity() / 2).max(1));
         let store = StoreClient::new(pool);
         let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
         Self(Arc::new(Shared {
@@ -129,6 +140,7 @@ impl AppState {
             clock: hlc::now_ms,
             api_token,
             draining: AtomicBool::new(false),
+            batch_slots,
         }))
     }
 

@@ -352,6 +352,8 @@ pub struct Gateway {
     pub watch_resync_interval: String,
     pub header_read_timeout: String,
     pub max_connections: u64,
+    pub max_batch_ops: u64,
+    pub max_batch_bytes: u64,
     pub cors_allow_origin: String,
     pub shutdown_grace_seconds: u64,
     pub log_format: String,
@@ -503,6 +505,8 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
         var(env::WATCH_RESYNC_INTERVAL.env, &g.watch_resync_interval),
         var(env::HEADER_READ_TIMEOUT.env, &g.header_read_timeout),
         var(env::MAX_CONNECTIONS.env, g.max_connections.to_string()),
+        var(env::MAX_BATCH_OPS.env, g.max_batch_ops.to_string()),
+        var(env::MAX_BATCH_BYTES.env, g.max_batch_bytes.to_string()),
     ]);
     if !g.cors_allow_origin.is_empty() {
         vars.push(var(env::CORS_ALLOW_ORIGIN.env, &g.cors_allow_origin));

@@ -290,6 +290,12 @@ impl Pool {
         self.send(Some(member), request, options, read).await
     }
 
+    /// Requests the pool carries at once when every member is up: members
+    /// times each one's in-flight window.
+    pub fn capacity(&self) -> usize {
+        self.inner.members.len() * self.inner.max_in_flight
+    }
+
     /// A subscribed member, preferring the given one (for KEYNOTIFY);
     /// otherwise the least-loaded one that is not about to reconnect.
     pub fn subscribed_member(&self, preferred: Option<usize>) -> Option<usize> {

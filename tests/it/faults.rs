@@ -700,3 +700,53 @@ async fn a_request_that_never_left_is_503_and_did_not_happen() {
     let read = client.get(gateway.key(b"cut/never")).send().await.unwrap();
     assert_eq!(read.status().as_u16(), 404);
 }
+
+/// A lock waiter whose watch registration (KEYNOTIFY) is cut off with its
+/// connection keeps waiting: the line registers again, and the waiter gets
+/// the lock once it is released, instead of answering 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_waiter_whose_registration_was_cut_keeps_waiting() {
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let _store = start_emulator(&broker).await;
+    let proxy = FaultProxy::start(broker.addr).await;
+    let gateway = Gateway::start(proxy.port(), options()).await;
+    gateway.wait_ready().await;
+    let client = reqwest::Client::new();
+    let lock = |query: &str| gateway.url(&format!("/locks/cut-line?{query}"));
+
+    let first = client
+        .put(lock("holder=first&ttl=30s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status().as_u16(), 200);
+    // The waiter's SET is the first PUBLISH, its line's KEYNOTIFY the second.
+    proxy.cut_after_publishes(2);
+    let waiter = tokio::spawn(client.put(lock("holder=second&ttl=30s&wait=20s")).send());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.stats().cuts == 0 {
+        assert!(Instant::now() < deadline, "the proxy cut the registration");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gateway.wait_ready().await;
+    loop {
+        let released = client.delete(lock("holder=first")).send().await.unwrap();
+        match released.status().as_u16() {
+            204 => break,
+            503 | 504 if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("release: {other}"),
+        }
+    }
+    let response = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter answers once the lock is free")
+        .unwrap()
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"second\""), "{body}");
+}

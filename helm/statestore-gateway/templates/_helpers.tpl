@@ -155,6 +155,10 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.headerReadTimeout | quote }}
     - name: STATESTORE_GATEWAY_MAX_CONNECTIONS
       value: {{ int64 $g.maxConnections | quote }}
+    - name: STATESTORE_GATEWAY_MAX_BATCH_OPS
+      value: {{ int64 $g.maxBatchOps | quote }}
+    - name: STATESTORE_GATEWAY_MAX_BATCH_BYTES
+      value: {{ int64 $g.maxBatchBytes | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

@@ -161,11 +161,13 @@ async fn serve(
     };
     let _ = client.set_nodelay(true);
     let _ = broker.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (broker_read, broker_write) = broker.into_split();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut broker_read, mut broker_write) = broker.into_split();
+    // The pumps borrow the halves, so the sockets outlive the count below:
+    // a test that sees the gateway's answer to a cut also sees the cut.
     let cut_by_proxy = tokio::select! {
-        cut_here = pump(client_read, broker_write, Direction::ToBroker, &control) => cut_here,
-        cut_here = pump(broker_read, client_write, Direction::ToClient, &control) => cut_here,
+        cut_here = pump(&mut client_read, &mut broker_write, Direction::ToBroker, &control) => cut_here,
+        cut_here = pump(&mut broker_read, &mut client_write, Direction::ToClient, &control) => cut_here,
         _ = cut.changed() => true,
     };
     if cut_by_proxy {
@@ -177,8 +179,8 @@ async fn serve(
 /// Forwards whole packets from `from` to `to` with the faults applied;
 /// returns `true` if it cut the connection, `false` when a side closed.
 async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
     direction: Direction,
     control: &Control,
 ) -> bool {

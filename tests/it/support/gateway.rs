@@ -44,6 +44,12 @@ pub struct GatewayOptions {
     pub max_connections: usize,
     /// Lock request limits.
     pub locks: LockSettings,
+    /// `--max-in-flight`
+    pub max_in_flight: usize,
+    /// `--max-batch-ops`
+    pub max_batch_ops: usize,
+    /// `--max-batch-bytes`
+    pub max_batch_bytes: usize,
 }
 
 impl Default for GatewayOptions {
@@ -60,6 +66,9 @@ impl Default for GatewayOptions {
             cors_allow_origins: Vec::new(),
             max_connections: 20_000,
             locks: LockSettings::default(),
+            max_in_flight: statestore_gateway::settings::DEFAULT_MAX_IN_FLIGHT,
+            max_batch_ops: statestore_gateway::settings::DEFAULT_MAX_BATCH_OPS,
+            max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
@@ -106,11 +115,14 @@ impl Gateway {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             pool: PoolSettings {
                 size: options.pool_size,
+                max_in_flight_per_member: options.max_in_flight,
                 ..PoolSettings::new(broker, options.client_id.clone())
             },
             limits: Limits {
                 max_key_bytes: options.max_key_bytes,
                 max_value_bytes: options.max_value_bytes,
+                max_batch_ops: options.max_batch_ops,
+                max_batch_bytes: options.max_batch_bytes,
                 ..Limits::default()
             },
             api_token: options
@@ -167,6 +179,17 @@ impl Gateway {
     /// `DELETE /keys/{key}`.
     pub async fn delete(&self, key: &[u8]) -> reqwest::Response {
         self.at(key).delete().await
+    }
+
+    /// `POST /batch` with `body` as JSON.
+    pub async fn batch(&self, body: &serde_json::Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/batch"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("POST /batch: {error}"))
     }
 
     /// A URL on the key API listener.

@@ -1,0 +1,560 @@
+//! `POST /batch`: many gets, sets and deletes in one request, each op
+//! answered as its one-key request would be.
+//!
+//! Every op is parsed and checked into the one-key handlers' command
+//! ([`KeyCommand`]) before anything is sent: one bad op refuses the whole
+//! batch, naming its index, and nothing is applied. The ops then run
+//! concurrently, those on one key in the order given, each through the
+//! one-key path ([`KeyCommand::send`], [`respond`], [`ApiError::problem`]),
+//! so that an op and a single request cannot answer differently. A batch
+//! is not atomic: each op has its own outcome.
+//!
+//! All batches together hold at most half of the pool's in-flight slots
+//! (`batch_slots`), so one-key requests always find room; an op that gets
+//! no slot before the batch's deadline never leaves the gateway (503).
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use tokio::time::Instant;
+
+use super::extract::{
+    DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
+};
+use super::headers::set_common_headers;
+use super::keys::{Answer, KeyCommand, method_not_allowed, respond, set_condition};
+use super::problem::{ApiError, Problem};
+use super::state::AppState;
+use crate::mqtt::{PoolError, RequestOptions};
+use crate::protocol::{Hlc, SetOptions};
+use crate::store::{RequestError, Versioned};
+
+/// The batch route; methods other than POST get 405 with `Allow`.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/batch", post(batch).fallback(method_not_allowed))
+}
+
+/// `POST /batch` with `{"ops": [...]}`: `200 {"results": [...]}`, one
+/// result per op, in order.
+async fn batch(
+    State(state): State<AppState>,
+    query: Query,
+    headers: HeaderMap,
+    DeclaredLength(declared): DeclaredLength,
+    mut body: Body,
+) -> Result<Response, ApiError> {
+    // Reading the body and waiting for slots share one request timeout;
+    // each op then has its own, as a single request does, which keeps the
+    // whole batch within the backstop.
+    let deadline = Instant::now() + state.limits.request_timeout;
+    query.accept(&[])?;
+    refuse_unless_json(&headers)?;
+    let max = state.limits.max_batch_bytes;
+    let body = read_body(&mut body, declared, max, state.limits.request_timeout)
+        .await
+        .map_err(|error| match error {
+            ApiError::ValueTooLarge { .. } => ApiError::BatchTooLarge { max },
+            other => other,
+        })?;
+    let ops = parse(&body, &state)?;
+    state.metrics.batch_size.observe(ops.len() as f64);
+    let results = run(&state, ops, deadline).await;
+    let body = serde_json::to_vec(&BatchAnswer { results: &results }).unwrap_or_default();
+    let mut response = (StatusCode::OK, body).into_response();
+    set_common_headers(response.headers_mut(), "application/json");
+    Ok(response)
+}
+
+/// A batch is JSON; any other body is refused (415) rather than guessed at.
+fn refuse_unless_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let media_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(|text| text.split(';').next().unwrap_or_default().trim());
+    match media_type {
+        Some(media_type) if media_type.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType(
+            "a batch is sent as Content-Type: application/json".into(),
+        )),
+    }
+}
+
+/// The body: `{"ops": [...]}` and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    ops: Vec<serde_json::Value>,
+}
+
+/// One op as sent: every field any op takes (which op takes which is
+/// checked by [`command`]); others are refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpFields {
+    op: String,
+    key: Option<String>,
+    key_base64: Option<String>,
+    value: Option<String>,
+    value_base64: Option<String>,
+    ttl: Option<serde_json::Value>,
+    if_none_match: Option<bool>,
+    nex: Option<bool>,
+    persist: Option<bool>,
+    fencing_token: Option<String>,
+}
+
+impl OpFields {
+    /// The optional fields and whether each was given (`null` is not given).
+    fn options(&self) -> [(&'static str, bool); 7] {
+        [
+            ("value", self.value.is_some()),
+            ("value_base64", self.value_base64.is_some()),
+            ("ttl", self.ttl.is_some()),
+            ("if_none_match", self.if_none_match.is_some()),
+            ("nex", self.nex.is_some()),
+            ("persist", self.persist.is_some()),
+            ("fencing_token", self.fencing_token.is_some()),
+        ]
+    }
+}
+
+/// The verb of an op, also its metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Get,
+    Set,
+    Delete,
+}
+
+impl OpKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::Set => "set",
+            Self::Delete => "delete",
+        }
+    }
+
+    /// The optional fields this op takes: every option of its one-key
+    /// request, nothing else.
+    fn takes(self) -> &'static [&'static str] {
+        match self {
+            Self::Get => &[],
+            Self::Set => &[
+                "value",
+                "value_base64",
+                "ttl",
+                "if_none_match",
+                "nex",
+                "persist",
+                "fencing_token",
+            ],
+            Self::Delete => &["value", "value_base64", "fencing_token"],
+        }
+    }
+}
+
+/// Every op of the body as a command, or the first op's refusal (with its
+/// index); more than `--max-batch-ops` ops is 413.
+fn parse(body: &[u8], state: &AppState) -> Result<Vec<(OpKind, KeyCommand)>, ApiError> {
+    let BatchBody { ops } = serde_json::from_slice(body)
+        .map_err(|error| ApiError::BadBatch(format!("the body is not a batch: {error}")))?;
+    let max = state.limits.max_batch_ops;
+    if ops.len() > max {
+        return Err(ApiError::TooManyOps {
+            count: ops.len(),
+            max,
+        });
+    }
+    let limits = OpLimits {
+        max_key_bytes: state.limits.max_key_bytes,
+        max_value_bytes: state.value_limit(),
+        now_ms: (state.clock)(),
+    };
+    ops.into_iter()
+        .enumerate()
+        .map(|(index, op)| {
+            serde_json::from_value(op)
+                .map_err(|error| ApiError::BadBatch(error.to_string()))
+                .and_then(|fields| command(fields, &limits))
+                .map_err(|error| ApiError::BatchOp {
+                    index,
+                    error: Box::new(error),
+                })
+        })
+        .collect()
+}
+
+/// What an op is checked against: the one-key requests' limits.
+struct OpLimits {
+    max_key_bytes: usize,
+    max_value_bytes: usize,
+    now_ms: u64,
+}
+
+/// One op as the command its one-key request would send, checked as that
+/// request is (same errors, same statuses).
+fn command(fields: OpFields, limits: &OpLimits) -> Result<(OpKind, KeyCommand), ApiError> {
+    let kind = match fields.op.as_str() {
+        "get" => OpKind::Get,
+        "set" => OpKind::Set,
+        "delete" => OpKind::Delete,
+        other => {
+            return Err(ApiError::BadBatch(format!(
+                "unknown op {:?}: use get, set or delete",
+                other.chars().take(32).collect::<String>()
+            )));
+        }
+    };
+    if let Some((name, _)) = fields
+        .options()
+        .into_iter()
+        .find(|(name, given)| *given && !kind.takes().contains(name))
+    {
+        return Err(ApiError::BadBatch(format!(
+            "a {} op does not take {name:?}",
+            kind.as_str()
+        )));
+    }
+    let key = text_or_base64("key", fields.key, fields.key_base64)?
+        .ok_or_else(|| ApiError::BadBatch("an op needs key or key_base64".into()))?;
+    let key = checked_key(key, limits.max_key_bytes)?;
+    let value = text_or_base64("value", fields.value, fields.value_base64)?;
+    if value
+        .as_ref()
+        .is_some_and(|value| value.len() > limits.max_value_bytes)
+    {
+        return Err(ApiError::ValueTooLarge {
+            max: limits.max_value_bytes,
+        });
+    }
+    let fencing_token = fields
+        .fencing_token
+        .map(|text| parse_fencing_token(&text, limits.now_ms))
+        .transpose()?;
+    let command = match kind {
+        OpKind::Get => KeyCommand::Get { key },
+        OpKind::Set => KeyCommand::Set {
+            key,
+            value: value
+                .ok_or_else(|| ApiError::BadBatch("a set op needs value or value_base64".into()))?,
+            options: SetOptions {
+                condition: set_condition(
+                    fields.if_none_match.unwrap_or(false),
+                    fields.nex.unwrap_or(false),
+                )?,
+                expires_in_ms: fields.ttl.as_ref().map(ttl_ms).transpose()?,
+            },
+            envelope: RequestOptions {
+                fencing_token,
+                persist: fields.persist.unwrap_or(false),
+            },
+        },
+        OpKind::Delete => KeyCommand::Delete {
+            key,
+            expected: value,
+            fencing_token,
+        },
+    };
+    Ok((kind, command))
+}
+
+/// A field given as UTF-8 text (`name`) or as base64 (`name_base64`), not both.
+fn text_or_base64(
+    name: &str,
+    text: Option<String>,
+    base64: Option<String>,
+) -> Result<Option<Bytes>, ApiError> {
+    match (text, base64) {
+        (Some(_), Some(_)) => Err(ApiError::BadBatch(format!(
+            "give {name} or {name}_base64, not both"
+        ))),
+        (Some(text), None) => Ok(Some(Bytes::from(text))),
+        (None, Some(encoded)) => BASE64
+            .decode(encoded.as_bytes())
+            .map(|bytes| Some(Bytes::from(bytes)))
+            .map_err(|error| ApiError::BadBatch(format!("{name}_base64 is not base64: {error}"))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `ttl` as the query parameter takes it (`"30s"`, `"500ms"`, `"1500"`),
+/// or a JSON number of milliseconds.
+fn ttl_ms(ttl: &serde_json::Value) -> Result<u64, ApiError> {
+    match ttl {
+        serde_json::Value::String(text) => parse_ttl(text.as_bytes()),
+        serde_json::Value::Number(number) => parse_ttl(number.to_string().as_bytes()),
+        other => Err(ApiError::BadTtl(
+            other.to_string().chars().take(32).collect(),
+        )),
+    }
+}
+
+/// Runs the ops: those on one key in the order given (a chain), the chains
+/// concurrently; the results in the ops' order.
+async fn run(state: &AppState, ops: Vec<(OpKind, KeyCommand)>, deadline: Instant) -> Vec<OpResult> {
+    let count = ops.len();
+    let mut chains: Vec<Vec<(usize, OpKind, KeyCommand)>> = Vec::new();
+    let mut chain_of: HashMap<Bytes, usize> = HashMap::with_capacity(count);
+    for (index, (kind, command)) in ops.into_iter().enumerate() {
+        match chain_of.entry(command.key().clone()) {
+            Entry::Occupied(chain) => chains[*chain.get()].push((index, kind, command)),
+            Entry::Vacant(slot) => {
+                slot.insert(chains.len());
+                chains.push(vec![(index, kind, command)]);
+            }
+        }
+    }
+    drop(chain_of);
+    let mut running: FuturesUnordered<_> = chains
+        .into_iter()
+        .map(|chain| async move {
+            let mut done = Vec::with_capacity(chain.len());
+            for (index, kind, command) in chain {
+                done.push((index, run_op(state, kind, command, deadline).await));
+            }
+            done
+        })
+        .collect();
+    let mut results: Vec<Option<OpResult>> = (0..count).map(|_| None).collect();
+    while let Some(done) = running.next().await {
+        for (index, result) in done {
+            results[index] = Some(result);
+        }
+    }
+    results.into_iter().flatten().collect()
+}
+
+/// One op: a batch slot (waiting at most until the batch's deadline), then
+/// the one-key path.
+async fn run_op(
+    state: &AppState,
+    kind: OpKind,
+    command: KeyCommand,
+    deadline: Instant,
+) -> OpResult {
+    let started = std::time::Instant::now();
+    let answer = match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
+        Ok(Ok(_slot)) => match command.send(&state.store).await {
+            Ok(outcome) => respond(outcome),
+            Err(error) => Err(error),
+        },
+        // No slot in time (the semaphore is never closed): the op never
+        // left the gateway, as when the pool's own window is full.
+        _ => Err(RequestError::Transport(PoolError::Overloaded).into()),
+    };
+    let result = match answer {
+        Ok(answer) => OpResult {
+            status: answer.status(),
+            answer: Ok(answer),
+        },
+        Err(error) => {
+            let problem = error.problem();
+            OpResult {
+                status: StatusCode::from_u16(problem.status)
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                answer: Err(problem),
+            }
+        }
+    };
+    let label = kind.as_str();
+    state
+        .metrics
+        .batch_ops
+        .with_label_values(&[label, result.status.as_str()])
+        .inc();
+    state
+        .metrics
+        .batch_op_latency
+        .with_label_values(&[label])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+/// The answer: `{"results": [...]}`.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    results: &'a [OpResult],
+}
+
+/// One op's result: its status, and its version (and value) or its problem.
+#[derive(Debug)]
+struct OpResult {
+    status: StatusCode,
+    answer: Result<Answer, Problem>,
+}
+
+impl Serialize for OpResult {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("status", &self.status.as_u16())?;
+        match &self.answer {
+            Ok(answer) => {
+                map.serialize_entry("version", &answer.version().map(Hlc::encode))?;
+                if let Answer::Value(Versioned { value, .. }) = answer {
+                    map.serialize_entry("value", &std::str::from_utf8(value).ok())?;
+                    map.serialize_entry("value_base64", &BASE64.encode(value))?;
+                }
+            }
+            Err(problem) => map.serialize_entry("problem", problem)?,
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn limits() -> OpLimits {
+        OpLimits {
+            max_key_bytes: 8,
+            max_value_bytes: 4,
+            now_ms: NOW,
+        }
+    }
+
+    fn op(json: serde_json::Value) -> Result<(OpKind, KeyCommand), ApiError> {
+        let fields: OpFields =
+            serde_json::from_value(json).map_err(|error| ApiError::BadBatch(error.to_string()))?;
+        command(fields, &limits())
+    }
+
+    fn status(json: serde_json::Value) -> u16 {
+        match op(json) {
+            Ok(_) => 0,
+            Err(error) => error.problem().status,
+        }
+    }
+
+    #[test]
+    fn ops_become_the_one_key_commands() {
+        use serde_json::json;
+        let (kind, command) = op(json!({"op": "set", "key_base64": "AP8=", "value": "v",
+            "ttl": "30s", "if_none_match": true, "persist": true,
+            "fencing_token": "001700000000000:00001:StateStore"}))
+        .unwrap();
+        assert_eq!(kind, OpKind::Set);
+        let KeyCommand::Set {
+            key,
+            value,
+            options,
+            envelope,
+        } = command
+        else {
+            panic!("not a set")
+        };
+        assert_eq!(key.as_ref(), b"\x00\xff");
+        assert_eq!(value.as_ref(), b"v");
+        assert_eq!(options.expires_in_ms, Some(30_000));
+        assert_eq!(
+            options.condition,
+            crate::protocol::SetCondition::OnlyIfMissing
+        );
+        assert!(envelope.persist);
+        assert!(envelope.fencing_token.is_some());
+        let (_, command) = op(json!({"op": "delete", "key": "k", "value_base64": "AAE="})).unwrap();
+        assert!(
+            matches!(command, KeyCommand::Delete { expected: Some(v), .. } if v.as_ref() == b"\x00\x01")
+        );
+        let (_, command) = op(json!({"op": "set", "key": "k", "value": "v", "ttl": 1500})).unwrap();
+        assert!(
+            matches!(command, KeyCommand::Set { options, .. } if options.expires_in_ms == Some(1500))
+        );
+    }
+
+    #[test]
+    fn bad_ops_get_the_one_key_statuses() {
+        use serde_json::json;
+        for (json, expected) in [
+            (json!({"op": "put", "key": "k"}), 400),
+            (json!({"op": "get"}), 400),
+            (json!({"op": "get", "key": ""}), 400),
+            (json!({"op": "get", "key": "123456789"}), 414),
+            (json!({"op": "get", "key": "k", "ttl": "1s"}), 400),
+            (json!({"op": "get", "key": "k", "colour": 1}), 400),
+            (json!({"op": "get", "key": "k", "key_base64": "aw=="}), 400),
+            (json!({"op": "get", "key_base64": "***"}), 400),
+            (json!({"op": "set", "key": "k"}), 400),
+            (json!({"op": "set", "key": "k", "value": "12345"}), 413),
+            (
+                json!({"op": "set", "key": "k", "value": "v", "ttl": "0"}),
+                400,
+            ),
+            (
+                json!({"op": "set", "key": "k", "value": "v", "ttl": true}),
+                400,
+            ),
+            (
+                json!({"op": "set", "key": "k", "value": "v", "nex": true, "if_none_match": true}),
+                400,
+            ),
+            (
+                json!({"op": "set", "key": "k", "value": "v", "fencing_token": "nope"}),
+                400,
+            ),
+            (
+                json!({"op": "set", "key": "k", "value": "v", "fencing_token": "1700000061000:0:x"}),
+                400,
+            ),
+            (json!({"op": "delete", "key": "k", "ttl": "1s"}), 400),
+            (json!({"op": "delete", "key": "k", "persist": true}), 400),
+            (json!({"op": "delete", "key": "k", "nex": 1}), 400),
+        ] {
+            assert_eq!(status(json.clone()), expected, "{json}");
+        }
+    }
+
+    #[test]
+    fn a_refused_op_names_its_index() {
+        let problem = ApiError::BatchOp {
+            index: 3,
+            error: Box::new(ApiError::KeyTooLong { len: 9, max: 8 }),
+        }
+        .problem();
+        assert_eq!(problem.status, 414);
+        assert_eq!(problem.kind, "/problems/key-too-long");
+        assert_eq!(problem.op, Some(3));
+        assert!(problem.detail.starts_with("op 3: "), "{}", problem.detail);
+    }
+
+    #[test]
+    fn results_carry_version_value_or_problem() {
+        let version = Hlc::parse("1:2:S").unwrap();
+        let read = OpResult {
+            status: StatusCode::OK,
+            answer: Ok(Answer::Value(Versioned {
+                value: Bytes::from_static(b"\xff"),
+                version: Some(version.clone()),
+            })),
+        };
+        let json = serde_json::to_value(&read).unwrap();
+        assert_eq!(json["status"], 200);
+        assert_eq!(json["version"], version.encode());
+        assert!(json["value"].is_null());
+        assert_eq!(json["value_base64"], "/w==");
+        let missing = OpResult {
+            status: StatusCode::NOT_FOUND,
+            answer: Err(ApiError::KeyNotFound.problem()),
+        };
+        let json = serde_json::to_value(&missing).unwrap();
+        assert_eq!(json["problem"]["type"], "/problems/key-not-found");
+        assert_eq!(json["problem"]["status"], 404);
+        assert!(json.get("version").is_none());
+    }
+}
