@@ -13,11 +13,12 @@ use bytes::Bytes;
 use reqwest::header;
 use rumqttc::v5::mqttbytes::QoS;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use statestore_gateway::emulator::ScanLimits;
 use statestore_gateway::protocol::{REQUEST_TOPIC, Request};
 
 use crate::support::emulator::{RawClient, WAIT};
-use crate::support::gateway::{Gateway, Stack, encode};
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
 use crate::support::sdk::SdkClient;
 
 /// An emulator whose SCAN pages hold `max_keys` keys.
@@ -64,14 +65,19 @@ fn keys_of(page: &Value) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The most bytes a `next` cursor or a `Link` (with a short `match`) has,
+/// whatever the key lengths.
+const SMALL: usize = 8 * 1024;
+
 /// Follows `Link: <...>; rel="next"` from `path` to the end; every page's
-/// keys in order, and how many responses it took.
+/// keys in order, and how many responses it took. Every cursor and `Link`
+/// on the way is under [`SMALL`].
 async fn list_all(gateway: &Gateway, path: &str) -> (Vec<Vec<u8>>, usize) {
     let mut next = Some(path.to_owned());
     let (mut keys, mut responses) = (Vec::new(), 0);
     while let Some(path) = next.take() {
         let response = gateway.http.get(gateway.url(&path)).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(response.status(), 200, "{} bytes: {path:.200}", path.len());
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         let link = response
             .headers()
@@ -83,6 +89,8 @@ async fn list_all(gateway: &Gateway, path: &str) -> (Vec<Vec<u8>>, usize) {
         match (&page["next"], link) {
             (Value::Null, None) => {}
             (Value::String(cursor), Some(link)) => {
+                assert!(cursor.len() < SMALL, "next is {} bytes", cursor.len());
+                assert!(link.len() < SMALL, "Link is {} bytes", link.len());
                 let target = link
                     .strip_prefix('<')
                     .and_then(|rest| rest.strip_suffix(">; rel=\"next\""))
@@ -287,9 +295,10 @@ async fn bad_listing_requests_are_400_problems() {
     assert!(body["detail"].as_str().unwrap().contains("another match"));
 
     // A well-formed cursor whose store token the store did not issue:
-    // version 1, skip 0, a 4-byte token, no last key, the pattern.
-    let mut forged = vec![1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
-    forged.extend_from_slice(b"x;k0k*");
+    // version 2, skip 0, a 4-byte token, no last key, the pattern's SHA-256.
+    let mut forged = vec![2, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
+    forged.extend_from_slice(b"x;k0");
+    forged.extend_from_slice(&Sha256::digest(b"k*"));
     let body = problem(
         gw,
         &format!("/keys?match=k*&cursor={}", BASE64URL.encode(forged)),
@@ -646,4 +655,39 @@ async fn values_true_lists_each_key_with_its_value_and_version() {
     assert_eq!(text.status(), 400);
     problem(gw, "/keys?values=maybe", "/problems/invalid-query").await;
     sdk.close().await;
+}
+
+/// Keys of 50,000 bytes (sharing their first 49,990) among short ones,
+/// listed two at a time over store pages of three: every key once, and
+/// every `next` and `Link` small enough to follow, whatever the key length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_stay_small_whatever_the_key_length() {
+    let stack = Stack::builder()
+        .emulator(|config| {
+            config.scan_limits = ScanLimits {
+                max_keys: 3,
+                ..ScanLimits::default()
+            }
+        })
+        .gateway(GatewayOptions {
+            max_key_bytes: 60_000,
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let long = |n: usize| format!("k/{}{n:08}", "x".repeat(49_990));
+    let mut expected: BTreeSet<Vec<u8>> = BTreeSet::new();
+    for n in 0..5 {
+        expected.insert(long(n).into_bytes());
+        expected.insert(format!("k/{n}").into_bytes());
+        expected.insert(format!("k/y{n}").into_bytes());
+    }
+    for key in &expected {
+        assert_eq!(key.len() > 100, key.len() == 50_000);
+        put(gw, key).await;
+    }
+    let (listed, _) = list_all(gw, "/keys?match=k/*&limit=2").await;
+    assert_eq!(listed.len(), expected.len(), "every key once");
+    assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), expected);
 }
