@@ -196,6 +196,23 @@ pub const WATCH_RESYNC_INTERVAL: Setting = Setting {
     helm: Helm::Default("gateway.watchResyncInterval"),
 };
 
+/// How often a pattern followed by `/watch?match=` is listed again to
+/// find keys other clients created.
+pub const WATCH_RESCAN_INTERVAL: Setting = Setting {
+    flag: "--watch-rescan-interval",
+    env: "STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL",
+    default: "5s",
+    helm: Helm::Default("gateway.watchRescanInterval"),
+};
+
+/// Keys one followed pattern may match.
+pub const MAX_KEYS_PER_PATTERN: Setting = Setting {
+    flag: "--max-keys-per-pattern",
+    env: "STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN",
+    default: "10000",
+    helm: Helm::Default("gateway.maxKeysPerPattern"),
+};
+
 pub const CORS_ALLOW_ORIGIN: Setting = Setting {
     flag: "--cors-allow-origin",
     env: "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN",
@@ -348,6 +365,8 @@ pub const SERVE: &[&Setting] = &[
     &WATCH_BUFFER,
     &WATCH_BUFFER_BYTES,
     &WATCH_RESYNC_INTERVAL,
+    &WATCH_RESCAN_INTERVAL,
+    &MAX_KEYS_PER_PATTERN,
     &CORS_ALLOW_ORIGIN,
     &HEADER_READ_TIMEOUT,
     &MAX_CONNECTIONS,
@@ -543,6 +562,8 @@ pub const DEFAULT_WATCH_KEEPALIVE: Duration = Duration::from_secs(15);
 pub const DEFAULT_WATCH_BUFFER: usize = 64;
 pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_WATCH_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_WATCH_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_KEYS_PER_PATTERN: usize = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 20_000;
 pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);

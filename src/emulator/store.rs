@@ -11,11 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
 
 use super::acl::{Access, AccessList};
 use super::entry::Entry;
-use super::glob;
 use super::persist::Record;
+use crate::protocol::glob;
 use crate::protocol::resp::bulk_encoded_len;
 use crate::protocol::{
     Hlc, KeyPage, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,
@@ -36,9 +37,24 @@ pub const KEY_TOO_LONG_TO_WATCH: &str =
     "the key is too long to be watched: its notification topic would exceed 65535 bytes";
 
 /// The error for a SCAN page that cannot hold the next key together with
-/// the continuation token (which names it) within the reply size limit:
-/// only keys over about half the broker's maximum packet size meet it.
+/// the continuation token within the reply size limit: only keys of
+/// nearly the broker's maximum packet size meet it.
 pub const KEY_TOO_LONG_TO_LIST: &str = "the key is too long to be listed: a page holding it and its continuation token would exceed the broker's maximum packet size";
+
+/// The most bytes of a key a SCAN token holds; a longer key is cut there
+/// and followed by its SHA-256.
+pub const KEY_IN_TOKEN: usize = 512;
+
+/// The key part of a token for a key over [`KEY_IN_TOKEN`] bytes.
+const LONG_KEY_IN_TOKEN: usize = KEY_IN_TOKEN + 32;
+
+/// Where a SCAN resumes: strictly after a key, or at the first key from
+/// some bytes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resume<'a> {
+    After(&'a [u8]),
+    From(&'a [u8]),
+}
 
 /// How much one SCAN page may hold and cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,19 +462,22 @@ impl Store {
     /// the reply would exceed `envelope.reply_limit`; then the token names
     /// the last key looked at. A key present for the
     /// whole listing is listed exactly once; one added or deleted meanwhile
-    /// may or may not be. A token this store did not issue is a `syntax
-    /// error`.
+    /// may or may not be, and when the key a token names (one over
+    /// [`KEY_IN_TOKEN`] bytes) was deleted, the keys sharing its first
+    /// [`KEY_IN_TOKEN`] bytes may be listed again. A token this store did
+    /// not issue is a `syntax error`.
     pub fn scan(&self, pattern: &[u8], token: Option<&[u8]>, envelope: &Envelope<'_>) -> Outcome {
-        let after = match token.map(|token| self.resume_after(token)) {
+        let resume = match token.map(|token| self.resume(token)) {
             None => None,
-            Some(Some(after)) => Some(after),
+            Some(Some(resume)) => Some(resume),
             Some(None) => return Outcome::error(StoreError::SyntaxError),
         };
         // Every match starts with the pattern's literal prefix, and keys
         // with one prefix are adjacent in byte order.
         let prefix = glob::literal_prefix(pattern);
-        let start = match after {
-            Some(after) if after >= prefix.as_slice() => Bound::Excluded(after),
+        let start = match resume {
+            Some(Resume::After(after)) if after >= prefix.as_slice() => Bound::Excluded(after),
+            Some(Resume::From(from)) if from >= prefix.as_slice() => Bound::Included(from),
             _ => Bound::Included(prefix.as_slice()),
         };
         let limits = self.scan_limits;
@@ -528,22 +547,54 @@ impl Store {
     }
 
     /// `{id};{key}`: what the service's tokens look like, `digits;bytes`.
+    /// A key over [`KEY_IN_TOKEN`] bytes goes in as its first
+    /// [`KEY_IN_TOKEN`] bytes and its SHA-256, so a token stays small (and
+    /// means the same after a restart) whatever the key's length.
     fn token(&self, after: &[u8]) -> Bytes {
         let mut token = format!("{};", self.id).into_bytes();
-        token.extend_from_slice(after);
+        if after.len() <= KEY_IN_TOKEN {
+            token.extend_from_slice(after);
+        } else {
+            token.extend_from_slice(&after[..KEY_IN_TOKEN]);
+            token.extend_from_slice(&Sha256::digest(after));
+        }
         Bytes::from(token)
     }
 
     fn token_len(&self, after: &[u8]) -> usize {
-        self.id.checked_ilog10().map_or(1, |log| log as usize + 1) + 1 + after.len()
+        let after = if after.len() <= KEY_IN_TOKEN {
+            after.len()
+        } else {
+            LONG_KEY_IN_TOKEN
+        };
+        self.id.checked_ilog10().map_or(1, |log| log as usize + 1) + 1 + after
     }
 
-    /// The key a token this store issued resumes after.
-    fn resume_after<'t>(&self, token: &'t [u8]) -> Option<&'t [u8]> {
+    /// Where a token this store issued resumes: after the key it names, or,
+    /// when that long key is gone, at the first key sharing its first
+    /// [`KEY_IN_TOKEN`] bytes. A part of any other length over
+    /// [`KEY_IN_TOKEN`] is a whole key (tokens from before keys were cut).
+    fn resume<'a>(&'a self, token: &'a [u8]) -> Option<Resume<'a>> {
         let separator = token.iter().position(|&byte| byte == b';')?;
         let (id, after) = (&token[..separator], &token[separator + 1..]);
         let id = std::str::from_utf8(id).ok()?;
-        (id.bytes().all(|b| b.is_ascii_digit()) && id.parse() == Ok(self.id)).then_some(after)
+        if !(id.bytes().all(|b| b.is_ascii_digit()) && id.parse() == Ok(self.id)) {
+            return None;
+        }
+        if after.len() != LONG_KEY_IN_TOKEN {
+            return Some(Resume::After(after));
+        }
+        let (start, digest) = after.split_at(KEY_IN_TOKEN);
+        let named = self
+            .entries
+            .range::<[u8], _>((Bound::Included(start), Bound::Unbounded))
+            .map(|(key, _)| key)
+            .take_while(|key| key.starts_with(start))
+            .find(|key| key.len() > KEY_IN_TOKEN && Sha256::digest(key).as_slice() == digest);
+        Some(match named {
+            Some(key) => Resume::After(key),
+            None => Resume::From(start),
+        })
     }
 
     /// Drops every KEYNOTIFY registration of a client that disconnected.
@@ -1388,6 +1439,40 @@ mod tests {
         // The expiry it ran first is reported like any other.
         assert_eq!(outcome.events.len(), 0, "nobody watched k2");
         assert!(f.store.entry(b"k2").is_none());
+    }
+
+    #[test]
+    fn scan_tokens_stay_short_for_long_keys() {
+        let mut f = Fixture::new();
+        small_pages(&mut f.store, 1, usize::MAX);
+        let long = |n: u32| format!("k/{}{n}", "x".repeat(20_000));
+        let mut keys: Vec<String> = (0..4).map(long).collect();
+        keys.extend(["k/0", "k/y"].map(String::from));
+        for key in &keys {
+            f.set(key, "v", SetOptions::default());
+        }
+        keys.sort();
+        let pages = list_pages(&mut f.store, "k/*", &Envelope::default());
+        assert_eq!(
+            listed(&pages),
+            keys.iter().map(|k| b(k)).collect::<Vec<_>>()
+        );
+        for page in &pages {
+            let len = page.token.as_ref().map_or(0, Bytes::len);
+            assert!(len <= 24 + KEY_IN_TOKEN + 32, "a token of {len} bytes");
+        }
+        // The key a token names is gone: the keys sharing its first bytes
+        // come again, and nothing is skipped.
+        let token = pages[2].token.clone().unwrap();
+        f.store.entries.remove(long(1).as_bytes());
+        let request = Request::Scan {
+            pattern: b("k/*"),
+            token: Some(token),
+        };
+        let Answer::Page(page) = f.store.execute(request, &Envelope::default(), NOW).reply else {
+            panic!("not a page");
+        };
+        assert_eq!(page.keys, [b(&long(0))]);
     }
 
     #[test]

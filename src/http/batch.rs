@@ -348,7 +348,7 @@ async fn run_op(
 ) -> OpResult {
     let started = std::time::Instant::now();
     let answer = match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
-        Ok(Ok(_slot)) => match command.send(&state.store).await {
+        Ok(Ok(_slot)) => match command.send(state).await {
             Ok(outcome) => respond(outcome),
             Err(error) => Err(error),
         },

@@ -26,7 +26,7 @@ use super::problem::{ApiError, Precondition};
 use super::state::AppState;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
-use crate::store::{DelOutcome, SetOutcome, StoreClient, VdelOutcome, Versioned};
+use crate::store::{DelOutcome, SetOutcome, VdelOutcome, Versioned};
 
 /// The key routes. `/keys/` alone is an empty key (400); methods other than
 /// GET, HEAD, PUT and DELETE get 405 with `Allow`.
@@ -66,9 +66,7 @@ async fn get_key(
     representation: Representation,
 ) -> Result<Response, ApiError> {
     query.accept(&[])?;
-    let outcome = KeyCommand::Get { key: key.clone() }
-        .send(&state.store)
-        .await?;
+    let outcome = KeyCommand::Get { key: key.clone() }.send(&state).await?;
     let Versioned { value, version } = match respond(outcome)? {
         Answer::Value(versioned) => versioned,
         other => return Ok(other.into_response()),
@@ -132,7 +130,7 @@ async fn put_key(
             persist,
         },
     };
-    Ok(respond(command.send(&state.store).await?)?.into_response())
+    Ok(respond(command.send(&state).await?)?.into_response())
 }
 
 /// `DELETE /keys/{key}`: DEL, or VDEL with `?value=`; `Fencing-Token` too.
@@ -156,7 +154,7 @@ async fn delete_key(
         expected,
         fencing_token,
     };
-    Ok(respond(command.send(&state.store).await?)?.into_response())
+    Ok(respond(command.send(&state).await?)?.into_response())
 }
 
 /// The store command of a write's conditions: `If-None-Match: *` (NX) and
@@ -210,8 +208,10 @@ impl KeyCommand {
     }
 
     /// Sends the command to the store: what the store did, or why it has
-    /// no outcome.
-    pub(super) async fn send(self, store: &StoreClient) -> Result<KeyOutcome, ApiError> {
+    /// no outcome. A key it sets is told to the watch hub, so that the
+    /// patterns that match follow it now, not at their next rescan.
+    pub(super) async fn send(self, state: &AppState) -> Result<KeyOutcome, ApiError> {
+        let store = &state.store;
         Ok(match self {
             Self::Get { key } => KeyOutcome::Read(store.get(key).await?),
             Self::Set {
@@ -221,7 +221,10 @@ impl KeyCommand {
                 envelope,
             } => {
                 let condition = options.condition;
-                let outcome = store.set(key, value, options, &envelope).await?;
+                let outcome = store.set(key.clone(), value, options, &envelope).await?;
+                if let SetOutcome::Applied(_) = outcome {
+                    state.hub.wrote(&key);
+                }
                 KeyOutcome::Written { outcome, condition }
             }
             Self::Delete {

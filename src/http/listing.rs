@@ -7,9 +7,15 @@
 //! the next response resumes exactly there even when a store page was only
 //! partly used (after the last key when it is still in the page, or
 //! after its place in a byte-ordered page, so keys deleted from the page
-//! or inserted before it meanwhile shift nothing). The
+//! or inserted before it meanwhile shift nothing). A cursor holds at most
+//! [`KEY_IN_CURSOR`] bytes of that key and a digest of the pattern, so it
+//! stays small whatever their length. The
 //! gateway holds one store page and one response at a time, whatever the
 //! store's size.
+//!
+//! With `values=true` each listed key is then read (GET, a bounded number
+//! at a time) and its entry carries `value`, `value_base64` and `version`;
+//! a key deleted between the SCAN and its GET is left out.
 
 use std::time::Duration;
 
@@ -21,8 +27,11 @@ use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64URL};
 use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use super::extract::{PrefersText, Query};
@@ -30,14 +39,22 @@ use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
-use crate::protocol::StoreError;
-use crate::store::RequestError;
+use crate::protocol::{Hlc, StoreError};
+use crate::store::{RequestError, Versioned};
 
 /// Keys per response when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 1_000;
 
 /// The largest `limit`.
 pub const MAX_LIMIT: usize = 10_000;
+
+/// GETs one `values=true` response keeps in flight: a page of 10,000 keys
+/// must not take a connection's whole in-flight window.
+const CONCURRENT_READS: usize = 32;
+
+/// The most bytes of the last key returned that a cursor holds; a longer
+/// key is held as these many bytes and its SHA-256.
+pub const KEY_IN_CURSOR: usize = 512;
 
 /// The listing route. `/keys/` (a trailing slash) stays the empty key.
 pub fn routes() -> Router<AppState> {
@@ -50,7 +67,13 @@ async fn list_keys(
     query: Query,
     PrefersText(text): PrefersText,
 ) -> Result<Response, ApiError> {
-    let mut query = query.accept(&["match", "limit", "cursor"])?;
+    let mut query = query.accept(&["match", "limit", "cursor", "values"])?;
+    let values = query.take_bool("values")?;
+    if values && text {
+        return Err(ApiError::BadQuery(
+            "values=true lists JSON entries; ask for Accept: application/json".into(),
+        ));
+    }
     let pattern = match query.take("match") {
         None => Bytes::from_static(b"*"),
         Some(raw) if raw.is_empty() => {
@@ -87,7 +110,49 @@ async fn list_keys(
         budget,
     )
     .await?;
-    Ok(respond(&pattern, limit, page, text))
+    let entries = if values {
+        read_values(&state, page.keys).await?
+    } else {
+        page.keys.into_iter().map(Entry::key_only).collect()
+    };
+    let listed = Listed {
+        entries,
+        next: page.next,
+    };
+    Ok(respond(&pattern, limit, values, listed, text))
+}
+
+/// One listed key, with its value and version when they were asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    key: Bytes,
+    value: Option<Versioned<Bytes>>,
+}
+
+impl Entry {
+    fn key_only(key: Bytes) -> Self {
+        Self { key, value: None }
+    }
+}
+
+/// GETs each key, a bounded number at a time, in the listing's order; a
+/// key deleted since its SCAN is left out.
+async fn read_values(state: &AppState, keys: Vec<Bytes>) -> Result<Vec<Entry>, ApiError> {
+    let read = stream::iter(keys)
+        .map(|key| async move {
+            let value = state.store.get(key.clone()).await?;
+            Ok::<_, RequestError>(value.map(|value| Entry {
+                key,
+                value: Some(value),
+            }))
+        })
+        .buffered(CONCURRENT_READS);
+    futures_util::pin_mut!(read);
+    let mut entries = Vec::new();
+    while let Some(entry) = read.next().await {
+        entries.extend(entry?);
+    }
+    Ok(entries)
 }
 
 /// Where a listing stands: the store token of the page it is in (`None`:
@@ -97,14 +162,85 @@ async fn list_keys(
 struct Position {
     token: Option<Bytes>,
     skip: usize,
-    last: Option<Bytes>,
+    last: Option<Last>,
+}
+
+/// The last key returned, as a cursor holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Last {
+    /// A key of up to [`KEY_IN_CURSOR`] bytes.
+    Key(Bytes),
+    /// A longer key: its first [`KEY_IN_CURSOR`] bytes and its SHA-256.
+    Long { start: Bytes, digest: [u8; 32] },
+}
+
+impl Last {
+    fn of(key: &Bytes) -> Last {
+        if key.len() <= KEY_IN_CURSOR {
+            Last::Key(key.clone())
+        } else {
+            Last::Long {
+                start: key.slice(..KEY_IN_CURSOR),
+                digest: Sha256::digest(key).into(),
+            }
+        }
+    }
+
+    /// Whether `key` is this one.
+    fn is(&self, key: &[u8]) -> bool {
+        match self {
+            Last::Key(last) => key == last,
+            Last::Long { start, digest } => {
+                key.len() > KEY_IN_CURSOR
+                    && key.starts_with(start)
+                    && Sha256::digest(key).as_slice() == digest
+            }
+        }
+    }
+
+    /// Whether `key` comes before this one in byte order, or, for a long
+    /// key, shares no more than its first bytes (so those may repeat).
+    fn is_past(&self, key: &[u8]) -> bool {
+        match self {
+            Last::Key(last) => key <= last,
+            Last::Long { start, .. } => key < start,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Last::Key(key) => key.to_vec(),
+            Last::Long { start, digest } => [start.as_ref(), digest].concat(),
+        }
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Last> {
+        match bytes.len() {
+            n if n <= KEY_IN_CURSOR => Some(Last::Key(Bytes::copy_from_slice(bytes))),
+            n if n == KEY_IN_CURSOR + 32 => {
+                let (start, digest) = bytes.split_at(KEY_IN_CURSOR);
+                Some(Last::Long {
+                    start: Bytes::copy_from_slice(start),
+                    digest: digest.try_into().ok()?,
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// One response's keys, and where the next response starts (`None`: the
 /// listing is complete).
 #[derive(Debug, Default)]
-struct Listed {
+struct Page {
     keys: Vec<Bytes>,
+    next: Option<Position>,
+}
+
+/// One response's entries, and where the next response starts.
+#[derive(Debug, Default)]
+struct Listed {
+    entries: Vec<Entry>,
     next: Option<Position>,
 }
 
@@ -116,9 +252,9 @@ async fn fill(
     mut at: Position,
     limit: usize,
     budget: Duration,
-) -> Result<Listed, ApiError> {
+) -> Result<Page, ApiError> {
     let deadline = Instant::now() + budget;
-    let mut listed = Listed::default();
+    let mut listed = Page::default();
     let mut from_client = at.token.is_some();
     loop {
         let page = state
@@ -145,7 +281,7 @@ async fn fill(
             listed.next = Some(Position {
                 token: at.token,
                 skip: skip + take,
-                last: Some(page.keys[skip + take - 1].clone()),
+                last: Some(Last::of(&page.keys[skip + take - 1])),
             });
             return Ok(listed);
         }
@@ -175,17 +311,18 @@ async fn fill(
 /// Where in a store page a listing at `at` resumes: after the last key
 /// returned while the page holds it; when the page is in byte order (as the
 /// emulator's are), after every key up to it in that order, so that keys
-/// inserted before it or its deletion shift nothing; otherwise by count, a
-/// page that shrank below it being used up.
+/// inserted before it or its deletion shift nothing (a long key not in the
+/// page: after every key before its first [`KEY_IN_CURSOR`] bytes);
+/// otherwise by count, a page that shrank below it being used up.
 fn resume_at(at: &Position, keys: &[Bytes]) -> usize {
     let Some(last) = &at.last else {
         return at.skip.min(keys.len());
     };
-    if let Some(index) = keys.iter().position(|key| key == last) {
+    if let Some(index) = keys.iter().position(|key| last.is(key)) {
         return index + 1;
     }
     if in_byte_order(keys) {
-        return keys.partition_point(|key| key <= last);
+        return keys.partition_point(|key| last.is_past(key));
     }
     at.skip.min(keys.len())
 }
@@ -212,31 +349,35 @@ fn parse_limit(raw: &[u8]) -> Result<usize, ApiError> {
         })
 }
 
-/// The opaque `cursor`: base64url of `1 | skip (u32) | token length + 1
+/// The opaque `cursor`: base64url of `2 | skip (u32) | token length + 1
 /// (u32, 0 = none) | last key length + 1 (u32, 0 = none) | token | last
-/// key | pattern`.
-/// The pattern rides along so a cursor used with another `match` is
-/// refused rather than resuming a different listing at a wrong place.
+/// key (see [`Last`]) | SHA-256 of the pattern`.
+/// The pattern's digest rides along so a cursor used with another `match`
+/// is refused rather than resuming a different listing at a wrong place;
+/// the `Link` carries the pattern itself.
 struct Cursor;
 
 impl Cursor {
-    const VERSION: u8 = 1;
+    const VERSION: u8 = 2;
     const HEADER: usize = 13;
+    const DIGEST: usize = 32;
 
     fn encode(at: &Position, pattern: &[u8]) -> String {
-        let (token, last) = (at.token.as_deref(), at.last.as_deref());
+        let token = at.token.as_deref();
+        let last = at.last.as_ref().map(Last::bytes);
         let len = |field: Option<&[u8]>| field.map_or(0, <[u8]>::len);
-        let mut bytes = Vec::with_capacity(Self::HEADER + len(token) + len(last) + pattern.len());
+        let mut bytes =
+            Vec::with_capacity(Self::HEADER + len(token) + len(last.as_deref()) + Self::DIGEST);
         bytes.push(Self::VERSION);
         // Pages, tokens and keys are far below u32::MAX; saturate regardless.
         let word = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
         let field = |field: Option<&[u8]>| word(field.map_or(0, |bytes| bytes.len() + 1));
         bytes.extend_from_slice(&word(at.skip));
         bytes.extend_from_slice(&field(token));
-        bytes.extend_from_slice(&field(last));
+        bytes.extend_from_slice(&field(last.as_deref()));
         bytes.extend_from_slice(token.unwrap_or_default());
-        bytes.extend_from_slice(last.unwrap_or_default());
-        bytes.extend_from_slice(pattern);
+        bytes.extend_from_slice(last.as_deref().unwrap_or_default());
+        bytes.extend_from_slice(&Sha256::digest(pattern));
         BASE64URL.encode(bytes)
     }
 
@@ -256,17 +397,28 @@ impl Cursor {
             0 => Some((None, rest.to_vec())),
             n => rest
                 .split_at_checked(n - 1)
-                .map(|(field, rest)| (Some(Bytes::copy_from_slice(field)), rest.to_vec())),
+                .map(|(field, rest)| (Some(field.to_vec()), rest.to_vec())),
         };
         let skip = word(1);
         let (token, rest) = field(rest, word(5)).ok_or_else(bad)?;
-        let (last, cursor_pattern) = field(&rest, word(9)).ok_or_else(bad)?;
-        if cursor_pattern != pattern {
+        let (last, digest) = field(&rest, word(9)).ok_or_else(bad)?;
+        let last = match last {
+            None => None,
+            Some(bytes) => Some(Last::from_bytes(&bytes).ok_or_else(bad)?),
+        };
+        if digest.len() != Self::DIGEST {
+            return Err(bad());
+        }
+        if digest != Sha256::digest(pattern).as_slice() {
             return Err(ApiError::BadCursor(
                 "it belongs to a listing with another match".into(),
             ));
         }
-        Ok(Position { token, skip, last })
+        Ok(Position {
+            token: token.map(Bytes::from),
+            skip,
+            last,
+        })
     }
 }
 
@@ -286,19 +438,25 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b',')
     .remove(b';');
 
-fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> Response {
+fn respond(
+    pattern: &[u8],
+    limit: Option<usize>,
+    values: bool,
+    listed: Listed,
+    text: bool,
+) -> Response {
     let next = listed.next.as_ref().map(|at| Cursor::encode(at, pattern));
     let mut response = if text {
         let mut body = String::new();
-        for key in &listed.keys {
-            push_line(&mut body, key);
+        for entry in &listed.entries {
+            push_line(&mut body, &entry.key);
         }
         let mut response = (StatusCode::OK, body).into_response();
         set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
         response
     } else {
         let mut response =
-            (StatusCode::OK, json_body(&listed.keys, next.as_deref())).into_response();
+            (StatusCode::OK, json_body(&listed.entries, next.as_deref())).into_response();
         set_common_headers(response.headers_mut(), "application/json");
         response
     };
@@ -311,7 +469,8 @@ fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> 
         let limit = limit
             .map(|limit| format!("&limit={limit}"))
             .unwrap_or_default();
-        let link = format!("</keys?match={pattern}{limit}&cursor={cursor}>; rel=\"next\"");
+        let values = if values { "&values=true" } else { "" };
+        let link = format!("</keys?match={pattern}{limit}{values}&cursor={cursor}>; rel=\"next\"");
         if let Ok(value) = HeaderValue::from_str(&link) {
             response.headers_mut().insert(header::LINK, value);
         }
@@ -319,33 +478,59 @@ fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> 
     response
 }
 
-/// `{"keys": [{"key", "key_base64"}, ...], "next"}` written straight into
-/// one buffer: a tree of `serde_json::Value`s for 10,000 keys cost more
-/// than the SCANs behind it.
-fn json_body(keys: &[Bytes], next: Option<&str>) -> Vec<u8> {
+/// `{"keys": [{"key", "key_base64"}, ...], "next"}` (with `value`,
+/// `value_base64` and `version` in entries that were read) written straight
+/// into one buffer: a tree of `serde_json::Value`s for 10,000 keys cost
+/// more than the SCANs behind it.
+fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
     #[derive(Serialize)]
-    struct Entry<'a> {
+    struct Json<'a> {
         key: Option<&'a str>,
         key_base64: &'a str,
+        #[serde(flatten)]
+        value: Option<Value<'a>>,
     }
-    // Base64 is 4/3 of the key, the text up to its length again plus quotes
-    // and names: about 3 times the key and 32 bytes.
-    let size: usize = keys.iter().map(|key| key.len() * 3 + 32).sum();
+    #[derive(Serialize)]
+    struct Value<'a> {
+        value: Option<&'a str>,
+        value_base64: &'a str,
+        version: Option<String>,
+    }
+    // Base64 is 4/3 of the bytes, the text up to their length again plus
+    // quotes and names: about 3 times the key and value and 96 bytes.
+    let size: usize = entries
+        .iter()
+        .map(|entry| {
+            let value = entry.value.as_ref().map_or(0, |v| v.value.len());
+            (entry.key.len() + value) * 3 + 96
+        })
+        .sum();
     let mut body = Vec::with_capacity(size + 64);
-    let mut encoded = String::new();
+    let mut key_base64 = String::new();
+    let mut value_base64 = String::new();
     body.extend_from_slice(b"{\"keys\":[");
-    for (index, key) in keys.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
         if index > 0 {
             body.push(b',');
         }
-        encoded.clear();
-        BASE64.encode_string(key, &mut encoded);
-        let entry = Entry {
-            key: std::str::from_utf8(key).ok(),
-            key_base64: &encoded,
+        key_base64.clear();
+        BASE64.encode_string(&entry.key, &mut key_base64);
+        value_base64.clear();
+        let value = entry.value.as_ref().map(|versioned| {
+            BASE64.encode_string(&versioned.value, &mut value_base64);
+            Value {
+                value: std::str::from_utf8(&versioned.value).ok(),
+                value_base64: &value_base64,
+                version: versioned.version.as_ref().map(Hlc::to_string),
+            }
+        });
+        let json = Json {
+            key: std::str::from_utf8(&entry.key).ok(),
+            key_base64: &key_base64,
+            value,
         };
         // Writing into a Vec of a struct of strings cannot fail.
-        let _ = serde_json::to_writer(&mut body, &entry);
+        let _ = serde_json::to_writer(&mut body, &json);
     }
     body.extend_from_slice(b"],\"next\":");
     let _ = serde_json::to_writer(&mut body, &next);
@@ -391,7 +576,7 @@ mod tests {
         let at = Position {
             token: None,
             skip: 2,
-            last: Some(Bytes::from_static(b"k5")),
+            last: Some(Last::Key(Bytes::from_static(b"k5"))),
         };
         // Still in the page: right after it.
         assert_eq!(resume_at(&at, &keys(&["k0", "k5", "k6"])), 2);
@@ -408,18 +593,48 @@ mod tests {
     }
 
     #[test]
+    fn a_long_last_key_is_held_short_and_still_found() {
+        let long = |tail: &str| Bytes::from(format!("{}{tail}", "x".repeat(50_000)));
+        let last = Last::of(&long("2"));
+        assert!(matches!(&last, Last::Long { start, .. } if start.len() == KEY_IN_CURSOR));
+        assert!(last.is(&long("2")) && !last.is(&long("1")) && !last.is(b"x"));
+        let at = Position {
+            token: Some(Bytes::from(format!("1;{}", "x".repeat(544)))),
+            skip: 1,
+            last: Some(last),
+        };
+        let cursor = Cursor::encode(&at, "y".repeat(50_000).as_bytes());
+        assert!(cursor.len() < 2_000, "{} bytes", cursor.len());
+        assert_eq!(
+            Cursor::decode(cursor.as_bytes(), "y".repeat(50_000).as_bytes()).unwrap(),
+            at
+        );
+        // Still in the page: right after it; gone: after the keys before
+        // its first bytes, so only keys sharing them may repeat.
+        let page = [Bytes::from_static(b"a"), long("1"), long("2"), long("3")];
+        assert_eq!(resume_at(&at, &page), 3);
+        let gone = [
+            Bytes::from_static(b"a"),
+            long("1"),
+            long("3"),
+            Bytes::from_static(b"z"),
+        ];
+        assert_eq!(resume_at(&at, &gone), 1);
+    }
+
+    #[test]
     fn cursors_round_trip_with_their_pattern_only() {
         for at in [
             Position::default(),
             Position {
                 token: Some(Bytes::from_static(b"7;sensor/\x00\xff")),
                 skip: 12,
-                last: Some(Bytes::from_static(b"sensor/\x01")),
+                last: Some(Last::Key(Bytes::from_static(b"sensor/\x01"))),
             },
             Position {
                 token: Some(Bytes::new()),
                 skip: 0,
-                last: Some(Bytes::new()),
+                last: Some(Last::Key(Bytes::new())),
             },
         ] {
             let cursor = Cursor::encode(&at, b"sensor/*");
@@ -442,7 +657,7 @@ mod tests {
             &Position {
                 token: Some(Bytes::from_static(b"1;k")),
                 skip: 1,
-                last: Some(Bytes::from_static(b"k1")),
+                last: Some(Last::Key(Bytes::from_static(b"k1"))),
             },
             b"*",
         );
@@ -475,7 +690,9 @@ mod tests {
             Bytes::from_static(b"\xff\x00"),
         ];
         for next in [None, Some("AQAAAA")] {
-            let body: serde_json::Value = serde_json::from_slice(&json_body(&keys, next)).unwrap();
+            let entries: Vec<Entry> = keys.iter().cloned().map(Entry::key_only).collect();
+            let body: serde_json::Value =
+                serde_json::from_slice(&json_body(&entries, next)).unwrap();
             assert_eq!(
                 body,
                 serde_json::json!({
@@ -490,6 +707,40 @@ mod tests {
         }
         let empty: serde_json::Value = serde_json::from_slice(&json_body(&[], None)).unwrap();
         assert_eq!(empty, serde_json::json!({"keys": [], "next": null}));
+    }
+
+    #[test]
+    fn entries_read_for_values_carry_value_and_version() {
+        let version = Hlc::new(1_700_000_000_000, "StateStore");
+        let entries = [
+            Entry {
+                key: Bytes::from_static(b"sensor/1"),
+                value: Some(Versioned {
+                    value: Bytes::from_static(b"21.5"),
+                    version: Some(version.clone()),
+                }),
+            },
+            Entry {
+                key: Bytes::from_static(b"\xff"),
+                value: Some(Versioned {
+                    value: Bytes::from_static(b"\xfe\x00"),
+                    version: None,
+                }),
+            },
+        ];
+        let body: serde_json::Value = serde_json::from_slice(&json_body(&entries, None)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "keys": [
+                    {"key": "sensor/1", "key_base64": "c2Vuc29yLzE=", "value": "21.5",
+                     "value_base64": "MjEuNQ==", "version": version.to_string()},
+                    {"key": null, "key_base64": "/w==", "value": null,
+                     "value_base64": "/gA=", "version": null},
+                ],
+                "next": null,
+            })
+        );
     }
 
     #[test]

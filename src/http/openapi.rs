@@ -65,6 +65,7 @@ mod tests {
             ApiError::Watch(WatchError::TooManyWatchers(1)),
             ApiError::Watch(WatchError::TooManyWatchedKeys(1)),
             ApiError::Watch(WatchError::TooManyKeysPerStream(1)),
+            ApiError::Watch(WatchError::TooManyKeysPerPattern(1)),
             ApiError::Watch(WatchError::NoKeys),
             ApiError::Watch(WatchError::EmptyKey),
             ApiError::Watch(WatchError::Timeout(Duration::from_secs(1))),

@@ -215,7 +215,12 @@ fn watch_detail(error: &WatchError) -> String {
             format!("the gateway already watches its maximum of {max} distinct keys; retry later")
         }
         WatchError::TooManyKeysPerStream(max) => format!("a stream may watch at most {max} keys"),
-        WatchError::NoKeys => "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
+        WatchError::TooManyKeysPerPattern(max) => format!(
+            "the pattern matches more than {max} keys, the most one followed pattern may match (--max-keys-per-pattern); narrow it"
+        ),
+        WatchError::NoKeys => {
+            "name at least one key or pattern: /watch/{key}, /watch?key=a&key=b or /watch?match=sensor/*".into()
+        }
         WatchError::EmptyKey => "the key is empty".into(),
         WatchError::Register(error) => request_detail(error),
         // The registration is a store request that got no reply in time.
@@ -530,6 +535,12 @@ fn watch_kind(error: &WatchError) -> Kind {
         WatchError::TooManyKeysPerStream(_) => {
             (429, "/problems/too-many-keys", "Too many keys", Info)
         }
+        WatchError::TooManyKeysPerPattern(_) => (
+            429,
+            "/problems/too-many-pattern-keys",
+            "Pattern matches too many keys",
+            Info,
+        ),
         WatchError::NoKeys => INVALID_QUERY,
         WatchError::EmptyKey => EMPTY_KEY,
         WatchError::Register(error) => request_kind(error),
@@ -750,7 +761,7 @@ mod tests {
             (
                 WatchError::NoKeys,
                 ApiError::BadQuery(
-                    "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
+                    "name at least one key or pattern: /watch/{key}, /watch?key=a&key=b or /watch?match=sensor/*".into(),
                 ),
             ),
             (WatchError::EmptyKey, ApiError::EmptyKey),
@@ -792,6 +803,12 @@ mod tests {
                 WatchError::TooManyKeysPerStream(3),
                 429,
                 "/problems/too-many-keys",
+                true,
+            ),
+            (
+                WatchError::TooManyKeysPerPattern(3),
+                429,
+                "/problems/too-many-pattern-keys",
                 true,
             ),
         ];

@@ -1,5 +1,7 @@
-//! `GET /watch/{key}` and `GET /watch?key=a&key=b`: key changes as
-//! Server-Sent Events, from the [`WatchHub`](crate::watch::WatchHub).
+//! `GET /watch/{key}` and `GET /watch?key=a&key=b&match=sensor/*`: key
+//! changes as Server-Sent Events, from the
+//! [`WatchHub`](crate::watch::WatchHub); `match` follows every key matching
+//! a glob (`listed` once a pattern's initial `sync`s are all out).
 //!
 //! Each event's `id:` is the key's version, so a reconnecting `EventSource`
 //! sends it back as `Last-Event-ID` and, on a single-key stream, gets a
@@ -57,7 +59,7 @@ async fn watch_path(
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
     query.accept(&[ACCESS_TOKEN_PARAMETER])?;
-    start(&state, vec![key], last_version).await
+    start(&state, vec![key], Vec::new(), last_version).await
 }
 
 /// `GET /watch/`: the empty key, refused as `/keys/` refuses it.
@@ -75,47 +77,71 @@ pub fn is_watch_path(path: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-/// `GET /watch?key=a&key=b`
+/// `GET /watch?key=a&key=b&match=sensor/*`
 async fn watch_query(
     State(state): State<AppState>,
     query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
-    let mut keys = Vec::new();
-    // `key` is repeated, once per key: not for `Query::accept`.
+    let (mut keys, mut patterns) = (Vec::new(), Vec::new());
+    let max = state.hub.settings().max_keys_per_stream;
+    // `key` and `match` are repeated: not for `Query::accept`.
     for (name, value) in query.pairs() {
-        if name == ACCESS_TOKEN_PARAMETER {
-            continue;
-        }
-        if name != "key" {
-            return Err(ApiError::BadQuery(format!(
-                "unknown query parameter {name:?}; use key=<name> once per key"
-            )));
-        }
-        let key = decode_key(value, true, state.limits.max_key_bytes)?;
-        // A key named twice is one key (and counts once against the limit).
-        if !keys.contains(&key) {
-            keys.push(key);
+        match name {
+            ACCESS_TOKEN_PARAMETER => continue,
+            "key" => {
+                let key = decode_key(value, true, state.limits.max_key_bytes)?;
+                // A key named twice is one key (and counts once against the limit).
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+            "match" => {
+                let pattern = decode_pattern(value, state.limits.max_key_bytes)?;
+                if !patterns.contains(&pattern) {
+                    patterns.push(pattern);
+                }
+            }
+            _ => {
+                return Err(ApiError::BadQuery(format!(
+                    "unknown query parameter {name:?}; use key=<name> once per key, match=<glob> once per pattern"
+                )));
+            }
         }
         // Refuse early rather than decode an unbounded list.
-        if keys.len() > state.hub.settings().max_keys_per_stream {
-            return Err(
-                WatchError::TooManyKeysPerStream(state.hub.settings().max_keys_per_stream).into(),
-            );
+        if keys.len() + patterns.len() > max {
+            return Err(WatchError::TooManyKeysPerStream(max).into());
         }
     }
-    start(&state, keys, last_version).await
+    start(&state, keys, patterns, last_version).await
+}
+
+/// A `match` value: the listing's glob, form-decoded; not empty, at most
+/// as long as a key.
+fn decode_pattern(raw: &str, max_key_bytes: usize) -> Result<Bytes, ApiError> {
+    if raw.is_empty() {
+        return Err(ApiError::BadQuery(
+            "match is empty: give a glob such as sensor/*".into(),
+        ));
+    }
+    match decode_key(raw, true, max_key_bytes) {
+        Err(ApiError::KeyTooLong { len, max }) => Err(ApiError::BadQuery(format!(
+            "match is {len} bytes long; the limit is {max} bytes"
+        ))),
+        decoded => decoded,
+    }
 }
 
 async fn start(
     state: &AppState,
     keys: Vec<Bytes>,
+    patterns: Vec<Bytes>,
     last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
         return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
-    let watcher = state.hub.watch(keys, last_version).await?;
+    let watcher = state.hub.follow(keys, patterns, last_version).await?;
     let keep_alive = state.hub.settings().keep_alive;
     let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
     let headers = response.headers_mut();
@@ -206,7 +232,8 @@ fn event_name(kind: EventKind) -> &'static str {
         EventKind::Sync { .. } => "sync",
         EventKind::Set => "set",
         EventKind::Delete => "delete",
-        EventKind::Error => "error",
+        EventKind::Error | EventKind::PatternError => "error",
+        EventKind::Listed { .. } => "listed",
     }
 }
 
@@ -215,6 +242,26 @@ fn event_name(kind: EventKind) -> &'static str {
 /// the exact bytes.
 fn event_json(event: &KeyEvent) -> String {
     let mut data = serde_json::Map::new();
+    // A pattern's own events name the pattern, not a key.
+    if let EventKind::Listed { .. } | EventKind::PatternError = event.kind {
+        match std::str::from_utf8(&event.key) {
+            Ok(pattern) => data.insert("match".into(), pattern.into()),
+            Err(_) => {
+                data.insert("match".into(), serde_json::Value::Null);
+                data.insert("match_base64".into(), BASE64.encode(&event.key).into())
+            }
+        };
+        if let EventKind::Listed { keys } = event.kind {
+            data.insert("keys".into(), keys.into());
+        } else {
+            data.insert("op".into(), "error".into());
+            data.insert(
+                "error".into(),
+                event.error.clone().unwrap_or_default().into(),
+            );
+        }
+        return serde_json::Value::Object(data).to_string();
+    }
     match std::str::from_utf8(&event.key) {
         Ok(key) => {
             data.insert("key".into(), key.into());
@@ -262,7 +309,8 @@ fn event_json(event: &KeyEvent) -> String {
                 event.error.clone().unwrap_or_default().into(),
             );
         }
-        EventKind::Set | EventKind::Delete => {}
+        EventKind::Set | EventKind::Delete | EventKind::Listed { .. } | EventKind::PatternError => {
+        }
     }
     serde_json::Value::Object(data).to_string()
 }
@@ -352,6 +400,25 @@ mod tests {
         assert_eq!(data["version"], serde_json::Value::Null);
         assert_eq!(data["value_base64"], serde_json::Value::Null);
         assert!(data.get("lagged").is_none());
+    }
+
+    #[test]
+    fn pattern_events_name_the_pattern() {
+        let mut listed = event(EventKind::Listed { keys: 3 }, b"sensor/*", None);
+        listed.id = None;
+        assert_eq!(
+            json(&listed),
+            serde_json::json!({"match": "sensor/*", "keys": 3})
+        );
+        assert!(sse_frame(&listed).starts_with(b"event: listed\ndata: {"));
+        let mut refused = event(EventKind::PatternError, b"\xff*", None);
+        refused.id = None;
+        refused.error = Some("too many".into());
+        assert_eq!(
+            json(&refused),
+            serde_json::json!({"match": null, "match_base64": "/yo=", "op": "error", "error": "too many"})
+        );
+        assert!(sse_frame(&refused).starts_with(b"event: error\ndata: {"));
     }
 
     #[test]

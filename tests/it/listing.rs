@@ -13,11 +13,12 @@ use bytes::Bytes;
 use reqwest::header;
 use rumqttc::v5::mqttbytes::QoS;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use statestore_gateway::emulator::ScanLimits;
 use statestore_gateway::protocol::{REQUEST_TOPIC, Request};
 
 use crate::support::emulator::{RawClient, WAIT};
-use crate::support::gateway::{Gateway, Stack, encode};
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode};
 use crate::support::sdk::SdkClient;
 
 /// An emulator whose SCAN pages hold `max_keys` keys.
@@ -64,14 +65,19 @@ fn keys_of(page: &Value) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The most bytes a `next` cursor or a `Link` (with a short `match`) has,
+/// whatever the key lengths.
+const SMALL: usize = 8 * 1024;
+
 /// Follows `Link: <...>; rel="next"` from `path` to the end; every page's
-/// keys in order, and how many responses it took.
+/// keys in order, and how many responses it took. Every cursor and `Link`
+/// on the way is under [`SMALL`].
 async fn list_all(gateway: &Gateway, path: &str) -> (Vec<Vec<u8>>, usize) {
     let mut next = Some(path.to_owned());
     let (mut keys, mut responses) = (Vec::new(), 0);
     while let Some(path) = next.take() {
         let response = gateway.http.get(gateway.url(&path)).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(response.status(), 200, "{} bytes: {path:.200}", path.len());
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         let link = response
             .headers()
@@ -83,6 +89,8 @@ async fn list_all(gateway: &Gateway, path: &str) -> (Vec<Vec<u8>>, usize) {
         match (&page["next"], link) {
             (Value::Null, None) => {}
             (Value::String(cursor), Some(link)) => {
+                assert!(cursor.len() < SMALL, "next is {} bytes", cursor.len());
+                assert!(link.len() < SMALL, "Link is {} bytes", link.len());
                 let target = link
                     .strip_prefix('<')
                     .and_then(|rest| rest.strip_suffix(">; rel=\"next\""))
@@ -287,9 +295,10 @@ async fn bad_listing_requests_are_400_problems() {
     assert!(body["detail"].as_str().unwrap().contains("another match"));
 
     // A well-formed cursor whose store token the store did not issue:
-    // version 1, skip 0, a 4-byte token, no last key, the pattern.
-    let mut forged = vec![1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
-    forged.extend_from_slice(b"x;k0k*");
+    // version 2, skip 0, a 4-byte token, no last key, the pattern's SHA-256.
+    let mut forged = vec![2, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0];
+    forged.extend_from_slice(b"x;k0");
+    forged.extend_from_slice(&Sha256::digest(b"k*"));
     let body = problem(
         gw,
         &format!("/keys?match=k*&cursor={}", BASE64URL.encode(forged)),
@@ -545,4 +554,140 @@ async fn keys_inserted_before_the_cursor_repeat_nothing() {
     }
     let unique: BTreeSet<_> = listed.iter().collect();
     assert_eq!(unique.len(), listed.len(), "no key listed twice");
+}
+
+/// `values=true`: each entry carries the value (null when not UTF-8), its
+/// base64 and the version the key has in the store, across a chain of
+/// pages whose links keep `values=true`; keys written by the official
+/// client are read like the gateway's own.
+#[tokio::test]
+async fn values_true_lists_each_key_with_its_value_and_version() {
+    let stack = stack_with_pages(3).await;
+    let gw = &stack.gateway;
+    let sdk = SdkClient::connect(stack.broker.port(), "sdk-listing-values");
+    let mut expected = std::collections::BTreeMap::new();
+    for n in 0..7 {
+        let key = format!("meter/{n}");
+        let value = format!("{}.5", 20 + n);
+        let response = gw.put(key.as_bytes(), value.clone()).await;
+        assert_eq!(response.status(), 200);
+        let version = json(response).await["version"].as_str().unwrap().to_owned();
+        expected.insert(key.into_bytes(), (value.into_bytes(), version));
+    }
+    let set = sdk
+        .client
+        .set(
+            b"meter/\xff".to_vec(),
+            vec![0xfe, 0x00],
+            Duration::from_secs(5),
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    expected.insert(
+        b"meter/\xff".to_vec(),
+        (
+            vec![0xfe, 0x00],
+            crate::support::sdk::hlc(&set.version.unwrap()).to_string(),
+        ),
+    );
+    put(gw, b"other").await;
+
+    let mut next = Some("/keys?match=meter/*&limit=2&values=true".to_owned());
+    let mut listed = std::collections::BTreeMap::new();
+    while let Some(path) = next.take() {
+        let response = gw.http.get(gw.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let link = response
+            .headers()
+            .get(header::LINK)
+            .map(|value| value.to_str().unwrap().to_owned());
+        let page = json(response).await;
+        for entry in page["keys"].as_array().unwrap() {
+            let key = BASE64
+                .decode(entry["key_base64"].as_str().unwrap())
+                .unwrap();
+            let value = BASE64
+                .decode(entry["value_base64"].as_str().unwrap())
+                .unwrap();
+            let text = std::str::from_utf8(&value).ok();
+            assert_eq!(entry["value"].as_str(), text, "{entry}");
+            let version = entry["version"].as_str().unwrap().to_owned();
+            assert!(
+                listed.insert(key, (value, version)).is_none(),
+                "listed twice"
+            );
+        }
+        if let Some(link) = link {
+            assert!(link.contains("&values=true&cursor="), "{link}");
+            next = Some(
+                link.strip_prefix('<')
+                    .and_then(|rest| rest.strip_suffix(">; rel=\"next\""))
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(listed, expected);
+
+    // Without values=true, entries are keys only, as before.
+    let plain = json(
+        gw.http
+            .get(gw.url("/keys?match=meter/0"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        plain["keys"][0],
+        serde_json::json!({"key": "meter/0", "key_base64": "bWV0ZXIvMA=="})
+    );
+    // Values are JSON only; a bad boolean is a bad query.
+    let text = gw
+        .http
+        .get(gw.url("/keys?match=meter/*&values=true"))
+        .header(header::ACCEPT, "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(text.status(), 400);
+    problem(gw, "/keys?values=maybe", "/problems/invalid-query").await;
+    sdk.close().await;
+}
+
+/// Keys of 50,000 bytes (sharing their first 49,990) among short ones,
+/// listed two at a time over store pages of three: every key once, and
+/// every `next` and `Link` small enough to follow, whatever the key length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_stay_small_whatever_the_key_length() {
+    let stack = Stack::builder()
+        .emulator(|config| {
+            config.scan_limits = ScanLimits {
+                max_keys: 3,
+                ..ScanLimits::default()
+            }
+        })
+        .gateway(GatewayOptions {
+            max_key_bytes: 60_000,
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let long = |n: usize| format!("k/{}{n:08}", "x".repeat(49_990));
+    let mut expected: BTreeSet<Vec<u8>> = BTreeSet::new();
+    for n in 0..5 {
+        expected.insert(long(n).into_bytes());
+        expected.insert(format!("k/{n}").into_bytes());
+        expected.insert(format!("k/y{n}").into_bytes());
+    }
+    for key in &expected {
+        assert_eq!(key.len() > 100, key.len() == 50_000);
+        put(gw, key).await;
+    }
+    let (listed, _) = list_all(gw, "/keys?match=k/*&limit=2").await;
+    assert_eq!(listed.len(), expected.len(), "every key once");
+    assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), expected);
 }

@@ -134,6 +134,16 @@ async fn every_store_request_carries_the_callers_trace_context() {
         }
     }
 
+    // A batch: each op's request in the batch's trace.
+    let batch = traced(gw, Method::POST, "/batch", 10)
+        .header("content-type", "application/json")
+        .body(r#"{"ops": [{"op": "set", "key": "b1", "value": "x"}, {"op": "get", "key": "b2"}]}"#);
+    assert_eq!(batch.send().await.unwrap().status(), 200);
+    let seen = spy.until(|seen| verbs_of(seen, 10).len() >= 2).await;
+    let mut batched = verbs_of(&seen, 10);
+    batched.sort();
+    assert_eq!(batched, ["GET", "SET"]);
+
     // A watch registers its key (KEYNOTIFY, then GET) in the caller's
     // trace. On a new connection, so the listener's own head parser reads it.
     let watch = http_client()
