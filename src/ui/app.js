@@ -687,12 +687,14 @@
     if (follow.frame) cancelAnimationFrame(follow.frame);
     follow.frame = 0;
     follow.pattern = null;
+    follow.listed = false;
     follow.entries.clear();
     follow.order = [];
     follow.dirty.clear();
     ui.followRows.replaceChildren();
     select(null);
     ui.follow.hidden = true;
+    setFollowConnection('idle', 'Not following');
     saveFollowed();
   }
 
