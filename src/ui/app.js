@@ -204,6 +204,16 @@
     return text ? `${text} (${status})` : `${response.statusText || 'failed'} (${status})`;
   }
 
+  /** The `type` of a problem+json answer, or ''. */
+  async function problemType(response) {
+    try {
+      const problem = await response.json();
+      return typeof problem?.type === 'string' ? problem.type : '';
+    } catch {
+      return '';
+    }
+  }
+
   /** fetch with a deadline and messages a person can act on. */
   async function request(method, url, body) {
     const init = {
@@ -357,7 +367,10 @@
       if (response.ok) {
         return { message: 'the stream was closed by the gateway', retry: true };
       }
-      const retry = response.status === 408 || response.status === 429 || response.status >= 500;
+      // A busy gateway may take the stream later; too many keys, never.
+      const type = await problemType(response.clone());
+      const retry = (response.status === 408 || response.status === 429 || response.status >= 500) &&
+        !/\/problems\/too-many(-pattern)?-keys$/.test(type);
       const unauthorized = response.status === 401;
       return { message: await describeFailure(response), retry, unauthorized };
     } catch {
