@@ -958,7 +958,8 @@
     let n = 0;
     for (const entry of follow.entries.values()) if (entry.gone === 0) n += 1;
     const keys = `${n} key${n === 1 ? '' : 's'}`;
-    ui.followCount.textContent = follow.listed ? `${keys} matching` : `${keys} listed so far`;
+    // A live region: only a new count is announced.
+    setText(ui.followCount, follow.listed ? `${keys} matching` : `${keys} listed so far`);
     ui.followEmpty.hidden = follow.order.length > 0;
     ui.followTable.hidden = follow.order.length === 0;
   }
@@ -1182,7 +1183,11 @@
 
   ui.browseMore.addEventListener('click', () => browse(browsing.pattern, true));
 
-  ui.followStart.addEventListener('click', () => startFollowing(ui.browsePattern.value || '*'));
+  ui.followStart.addEventListener('click', () => {
+    const pattern = ui.browsePattern.value || '*';
+    if (pattern === follow.pattern) showNotice(`Already following ${pattern}`);
+    else startFollowing(pattern);
+  });
   ui.followStop.addEventListener('click', () => {
     const pattern = follow.pattern;
     stopFollowing();
