@@ -21,6 +21,12 @@
 //    SCREENSHOT set, writes a screenshot of the page there;
 // 8. stops watching through the page.
 //
+// With SDK_PEER=1 it runs only a handshake with a writer the gateway does
+// not see (the official SDK, driven by the caller): it follows ui-sdk/*,
+// prints SDK_READY, waits for the key ui-sdk/from-sdk to appear with the
+// value "written by the SDK" (found by the gateway's rescan), prints
+// SDK_SEEN, and waits for the row to leave once the caller deleted it.
+//
 // With LOAD_KEYS=<n> it runs only the load test instead: n keys followed
 // on one stream, then bursts of changes to all of them and their deletion;
 // the page must show every final value and keep drawing frames (limits
@@ -51,6 +57,7 @@ const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const API_TOKEN = process.env.API_TOKEN || '';
 const SCREENSHOT = process.env.SCREENSHOT || '';
 const LOAD_KEYS = Number(process.env.LOAD_KEYS || 0);
+const SDK_PEER = process.env.SDK_PEER === '1';
 // The listing test's keys: more than one page of the browser (20).
 const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
 const SPARK_KEY = 'ui-list/temperature';
@@ -640,6 +647,28 @@ async function runLoad(base, problems, session) {
   if (problems.length > 0) fail(problems.join('\n'));
 }
 
+/** Lines the caller of SDK_PEER=1 waits for before its next write. */
+const SDK_READY = 'ui test: SDK_READY';
+const SDK_SEEN = 'ui test: SDK_SEEN';
+// The SDK's key is found by a rescan (every --watch-rescan-interval).
+const SDK_WAIT_MS = 20_000;
+
+/** Follows ui-sdk/* while the caller creates and deletes a key through the official SDK. */
+async function runSdkPeer(base, problems, session) {
+  const page = await openPage(base, problems, session);
+  const key = 'ui-sdk/from-sdk';
+  await page.getByLabel('Keys matching').fill('ui-sdk/*');
+  await page.getByRole('button', { name: 'Follow live', exact: true }).click();
+  await waitForFollowed(page, 'an empty key space, live', (t) => t.connection === 'Live' && t.count === '0 keys matching');
+  console.log(SDK_READY);
+  const table = await waitForFollowed(page, `${key} written by the SDK`, (t) =>
+    t.rows.some((r) => r.key === key && r.value === 'written by the SDK' && r.exists === 'true'), SDK_WAIT_MS);
+  if (table.rows.length !== 1) fail(`the followed table shows ${JSON.stringify(table.rows)}`);
+  console.log(SDK_SEEN);
+  await waitForFollowed(page, `${key} gone after the SDK deleted it`, (t) => t.rows.length === 0 && t.count === '0 keys matching', SDK_WAIT_MS);
+  if (problems.length > 0) fail(problems.join('\n'));
+}
+
 async function main() {
   const problems = [];
   const session = {};
@@ -650,7 +679,8 @@ async function main() {
   });
   try {
     const base = parseBase(process.argv[2]);
-    await Promise.race([LOAD_KEYS > 0 ? runLoad(base, problems, session) : run(base, problems, session), overall]);
+    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : run;
+    await Promise.race([test(base, problems, session), overall]);
     step('passed');
     return 0;
   } catch (err) {

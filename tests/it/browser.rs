@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use azure_iot_operations_services::state_store::SetOptions;
+
 use crate::support::gateway::{GatewayOptions, Stack};
+use crate::support::sdk::{Calls, SdkClient};
 
 /// The whole browser run: Chromium start, page load, its bounded waits
 /// (the script gives up after 60 s on its own).
@@ -104,8 +107,21 @@ pub async fn run_ui_load_script(base_url: &str, keys: usize) -> Output {
 }
 
 async fn run_node(base_url: &str, env: &[(&str, &OsStr)], timeout: Duration) -> Output {
+    let child = spawn_node(base_url, env);
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(output) => output.expect("the output of node"),
+        Err(_) => panic!("tests/browser/ui.mjs did not finish within {timeout:?}"),
+    };
+    // Its steps, for `cargo test -- --nocapture`.
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    output
+}
+
+/// Starts `tests/browser/ui.mjs <base_url>` with its output piped (killed
+/// when dropped).
+fn spawn_node(base_url: &str, env: &[(&str, &OsStr)]) -> tokio::process::Child {
     require_browser_tools();
-    let child = tokio::process::Command::new("node")
+    tokio::process::Command::new("node")
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
@@ -115,14 +131,31 @@ async fn run_node(base_url: &str, env: &[(&str, &OsStr)], timeout: Duration) -> 
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("node starts");
-    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(output) => output.expect("the output of node"),
-        Err(_) => panic!("tests/browser/ui.mjs did not finish within {timeout:?}"),
-    };
-    // Its steps, for `cargo test -- --nocapture`.
-    print!("{}", String::from_utf8_lossy(&output.stdout));
-    output
+        .expect("node starts")
+}
+
+/// Reads the script's stdout (bounded) until the line `wanted`, keeping
+/// what it printed in `printed`.
+async fn wait_for_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    wanted: &str,
+    printed: &mut String,
+) {
+    let found = tokio::time::timeout(SCRIPT_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.expect("the script's stdout") {
+            printed.push_str(&line);
+            printed.push('\n');
+            if line == wanted {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(found, Ok(true)),
+        "the script did not print {wanted:?}:\n{printed}"
+    );
 }
 
 /// Asserts that the script passed, showing everything it printed if not.
@@ -198,6 +231,53 @@ async fn dashboard_follows_1000_keys_through_a_burst_of_changes() {
     let base = format!("http://{}", stack.gateway.api);
     let output = run_ui_load_script(&base, 1000).await;
     assert_passed(&output);
+    stack.gateway.shutdown().await;
+}
+
+/// Keys written by the official SDK client, which the gateway never sees,
+/// reach a followed pattern too: a key it creates appears in the page
+/// (found by the pattern's rescan), and leaves once it deletes the key.
+#[tokio::test]
+async fn dashboard_follows_keys_the_official_sdk_creates_and_deletes() {
+    use tokio::io::AsyncBufReadExt;
+
+    require_browser_tools();
+    let stack = Stack::start().await;
+    let base = format!("http://{}", stack.gateway.api);
+    let mut child = spawn_node(&base, &[("SDK_PEER", OsStr::new("1"))]);
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut printed = String::new();
+    wait_for_line(&mut lines, "ui test: SDK_READY", &mut printed).await;
+
+    let sdk = SdkClient::connect(stack.broker.port(), "ui-sdk-peer");
+    let key = b"ui-sdk/from-sdk";
+    let set = sdk
+        .set_ok(key, b"written by the SDK", SetOptions::default())
+        .await;
+    assert!(set.response);
+    wait_for_line(&mut lines, "ui test: SDK_SEEN", &mut printed).await;
+    assert_eq!(sdk.del_ok(key).await.response, 1);
+
+    let rest = tokio::time::timeout(SCRIPT_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            printed.push_str(&line);
+            printed.push('\n');
+        }
+        child.wait_with_output().await.expect("the output of node")
+    })
+    .await;
+    let Ok(output) = rest else {
+        panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}:\n{printed}");
+    };
+    print!("{printed}");
+    assert!(
+        output.status.success(),
+        "the browser test failed ({})\n--- stdout ---\n{printed}--- stderr ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    sdk.close().await;
     stack.gateway.shutdown().await;
 }
 
