@@ -630,10 +630,10 @@ async fn sigterm_with_a_stuck_upload_still_exits_within_the_grace_period() {
     drop(stuck.finish);
 }
 
-/// Issue 13 item 1: a request the broker may have received when the
-/// connection dropped is an unknown outcome (504, no `Retry-After`), never
-/// "not processed, retry" (503): here it did take effect, and a client that
-/// retried its `If-None-Match: *` would get 412 for its own write.
+/// A request the broker may have received when the connection dropped is
+/// an unknown outcome (504, no `Retry-After`), never "not processed,
+/// retry" (503): here it did take effect, and a client that retried its
+/// `If-None-Match: *` would get 412 for its own write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_cut_off_after_it_left_is_an_unknown_outcome_not_a_503() {
     init_logging();

@@ -688,8 +688,8 @@ fn id_of(event: &sse::SseEvent) -> Hlc {
     Hlc::parse(event.id.as_deref().expect("the event has an id")).unwrap()
 }
 
-/// Issue 13 item 2: a delete found only by a resync has its own id, after
-/// the SET's, so a client resuming with the SET's id still learns of it.
+/// A delete found only by a resync has its own id, after the SET's, so a
+/// client resuming with the SET's id still learns of it.
 #[tokio::test]
 async fn a_delete_found_by_a_resync_has_its_own_id_and_reaches_resuming_clients() {
     let mut stack = Stack::builder().gateway(resync_options()).start().await;
@@ -714,9 +714,9 @@ async fn a_delete_found_by_a_resync_has_its_own_id_and_reaches_resuming_clients(
     assert_eq!(caught_up.data["exists"], false, "{caught_up:?}");
 }
 
-/// Issue 13 item 11: after an in-memory store restart the key's versions
-/// can be lower than ones the hub saw (here the first SET carried a clock
-/// 30 s ahead); the hub still follows later changes.
+/// After an in-memory store restart the key's versions can be lower than
+/// ones the hub saw (here the first SET carried a clock 30 s ahead); the
+/// hub still follows later changes.
 #[tokio::test]
 async fn after_a_store_restart_lower_versions_still_reach_watchers() {
     let mut stack = Stack::builder().gateway(resync_options()).start().await;
@@ -764,8 +764,8 @@ async fn after_a_store_restart_lower_versions_still_reach_watchers() {
     assert_eq!(next.data["value"], "again", "{next:?}");
 }
 
-/// Issue 13 item 7: a KEYNOTIFY the store applied is stopped when the GET
-/// after it fails (the watch is refused, so nothing else would stop it).
+/// A KEYNOTIFY the store applied is stopped when the GET after it fails
+/// (the watch is refused, so nothing else would stop it).
 #[tokio::test]
 async fn a_registration_whose_get_failed_is_stopped() {
     let seen: Arc<Mutex<Vec<&'static str>>> = Arc::default();
@@ -797,11 +797,11 @@ async fn a_registration_whose_get_failed_is_stopped() {
     .await;
 }
 
-/// Issue 13 item 9: when many watched keys are released at once, their
-/// KEYNOTIFY STOPs go out together, and a new watch is not stuck behind
-/// them. The store here answers every STOP after 50 ms (concurrently, as
-/// a store does): 1,000 STOPs one after the other would take 50 s, far
-/// beyond the new watch's 3 s registration timeout.
+/// When many watched keys are released at once, their KEYNOTIFY STOPs go
+/// out together, and a new watch is not stuck behind them. The store here
+/// answers every STOP after 50 ms (concurrently, as a store does): 1,000
+/// STOPs one after the other would take 50 s, far beyond the new watch's
+/// 3 s registration timeout.
 #[tokio::test]
 async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
     let script: Script = Arc::new(|request: &Request, _: Option<&str>| match request {
@@ -843,10 +843,10 @@ async fn a_new_watch_is_not_stuck_behind_the_stops_of_many_released_keys() {
     );
 }
 
-/// Issue 13 item 8: what a key keeps for watchers that fall behind is
-/// bounded in bytes, not only in events. With a 64 KiB budget, ten 32 KiB
-/// values are never all held for a watcher that does not read: it skips to
-/// a sync of the latest state instead.
+/// What a key keeps for watchers that fall behind is bounded in bytes, not
+/// only in events. With a 64 KiB budget, ten 32 KiB values are never all
+/// held for a watcher that does not read: it skips to a sync of the latest
+/// state instead.
 #[tokio::test]
 async fn a_key_keeps_a_bounded_number_of_bytes_for_a_watcher_that_does_not_read() {
     let stack = Stack::builder()

@@ -1,0 +1,162 @@
+//! What watchers are told: a key's events and snapshots, with ids that
+//! never go back.
+
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+
+use crate::protocol::Hlc;
+
+/// What a key holds, as far as the hub knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The value; `None` when the key is absent.
+    pub value: Option<Bytes>,
+    /// The store's version: of the value, or of the delete that removed
+    /// it; `None` for a key that was absent when read.
+    pub version: Option<Hlc>,
+    /// The id of the event that led here (see [`KeyEvent::id`]).
+    pub id: Option<Hlc>,
+}
+
+/// What a watcher is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// The current state: first, after a resync, or after falling behind.
+    Sync {
+        /// The hub re-registered after a reconnect and the key had moved.
+        resync: bool,
+        /// The watcher fell behind and skipped events.
+        lagged: bool,
+    },
+    /// The key was set.
+    Set,
+    /// The key was deleted (DEL, VDEL or expiry).
+    Delete,
+    /// The hub cannot currently follow the key; a `resync` follows when it can.
+    Error,
+}
+
+/// One event for the watchers of a key.
+#[derive(Debug, Clone)]
+pub struct KeyEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// The key.
+    pub key: Bytes,
+    /// The value after the event, if the key exists.
+    pub value: Option<Bytes>,
+    /// The key's version after the event (the store's).
+    pub version: Option<Hlc>,
+    /// The event's identity (the SSE `id:`), strictly increasing per key
+    /// while the key is watched: the store's version, unless that is not
+    /// newer than the last id (a delete found only by a resync has no
+    /// version; a restarted store can go back), then just after the last.
+    pub id: Option<Hlc>,
+    /// Why following the key failed (for [`EventKind::Error`]).
+    pub error: Option<String>,
+    /// The event's SSE frame, rendered once by the first watcher that sends
+    /// it and shared by the others (10,000 watchers, one serialisation).
+    pub rendered: OnceLock<Bytes>,
+}
+
+impl KeyEvent {
+    /// What the event may come to hold: the value, its base64 and the SSE
+    /// frame that carries both (rendered once, shared by every watcher).
+    pub fn weight(&self) -> usize {
+        let value = self.value.as_ref().map_or(0, Bytes::len);
+        let error = self.error.as_ref().map_or(0, String::len);
+        // Value + base64 in the frame, plus the value itself; the key twice.
+        value + 2 * (value + value.div_ceil(3) * 4) + 2 * self.key.len() + error + 256
+    }
+
+    pub(super) fn sync(key: &Bytes, snapshot: &Snapshot, resync: bool, lagged: bool) -> Self {
+        Self {
+            kind: EventKind::Sync { resync, lagged },
+            key: key.clone(),
+            value: snapshot.value.clone(),
+            version: snapshot.version.clone(),
+            id: snapshot.id.clone(),
+            error: None,
+            rendered: OnceLock::new(),
+        }
+    }
+}
+
+/// The id for the next event of a key whose last event had `last`: the
+/// store's `version` when it is newer, else just after `last`.
+pub(super) fn next_id(last: Option<&Hlc>, version: Option<&Hlc>) -> Option<Hlc> {
+    match (last, version) {
+        (Some(last), Some(version)) if version > last => Some(version.clone()),
+        (Some(last), _) => Some(last.successor()),
+        (None, version) => version.cloned(),
+    }
+}
+
+/// Whether a watcher that was last told `delivered` gets `event`: errors
+/// always, anything else only if its id is newer, so no watcher ever goes
+/// back (a resync older than a lagged sync is skipped like any event).
+pub(super) fn is_news(delivered: Option<&Hlc>, event: &KeyEvent) -> bool {
+    match (event.kind, delivered, &event.id) {
+        (EventKind::Error, _, _) => true,
+        (_, Some(delivered), Some(id)) => id > delivered,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hlc(wall_ms: u64, counter: u64) -> Hlc {
+        Hlc {
+            wall_ms,
+            counter,
+            node: "StateStore".into(),
+        }
+    }
+
+    fn event(kind: EventKind, id: Option<Hlc>) -> KeyEvent {
+        KeyEvent {
+            kind,
+            key: Bytes::from_static(b"k"),
+            value: None,
+            version: id.clone(),
+            id,
+            error: None,
+            rendered: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn ids_follow_the_store_and_never_go_back() {
+        assert_eq!(next_id(None, None), None);
+        assert_eq!(next_id(None, Some(&hlc(5, 0))), Some(hlc(5, 0)));
+        assert_eq!(next_id(Some(&hlc(5, 0)), Some(&hlc(7, 0))), Some(hlc(7, 0)));
+        // A delete found by a resync (no version): just after the last id.
+        assert_eq!(next_id(Some(&hlc(5, 0)), None), Some(hlc(5, 1)));
+        // A store that went back: still after the last id.
+        assert_eq!(next_id(Some(&hlc(5, 3)), Some(&hlc(2, 0))), Some(hlc(5, 4)));
+    }
+
+    #[test]
+    fn a_resync_older_than_what_a_watcher_saw_is_skipped() {
+        // A lagged watcher skipped to the sync of id 9, then reads an older
+        // resync still in its buffer: it must not go back to id 7.
+        let resync = event(
+            EventKind::Sync {
+                resync: true,
+                lagged: false,
+            },
+            Some(hlc(7, 0)),
+        );
+        assert!(!is_news(Some(&hlc(9, 0)), &resync));
+        assert!(is_news(Some(&hlc(6, 0)), &resync));
+        assert!(!is_news(
+            Some(&hlc(7, 0)),
+            &event(EventKind::Set, Some(hlc(7, 0)))
+        ));
+        assert!(is_news(Some(&hlc(9, 0)), &event(EventKind::Error, None)));
+        assert!(is_news(None, &event(EventKind::Delete, Some(hlc(1, 0)))));
+    }
+}

@@ -1,0 +1,38 @@
+//! The watch hub: key changes fanned out to SSE watchers.
+//!
+//! One KEYNOTIFY registration per key for the whole gateway, on one pool
+//! member (the *holder*), shared by every watcher of that key and stopped
+//! when the last one leaves. A single reconciler task owns the registrations:
+//! it compares the keys that have watchers with the keys registered on the
+//! holder and sends KEYNOTIFY / KEYNOTIFY STOP in order, so a watcher that
+//! arrives while a STOP is pending cannot be lost. When the holder reconnects
+//! (the store drops registrations of a disconnected client) or goes away, the
+//! reconciler registers every key again, GETs each and tells watchers whose
+//! key moved with a `resync` sync event.
+//!
+//! Each key has a bounded broadcast channel: dispatch never waits on a
+//! watcher; a watcher that falls behind skips to the latest state (kept in
+//! the key's snapshot) instead of growing memory.
+//!
+//! - `settings`: [`WatchSettings`], the hub's limits.
+//! - `error`: [`WatchError`], why a watch could not start.
+//! - `event`: [`KeyEvent`] and [`Snapshot`], what watchers are told, and
+//!   the ids that never go back.
+//! - `key`: one watched key: its snapshot, registration and bounded channel.
+//! - `shared`: what the hub's handles, watchers and tasks share.
+//! - `hub`: [`WatchHub`] (admission) and [`Watcher`] (one stream's events).
+//! - `reconciler`: the tasks that route notifications to keys and keep the
+//!   store's registrations equal to the watched keys.
+
+mod error;
+mod event;
+mod hub;
+mod key;
+mod reconciler;
+mod settings;
+mod shared;
+
+pub use error::WatchError;
+pub use event::{EventKind, KeyEvent, Snapshot};
+pub use hub::{WatchHub, Watcher};
+pub use settings::WatchSettings;

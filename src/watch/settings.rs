@@ -1,0 +1,49 @@
+//! The hub's limits.
+
+use std::time::Duration;
+
+use crate::settings;
+
+/// Limits of the hub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSettings {
+    /// Open watchers (streams) in the whole gateway.
+    pub max_watchers: usize,
+    /// Keys one stream may watch.
+    pub max_keys_per_stream: usize,
+    /// Distinct keys watched in the whole gateway (each costs a store
+    /// registration and a buffer).
+    pub max_watched_keys: usize,
+    /// Events buffered per key before a slow watcher skips to a sync.
+    pub buffer: usize,
+    /// Bytes of those events kept per key (see
+    /// [`KeyEvent::weight`](super::KeyEvent::weight)): the oldest go first,
+    /// the newest always stays.
+    pub buffer_bytes: usize,
+    /// How long a new watcher waits for its keys' first registration.
+    pub register_timeout: Duration,
+    /// How often an idle stream gets a keep-alive comment.
+    pub keep_alive: Duration,
+    /// How often every watched key is registered and read again, even with
+    /// no reconnect seen: catches a store that lost its registrations
+    /// without dropping our connection (e.g. a restarted emulator). `None`
+    /// disables it.
+    pub resync_interval: Option<Duration>,
+}
+
+/// The command line's defaults; the registration timeout is the request
+/// timeout.
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            max_watchers: settings::DEFAULT_MAX_WATCHERS,
+            max_keys_per_stream: settings::DEFAULT_MAX_KEYS_PER_WATCH,
+            max_watched_keys: settings::DEFAULT_MAX_WATCHED_KEYS,
+            buffer: settings::DEFAULT_WATCH_BUFFER,
+            buffer_bytes: settings::DEFAULT_WATCH_BUFFER_BYTES,
+            register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
+            keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
+            resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
+        }
+    }
+}
