@@ -118,6 +118,15 @@ pub struct ServeArgs {
     /// net (`0` disables); reconnects trigger it at once anyway.
     #[arg(long, env = settings::ENV_WATCH_RESYNC_INTERVAL, default_value = "60s", value_parser = parse_any_duration)]
     pub watch_resync_interval: Duration,
+    /// How often a pattern followed by `/watch?match=` is listed again
+    /// (SCAN) to find keys created by other clients; keys created through
+    /// this gateway are followed at once.
+    #[arg(long, env = settings::ENV_WATCH_RESCAN_INTERVAL, default_value = "5s", value_parser = parse_positive_duration)]
+    pub watch_rescan_interval: Duration,
+    /// Keys one followed pattern may match: a pattern matching more is
+    /// refused, and one that grows past it stops taking new keys.
+    #[arg(long, env = settings::ENV_MAX_KEYS_PER_PATTERN, default_value_t = settings::DEFAULT_MAX_KEYS_PER_PATTERN, value_parser = parse_positive_usize)]
+    pub max_keys_per_pattern: usize,
     /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
     #[arg(long, env = settings::ENV_CORS_ALLOW_ORIGIN, value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
@@ -271,6 +280,8 @@ impl ServeArgs {
                 keep_alive: self.watch_keepalive,
                 resync_interval: (!self.watch_resync_interval.is_zero())
                     .then_some(self.watch_resync_interval),
+                rescan_interval: self.watch_rescan_interval,
+                max_keys_per_pattern: self.max_keys_per_pattern,
             },
             cors_allow_origins: self
                 .cors_allow_origin

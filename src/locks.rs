@@ -443,7 +443,11 @@ async fn follow(hub: WatchHub, line: Arc<Line>) {
             EventKind::Delete => true,
             EventKind::Sync { .. } => event.value.is_none(),
             // Errors are followed by a resync once the hub can follow again.
-            EventKind::Set | EventKind::Error => false,
+            // A line's watcher follows no pattern.
+            EventKind::Set
+            | EventKind::Error
+            | EventKind::Listed { .. }
+            | EventKind::PatternError => false,
         };
         if free {
             line.frees.send_modify(|count| *count += 1);

@@ -75,6 +75,15 @@ pub struct Families {
     pub lock_contention: IntCounter,
     /// Lock requests waiting for a lock.
     pub lock_waiters: IntGauge,
+    /// Distinct patterns followed by `/watch?match=` streams.
+    pub watch_patterns: IntGauge,
+    /// Keys followed because a pattern matches them (counted once per
+    /// pattern that follows them).
+    pub watch_pattern_keys: IntGauge,
+    /// Rescans (SCAN of the whole pattern) of followed patterns.
+    pub watch_rescans: IntCounter,
+    /// How long those rescans took, registrations of new keys included.
+    pub watch_rescan_duration: prometheus::Histogram,
 }
 
 impl Metrics {
@@ -154,6 +163,26 @@ impl Metrics {
                 "Lock attempts that found the lock held by another",
             ),
             lock_waiters: gauge("lock_waiters", "Lock requests waiting for a lock"),
+            watch_patterns: gauge(
+                "watch_patterns",
+                "Distinct patterns followed by watch streams",
+            ),
+            watch_pattern_keys: gauge(
+                "watch_pattern_keys",
+                "Keys followed because a followed pattern matches them",
+            ),
+            watch_rescans: counter(
+                "watch_rescans_total",
+                "Rescans (SCAN of the whole pattern) of followed patterns",
+            ),
+            watch_rescan_duration: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "watch_rescan_duration_seconds",
+                    "Time of one rescan of a followed pattern",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )
+            .expect("valid metric"),
             registry,
         };
         families.register_all();
@@ -170,7 +199,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 22] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -189,6 +218,10 @@ impl Families {
             Box::new(self.lock_acquisitions.clone()),
             Box::new(self.lock_contention.clone()),
             Box::new(self.lock_waiters.clone()),
+            Box::new(self.watch_patterns.clone()),
+            Box::new(self.watch_pattern_keys.clone()),
+            Box::new(self.watch_rescans.clone()),
+            Box::new(self.watch_rescan_duration.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -246,6 +279,10 @@ mod tests {
             "statestore_gateway_clock_fallbacks_total 0",
             "statestore_gateway_lock_contention_total 0",
             "statestore_gateway_lock_waiters 0",
+            "statestore_gateway_watch_patterns 0",
+            "statestore_gateway_watch_pattern_keys 0",
+            "statestore_gateway_watch_rescans_total 0",
+            "statestore_gateway_watch_rescan_duration_seconds_count 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

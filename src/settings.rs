@@ -87,6 +87,15 @@ pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 pub const ENV_WATCH_RESYNC_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL";
 pub const DEFAULT_WATCH_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 
+/// `--watch-rescan-interval`: how often a followed pattern is listed
+/// again to find keys other clients created.
+pub const ENV_WATCH_RESCAN_INTERVAL: &str = "STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL";
+pub const DEFAULT_WATCH_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `--max-keys-per-pattern`
+pub const ENV_MAX_KEYS_PER_PATTERN: &str = "STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN";
+pub const DEFAULT_MAX_KEYS_PER_PATTERN: usize = 10_000;
+
 /// `--cors-allow-origin`
 pub const ENV_CORS_ALLOW_ORIGIN: &str = "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN";
 

@@ -21,9 +21,11 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use statestore_gateway::emulator::{
     Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, Outcome, Quota, Record,
-    ScanLimits, Store, glob,
+    ScanLimits, Store,
 };
-use statestore_gateway::protocol::{Hlc, Reply, Request, SetCondition, SetOptions, StoreError};
+use statestore_gateway::protocol::{
+    Hlc, Reply, Request, SetCondition, SetOptions, StoreError, glob,
+};
 
 const START_MS: u64 = 1_700_000_000_000;
 const CLIENTS: [&str; 3] = ["gw-0", "gw-1", ""];

@@ -16,14 +16,11 @@ use tokio::sync::{mpsc, watch};
 
 use super::config::{EmulatorConfig, RECEIVE_MAXIMUM};
 use super::request::{rejection_message, status};
-use crate::mqtt::base_options;
+use crate::mqtt::{Backoff, base_options};
 use crate::protocol::{REQUEST_TOPIC, is_forbidden_response_topic};
 
 /// Keep-alive of the emulator's connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
-
-/// Longest pause between reconnect attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The connection's state, as the poll loop reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +61,9 @@ pub(super) async fn poll_loop(
     status: watch::Sender<Status>,
     broker_max_packet: Arc<AtomicU32>,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::default();
+    // Since when the connection has served requests (subscribed).
+    let mut served_since = None;
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
@@ -84,7 +83,6 @@ pub(super) async fn poll_loop(
                 let max_packet = connack.properties.and_then(|p| p.max_packet_size);
                 tracing::info!(?max_packet, "connected to the broker");
                 broker_max_packet.store(max_packet.unwrap_or(0), Ordering::Release);
-                backoff = Duration::from_millis(50);
                 // Subscribing awaits the client, so not here.
                 let client = client.clone();
                 tokio::spawn(async move {
@@ -96,6 +94,7 @@ pub(super) async fn poll_loop(
             Ok(Event::Incoming(Packet::SubAck(suback))) => match suback.return_codes.first() {
                 Some(SubscribeReasonCode::Success(_)) => {
                     tracing::info!("subscribed to the request topic");
+                    served_since = Some(tokio::time::Instant::now());
                     status.send_replace(Status::Serving);
                 }
                 other => {
@@ -109,15 +108,16 @@ pub(super) async fn poll_loop(
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?backoff, "broker connection failed");
+                backoff.connection_ended(served_since.take());
+                let retry_in = backoff.next_delay();
+                tracing::warn!(%error, ?retry_in, "broker connection failed");
                 status.send_replace(Status::Connecting {
                     last_error: error.to_string(),
                 });
                 if requests.is_closed() {
                     return;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                tokio::time::sleep(retry_in).await;
             }
         }
     }

@@ -27,15 +27,15 @@
 //! - `worker`: batches of requests: run, made durable, published, acked.
 //! - `request`: one request's envelope checked and run, and its outcome
 //!   turned into messages.
-//! - `store`, `entry`, `glob`, `acl`, `persist`: the store itself, its
-//!   entries, key patterns, access lists and the persistence log.
+//! - `store`, `entry`, `acl`, `persist`: the store itself, its entries,
+//!   access lists and the persistence log (key patterns are
+//!   `protocol::glob`).
 
 mod acl;
 mod broker;
 mod config;
 mod entry;
 mod error;
-pub mod glob;
 mod persist;
 mod request;
 mod store;

@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use super::acl::{Access, AccessList};
 use super::entry::Entry;
-use super::glob;
 use super::persist::Record;
+use crate::protocol::glob;
 use crate::protocol::resp::bulk_encoded_len;
 use crate::protocol::{
     Hlc, KeyPage, Notification, Reply, SetCondition, SetOptions, StoreError, notify_topic,

@@ -124,7 +124,14 @@ async fn put_key(
         fencing_token,
         persist,
     };
-    let outcome = state.store.set(key, value, options, &envelope).await?;
+    let outcome = state
+        .store
+        .set(key.clone(), value, options, &envelope)
+        .await?;
+    if let SetOutcome::Applied(_) = outcome {
+        // Patterns that match follow the key now, not at their next rescan.
+        state.hub.wrote(&key);
+    }
     respond(KeyOutcome::Written { outcome, condition })
 }
 

@@ -9,6 +9,10 @@
 //! deleted from the page meanwhile shift nothing). The
 //! gateway holds one store page and one response at a time, whatever the
 //! store's size.
+//!
+//! With `values=true` each listed key is then read (GET, a bounded number
+//! at a time) and its entry carries `value`, `value_base64` and `version`;
+//! a key deleted between the SCAN and its GET is left out.
 
 use std::time::Duration;
 
@@ -20,6 +24,8 @@ use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64URL};
 use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -29,14 +35,18 @@ use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
-use crate::protocol::StoreError;
-use crate::store::RequestError;
+use crate::protocol::{Hlc, StoreError};
+use crate::store::{RequestError, Versioned};
 
 /// Keys per response when `limit` is not given.
 pub const DEFAULT_LIMIT: usize = 1_000;
 
 /// The largest `limit`.
 pub const MAX_LIMIT: usize = 10_000;
+
+/// GETs one `values=true` response keeps in flight: a page of 10,000 keys
+/// must not take a connection's whole in-flight window.
+const CONCURRENT_READS: usize = 32;
 
 /// The listing route. `/keys/` (a trailing slash) stays the empty key.
 pub fn routes() -> Router<AppState> {
@@ -49,7 +59,13 @@ async fn list_keys(
     query: Query,
     PrefersText(text): PrefersText,
 ) -> Result<Response, ApiError> {
-    let mut query = query.accept(&["match", "limit", "cursor"])?;
+    let mut query = query.accept(&["match", "limit", "cursor", "values"])?;
+    let values = query.take_bool("values")?;
+    if values && text {
+        return Err(ApiError::BadQuery(
+            "values=true lists JSON entries; ask for Accept: application/json".into(),
+        ));
+    }
     let pattern = match query.take("match") {
         None => Bytes::from_static(b"*"),
         Some(raw) if raw.is_empty() => {
@@ -86,7 +102,49 @@ async fn list_keys(
         budget,
     )
     .await?;
-    Ok(respond(&pattern, limit, page, text))
+    let entries = if values {
+        read_values(&state, page.keys).await?
+    } else {
+        page.keys.into_iter().map(Entry::key_only).collect()
+    };
+    let listed = Listed {
+        entries,
+        next: page.next,
+    };
+    Ok(respond(&pattern, limit, values, listed, text))
+}
+
+/// One listed key, with its value and version when they were asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    key: Bytes,
+    value: Option<Versioned<Bytes>>,
+}
+
+impl Entry {
+    fn key_only(key: Bytes) -> Self {
+        Self { key, value: None }
+    }
+}
+
+/// GETs each key, a bounded number at a time, in the listing's order; a
+/// key deleted since its SCAN is left out.
+async fn read_values(state: &AppState, keys: Vec<Bytes>) -> Result<Vec<Entry>, ApiError> {
+    let read = stream::iter(keys)
+        .map(|key| async move {
+            let value = state.store.get(key.clone()).await?;
+            Ok::<_, RequestError>(value.map(|value| Entry {
+                key,
+                value: Some(value),
+            }))
+        })
+        .buffered(CONCURRENT_READS);
+    futures_util::pin_mut!(read);
+    let mut entries = Vec::new();
+    while let Some(entry) = read.next().await {
+        entries.extend(entry?);
+    }
+    Ok(entries)
 }
 
 /// Where a listing stands: the store token of the page it is in (`None`:
@@ -102,8 +160,15 @@ struct Position {
 /// One response's keys, and where the next response starts (`None`: the
 /// listing is complete).
 #[derive(Debug, Default)]
-struct Listed {
+struct Page {
     keys: Vec<Bytes>,
+    next: Option<Position>,
+}
+
+/// One response's entries, and where the next response starts.
+#[derive(Debug, Default)]
+struct Listed {
+    entries: Vec<Entry>,
     next: Option<Position>,
 }
 
@@ -115,9 +180,9 @@ async fn fill(
     mut at: Position,
     limit: usize,
     budget: Duration,
-) -> Result<Listed, ApiError> {
+) -> Result<Page, ApiError> {
     let deadline = Instant::now() + budget;
-    let mut listed = Listed::default();
+    let mut listed = Page::default();
     let mut from_client = at.token.is_some();
     loop {
         let page = state
@@ -261,19 +326,25 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b',')
     .remove(b';');
 
-fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> Response {
+fn respond(
+    pattern: &[u8],
+    limit: Option<usize>,
+    values: bool,
+    listed: Listed,
+    text: bool,
+) -> Response {
     let next = listed.next.as_ref().map(|at| Cursor::encode(at, pattern));
     let mut response = if text {
         let mut body = String::new();
-        for key in &listed.keys {
-            push_line(&mut body, key);
+        for entry in &listed.entries {
+            push_line(&mut body, &entry.key);
         }
         let mut response = (StatusCode::OK, body).into_response();
         set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
         response
     } else {
         let mut response =
-            (StatusCode::OK, json_body(&listed.keys, next.as_deref())).into_response();
+            (StatusCode::OK, json_body(&listed.entries, next.as_deref())).into_response();
         set_common_headers(response.headers_mut(), "application/json");
         response
     };
@@ -286,7 +357,8 @@ fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> 
         let limit = limit
             .map(|limit| format!("&limit={limit}"))
             .unwrap_or_default();
-        let link = format!("</keys?match={pattern}{limit}&cursor={cursor}>; rel=\"next\"");
+        let values = if values { "&values=true" } else { "" };
+        let link = format!("</keys?match={pattern}{limit}{values}&cursor={cursor}>; rel=\"next\"");
         if let Ok(value) = HeaderValue::from_str(&link) {
             response.headers_mut().insert(header::LINK, value);
         }
@@ -294,33 +366,59 @@ fn respond(pattern: &[u8], limit: Option<usize>, listed: Listed, text: bool) -> 
     response
 }
 
-/// `{"keys": [{"key", "key_base64"}, ...], "next"}` written straight into
-/// one buffer: a tree of `serde_json::Value`s for 10,000 keys cost more
-/// than the SCANs behind it.
-fn json_body(keys: &[Bytes], next: Option<&str>) -> Vec<u8> {
+/// `{"keys": [{"key", "key_base64"}, ...], "next"}` (with `value`,
+/// `value_base64` and `version` in entries that were read) written straight
+/// into one buffer: a tree of `serde_json::Value`s for 10,000 keys cost
+/// more than the SCANs behind it.
+fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
     #[derive(Serialize)]
-    struct Entry<'a> {
+    struct Json<'a> {
         key: Option<&'a str>,
         key_base64: &'a str,
+        #[serde(flatten)]
+        value: Option<Value<'a>>,
     }
-    // Base64 is 4/3 of the key, the text up to its length again plus quotes
-    // and names: about 3 times the key and 32 bytes.
-    let size: usize = keys.iter().map(|key| key.len() * 3 + 32).sum();
+    #[derive(Serialize)]
+    struct Value<'a> {
+        value: Option<&'a str>,
+        value_base64: &'a str,
+        version: Option<String>,
+    }
+    // Base64 is 4/3 of the bytes, the text up to their length again plus
+    // quotes and names: about 3 times the key and value and 96 bytes.
+    let size: usize = entries
+        .iter()
+        .map(|entry| {
+            let value = entry.value.as_ref().map_or(0, |v| v.value.len());
+            (entry.key.len() + value) * 3 + 96
+        })
+        .sum();
     let mut body = Vec::with_capacity(size + 64);
-    let mut encoded = String::new();
+    let mut key_base64 = String::new();
+    let mut value_base64 = String::new();
     body.extend_from_slice(b"{\"keys\":[");
-    for (index, key) in keys.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
         if index > 0 {
             body.push(b',');
         }
-        encoded.clear();
-        BASE64.encode_string(key, &mut encoded);
-        let entry = Entry {
-            key: std::str::from_utf8(key).ok(),
-            key_base64: &encoded,
+        key_base64.clear();
+        BASE64.encode_string(&entry.key, &mut key_base64);
+        value_base64.clear();
+        let value = entry.value.as_ref().map(|versioned| {
+            BASE64.encode_string(&versioned.value, &mut value_base64);
+            Value {
+                value: std::str::from_utf8(&versioned.value).ok(),
+                value_base64: &value_base64,
+                version: versioned.version.as_ref().map(Hlc::to_string),
+            }
+        });
+        let json = Json {
+            key: std::str::from_utf8(&entry.key).ok(),
+            key_base64: &key_base64,
+            value,
         };
         // Writing into a Vec of a struct of strings cannot fail.
-        let _ = serde_json::to_writer(&mut body, &entry);
+        let _ = serde_json::to_writer(&mut body, &json);
     }
     body.extend_from_slice(b"],\"next\":");
     let _ = serde_json::to_writer(&mut body, &next);
@@ -421,7 +519,9 @@ mod tests {
             Bytes::from_static(b"\xff\x00"),
         ];
         for next in [None, Some("AQAAAA")] {
-            let body: serde_json::Value = serde_json::from_slice(&json_body(&keys, next)).unwrap();
+            let entries: Vec<Entry> = keys.iter().cloned().map(Entry::key_only).collect();
+            let body: serde_json::Value =
+                serde_json::from_slice(&json_body(&entries, next)).unwrap();
             assert_eq!(
                 body,
                 serde_json::json!({
@@ -436,6 +536,40 @@ mod tests {
         }
         let empty: serde_json::Value = serde_json::from_slice(&json_body(&[], None)).unwrap();
         assert_eq!(empty, serde_json::json!({"keys": [], "next": null}));
+    }
+
+    #[test]
+    fn entries_read_for_values_carry_value_and_version() {
+        let version = Hlc::new(1_700_000_000_000, "StateStore");
+        let entries = [
+            Entry {
+                key: Bytes::from_static(b"sensor/1"),
+                value: Some(Versioned {
+                    value: Bytes::from_static(b"21.5"),
+                    version: Some(version.clone()),
+                }),
+            },
+            Entry {
+                key: Bytes::from_static(b"\xff"),
+                value: Some(Versioned {
+                    value: Bytes::from_static(b"\xfe\x00"),
+                    version: None,
+                }),
+            },
+        ];
+        let body: serde_json::Value = serde_json::from_slice(&json_body(&entries, None)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "keys": [
+                    {"key": "sensor/1", "key_base64": "c2Vuc29yLzE=", "value": "21.5",
+                     "value_base64": "MjEuNQ==", "version": version.to_string()},
+                    {"key": null, "key_base64": "/w==", "value": null,
+                     "value_base64": "/gA=", "version": null},
+                ],
+                "next": null,
+            })
+        );
     }
 
     #[test]

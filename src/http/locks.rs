@@ -83,13 +83,17 @@ async fn put_lock(
         wait,
     };
     match state.locks.acquire(&request).await? {
-        Acquired::Held(fencing_token) => Ok(lock_response(
-            &name,
-            &Holding {
-                holder,
-                fencing_token,
-            },
-        )),
+        Acquired::Held(fencing_token) => {
+            // Patterns that match follow the lock's key now.
+            state.hub.wrote(&name);
+            Ok(lock_response(
+                &name,
+                &Holding {
+                    holder,
+                    fencing_token,
+                },
+            ))
+        }
         Acquired::Refused(holding) => Err(ApiError::LockHeld(holding)),
     }
 }

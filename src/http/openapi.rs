@@ -30,6 +30,8 @@ mod tests {
     use crate::http::problem::{ApiError, Precondition};
     use crate::mqtt::PoolError;
     use crate::protocol::{DecodeError, HlcError, StoreError};
+    use crate::store::RequestError;
+    use crate::watch::WatchError;
 
     fn document() -> Value {
         serde_json::from_str(OPENAPI_JSON).expect("openapi.json is JSON")
@@ -42,10 +44,10 @@ mod tests {
             ApiError::RouteNotFound,
             ApiError::MethodNotAllowed,
             ApiError::PreconditionFailed(Precondition::KeyAbsent),
-            ApiError::UnexpectedReply {
+            ApiError::Request(RequestError::UnexpectedReply {
                 verb: "GET",
                 reply: "+OK".into(),
-            },
+            }),
             ApiError::EmptyKey,
             ApiError::BadPercentEncoding("key"),
             ApiError::KeyTooLong { len: 2, max: 1 },
@@ -60,9 +62,14 @@ mod tests {
             ApiError::BodyRead("x".into()),
             ApiError::BodyTimeout(Duration::from_secs(1)),
             ApiError::Unauthorized,
-            ApiError::TooManyWatchers(1),
-            ApiError::TooManyWatchedKeys(1),
-            ApiError::TooManyKeysPerStream(1),
+            ApiError::Watch(WatchError::TooManyWatchers(1)),
+            ApiError::Watch(WatchError::TooManyWatchedKeys(1)),
+            ApiError::Watch(WatchError::TooManyKeysPerStream(1)),
+            ApiError::Watch(WatchError::TooManyKeysPerPattern(1)),
+            ApiError::Watch(WatchError::NoKeys),
+            ApiError::Watch(WatchError::EmptyKey),
+            ApiError::Watch(WatchError::Timeout(Duration::from_secs(1))),
+            ApiError::Watch(WatchError::ShuttingDown),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
             ApiError::LockHeld(None),
             ApiError::LockNotHeld,
@@ -74,8 +81,20 @@ mod tests {
             .into_iter()
             .chain([StoreError::Unknown("new".into())])
         {
-            errors.push(ApiError::store(error.clone(), false));
-            errors.push(ApiError::store(error, true));
+            errors.push(
+                RequestError::Refused {
+                    error: error.clone(),
+                    fenced: false,
+                }
+                .into(),
+            );
+            errors.push(
+                RequestError::Refused {
+                    error,
+                    fenced: true,
+                }
+                .into(),
+            );
         }
         errors.extend(
             [
@@ -90,7 +109,7 @@ mod tests {
                 PoolError::TooLarge { size: 2, max: 1 },
                 PoolError::ShuttingDown,
             ]
-            .map(ApiError::Pool),
+            .map(|error| RequestError::Transport(error).into()),
         );
         errors
     }

@@ -3,7 +3,8 @@
 //! body.
 //!
 //! A reader looking for "which status does the store's reply X give" finds
-//! it in [`ApiError::problem`]. Responses carry a [`FailureLog`] extension so
+//! it in [`ApiError::problem`] and the functions it hands the wrapped lower
+//! errors to (`request_kind`, `pool_kind`, `watch_kind`). Responses carry a [`FailureLog`] extension so
 //! the request middleware writes one log line per failed request, with the
 //! route and method it knows and the cause only the error knows.
 
@@ -20,6 +21,7 @@ use crate::locks::{Holding, LockError};
 use crate::mqtt::PoolError;
 use crate::protocol::{HlcError, StoreError};
 use crate::store::RequestError;
+use crate::watch::WatchError;
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -40,6 +42,9 @@ pub enum Precondition {
 }
 
 /// Why a request failed. Messages are the `detail` of the problem body.
+///
+/// The lower layers' errors are wrapped as they are ([`RequestError`],
+/// [`WatchError`]); [`ApiError::problem`] maps their variants.
 #[derive(Debug, Error)]
 pub enum ApiError {
     /// A GET, DEL or VDEL of a key that does not exist.
@@ -54,27 +59,13 @@ pub enum ApiError {
     /// The condition of a conditional write did not hold.
     #[error("{}", precondition_detail(*.0))]
     PreconditionFailed(Precondition),
-    /// An `-ERR` from the store. `client_token` tells whether the request
-    /// carried the client's `Fencing-Token`, which decides whose fault a
-    /// `malformed timestamp` is.
-    #[error("{}", store_detail(.error, *.client_token))]
-    Store {
-        /// The store's error.
-        error: StoreError,
-        /// Whether the client sent a fencing token.
-        client_token: bool,
-    },
-    /// The pool could not carry the request.
-    #[error("{}", pool_detail(.0))]
-    Pool(#[from] PoolError),
-    /// A reply shape that does not answer the request (e.g. `+OK` to GET).
-    #[error("the state store answered {verb} with an unexpected reply ({reply})")]
-    UnexpectedReply {
-        /// The request's verb.
-        verb: &'static str,
-        /// What came back, described.
-        reply: String,
-    },
+    /// A store request failed: refused (`-ERR`), not carried by the pool,
+    /// or answered with a reply that does not fit.
+    #[error("{}", request_detail(.0))]
+    Request(#[from] RequestError),
+    /// A watch could not start.
+    #[error("{}", watch_detail(.0))]
+    Watch(#[from] WatchError),
     /// `/keys/` with nothing after it.
     #[error("the key is empty")]
     EmptyKey,
@@ -132,15 +123,6 @@ pub enum ApiError {
     /// Missing or wrong bearer token.
     #[error("a valid bearer token is required")]
     Unauthorized,
-    /// The gateway already serves `--max-watchers` streams.
-    #[error("the gateway already serves its maximum of {0} watchers; retry later")]
-    TooManyWatchers(usize),
-    /// The gateway already watches `--max-watched-keys` distinct keys.
-    #[error("the gateway already watches its maximum of {0} distinct keys; retry later")]
-    TooManyWatchedKeys(usize),
-    /// A stream names more than `--max-keys-per-watch` keys.
-    #[error("a stream may watch at most {0} keys")]
-    TooManyKeysPerStream(usize),
     /// Someone else holds the lock (`None`: it was released just after
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
@@ -182,6 +164,39 @@ fn lock_held_detail(holding: Option<&Holding>) -> String {
                 .collect::<String>()
         ),
         None => "the lock was held by another until the request's last try".into(),
+    }
+}
+
+fn request_detail(error: &RequestError) -> String {
+    match error {
+        // `fenced`: the client sent a `Fencing-Token`, which decides whose
+        // fault a `malformed timestamp` is.
+        RequestError::Refused { error, fenced } => store_detail(error, *fenced),
+        RequestError::Transport(error) => pool_detail(error),
+        RequestError::UnexpectedReply { .. } => error.to_string(),
+    }
+}
+
+fn watch_detail(error: &WatchError) -> String {
+    match error {
+        WatchError::TooManyWatchers(max) => {
+            format!("the gateway already serves its maximum of {max} watchers; retry later")
+        }
+        WatchError::TooManyWatchedKeys(max) => {
+            format!("the gateway already watches its maximum of {max} distinct keys; retry later")
+        }
+        WatchError::TooManyKeysPerStream(max) => format!("a stream may watch at most {max} keys"),
+        WatchError::TooManyKeysPerPattern(max) => format!(
+            "the pattern matches more than {max} keys, the most one followed pattern may match (--max-keys-per-pattern); narrow it"
+        ),
+        WatchError::NoKeys => {
+            "name at least one key or pattern: /watch/{key}, /watch?key=a&key=b or /watch?match=sensor/*".into()
+        }
+        WatchError::EmptyKey => "the key is empty".into(),
+        WatchError::Register(error) => request_detail(error),
+        // The registration is a store request that got no reply in time.
+        WatchError::Timeout(after) => pool_detail(&PoolError::Timeout(*after)),
+        WatchError::ShuttingDown => pool_detail(&PoolError::ShuttingDown),
     }
 }
 
@@ -270,18 +285,55 @@ pub struct Problem {
     severity: Severity,
 }
 
-impl ApiError {
-    /// The store's `-ERR`, with whether the client sent a fencing token.
-    pub fn store(error: StoreError, client_token: bool) -> Self {
-        Self::Store {
-            error,
-            client_token,
-        }
-    }
+/// A problem type: the status, the type's URI and title, and how loudly it
+/// is logged.
+type Kind = (u16, &'static str, &'static str, Severity);
 
+/// The problem types that more than one failure leads to.
+const EMPTY_KEY: Kind = (400, "/problems/empty-key", "Empty key", Severity::Info);
+const INVALID_QUERY: Kind = (
+    400,
+    "/problems/invalid-query",
+    "Invalid query",
+    Severity::Info,
+);
+const INVALID_FENCING_TOKEN: Kind = (
+    400,
+    "/problems/invalid-fencing-token",
+    "Invalid fencing token",
+    Severity::Info,
+);
+const FENCING_TOKEN_TOO_FAR_AHEAD: Kind = (
+    400,
+    "/problems/fencing-token-too-far-ahead",
+    "Fencing token too far in the future",
+    Severity::Info,
+);
+const VALUE_TOO_LARGE: Kind = (
+    413,
+    "/problems/value-too-large",
+    "Value too large",
+    Severity::Info,
+);
+const BAD_STORE_REPLY: Kind = (
+    502,
+    "/problems/bad-store-reply",
+    "Bad reply from the state store",
+    Severity::Error,
+);
+/// No broker connection can take the request now: the one 503 that
+/// carries `Retry-After`.
+const UNAVAILABLE: Kind = (
+    503,
+    "/problems/unavailable",
+    "State store unavailable",
+    Severity::Warn,
+);
+
+impl ApiError {
     /// The one mapping from failure to status, problem type and log level.
     pub fn problem(&self) -> Problem {
-        use Severity::{Error, Info, Warn};
+        use Severity::{Info, Warn};
         let (status, kind, title, severity) = match self {
             Self::KeyNotFound => (404, "/problems/key-not-found", "Key not found", Info),
             Self::RouteNotFound => (404, "/problems/not-found", "Not found", Info),
@@ -297,83 +349,9 @@ impl ApiError {
                 "Precondition failed",
                 Info,
             ),
-            Self::Store {
-                error,
-                client_token,
-            } => match error {
-                StoreError::FencingTokenRequired => (
-                    428,
-                    "/problems/fencing-token-required",
-                    "Fencing token required",
-                    Info,
-                ),
-                StoreError::FencingTokenLowerVersion => (
-                    409,
-                    "/problems/fencing-token-outdated",
-                    "Fencing token outdated",
-                    Info,
-                ),
-                StoreError::FencingTokenSkew => (
-                    400,
-                    "/problems/fencing-token-too-far-ahead",
-                    "Fencing token too far in the future",
-                    Info,
-                ),
-                StoreError::KeyLengthZero => (400, "/problems/empty-key", "Empty key", Info),
-                StoreError::MalformedTimestamp if *client_token => (
-                    400,
-                    "/problems/invalid-fencing-token",
-                    "Invalid fencing token",
-                    Info,
-                ),
-                StoreError::NotAuthorized => (403, "/problems/forbidden", "Forbidden", Warn),
-                StoreError::QuotaExceeded => {
-                    (507, "/problems/quota-exceeded", "Quota exceeded", Warn)
-                }
-                StoreError::TimestampSkew => (503, "/problems/clock-skew", "Clock skew", Error),
-                StoreError::SyntaxError
-                | StoreError::UnknownCommand
-                | StoreError::WrongNumberOfArguments
-                | StoreError::MissingTimestamp
-                | StoreError::MalformedTimestamp
-                | StoreError::Unknown(_) => {
-                    (502, "/problems/store-error", "State store error", Error)
-                }
-            },
-            Self::Pool(error) => match error {
-                PoolError::Unavailable
-                | PoolError::ConnectionLost
-                | PoolError::Overloaded
-                | PoolError::ShuttingDown => (
-                    503,
-                    "/problems/unavailable",
-                    "State store unavailable",
-                    Warn,
-                ),
-                PoolError::Timeout(_) => {
-                    (504, "/problems/store-timeout", "State store timeout", Warn)
-                }
-                PoolError::OutcomeUnknown => {
-                    (504, "/problems/outcome-unknown", "Outcome unknown", Warn)
-                }
-                PoolError::Decode(_) | PoolError::BadVersion(_) => (
-                    502,
-                    "/problems/bad-store-reply",
-                    "Bad reply from the state store",
-                    Error,
-                ),
-                PoolError::TooLarge { .. } => {
-                    (413, "/problems/value-too-large", "Value too large", Info)
-                }
-                PoolError::Clock(_) => (500, "/problems/clock-error", "Gateway clock error", Error),
-            },
-            Self::UnexpectedReply { .. } => (
-                502,
-                "/problems/bad-store-reply",
-                "Bad reply from the state store",
-                Error,
-            ),
-            Self::EmptyKey => (400, "/problems/empty-key", "Empty key", Info),
+            Self::Request(error) => request_kind(error),
+            Self::Watch(error) => watch_kind(error),
+            Self::EmptyKey => EMPTY_KEY,
             Self::BadPercentEncoding(_) => (
                 400,
                 "/problems/bad-percent-encoding",
@@ -381,23 +359,11 @@ impl ApiError {
                 Info,
             ),
             Self::KeyTooLong { .. } => (414, "/problems/key-too-long", "Key too long", Info),
-            Self::ValueTooLarge { .. } => {
-                (413, "/problems/value-too-large", "Value too large", Info)
-            }
-            Self::BadFencingToken(_) => (
-                400,
-                "/problems/invalid-fencing-token",
-                "Invalid fencing token",
-                Info,
-            ),
-            Self::FencingTokenTooFarAhead => (
-                400,
-                "/problems/fencing-token-too-far-ahead",
-                "Fencing token too far in the future",
-                Info,
-            ),
+            Self::ValueTooLarge { .. } => VALUE_TOO_LARGE,
+            Self::BadFencingToken(_) => INVALID_FENCING_TOKEN,
+            Self::FencingTokenTooFarAhead => FENCING_TOKEN_TOO_FAR_AHEAD,
             Self::BadTtl(_) => (400, "/problems/invalid-ttl", "Invalid ttl", Info),
-            Self::BadQuery(_) => (400, "/problems/invalid-query", "Invalid query", Info),
+            Self::BadQuery(_) => INVALID_QUERY,
             Self::BadHeader(_) => (400, "/problems/invalid-header", "Invalid header", Info),
             Self::BadCursor(_) => (400, "/problems/invalid-cursor", "Invalid cursor", Info),
             Self::ConflictingConditions => (
@@ -410,21 +376,6 @@ impl ApiError {
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
-            Self::TooManyWatchers(_) => (
-                429,
-                "/problems/too-many-watchers",
-                "Too many watchers",
-                Warn,
-            ),
-            Self::TooManyWatchedKeys(_) => (
-                429,
-                "/problems/too-many-watched-keys",
-                "Too many watched keys",
-                Warn,
-            ),
-            Self::TooManyKeysPerStream(_) => {
-                (429, "/problems/too-many-keys", "Too many keys", Info)
-            }
             Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
             Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),
@@ -435,8 +386,8 @@ impl ApiError {
             Self::LockHeld(Some(holding)) => Some(holding),
             _ => None,
         };
-        let store_error = match self {
-            Self::Store { error, .. } => Some(error.message().to_owned()),
+        let store_error = match self.request_error() {
+            Some(RequestError::Refused { error, .. }) => Some(error.message().to_owned()),
             _ => None,
         };
         Problem {
@@ -448,19 +399,100 @@ impl ApiError {
             holder: holding.and_then(|h| std::str::from_utf8(&h.holder).ok().map(str::to_owned)),
             holder_base64: holding.map(|h| BASE64.encode(&h.holder)),
             fencing_token: holding.and_then(|h| h.fencing_token.as_ref().map(ToString::to_string)),
-            retry_after: status == 429 || (status == 503 && matches!(self, Self::Pool(_))),
+            retry_after: status == 429 || kind == UNAVAILABLE.1,
             severity,
+        }
+    }
+
+    /// The store request under the failure, if there is one.
+    fn request_error(&self) -> Option<&RequestError> {
+        match self {
+            Self::Request(error) | Self::Watch(WatchError::Register(error)) => Some(error),
+            _ => None,
         }
     }
 }
 
-impl From<RequestError> for ApiError {
-    fn from(error: RequestError) -> Self {
-        match error {
-            RequestError::Refused { error, fenced } => Self::store(error, fenced),
-            RequestError::Transport(error) => Self::Pool(error),
-            RequestError::UnexpectedReply { verb, reply } => Self::UnexpectedReply { verb, reply },
+fn request_kind(error: &RequestError) -> Kind {
+    use Severity::{Error, Info, Warn};
+    match error {
+        RequestError::Refused { error, fenced } => match error {
+            StoreError::FencingTokenRequired => (
+                428,
+                "/problems/fencing-token-required",
+                "Fencing token required",
+                Info,
+            ),
+            StoreError::FencingTokenLowerVersion => (
+                409,
+                "/problems/fencing-token-outdated",
+                "Fencing token outdated",
+                Info,
+            ),
+            StoreError::FencingTokenSkew => FENCING_TOKEN_TOO_FAR_AHEAD,
+            StoreError::KeyLengthZero => EMPTY_KEY,
+            // Whose fault a malformed timestamp is: the client's when it
+            // sent the fencing token.
+            StoreError::MalformedTimestamp if *fenced => INVALID_FENCING_TOKEN,
+            StoreError::NotAuthorized => (403, "/problems/forbidden", "Forbidden", Warn),
+            StoreError::QuotaExceeded => (507, "/problems/quota-exceeded", "Quota exceeded", Warn),
+            StoreError::TimestampSkew => (503, "/problems/clock-skew", "Clock skew", Error),
+            StoreError::SyntaxError
+            | StoreError::UnknownCommand
+            | StoreError::WrongNumberOfArguments
+            | StoreError::MissingTimestamp
+            | StoreError::MalformedTimestamp
+            | StoreError::Unknown(_) => (502, "/problems/store-error", "State store error", Error),
+        },
+        RequestError::Transport(error) => pool_kind(error),
+        RequestError::UnexpectedReply { .. } => BAD_STORE_REPLY,
+    }
+}
+
+fn pool_kind(error: &PoolError) -> Kind {
+    use Severity::{Error, Warn};
+    match error {
+        PoolError::Unavailable
+        | PoolError::ConnectionLost
+        | PoolError::Overloaded
+        | PoolError::ShuttingDown => UNAVAILABLE,
+        PoolError::Timeout(_) => (504, "/problems/store-timeout", "State store timeout", Warn),
+        PoolError::OutcomeUnknown => (504, "/problems/outcome-unknown", "Outcome unknown", Warn),
+        PoolError::Decode(_) | PoolError::BadVersion(_) => BAD_STORE_REPLY,
+        PoolError::TooLarge { .. } => VALUE_TOO_LARGE,
+        PoolError::Clock(_) => (500, "/problems/clock-error", "Gateway clock error", Error),
+    }
+}
+
+fn watch_kind(error: &WatchError) -> Kind {
+    use Severity::{Info, Warn};
+    match error {
+        WatchError::TooManyWatchers(_) => (
+            429,
+            "/problems/too-many-watchers",
+            "Too many watchers",
+            Warn,
+        ),
+        WatchError::TooManyWatchedKeys(_) => (
+            429,
+            "/problems/too-many-watched-keys",
+            "Too many watched keys",
+            Warn,
+        ),
+        WatchError::TooManyKeysPerStream(_) => {
+            (429, "/problems/too-many-keys", "Too many keys", Info)
         }
+        WatchError::TooManyKeysPerPattern(_) => (
+            429,
+            "/problems/too-many-pattern-keys",
+            "Pattern matches too many keys",
+            Info,
+        ),
+        WatchError::NoKeys => INVALID_QUERY,
+        WatchError::EmptyKey => EMPTY_KEY,
+        WatchError::Register(error) => request_kind(error),
+        WatchError::Timeout(after) => pool_kind(&PoolError::Timeout(*after)),
+        WatchError::ShuttingDown => pool_kind(&PoolError::ShuttingDown),
     }
 }
 
@@ -473,8 +505,8 @@ impl From<LockError> for ApiError {
                 error: StoreError::FencingTokenRequired,
                 ..
             }) => Self::NotALock,
-            LockError::Store(error) => error.into(),
-            LockError::Watch(error) => error.into(),
+            LockError::Store(error) => Self::Request(error),
+            LockError::Watch(error) => Self::Watch(error),
         }
     }
 }
@@ -515,9 +547,9 @@ impl IntoResponse for ApiError {
 /// The log text: the detail, plus the raw store error or the pool error's
 /// source when they say more.
 fn problem_cause(error: &ApiError, problem: &Problem) -> String {
-    match (error, &problem.store_error) {
+    match (error.request_error(), &problem.store_error) {
         (_, Some(raw)) => format!("{} (store: {raw})", problem.detail),
-        (ApiError::Pool(PoolError::Clock(HlcError::CounterOverflow)), None) => {
+        (Some(RequestError::Transport(PoolError::Clock(HlcError::CounterOverflow))), None) => {
             format!("{} (counter overflow)", problem.detail)
         }
         _ => problem.detail.clone(),
@@ -531,6 +563,14 @@ mod tests {
 
     fn status(error: ApiError) -> u16 {
         error.problem().status
+    }
+
+    fn refused(error: StoreError, fenced: bool) -> ApiError {
+        RequestError::Refused { error, fenced }.into()
+    }
+
+    fn pool(error: PoolError) -> ApiError {
+        RequestError::Transport(error).into()
     }
 
     #[test]
@@ -552,7 +592,7 @@ mod tests {
             (StoreError::Unknown("brand new".into()), false, 502),
         ];
         for (error, client_token, expected) in cases {
-            let problem = ApiError::store(error.clone(), client_token).problem();
+            let problem = refused(error.clone(), client_token).problem();
             assert_eq!(problem.status, expected, "{error:?} token={client_token}");
             assert_eq!(problem.store_error.as_deref(), Some(error.message()));
             assert!(!problem.retry_after(), "{error:?} has no Retry-After");
@@ -562,7 +602,7 @@ mod tests {
     #[test]
     fn every_documented_store_error_has_a_status() {
         for error in StoreError::KNOWN {
-            let status = status(ApiError::store(error.clone(), false));
+            let status = status(refused(error.clone(), false));
             assert!((400..600).contains(&status), "{error:?} -> {status}");
         }
     }
@@ -575,7 +615,7 @@ mod tests {
             PoolError::Overloaded,
             PoolError::ShuttingDown,
         ] {
-            let problem = ApiError::Pool(error).problem();
+            let problem = pool(error).problem();
             assert_eq!(problem.status, 503);
             assert!(problem.retry_after());
         }
@@ -583,19 +623,16 @@ mod tests {
             PoolError::Timeout(Duration::from_secs(1)),
             PoolError::OutcomeUnknown,
         ] {
-            let problem = ApiError::Pool(error).problem();
+            let problem = pool(error).problem();
             assert_eq!(problem.status, 504);
             assert!(!problem.retry_after());
             assert!(problem.detail.contains("may or may not have been applied"));
         }
         assert_eq!(
-            status(ApiError::Pool(PoolError::Decode(DecodeError::Incomplete))),
+            status(pool(PoolError::Decode(DecodeError::Incomplete))),
             502
         );
-        assert_eq!(
-            status(ApiError::Pool(PoolError::TooLarge { size: 2, max: 1 })),
-            413
-        );
+        assert_eq!(status(pool(PoolError::TooLarge { size: 2, max: 1 })), 413);
     }
 
     #[test]
@@ -618,10 +655,10 @@ mod tests {
             (ApiError::Unauthorized, 401),
             (ApiError::MethodNotAllowed, 405),
             (
-                ApiError::UnexpectedReply {
+                ApiError::Request(RequestError::UnexpectedReply {
                     verb: "GET",
                     reply: "+OK".into(),
-                },
+                }),
                 502,
             ),
             (ApiError::BodyTimeout(Duration::from_secs(1)), 408),
@@ -634,7 +671,7 @@ mod tests {
 
     #[test]
     fn response_is_problem_json_with_headers() {
-        let response = ApiError::Pool(PoolError::Unavailable).into_response();
+        let response = pool(PoolError::Unavailable).into_response();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
@@ -652,7 +689,7 @@ mod tests {
 
     #[test]
     fn body_has_the_rfc_9457_members_and_the_raw_store_error() {
-        let problem = ApiError::store(StoreError::QuotaExceeded, false).problem();
+        let problem = refused(StoreError::QuotaExceeded, false).problem();
         let json = serde_json::to_value(&problem).unwrap();
         assert_eq!(json["type"], "/problems/quota-exceeded");
         assert_eq!(json["title"], "Quota exceeded");
@@ -662,5 +699,80 @@ mod tests {
 
         let json = serde_json::to_value(ApiError::KeyNotFound.problem()).unwrap();
         assert!(json.get("store_error").is_none());
+    }
+
+    #[test]
+    fn watch_errors_answer_as_the_api_errors_they_stand_for() {
+        let after = Duration::from_secs(1);
+        let cases = [
+            (
+                WatchError::NoKeys,
+                ApiError::BadQuery(
+                    "name at least one key or pattern: /watch/{key}, /watch?key=a&key=b or /watch?match=sensor/*".into(),
+                ),
+            ),
+            (WatchError::EmptyKey, ApiError::EmptyKey),
+            (WatchError::Timeout(after), pool(PoolError::Timeout(after))),
+            (WatchError::ShuttingDown, pool(PoolError::ShuttingDown)),
+            (
+                WatchError::Register(RequestError::Transport(PoolError::Unavailable)),
+                pool(PoolError::Unavailable),
+            ),
+            (
+                WatchError::Register(RequestError::Refused {
+                    error: StoreError::NotAuthorized,
+                    fenced: false,
+                }),
+                refused(StoreError::NotAuthorized, false),
+            ),
+        ];
+        for (watch, api) in cases {
+            assert_eq!(
+                ApiError::Watch(watch.clone()).problem(),
+                api.problem(),
+                "{watch:?}"
+            );
+        }
+        let limits = [
+            (
+                WatchError::TooManyWatchers(3),
+                429,
+                "/problems/too-many-watchers",
+                true,
+            ),
+            (
+                WatchError::TooManyWatchedKeys(3),
+                429,
+                "/problems/too-many-watched-keys",
+                true,
+            ),
+            (
+                WatchError::TooManyKeysPerStream(3),
+                429,
+                "/problems/too-many-keys",
+                true,
+            ),
+            (
+                WatchError::TooManyKeysPerPattern(3),
+                429,
+                "/problems/too-many-pattern-keys",
+                true,
+            ),
+        ];
+        for (watch, status, kind, retry_after) in limits {
+            let problem = ApiError::Watch(watch).problem();
+            assert_eq!((problem.status, problem.kind), (status, kind));
+            assert_eq!(problem.retry_after(), retry_after);
+            assert!(problem.detail.contains('3'), "{}", problem.detail);
+        }
+    }
+
+    #[test]
+    fn only_an_unavailable_store_and_limits_ask_to_retry_after() {
+        assert!(pool(PoolError::Overloaded).problem().retry_after());
+        // A clock-skew 503 is not cured by retrying soon.
+        let skew = refused(StoreError::TimestampSkew, false).problem();
+        assert_eq!(skew.status, 503);
+        assert!(!skew.retry_after());
     }
 }

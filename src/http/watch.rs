@@ -1,5 +1,7 @@
-//! `GET /watch/{key}` and `GET /watch?key=a&key=b`: key changes as
-//! Server-Sent Events, from the [`WatchHub`](crate::watch::WatchHub).
+//! `GET /watch/{key}` and `GET /watch?key=a&key=b&match=sensor/*`: key
+//! changes as Server-Sent Events, from the
+//! [`WatchHub`](crate::watch::WatchHub); `match` follows every key matching
+//! a glob (`listed` once a pattern's initial `sync`s are all out).
 //!
 //! Each event's `id:` is the key's version, so a reconnecting `EventSource`
 //! sends it back as `Last-Event-ID` and, on a single-key stream, gets a
@@ -26,7 +28,6 @@ use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
 use super::state::AppState;
-use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, Watcher};
 
@@ -54,7 +55,7 @@ async fn watch_path(
     Key(key): Key,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
-    start(&state, vec![key], last_version).await
+    start(&state, vec![key], Vec::new(), last_version).await
 }
 
 /// The query parameter that may carry the API token on watch requests
@@ -67,43 +68,60 @@ pub fn is_watch_path(path: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-/// `GET /watch?key=a&key=b`
+/// `GET /watch?key=a&key=b&match=sensor/*`
 async fn watch_query(
     State(state): State<AppState>,
     query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
-    let mut keys = Vec::new();
-    // `key` is repeated, once per key: not for `Query::accept`.
+    let (mut keys, mut patterns) = (Vec::new(), Vec::new());
+    let max = state.hub.settings().max_keys_per_stream;
+    // `key` and `match` are repeated: not for `Query::accept`.
     for (name, value) in query.pairs() {
-        if name == ACCESS_TOKEN_PARAMETER {
-            continue;
+        match name {
+            ACCESS_TOKEN_PARAMETER => continue,
+            "key" => keys.push(decode_key(value, true, state.limits.max_key_bytes)?),
+            "match" => patterns.push(decode_pattern(value, state.limits.max_key_bytes)?),
+            _ => {
+                return Err(ApiError::BadQuery(format!(
+                    "unknown query parameter {name:?}; use key=<name> once per key, match=<glob> once per pattern"
+                )));
+            }
         }
-        if name != "key" {
-            return Err(ApiError::BadQuery(format!(
-                "unknown query parameter {name:?}; use key=<name> once per key"
-            )));
-        }
-        keys.push(decode_key(value, true, state.limits.max_key_bytes)?);
         // Refuse early rather than decode an unbounded list.
-        if keys.len() > state.hub.settings().max_keys_per_stream {
-            return Err(
-                WatchError::TooManyKeysPerStream(state.hub.settings().max_keys_per_stream).into(),
-            );
+        if keys.len() + patterns.len() > max {
+            return Err(WatchError::TooManyKeysPerStream(max).into());
         }
     }
-    start(&state, keys, last_version).await
+    start(&state, keys, patterns, last_version).await
+}
+
+/// A `match` value: the listing's glob, form-decoded; not empty, at most
+/// as long as a key.
+fn decode_pattern(raw: &str, max_key_bytes: usize) -> Result<Bytes, ApiError> {
+    if raw.is_empty() {
+        return Err(ApiError::BadQuery(
+            "match is empty: give a glob such as sensor/*".into(),
+        ));
+    }
+    match decode_key(raw, true, max_key_bytes) {
+        Err(ApiError::KeyTooLong { len, max }) => Err(ApiError::BadQuery(format!(
+            "match is {len} bytes long; the limit is {max} bytes"
+        ))),
+        decoded => decoded,
+    }
 }
 
 async fn start(
     state: &AppState,
     keys: Vec<Bytes>,
+    patterns: Vec<Bytes>,
     last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
-        return Err(ApiError::Pool(PoolError::ShuttingDown));
+        return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
-    let watcher = state.hub.watch(keys, last_version).await?;
+    let watcher = state.hub.follow(keys, patterns, last_version).await?;
     let keep_alive = state.hub.settings().keep_alive;
     let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
     let headers = response.headers_mut();
@@ -194,7 +212,8 @@ fn event_name(kind: EventKind) -> &'static str {
         EventKind::Sync { .. } => "sync",
         EventKind::Set => "set",
         EventKind::Delete => "delete",
-        EventKind::Error => "error",
+        EventKind::Error | EventKind::PatternError => "error",
+        EventKind::Listed { .. } => "listed",
     }
 }
 
@@ -203,6 +222,26 @@ fn event_name(kind: EventKind) -> &'static str {
 /// the exact bytes.
 fn event_json(event: &KeyEvent) -> String {
     let mut data = serde_json::Map::new();
+    // A pattern's own events name the pattern, not a key.
+    if let EventKind::Listed { .. } | EventKind::PatternError = event.kind {
+        match std::str::from_utf8(&event.key) {
+            Ok(pattern) => data.insert("match".into(), pattern.into()),
+            Err(_) => {
+                data.insert("match".into(), serde_json::Value::Null);
+                data.insert("match_base64".into(), BASE64.encode(&event.key).into())
+            }
+        };
+        if let EventKind::Listed { keys } = event.kind {
+            data.insert("keys".into(), keys.into());
+        } else {
+            data.insert("op".into(), "error".into());
+            data.insert(
+                "error".into(),
+                event.error.clone().unwrap_or_default().into(),
+            );
+        }
+        return serde_json::Value::Object(data).to_string();
+    }
     match std::str::from_utf8(&event.key) {
         Ok(key) => {
             data.insert("key".into(), key.into());
@@ -245,26 +284,10 @@ fn event_json(event: &KeyEvent) -> String {
                 event.error.clone().unwrap_or_default().into(),
             );
         }
-        EventKind::Set | EventKind::Delete => {}
-    }
-    serde_json::Value::Object(data).to_string()
-}
-
-impl From<WatchError> for ApiError {
-    fn from(error: WatchError) -> Self {
-        match error {
-            WatchError::TooManyWatchers(max) => ApiError::TooManyWatchers(max),
-            WatchError::TooManyKeysPerStream(max) => ApiError::TooManyKeysPerStream(max),
-            WatchError::TooManyWatchedKeys(max) => ApiError::TooManyWatchedKeys(max),
-            WatchError::NoKeys => ApiError::BadQuery(
-                "name at least one key: /watch/{key} or /watch?key=a&key=b".into(),
-            ),
-            WatchError::EmptyKey => ApiError::EmptyKey,
-            WatchError::Register(error) => ApiError::from(error),
-            WatchError::Timeout(after) => ApiError::Pool(PoolError::Timeout(after)),
-            WatchError::ShuttingDown => ApiError::Pool(PoolError::ShuttingDown),
+        EventKind::Set | EventKind::Delete | EventKind::Listed { .. } | EventKind::PatternError => {
         }
     }
+    serde_json::Value::Object(data).to_string()
 }
 
 #[cfg(test)]
@@ -352,6 +375,25 @@ mod tests {
         assert_eq!(data["version"], serde_json::Value::Null);
         assert_eq!(data["value_base64"], serde_json::Value::Null);
         assert!(data.get("lagged").is_none());
+    }
+
+    #[test]
+    fn pattern_events_name_the_pattern() {
+        let mut listed = event(EventKind::Listed { keys: 3 }, b"sensor/*", None);
+        listed.id = None;
+        assert_eq!(
+            json(&listed),
+            serde_json::json!({"match": "sensor/*", "keys": 3})
+        );
+        assert!(sse_frame(&listed).starts_with(b"event: listed\ndata: {"));
+        let mut refused = event(EventKind::PatternError, b"\xff*", None);
+        refused.id = None;
+        refused.error = Some("too many".into());
+        assert_eq!(
+            json(&refused),
+            serde_json::json!({"match": null, "match_base64": "/yo=", "op": "error", "error": "too many"})
+        );
+        assert!(sse_frame(&refused).starts_with(b"event: error\ndata: {"));
     }
 
     #[test]

@@ -30,6 +30,7 @@ use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::auth;
+use super::backoff::Backoff;
 use super::error::PoolError;
 use super::events::{KeyNotification, MemberEvent};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
@@ -75,15 +76,6 @@ struct Waiter {
 const SUBACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a DISCONNECT may take to go out before the socket is dropped.
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
-/// First reconnect delay; doubles per failed attempt up to [`BACKOFF_MAX`].
-const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
-/// Longest reconnect delay. It bounds how long a returning broker waits
-/// for us: a member is back (and `/readyz` 200) within this plus one
-/// connect, which keeps the promise of being ready within 2 s.
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
-/// How long a connection must have served before its loss restarts the
-/// backoff from the shortest delay.
-const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// How often a member looks for requests the broker never acknowledged.
 const ACK_CHECK: Duration = Duration::from_millis(250);
 /// How long the same connect failure stays quiet before it is warned again.
@@ -524,15 +516,7 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
             &mut progress,
         )
         .await;
-        // Only a connection that stayed up a while resets the backoff, so
-        // a broker that accepts and then drops us (two gateways sharing a
-        // client id take each other's session) is not hammered.
-        if progress
-            .subscribed_at
-            .is_some_and(|at| at.elapsed() >= STABLE_AFTER)
-        {
-            backoff.reset();
-        }
+        backoff.connection_ended(progress.subscribed_at);
         let connected = progress.connected;
         match end {
             End::Shutdown => {
@@ -769,28 +753,6 @@ impl RepeatedFailure {
     }
 }
 
-/// Exponential backoff with "equal jitter": half the delay fixed, half
-/// random, so members of many gateways do not reconnect in lockstep.
-#[derive(Debug, Default)]
-struct Backoff {
-    attempts: u32,
-}
-
-impl Backoff {
-    fn next_delay(&mut self) -> Duration {
-        let ceiling = BACKOFF_INITIAL
-            .saturating_mul(1u32 << self.attempts.min(16))
-            .min(BACKOFF_MAX);
-        self.attempts = self.attempts.saturating_add(1);
-        let half = ceiling / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
-
-    fn reset(&mut self) {
-        self.attempts = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -803,22 +765,6 @@ mod tests {
         assert!(repeated.is_new("timeout"));
         repeated.clear();
         assert!(repeated.is_new("timeout"));
-    }
-
-    #[test]
-    fn backoff_doubles_with_jitter_up_to_the_maximum() {
-        let mut backoff = Backoff::default();
-        let mut ceiling = BACKOFF_INITIAL;
-        for _ in 0..20 {
-            let delay = backoff.next_delay();
-            assert!(
-                delay >= ceiling / 2 && delay <= ceiling,
-                "{delay:?} vs {ceiling:?}"
-            );
-            ceiling = (ceiling * 2).min(BACKOFF_MAX);
-        }
-        backoff.reset();
-        assert!(backoff.next_delay() <= BACKOFF_INITIAL);
     }
 
     fn context() -> (MemberContext, broadcast::Receiver<KeyNotification>) {

@@ -8,10 +8,12 @@
 //!   (why a request got no reply).
 //! - `events`: [`KeyNotification`] and [`MemberEvent`].
 //! - `auth`: TLS, `K8S-SAT` and passwords, read anew at every connect.
+//! - `backoff`: [`Backoff`], the reconnect delays of every connection.
 //! - `connection`: one member: poll loop, pending requests, reconnects.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope.
 
 mod auth;
+mod backoff;
 mod connection;
 mod error;
 mod events;
@@ -19,6 +21,7 @@ mod options;
 mod pool;
 mod settings;
 
+pub use backoff::Backoff;
 pub use error::{PoolError, PoolStartError};
 pub use events::{KeyNotification, MemberEvent};
 pub use options::{

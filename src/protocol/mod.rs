@@ -5,6 +5,7 @@
 
 mod command;
 mod error;
+pub mod glob;
 pub mod hlc;
 mod reply;
 pub mod resp;

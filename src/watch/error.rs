@@ -15,11 +15,16 @@ pub enum WatchError {
     /// The stream names more keys than allowed.
     #[error("a stream may watch at most {0} keys")]
     TooManyKeysPerStream(usize),
+    /// A pattern matches more keys than one pattern may follow.
+    #[error(
+        "the pattern matches more than {0} keys, the most one followed pattern may match (--max-keys-per-pattern)"
+    )]
+    TooManyKeysPerPattern(usize),
     /// The gateway already watches its maximum number of distinct keys.
     #[error("the gateway already watches its maximum of {0} keys")]
     TooManyWatchedKeys(usize),
-    /// The stream names no key.
-    #[error("no key to watch")]
+    /// The stream names no key and no pattern.
+    #[error("no key or pattern to watch")]
     NoKeys,
     /// An empty key.
     #[error("the key length is zero")]

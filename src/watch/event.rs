@@ -35,6 +35,16 @@ pub enum EventKind {
     Delete,
     /// The hub cannot currently follow the key; a `resync` follows when it can.
     Error,
+    /// A followed pattern's initial listing is complete: every key it
+    /// matched (`keys` of them) had its `sync`. The event's `key` is the
+    /// pattern.
+    Listed {
+        /// Keys the pattern matched.
+        keys: usize,
+    },
+    /// A followed pattern takes no new keys (a limit is reached); the
+    /// event's `key` is the pattern, `error` says which limit.
+    PatternError,
 }
 
 /// One event for the watchers of a key.
@@ -42,7 +52,7 @@ pub enum EventKind {
 pub struct KeyEvent {
     /// What happened.
     pub kind: EventKind,
-    /// The key.
+    /// The key (the pattern, for a pattern's own events).
     pub key: Bytes,
     /// The value after the event, if the key exists.
     pub value: Option<Bytes>,
@@ -98,7 +108,7 @@ pub(super) fn next_id(last: Option<&Hlc>, version: Option<&Hlc>) -> Option<Hlc> 
 /// back (a resync older than a lagged sync is skipped like any event).
 pub(super) fn is_news(delivered: Option<&Hlc>, event: &KeyEvent) -> bool {
     match (event.kind, delivered, &event.id) {
-        (EventKind::Error, _, _) => true,
+        (EventKind::Error | EventKind::PatternError | EventKind::Listed { .. }, _, _) => true,
         (_, Some(delivered), Some(id)) => id > delivered,
         _ => true,
     }

@@ -3,20 +3,21 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, watch};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent, is_news};
-use super::key::{KeyState, KeyWatch, Registration, Slot};
+use super::key::{KeyWatch, Slot, wait_registered};
+use super::pattern::{Listing, Membership, PatternWatch, Patterns};
 use super::reconciler::{dispatch, reconcile};
 use super::settings::WatchSettings;
 use super::shared::{Inner, NO_HOLDER};
@@ -29,6 +30,7 @@ use crate::store::{RequestError, StoreClient};
 #[derive(Debug, Clone)]
 pub struct WatchHub {
     inner: Arc<Inner>,
+    patterns: Arc<Patterns>,
 }
 
 impl WatchHub {
@@ -49,7 +51,8 @@ impl WatchHub {
         let member_events = inner.store.pool().member_events();
         tokio::spawn(dispatch(Arc::clone(&inner), notifications));
         tokio::spawn(reconcile(Arc::clone(&inner), member_events));
-        Self { inner }
+        let patterns = Arc::new(Patterns::new(Arc::clone(&inner)));
+        Self { inner, patterns }
     }
 
     /// The hub's limits.
@@ -68,23 +71,47 @@ impl WatchHub {
         keys: Vec<Bytes>,
         last_version: Option<Hlc>,
     ) -> Result<Watcher, WatchError> {
+        self.follow(keys, Vec::new(), last_version).await
+    }
+
+    /// Starts watching `keys` and every key matching `patterns`: returns
+    /// once every key is registered with the store and every pattern is
+    /// listed, so that the caller can still answer with an HTTP error.
+    ///
+    /// `last_version` is the client's `Last-Event-ID`: on a stream of one
+    /// key, a key whose version is not newer gets no initial sync (any
+    /// other stream always gets every key's sync).
+    pub async fn follow(
+        &self,
+        keys: Vec<Bytes>,
+        patterns: Vec<Bytes>,
+        last_version: Option<Hlc>,
+    ) -> Result<Watcher, WatchError> {
         let settings = &self.inner.settings;
-        if keys.is_empty() {
+        if keys.is_empty() && patterns.is_empty() {
             return Err(WatchError::NoKeys);
         }
-        if keys.len() > settings.max_keys_per_stream {
+        if keys.len() + patterns.len() > settings.max_keys_per_stream {
             return Err(WatchError::TooManyKeysPerStream(
                 settings.max_keys_per_stream,
             ));
         }
-        if keys.iter().any(Bytes::is_empty) {
+        if patterns.len() > MAX_PATTERNS_PER_STREAM {
+            return Err(WatchError::TooManyKeysPerStream(MAX_PATTERNS_PER_STREAM));
+        }
+        if keys.iter().chain(&patterns).any(Bytes::is_empty) {
             return Err(WatchError::EmptyKey);
         }
-        // A key named twice is watched once.
+        // A key or pattern named twice is followed once.
         let mut unique = HashSet::new();
         let keys: Vec<Bytes> = keys
             .into_iter()
             .filter(|key| unique.insert(key.clone()))
+            .collect();
+        let mut unique = HashSet::new();
+        let patterns: Vec<Bytes> = patterns
+            .into_iter()
+            .filter(|pattern| unique.insert(pattern.clone()))
             .collect();
         if *self.inner.shutdown.borrow() {
             return Err(WatchError::ShuttingDown);
@@ -114,12 +141,15 @@ impl WatchHub {
             return Err(WatchError::TooManyWatchers(settings.max_watchers));
         }
         self.inner.metrics.watchers.inc();
-        // From here on the guard undoes the admission and key counts.
+        // From here on the guard undoes the admission, key and pattern counts.
         let mut watcher = Watcher {
             hub: Arc::clone(&self.inner),
-            cursors: Vec::with_capacity(keys.len()),
+            registry: Arc::clone(&self.patterns),
+            cursors: HashMap::with_capacity(keys.len()),
             events: StreamMap::with_capacity(keys.len()),
-            pending: Vec::new(),
+            patterns: Vec::with_capacity(patterns.len()),
+            membership: StreamMap::with_capacity(patterns.len()),
+            pending: VecDeque::new(),
             shutdown: {
                 let mut shutdown = self.inner.shutdown.subscribe();
                 Box::pin(async move {
@@ -129,25 +159,46 @@ impl WatchHub {
             },
             shut_down: false,
         };
-        for key in keys {
-            let key_watch = self.attach(&key);
+        for key in &keys {
+            let key_watch = self.inner.attach(key, settings.buffer);
             let receiver = key_watch.events.subscribe();
-            let index = watcher.cursors.len();
-            watcher.events.insert(index, BroadcastStream::new(receiver));
-            watcher.cursors.push(Cursor {
-                watch: key_watch,
-                delivered: None,
-            });
+            watcher
+                .events
+                .insert(key.clone(), BroadcastStream::new(receiver));
+            watcher.cursors.insert(
+                key.clone(),
+                Cursor {
+                    watch: key_watch,
+                    delivered: None,
+                    named: true,
+                    patterns: 0,
+                    announced: true,
+                },
+            );
+        }
+        for pattern in &patterns {
+            watcher.patterns.push(self.patterns.follow(pattern));
         }
         self.inner.reconcile.notify_one();
         let deadline = tokio::time::Instant::now() + settings.register_timeout;
-        for cursor in &watcher.cursors {
-            wait_registered(&cursor.watch, deadline, settings.register_timeout).await?;
+        for key in &keys {
+            wait_registered(
+                &watcher.cursors[key].watch,
+                deadline,
+                settings.register_timeout,
+            )
+            .await?;
         }
-        // One id cannot say what a multi-key stream saw of each key (events
+        for pattern in &watcher.patterns {
+            wait_listed(pattern, deadline, settings.register_timeout).await?;
+        }
+        // One id cannot say what a stream of several keys saw of each (events
         // of different keys are not in version order): resume single keys.
-        let last_version = last_version.filter(|_| watcher.cursors.len() == 1);
-        for cursor in &mut watcher.cursors {
+        let last_version = last_version.filter(|_| keys.len() == 1 && patterns.is_empty());
+        for key in &keys {
+            let Some(cursor) = watcher.cursors.get_mut(key) else {
+                continue;
+            };
             let snapshot = cursor.watch.state().snapshot.clone();
             let Some(snapshot) = snapshot else { continue };
             // Only the very state the client saw is skipped: an id the hub
@@ -156,7 +207,7 @@ impl WatchHub {
             let seen = last_version.is_some() && last_version == snapshot.id;
             cursor.delivered = snapshot.id.clone();
             if !seen {
-                watcher.pending.push(Arc::new(KeyEvent::sync(
+                watcher.pending.push_back(Arc::new(KeyEvent::sync(
                     &cursor.watch.key,
                     &snapshot,
                     false,
@@ -164,33 +215,36 @@ impl WatchHub {
                 )));
             }
         }
-        watcher.pending.reverse();
+        for index in 0..watcher.patterns.len() {
+            let pattern = Arc::clone(&watcher.patterns[index]);
+            let (members, changes) = pattern.subscribe();
+            watcher
+                .membership
+                .insert(index, BroadcastStream::new(changes));
+            let mut existing = 0;
+            for key_watch in members {
+                if watcher.add_to_pattern(index, key_watch) {
+                    existing += 1;
+                }
+            }
+            watcher.pending.push_back(Arc::new(KeyEvent {
+                kind: EventKind::Listed { keys: existing },
+                key: pattern.glob.clone(),
+                value: None,
+                version: None,
+                id: None,
+                error: None,
+                rendered: OnceLock::new(),
+            }));
+        }
         Ok(watcher)
     }
 
-    /// Adds a watcher to `key`, creating its entry (and asking the
-    /// reconciler to register it) when it is the first.
-    fn attach(&self, key: &Bytes) -> Arc<KeyWatch> {
-        let mut keys = self.inner.keys();
-        let key_watch = keys.entry(key.clone()).or_insert_with(|| {
-            self.inner.metrics.watched_keys.inc();
-            Arc::new(KeyWatch {
-                key: key.clone(),
-                state: Mutex::new(KeyState {
-                    watchers: 0,
-                    snapshot: None,
-                    changes: 0,
-                    retained: VecDeque::new(),
-                    retained_bytes: 0,
-                }),
-                events: broadcast::channel(self.inner.settings.buffer.max(1)).0,
-                registration: watch::Sender::new(Registration::Pending),
-                buffer: self.inner.settings.buffer.max(1),
-                buffer_bytes: self.inner.settings.buffer_bytes,
-            })
-        });
-        key_watch.state().watchers += 1;
-        Arc::clone(key_watch)
+    /// Tells the followed patterns that match `key` that this gateway just
+    /// wrote it (PUT, a lock), so that they follow it now rather than at
+    /// their next rescan. An atomic load when no pattern is followed.
+    pub fn wrote(&self, key: &Bytes) {
+        self.patterns.wrote(key);
     }
 
     /// Ends every stream (graceful shutdown).
@@ -209,22 +263,26 @@ impl WatchHub {
     }
 }
 
-async fn wait_registered(
-    key_watch: &KeyWatch,
+/// Patterns one stream may follow (a key records which of its stream's
+/// patterns follow it in one `u64`).
+const MAX_PATTERNS_PER_STREAM: usize = 64;
+
+async fn wait_listed(
+    pattern: &PatternWatch,
     deadline: tokio::time::Instant,
     timeout: Duration,
 ) -> Result<(), WatchError> {
-    let mut registration = key_watch.registration.subscribe();
+    let mut listing = pattern.listing.subscribe();
     let outcome = tokio::time::timeout_at(
         deadline,
-        registration.wait_for(|r| !matches!(r, Registration::Pending)),
+        listing.wait_for(|l| !matches!(l, Listing::Pending)),
     )
     .await;
     match outcome {
         Err(_) => Err(WatchError::Timeout(timeout)),
         Ok(Err(_)) => Err(WatchError::ShuttingDown),
         Ok(Ok(state)) => match &*state {
-            Registration::Failed(error) => Err(error.clone()),
+            Listing::Failed(error) => Err(error.clone()),
             _ => Ok(()),
         },
     }
@@ -235,15 +293,29 @@ struct Cursor {
     watch: Arc<KeyWatch>,
     /// The newest version this watcher was told about.
     delivered: Option<Hlc>,
+    /// The stream named the key: it holds one of the key's watcher
+    /// references (a pattern's keys are held by the pattern).
+    named: bool,
+    /// The stream's patterns that follow the key, one bit per pattern.
+    patterns: u64,
+    /// Whether the stream was told of the key: its first event is a
+    /// `sync`, and a pattern's key that does not exist is not told of
+    /// until it does.
+    announced: bool,
 }
 
-/// One open stream of events for a set of keys.
+/// One open stream of events for a set of keys and patterns.
 pub struct Watcher {
     hub: Arc<Inner>,
-    cursors: Vec<Cursor>,
-    /// Each key's events, by index into `cursors`.
-    events: StreamMap<usize, BroadcastStream<Arc<Slot>>>,
-    pending: Vec<Arc<KeyEvent>>,
+    /// The hub's patterns, which the stream's patterns are released to.
+    registry: Arc<Patterns>,
+    cursors: HashMap<Bytes, Cursor>,
+    /// Each key's events, by key.
+    events: StreamMap<Bytes, BroadcastStream<Arc<Slot>>>,
+    /// The patterns followed, and their membership changes by index.
+    patterns: Vec<Arc<PatternWatch>>,
+    membership: StreamMap<usize, BroadcastStream<Membership>>,
+    pending: VecDeque<Arc<KeyEvent>>,
     /// Resolves when the gateway shuts down. One future for the watcher's
     /// life: making a new one per event registered and unregistered
     /// 10,000 waiters on one lock for every event of a fan-out.
@@ -255,6 +327,7 @@ impl std::fmt::Debug for Watcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watcher")
             .field("keys", &self.cursors.len())
+            .field("patterns", &self.patterns.len())
             .finish_non_exhaustive()
     }
 }
@@ -266,22 +339,37 @@ impl Watcher {
     /// told are skipped: no duplicates, no going back.
     pub async fn next(&mut self) -> Option<Arc<KeyEvent>> {
         loop {
-            if let Some(event) = self.pending.pop() {
+            if let Some(event) = self.pending.pop_front() {
                 self.hub.metrics.events_delivered.inc();
                 return Some(event);
             }
             if self.shut_down {
                 return None;
             }
-            let (index, item) = tokio::select! {
+            let (key, item) = tokio::select! {
                 biased;
                 () = &mut self.shutdown => {
                     self.shut_down = true;
                     return None;
                 }
-                item = self.events.next() => item?,
+                Some((index, change)) = self.membership.next() => {
+                    self.follow_change(index, change);
+                    continue;
+                }
+                item = self.events.next() => match item {
+                    Some(item) => item,
+                    // Only patterns, none of whose keys exist yet.
+                    None if !self.membership.is_empty() => {
+                        let (index, change) = self.membership.next().await?;
+                        self.follow_change(index, change);
+                        continue;
+                    }
+                    None => return None,
+                },
             };
-            let cursor = &mut self.cursors[index];
+            let Some(cursor) = self.cursors.get_mut(&key) else {
+                continue;
+            };
             // An emptied slot was dropped for the key's byte budget: this
             // watcher is behind, exactly as when the channel overran it.
             let skipped = match item {
@@ -291,7 +379,7 @@ impl Watcher {
                 },
                 Err(BroadcastStreamRecvError::Lagged(skipped)) => Err(skipped),
             };
-            let event = match skipped {
+            let mut event = match skipped {
                 Ok(event) => event,
                 Err(skipped) => {
                     self.hub.metrics.events_dropped.inc_by(skipped);
@@ -303,11 +391,132 @@ impl Watcher {
             if !is_news(cursor.delivered.as_ref(), &event) {
                 continue;
             }
+            if !cursor.announced {
+                // A pattern's key the stream has not heard of: not until it
+                // exists, and then first as a sync.
+                if event.kind == EventKind::Error || event.value.is_none() {
+                    continue;
+                }
+                if !matches!(event.kind, EventKind::Sync { .. }) {
+                    event = Arc::new(KeyEvent {
+                        kind: EventKind::Sync {
+                            resync: false,
+                            lagged: false,
+                        },
+                        key: event.key.clone(),
+                        value: event.value.clone(),
+                        version: event.version.clone(),
+                        id: event.id.clone(),
+                        error: None,
+                        rendered: OnceLock::new(),
+                    });
+                }
+                cursor.announced = true;
+            }
             if event.kind != EventKind::Error && event.id.is_some() {
                 cursor.delivered.clone_from(&event.id);
             }
             self.hub.metrics.events_delivered.inc();
             return Some(event);
+        }
+    }
+
+    /// Applies a change of the membership of the pattern at `index`.
+    fn follow_change(
+        &mut self,
+        index: usize,
+        change: Result<Membership, BroadcastStreamRecvError>,
+    ) {
+        match change {
+            Ok(Membership::Added(key_watch)) => {
+                self.add_to_pattern(index, key_watch);
+            }
+            Ok(Membership::Removed(key)) => self.remove_from_pattern(index, &key),
+            Ok(Membership::Refused(event)) => self.pending.push_back(event),
+            Err(BroadcastStreamRecvError::Lagged(_)) => {
+                // Changes were lost: the pattern's membership now is the
+                // word. Adding is idempotent; keys it left are dropped.
+                let pattern = Arc::clone(&self.patterns[index]);
+                let bit = 1 << index;
+                let gone: Vec<Bytes> = self
+                    .cursors
+                    .iter()
+                    .filter(|(key, cursor)| cursor.patterns & bit != 0 && !pattern.follows(key))
+                    .map(|(key, _)| key.clone())
+                    .collect();
+                for key in gone {
+                    self.remove_from_pattern(index, &key);
+                }
+                let (members, _) = pattern.subscribe();
+                for key_watch in members {
+                    self.add_to_pattern(index, key_watch);
+                }
+            }
+        }
+    }
+
+    /// Follows `key_watch` for the pattern at `index`; a key new to the
+    /// stream that exists gets its `sync` now. Returns whether it exists.
+    fn add_to_pattern(&mut self, index: usize, key_watch: Arc<KeyWatch>) -> bool {
+        let bit = 1 << index;
+        if let Some(cursor) = self.cursors.get_mut(&key_watch.key) {
+            cursor.patterns |= bit;
+            let snapshot = cursor.watch.state().snapshot.clone();
+            let exists = snapshot.as_ref().is_some_and(|s| s.value.is_some());
+            if !cursor.announced
+                && let Some(snapshot) = snapshot.filter(|_| exists)
+            {
+                cursor.announced = true;
+                cursor.delivered.clone_from(&snapshot.id);
+                self.pending.push_back(Arc::new(KeyEvent::sync(
+                    &cursor.watch.key,
+                    &snapshot,
+                    false,
+                    false,
+                )));
+            }
+            return exists;
+        }
+        // Subscribed under the key's lock, which changes are sent under:
+        // each change is in the snapshot or in the channel.
+        let (receiver, snapshot) = {
+            let state = key_watch.state();
+            (key_watch.events.subscribe(), state.snapshot.clone())
+        };
+        let key = key_watch.key.clone();
+        let mut cursor = Cursor {
+            watch: key_watch,
+            delivered: None,
+            named: false,
+            patterns: bit,
+            announced: false,
+        };
+        let exists = match snapshot {
+            Some(snapshot) if snapshot.value.is_some() => {
+                cursor.announced = true;
+                cursor.delivered.clone_from(&snapshot.id);
+                self.pending
+                    .push_back(Arc::new(KeyEvent::sync(&key, &snapshot, false, false)));
+                true
+            }
+            _ => false,
+        };
+        self.events
+            .insert(key.clone(), BroadcastStream::new(receiver));
+        self.cursors.insert(key, cursor);
+        exists
+    }
+
+    /// The pattern at `index` no longer follows `key`; neither does the
+    /// stream unless it named it or another of its patterns follows it.
+    fn remove_from_pattern(&mut self, index: usize, key: &Bytes) {
+        let Some(cursor) = self.cursors.get_mut(key) else {
+            return;
+        };
+        cursor.patterns &= !(1 << index);
+        if cursor.patterns == 0 && !cursor.named {
+            self.cursors.remove(key);
+            self.events.remove(key);
         }
     }
 }
@@ -317,21 +526,14 @@ impl Drop for Watcher {
         let hub = &self.hub;
         hub.watchers.fetch_sub(1, Ordering::AcqRel);
         hub.metrics.watchers.dec();
-        let mut keys = hub.keys();
-        let mut released = false;
-        for cursor in &self.cursors {
-            let mut state = cursor.watch.state();
-            state.watchers -= 1;
-            if state.watchers == 0 {
-                drop(state);
-                keys.remove(&cursor.watch.key);
-                hub.metrics.watched_keys.dec();
-                released = true;
-            }
-        }
-        drop(keys);
-        if released {
-            hub.reconcile.notify_one();
+        hub.release(
+            self.cursors
+                .values()
+                .filter(|cursor| cursor.named)
+                .map(|cursor| &cursor.watch),
+        );
+        for pattern in &self.patterns {
+            self.registry.unfollow(pattern);
         }
     }
 }

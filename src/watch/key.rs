@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
@@ -128,5 +129,27 @@ impl KeyWatch {
             old.empty();
         }
         let _ = self.events.send(slot);
+    }
+}
+
+/// Waits until `key_watch` is registered with the store (or failed to be).
+pub(super) async fn wait_registered(
+    key_watch: &KeyWatch,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<(), WatchError> {
+    let mut registration = key_watch.registration.subscribe();
+    let outcome = tokio::time::timeout_at(
+        deadline,
+        registration.wait_for(|r| !matches!(r, Registration::Pending)),
+    )
+    .await;
+    match outcome {
+        Err(_) => Err(WatchError::Timeout(timeout)),
+        Ok(Err(_)) => Err(WatchError::ShuttingDown),
+        Ok(Ok(state)) => match &*state {
+            Registration::Failed(error) => Err(error.clone()),
+            _ => Ok(()),
+        },
     }
 }

@@ -14,6 +14,9 @@
 //! watcher; a watcher that falls behind skips to the latest state (kept in
 //! the key's snapshot) instead of growing memory.
 //!
+//! A stream may also follow patterns (`match=`): the keys matching a glob,
+//! each an ordinary hub key the pattern holds a watcher reference on.
+//!
 //! - `settings`: [`WatchSettings`], the hub's limits.
 //! - `error`: [`WatchError`], why a watch could not start.
 //! - `event`: [`KeyEvent`] and [`Snapshot`], what watchers are told, and
@@ -21,6 +24,8 @@
 //! - `key`: one watched key: its snapshot, registration and bounded channel.
 //! - `shared`: what the hub's handles, watchers and tasks share.
 //! - `hub`: [`WatchHub`] (admission) and [`Watcher`] (one stream's events).
+//! - `pattern`: the patterns streams follow: their listing, rescans and
+//!   the keys this gateway writes.
 //! - `reconciler`: the tasks that route notifications to keys and keep the
 //!   store's registrations equal to the watched keys.
 
@@ -28,6 +33,7 @@ mod error;
 mod event;
 mod hub;
 mod key;
+mod pattern;
 mod reconciler;
 mod settings;
 mod shared;

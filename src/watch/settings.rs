@@ -29,6 +29,11 @@ pub struct WatchSettings {
     /// without dropping our connection (e.g. a restarted emulator). `None`
     /// disables it.
     pub resync_interval: Option<Duration>,
+    /// How often a followed pattern is listed again (SCAN) to find keys
+    /// that other clients created.
+    pub rescan_interval: Duration,
+    /// Keys one followed pattern may match.
+    pub max_keys_per_pattern: usize,
 }
 
 /// The command line's defaults; the registration timeout is the request
@@ -44,6 +49,8 @@ impl Default for WatchSettings {
             register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
             keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
             resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
+            rescan_interval: settings::DEFAULT_WATCH_RESCAN_INTERVAL,
+            max_keys_per_pattern: settings::DEFAULT_MAX_KEYS_PER_PATTERN,
         }
     }
 }

@@ -1,13 +1,13 @@
 //! What the hub's handles, its watchers and its tasks share.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 
-use super::key::KeyWatch;
+use super::key::{KeyState, KeyWatch, Registration};
 use super::settings::WatchSettings;
 use crate::metrics::Metrics;
 use crate::store::StoreClient;
@@ -33,5 +33,53 @@ pub(super) struct Inner {
 impl Inner {
     pub(super) fn keys(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<KeyWatch>>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a watcher reference to `key`, creating its entry (and asking
+    /// the reconciler to register it) when it is the first, with a channel
+    /// of `buffer` events (at most `--watch-buffer`).
+    pub(super) fn attach(&self, key: &Bytes, buffer: usize) -> Arc<KeyWatch> {
+        let buffer = buffer.min(self.settings.buffer).max(1);
+        let mut keys = self.keys();
+        let key_watch = keys.entry(key.clone()).or_insert_with(|| {
+            self.metrics.watched_keys.inc();
+            Arc::new(KeyWatch {
+                key: key.clone(),
+                state: Mutex::new(KeyState {
+                    watchers: 0,
+                    snapshot: None,
+                    changes: 0,
+                    retained: VecDeque::new(),
+                    retained_bytes: 0,
+                }),
+                events: broadcast::channel(buffer).0,
+                registration: watch::Sender::new(Registration::Pending),
+                buffer,
+                buffer_bytes: self.settings.buffer_bytes,
+            })
+        });
+        key_watch.state().watchers += 1;
+        Arc::clone(key_watch)
+    }
+
+    /// Takes one watcher reference off each of `watches`; a key left
+    /// without any is forgotten and its registration stopped.
+    pub(super) fn release<'a>(&self, watches: impl IntoIterator<Item = &'a Arc<KeyWatch>>) {
+        let mut keys = self.keys();
+        let mut released = false;
+        for key_watch in watches {
+            let mut state = key_watch.state();
+            state.watchers -= 1;
+            if state.watchers == 0 {
+                drop(state);
+                keys.remove(&key_watch.key);
+                self.metrics.watched_keys.dec();
+                released = true;
+            }
+        }
+        drop(keys);
+        if released {
+            self.reconcile.notify_one();
+        }
     }
 }

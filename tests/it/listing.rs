@@ -447,3 +447,104 @@ async fn deleting_a_listed_key_does_not_skip_the_rest_of_its_page() {
     let expected: Vec<Vec<u8>> = (2..10).map(|n| format!("d/{n}").into_bytes()).collect();
     assert_eq!(rest, expected);
 }
+
+/// `values=true`: each entry carries the value (null when not UTF-8), its
+/// base64 and the version the key has in the store, across a chain of
+/// pages whose links keep `values=true`; keys written by the official
+/// client are read like the gateway's own.
+#[tokio::test]
+async fn values_true_lists_each_key_with_its_value_and_version() {
+    let stack = stack_with_pages(3).await;
+    let gw = &stack.gateway;
+    let sdk = SdkClient::connect(stack.broker.port(), "sdk-listing-values");
+    let mut expected = std::collections::BTreeMap::new();
+    for n in 0..7 {
+        let key = format!("meter/{n}");
+        let value = format!("{}.5", 20 + n);
+        let response = gw.put(key.as_bytes(), value.clone()).await;
+        assert_eq!(response.status(), 200);
+        let version = json(response).await["version"].as_str().unwrap().to_owned();
+        expected.insert(key.into_bytes(), (value.into_bytes(), version));
+    }
+    let set = sdk
+        .client
+        .set(
+            b"meter/\xff".to_vec(),
+            vec![0xfe, 0x00],
+            Duration::from_secs(5),
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    expected.insert(
+        b"meter/\xff".to_vec(),
+        (
+            vec![0xfe, 0x00],
+            crate::support::sdk::hlc(&set.version.unwrap()).to_string(),
+        ),
+    );
+    put(gw, b"other").await;
+
+    let mut next = Some("/keys?match=meter/*&limit=2&values=true".to_owned());
+    let mut listed = std::collections::BTreeMap::new();
+    while let Some(path) = next.take() {
+        let response = gw.http.get(gw.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let link = response
+            .headers()
+            .get(header::LINK)
+            .map(|value| value.to_str().unwrap().to_owned());
+        let page = json(response).await;
+        for entry in page["keys"].as_array().unwrap() {
+            let key = BASE64
+                .decode(entry["key_base64"].as_str().unwrap())
+                .unwrap();
+            let value = BASE64
+                .decode(entry["value_base64"].as_str().unwrap())
+                .unwrap();
+            let text = std::str::from_utf8(&value).ok();
+            assert_eq!(entry["value"].as_str(), text, "{entry}");
+            let version = entry["version"].as_str().unwrap().to_owned();
+            assert!(
+                listed.insert(key, (value, version)).is_none(),
+                "listed twice"
+            );
+        }
+        if let Some(link) = link {
+            assert!(link.contains("&values=true&cursor="), "{link}");
+            next = Some(
+                link.strip_prefix('<')
+                    .and_then(|rest| rest.strip_suffix(">; rel=\"next\""))
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(listed, expected);
+
+    // Without values=true, entries are keys only, as before.
+    let plain = json(
+        gw.http
+            .get(gw.url("/keys?match=meter/0"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        plain["keys"][0],
+        serde_json::json!({"key": "meter/0", "key_base64": "bWV0ZXIvMA=="})
+    );
+    // Values are JSON only; a bad boolean is a bad query.
+    let text = gw
+        .http
+        .get(gw.url("/keys?match=meter/*&values=true"))
+        .header(header::ACCEPT, "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(text.status(), 400);
+    problem(gw, "/keys?values=maybe", "/problems/invalid-query").await;
+    sdk.close().await;
+}

@@ -27,6 +27,7 @@ mod listing;
 mod locks;
 mod modules;
 mod official_client;
+mod pattern_watch;
 mod pool;
 mod readme;
 mod scan;

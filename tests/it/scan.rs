@@ -11,7 +11,8 @@ use std::time::Duration;
 use azure_iot_operations_services::state_store::{self, ErrorKind, SetOptions};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use statestore_gateway::emulator::{ScanLimits, glob};
+use statestore_gateway::emulator::ScanLimits;
+use statestore_gateway::protocol::glob;
 use statestore_gateway::protocol::{
     KeyPage, REQUEST_TOPIC, Request, ScanReply, StoreError, response_topic,
 };

@@ -151,6 +151,10 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ int $g.watchBuffer | quote }}
     - name: STATESTORE_GATEWAY_WATCH_RESYNC_INTERVAL
       value: {{ $g.watchResyncInterval | quote }}
+    - name: STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL
+      value: {{ $g.watchRescanInterval | quote }}
+    - name: STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN
+      value: {{ int $g.maxKeysPerPattern | quote }}
     - name: STATESTORE_GATEWAY_HEADER_READ_TIMEOUT
       value: {{ $g.headerReadTimeout | quote }}
     - name: STATESTORE_GATEWAY_MAX_CONNECTIONS

@@ -1,4 +1,5 @@
-//! The glob of `SCAN` patterns: Redis's `SCAN MATCH` (its `stringmatchlen`,
+//! The glob of `SCAN` patterns (the emulator lists with it, the watch hub
+//! follows patterns with it): Redis's `SCAN MATCH` (its `stringmatchlen`,
 //! case-sensitive) on raw bytes. The service only calls its syntax
 //! "glob-style"; Redis's rules are the assumption, stated in the README.
 //!

@@ -1,0 +1,507 @@
+//! Following a key space: one `/watch?match=` stream on a pattern of
+//! 10,000 keys in a store of 100,000, in one run.
+//!
+//! Starts mosquitto, the emulator and `statestore-gateway serve` as their
+//! own processes and writes the keys with a pool like the gateway's (an
+//! MQTT client the gateway does not see). Then measures:
+//!
+//! - the initial listing (time to `listed`) and the gateway's memory per
+//!   followed key (RSS before the stream and after its `listed`);
+//! - a rescan: the gateway's CPU and store requests per rescan, and its
+//!   duration (from `/metrics`), over `--rescan-rounds` rescans;
+//! - the time from a write to its event: keys created through the gateway
+//!   (PUT reply to `sync`), keys created by the other client (SET reply to
+//!   `sync`, bounded by the rescan interval), and changes of followed keys
+//!   (SET reply to `set`);
+//! - `--streams` streams on one pattern: the rescans the gateway makes
+//!   meanwhile (one loop per pattern, whatever the streams).
+//!
+//! `scripts/bench --keyspace` runs it on the release build; `scripts/bench
+//! --smoke` runs a small version on the debug build that checks every
+//! event arrives and asserts no timing.
+
+#[allow(dead_code)] // the gateway benchmark's parts; this program uses a few
+mod support;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use statestore_gateway::mqtt::{Pool, RequestOptions};
+use statestore_gateway::protocol::{Reply, Request, SetOptions};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use support::direct;
+use support::gateway::{GatewayLaunch, GatewayProc};
+use support::http::{HttpConn, request_once};
+use support::procs::clock_ticks_per_second;
+use support::stats::Percentiles;
+
+/// The followed pattern and its keys; the rest of the store is `bulk/...`.
+const PATTERN: &str = "space/*";
+/// The pattern the many streams share.
+const SHARED_PATTERN: &str = "shared/*";
+/// Keys matching [`SHARED_PATTERN`].
+const SHARED_KEYS: usize = 100;
+
+struct Options {
+    store_keys: usize,
+    pattern_keys: usize,
+    rescan: Duration,
+    rescan_rounds: usize,
+    writes: usize,
+    outside_writes: usize,
+    streams: usize,
+    smoke: bool,
+    report: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse() -> Result<Option<Options>> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let smoke = args.iter().any(|arg| arg == "--smoke");
+        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+            return Ok(None);
+        }
+        let mut options = Options {
+            store_keys: if smoke { 2_000 } else { 100_000 },
+            pattern_keys: if smoke { 200 } else { 10_000 },
+            rescan: Duration::from_secs(if smoke { 1 } else { 5 }),
+            rescan_rounds: if smoke { 2 } else { 6 },
+            writes: if smoke { 20 } else { 500 },
+            outside_writes: if smoke { 3 } else { 20 },
+            streams: if smoke { 50 } else { 1_000 },
+            smoke,
+            report: None,
+        };
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let mut value =
+                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+            let mut number = |name: &str| -> Result<usize> {
+                value(name)?.parse().with_context(|| name.to_owned())
+            };
+            match arg.as_str() {
+                "--bench" | "--smoke" => {}
+                "--store-keys" => options.store_keys = number("--store-keys")?,
+                "--pattern-keys" => options.pattern_keys = number("--pattern-keys")?,
+                "--rescan-ms" => {
+                    options.rescan = Duration::from_millis(number("--rescan-ms")? as u64);
+                }
+                "--rescan-rounds" => options.rescan_rounds = number("--rescan-rounds")?,
+                "--writes" => options.writes = number("--writes")?,
+                "--outside-writes" => options.outside_writes = number("--outside-writes")?,
+                "--streams" => options.streams = number("--streams")?,
+                "--report" => options.report = Some(value("--report")?.into()),
+                other => bail!(
+                    "unknown argument {other:?}; use --store-keys N, --pattern-keys N, --rescan-ms N, \
+                     --rescan-rounds N, --writes N, --outside-writes N, --streams N, --report FILE"
+                ),
+            }
+        }
+        if options.pattern_keys == 0
+            || options.pattern_keys + SHARED_KEYS > options.store_keys
+            || options.rescan_rounds == 0
+            || options.writes == 0
+            || options.outside_writes == 0
+            || options.streams == 0
+        {
+            bail!("sizes must be positive and the pattern smaller than the store");
+        }
+        Ok(Some(options))
+    }
+}
+
+fn main() -> ExitCode {
+    support::main_with("keyspace", Options::parse, run)
+}
+
+async fn set(pool: &Pool, key: String, value: &'static [u8]) -> Result<()> {
+    let request = Request::Set {
+        key: Bytes::from(key),
+        value: Bytes::from_static(value),
+        options: SetOptions::default(),
+    };
+    let reply = pool.request(&request, &RequestOptions::default()).await?;
+    if reply.reply != Reply::Ok {
+        bail!("SET answered {:?}", reply.reply);
+    }
+    Ok(())
+}
+
+async fn run(options: Options) -> Result<()> {
+    let mosquitto = support::procs::find_program(&["mosquitto"])
+        .context("mosquitto is needed (scripts/bench installs it)")?;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway"));
+    let dir = tempfile::Builder::new()
+        .prefix("keyspace-bench-")
+        .tempdir()
+        .context("a temporary directory")?;
+    let (_broker, port) = support::procs::start_mosquitto(&mosquitto, dir.path())?;
+    let _emulator = support::procs::start_emulator(&binary, dir.path(), port)?;
+    let pool = direct::start_pool(port, 4).await?;
+
+    let bulk = options.store_keys - options.pattern_keys - SHARED_KEYS;
+    println!(
+        "keyspace benchmark: writing {} keys, {} of them matching {PATTERN}",
+        options.store_keys, options.pattern_keys
+    );
+    let keys = (0..options.pattern_keys)
+        .map(|i| format!("space/{i:06}"))
+        .chain((0..SHARED_KEYS).map(|i| format!("shared/{i:04}")))
+        .chain((0..bulk).map(|i| format!("bulk/{i:06}")));
+    let mut writes = futures_util::stream::iter(keys)
+        .map(|key| set(&pool, key, b"21.5"))
+        .buffer_unordered(256);
+    while let Some(written) = writes.next().await {
+        written?;
+    }
+    drop(writes);
+
+    let limit = (options.pattern_keys * 2).to_string();
+    let env = [
+        (
+            "STATESTORE_GATEWAY_WATCH_RESCAN_INTERVAL".to_owned(),
+            format!("{}ms", options.rescan.as_millis()),
+        ),
+        (
+            "STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN".to_owned(),
+            limit.clone(),
+        ),
+        ("STATESTORE_GATEWAY_MAX_WATCHED_KEYS".to_owned(), limit),
+    ];
+    let gateway = GatewayLaunch {
+        binary: &binary,
+        dir: dir.path(),
+        broker_port: port,
+        pool_size: 4,
+        max_watchers: options.streams + 100,
+        env: &env,
+    }
+    .start("gateway")
+    .await?;
+    // Let the allocator settle after start.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_before = gateway.proc.rss_kib()?;
+
+    // The initial listing.
+    let opened = Instant::now();
+    let mut stream = SseReader::open(gateway.api, PATTERN).await?;
+    let listed = stream.until_listed(Duration::from_secs(120)).await?;
+    let listing_time = opened.elapsed();
+    if listed != options.pattern_keys {
+        bail!("listed {listed} keys, not {}", options.pattern_keys);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = gateway.proc.rss_kib()?;
+    let bytes_per_key =
+        (rss_after.saturating_sub(rss_before) * 1024) as f64 / options.pattern_keys as f64;
+
+    // Rescans, with nothing else going on.
+    let ticks = clock_ticks_per_second() as f64;
+    let before = Counters::read(&gateway).await?;
+    let cpu_before = gateway.proc.cpu_ticks()?;
+    let idle_since = Instant::now();
+    while Counters::read(&gateway).await?.rescans < before.rescans + options.rescan_rounds as f64 {
+        if idle_since.elapsed() > options.rescan * (options.rescan_rounds as u32 + 4) {
+            bail!("fewer rescans than expected");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu_after = gateway.proc.cpu_ticks()?;
+    let after = Counters::read(&gateway).await?;
+    let rescans = after.rescans - before.rescans;
+    let cpu_ms_per_rescan = (cpu_after - cpu_before) as f64 / ticks * 1e3 / rescans;
+    let requests_per_rescan: Vec<(String, f64)> = after
+        .requests
+        .iter()
+        .map(|(op, count)| {
+            let delta = count - before.requests.get(op).copied().unwrap_or(0.0);
+            (op.clone(), delta / rescans)
+        })
+        .filter(|(_, per)| *per > 0.0)
+        .collect();
+    let rescan_ms = (after.rescan_seconds - before.rescan_seconds) / rescans * 1e3;
+
+    // Keys created through the gateway: PUT reply to sync.
+    let mut http = HttpConn::connect(gateway.api).await?;
+    let mut through_gateway = Vec::new();
+    for n in 0..options.writes {
+        let key = format!("space/gw-{n:05}");
+        let response = http.request("PUT", &format!("/keys/{key}"), b"1").await?;
+        if response.status != 200 {
+            bail!("PUT {key}: {}", response.status);
+        }
+        let replied = Instant::now();
+        let at = stream
+            .until_event("sync", &key, Duration::from_secs(10))
+            .await?;
+        through_gateway.push(at.saturating_duration_since(replied));
+    }
+    // Changes of followed keys, written by the other client: SET reply to set.
+    let mut changes = Vec::new();
+    for n in 0..options.writes {
+        let key = format!("space/{:06}", n % options.pattern_keys);
+        set(&pool, key.clone(), b"22.5").await?;
+        let replied = Instant::now();
+        let at = stream
+            .until_event("set", &key, Duration::from_secs(10))
+            .await?;
+        changes.push(at.saturating_duration_since(replied));
+    }
+    // Keys created by the other client: SET reply to sync, one per rescan
+    // at a different point of the interval.
+    let mut outside = Vec::new();
+    for n in 0..options.outside_writes {
+        let offset = options.rescan.mul_f64((n as f64 * 0.37) % 1.0);
+        tokio::time::sleep(offset).await;
+        let key = format!("space/ext-{n:05}");
+        set(&pool, key.clone(), b"1").await?;
+        let replied = Instant::now();
+        let at = stream.until_event("sync", &key, options.rescan * 3).await?;
+        outside.push(at.saturating_duration_since(replied));
+    }
+    drop(stream);
+
+    // Many streams on one pattern.
+    let mut streams = Vec::with_capacity(options.streams);
+    for _ in 0..options.streams {
+        streams.push(SseReader::open(gateway.api, SHARED_PATTERN).await?);
+    }
+    for stream in &mut streams {
+        let listed = stream.until_listed(Duration::from_secs(60)).await?;
+        if listed != SHARED_KEYS {
+            bail!("a shared stream listed {listed} keys, not {SHARED_KEYS}");
+        }
+    }
+    // The first pattern's last stream left: its loop is gone.
+    let mut patterns = gateway.metric("statestore_gateway_watch_patterns").await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while patterns != 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        patterns = gateway.metric("statestore_gateway_watch_patterns").await?;
+    }
+    let shared_before = Counters::read(&gateway).await?;
+    let window = options.rescan * options.rescan_rounds as u32;
+    tokio::time::sleep(window).await;
+    let shared_after = Counters::read(&gateway).await?;
+    let shared_rescans = shared_after.rescans - shared_before.rescans;
+    let watchers = gateway.metric("statestore_gateway_watchers").await?;
+    drop(streams);
+
+    let through_gateway = Percentiles::of(&mut through_gateway);
+    let changes = Percentiles::of(&mut changes);
+    let outside = Percentiles::of(&mut outside);
+    let ms = |us: f64| us / 1e3;
+    let mut report = String::new();
+    writeln!(
+        report,
+        "### Following `{PATTERN}`: {} keys in a store of {}, rescan every {:?}\n",
+        options.pattern_keys, options.store_keys, options.rescan
+    )?;
+    writeln!(report, "| | |")?;
+    writeln!(report, "|---|---:|")?;
+    writeln!(
+        report,
+        "| initial listing (SCAN, KEYNOTIFY + GET per key) to `listed` | {:.0} ms |",
+        listing_time.as_secs_f64() * 1e3
+    )?;
+    writeln!(
+        report,
+        "| gateway memory per followed key (RSS growth / keys) | {bytes_per_key:.0} B |"
+    )?;
+    writeln!(
+        report,
+        "| gateway CPU per rescan (mean over {rescans:.0} rescans, idle otherwise) | {cpu_ms_per_rescan:.1} ms |"
+    )?;
+    writeln!(report, "| rescan duration (mean) | {rescan_ms:.1} ms |")?;
+    let requests: Vec<String> = requests_per_rescan
+        .iter()
+        .map(|(op, per)| format!("{per:.1} {op}"))
+        .collect();
+    writeln!(
+        report,
+        "| store requests per rescan | {} |",
+        requests.join(", ")
+    )?;
+    writeln!(
+        report,
+        "\n| from a write to its event | p50 | p99 | max | goal |\n|---|---:|---:|---:|---|"
+    )?;
+    writeln!(
+        report,
+        "| key created through the gateway (PUT reply to `sync`), {} keys | {:.1} ms | {:.1} ms | {:.1} ms | p99 < 50 ms |",
+        options.writes,
+        ms(through_gateway.p50),
+        ms(through_gateway.p99),
+        ms(through_gateway.max)
+    )?;
+    writeln!(
+        report,
+        "| key created by another MQTT client (SET reply to `sync`), {} keys | {:.0} ms | {:.0} ms | {:.0} ms | at most the interval + 100 ms = {} ms |",
+        options.outside_writes,
+        ms(outside.p50),
+        ms(outside.p99),
+        ms(outside.max),
+        options.rescan.as_millis() + 100
+    )?;
+    writeln!(
+        report,
+        "| change of a followed key by another client (SET reply to `set`), {} changes | {:.1} ms | {:.1} ms | {:.1} ms | as a key watch |",
+        options.writes,
+        ms(changes.p50),
+        ms(changes.p99),
+        ms(changes.max)
+    )?;
+    writeln!(
+        report,
+        "\n{watchers:.0} streams on `{SHARED_PATTERN}` ({SHARED_KEYS} keys): {patterns:.0} pattern followed, \
+         {shared_rescans:.0} rescans in {:.1} s ({:.2} per interval).",
+        window.as_secs_f64(),
+        shared_rescans / options.rescan_rounds as f64
+    )?;
+    println!("\n{report}");
+    if let Some(path) = &options.report {
+        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+    }
+    pool.shutdown().await;
+    if options.smoke {
+        println!("keyspace benchmark: smoke run passed (no timing asserted)");
+    }
+    Ok(())
+}
+
+/// Counters read from `/metrics`.
+struct Counters {
+    rescans: f64,
+    rescan_seconds: f64,
+    /// Store requests by op.
+    requests: HashMap<String, f64>,
+}
+
+impl Counters {
+    async fn read(gateway: &GatewayProc) -> Result<Counters> {
+        let response = request_once(gateway.admin, "GET", "/metrics", b"").await?;
+        let text = String::from_utf8_lossy(&response.body);
+        let mut counters = Counters {
+            rescans: 0.0,
+            rescan_seconds: 0.0,
+            requests: HashMap::new(),
+        };
+        for line in text.lines().filter(|line| !line.starts_with('#')) {
+            let Some((metric, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if metric == "statestore_gateway_watch_rescans_total" {
+                counters.rescans = value;
+            } else if metric == "statestore_gateway_watch_rescan_duration_seconds_sum" {
+                counters.rescan_seconds = value;
+            } else if let Some(labels) =
+                metric.strip_prefix("statestore_gateway_store_request_duration_seconds_count{")
+                && let Some(op) = labels
+                    .split(',')
+                    .find_map(|label| label.strip_prefix("op=\""))
+                    .and_then(|op| op.strip_suffix('"'))
+            {
+                *counters.requests.entry(op.to_owned()).or_default() += value;
+            }
+        }
+        Ok(counters)
+    }
+}
+
+/// One watch stream, read on its own task; events arrive with the instant
+/// they were read.
+struct SseReader {
+    events: mpsc::UnboundedReceiver<(String, serde_json::Value, Instant)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SseReader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SseReader {
+    /// `GET /watch?match=<pattern>` as HTTP/1.0 (no framing: the body is
+    /// the event stream itself).
+    async fn open(api: SocketAddr, pattern: &str) -> Result<SseReader> {
+        let mut tcp = TcpStream::connect(api)
+            .await
+            .context("connecting a stream")?;
+        tcp.write_all(format!("GET /watch?match={pattern} HTTP/1.0\r\n\r\n").as_bytes())
+            .await?;
+        let (tx, events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut lines = BufReader::new(tcp).lines();
+            let (mut event, mut data) = (String::new(), String::new());
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(name) = line.strip_prefix("event: ") {
+                    event = name.to_owned();
+                } else if let Some(json) = line.strip_prefix("data: ") {
+                    data = json.to_owned();
+                } else if line.is_empty() && !event.is_empty() {
+                    let parsed = serde_json::from_str(&data).unwrap_or_default();
+                    if tx
+                        .send((std::mem::take(&mut event), parsed, Instant::now()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(SseReader { events, task })
+    }
+
+    async fn next(&mut self, deadline: Instant) -> Result<(String, serde_json::Value, Instant)> {
+        tokio::time::timeout_at(deadline.into(), self.events.recv())
+            .await
+            .context("no event in time")?
+            .context("the stream ended")
+    }
+
+    /// Reads the initial syncs up to `listed`; the number it says.
+    async fn until_listed(&mut self, within: Duration) -> Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            let (event, data, _) = self.next(deadline).await?;
+            match event.as_str() {
+                "sync" => {}
+                "listed" => {
+                    return data["keys"]
+                        .as_u64()
+                        .map(|keys| keys as usize)
+                        .context("listed without keys");
+                }
+                other => bail!("{other} event before listed: {data}"),
+            }
+        }
+    }
+
+    /// The instant the `event` of `key` was read.
+    async fn until_event(&mut self, event: &str, key: &str, within: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + within;
+        loop {
+            let (name, data, at) = self
+                .next(deadline)
+                .await
+                .with_context(|| format!("waiting for the {event} of {key}"))?;
+            if name == event && data["key"] == key {
+                return Ok(at);
+            }
+        }
+    }
+}

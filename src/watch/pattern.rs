@@ -1,0 +1,465 @@
+//! Patterns followed by `GET /watch?match=<glob>`.
+//!
+//! The store has no wildcard KEYNOTIFY, so a pattern is followed as the
+//! set of keys matching it: listed (SCAN) when its first stream arrives,
+//! listed again every `rescan_interval` to find keys other clients
+//! created, and told at once of keys this gateway writes (PUT, locks) that
+//! match ([`Patterns::wrote`]). Each followed key is an ordinary hub key: the
+//! pattern holds one watcher reference on it, so a key has one KEYNOTIFY
+//! whatever mix of key watchers, pattern streams and lock waiters follow
+//! it. A key deleted and absent from the next rescan stops being followed.
+//!
+//! One [`PatternWatch`] per distinct glob, shared by every stream on it,
+//! with one task (its rescan loop). Streams follow its membership channel
+//! ([`Membership`]): a key is announced once it is registered and read, so
+//! a stream's first event for it can be a `sync` with its value.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use bytes::Bytes;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use super::error::WatchError;
+use super::event::{EventKind, KeyEvent};
+use super::key::{KeyWatch, wait_registered};
+use super::shared::Inner;
+use crate::protocol::glob;
+
+/// Events buffered per key a pattern creates the entry of (a key watcher
+/// that comes first gets `--watch-buffer`): each buffered slot costs about
+/// 40 bytes per key, whether used or not, and a pattern follows thousands
+/// of keys; a stream further behind on one key skips to its latest state.
+const PATTERN_KEY_BUFFER: usize = 8;
+
+/// Membership changes a pattern's channel holds before a slow stream
+/// lags (it then re-reads the whole membership, which is always right).
+const MEMBERSHIP_BUFFER: usize = 1024;
+
+/// What a pattern's streams are told.
+#[derive(Debug, Clone)]
+pub(super) enum Membership {
+    /// The pattern follows this key, registered and read.
+    Added(Arc<KeyWatch>),
+    /// The pattern no longer follows this key (deleted, and absent from a
+    /// rescan).
+    Removed(Bytes),
+    /// The pattern takes no new keys (an `error` event naming the limit).
+    Refused(Arc<KeyEvent>),
+}
+
+/// Where a pattern's initial listing stands.
+#[derive(Debug, Clone)]
+pub(super) enum Listing {
+    Pending,
+    Listed,
+    Failed(WatchError),
+}
+
+/// A key a pattern follows.
+#[derive(Debug)]
+pub(super) struct Followed {
+    pub(super) watch: Arc<KeyWatch>,
+    /// The rescan during which it was added: a rescan that started before
+    /// the key was added cannot tell that it is gone.
+    generation: u64,
+    /// Whether streams were told of it (it is registered and read).
+    pub(super) announced: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct PatternState {
+    /// The keys followed, each holding one watcher reference in the hub.
+    pub(super) keys: HashMap<Bytes, Followed>,
+    /// Streams on this pattern.
+    streams: usize,
+    /// Counts rescans, for [`Followed::generation`].
+    generation: u64,
+    /// The pattern matched too many keys at its last count; streams were
+    /// told once.
+    over_limit: bool,
+}
+
+/// One followed pattern, shared by every stream on it.
+#[derive(Debug)]
+pub(super) struct PatternWatch {
+    pub(super) glob: Bytes,
+    state: Mutex<PatternState>,
+    changes: broadcast::Sender<Membership>,
+    pub(super) listing: watch::Sender<Listing>,
+    /// Keys this gateway wrote that match, for the pattern's task.
+    written: mpsc::UnboundedSender<Bytes>,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+impl PatternWatch {
+    pub(super) fn state(&self) -> MutexGuard<'_, PatternState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The announced keys and a subscription to later changes, taken
+    /// together: every change after the list is in the channel.
+    pub(super) fn subscribe(&self) -> (Vec<Arc<KeyWatch>>, broadcast::Receiver<Membership>) {
+        let state = self.state();
+        let receiver = self.changes.subscribe();
+        let keys = state
+            .keys
+            .values()
+            .filter(|followed| followed.announced)
+            .map(|followed| Arc::clone(&followed.watch))
+            .collect();
+        (keys, receiver)
+    }
+
+    /// Whether the pattern follows `key` and told its streams so.
+    pub(super) fn follows(&self, key: &Bytes) -> bool {
+        self.state()
+            .keys
+            .get(key)
+            .is_some_and(|followed| followed.announced)
+    }
+
+    /// The `error` event of a pattern that takes no new keys.
+    fn refusal(&self, why: &WatchError) -> Arc<KeyEvent> {
+        Arc::new(KeyEvent {
+            kind: EventKind::PatternError,
+            key: self.glob.clone(),
+            value: None,
+            version: None,
+            id: None,
+            error: Some(why.to_string()),
+            rendered: OnceLock::new(),
+        })
+    }
+}
+
+/// The followed patterns of the hub, by glob.
+#[derive(Debug)]
+pub(super) struct Patterns {
+    inner: Arc<Inner>,
+    patterns: Mutex<HashMap<Bytes, Arc<PatternWatch>>>,
+}
+
+impl Patterns {
+    pub(super) fn new(inner: Arc<Inner>) -> Self {
+        Self {
+            inner,
+            patterns: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn patterns(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<PatternWatch>>> {
+        self.patterns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a stream to `glob`, creating the pattern (and starting its
+    /// task, which lists it) when it is the first.
+    pub(super) fn follow(&self, glob: &Bytes) -> Arc<PatternWatch> {
+        let mut patterns = self.patterns();
+        let pattern = patterns.entry(glob.clone()).or_insert_with(|| {
+            self.inner.metrics.watch_patterns.inc();
+            let (written, written_keys) = mpsc::unbounded_channel();
+            let pattern = Arc::new(PatternWatch {
+                glob: glob.clone(),
+                state: Mutex::new(PatternState::default()),
+                changes: broadcast::channel(MEMBERSHIP_BUFFER).0,
+                listing: watch::Sender::new(Listing::Pending),
+                written,
+                task: Mutex::new(None),
+            });
+            let task = tokio::spawn(follow(
+                Arc::clone(&self.inner),
+                Arc::clone(&pattern),
+                written_keys,
+            ));
+            *pattern.task.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(task.abort_handle());
+            pattern
+        });
+        pattern.state().streams += 1;
+        Arc::clone(pattern)
+    }
+
+    /// Removes a stream from `pattern`; the last one stops its task and
+    /// releases its keys.
+    pub(super) fn unfollow(&self, pattern: &PatternWatch) {
+        let mut patterns = self.patterns();
+        let keys = {
+            let mut state = pattern.state();
+            state.streams -= 1;
+            if state.streams > 0 {
+                return;
+            }
+            std::mem::take(&mut state.keys)
+        };
+        patterns.remove(&pattern.glob);
+        drop(patterns);
+        self.inner.metrics.watch_patterns.dec();
+        if let Some(task) = pattern
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+        self.inner.metrics.watch_pattern_keys.sub(keys.len() as i64);
+        self.inner
+            .release(keys.values().map(|followed| &followed.watch));
+    }
+
+    /// Tells the patterns that match `key` that this gateway just wrote
+    /// it, so that they follow it without waiting for a rescan. Costs an
+    /// atomic load when no pattern is followed.
+    pub(super) fn wrote(&self, key: &Bytes) {
+        if self.inner.metrics.watch_patterns.get() == 0 {
+            return;
+        }
+        for pattern in self.patterns().values() {
+            if glob::matches(&pattern.glob, key) && !pattern.state().keys.contains_key(key) {
+                let _ = pattern.written.send(key.clone());
+            }
+        }
+    }
+}
+
+/// A pattern's task: the initial listing, then a rescan every
+/// `rescan_interval` and the keys this gateway wrote as they come. Ends
+/// when the last stream leaves (aborted) or the hub shuts down.
+async fn follow(
+    inner: Arc<Inner>,
+    pattern: Arc<PatternWatch>,
+    mut written: mpsc::UnboundedReceiver<Bytes>,
+) {
+    match rescan(&inner, &pattern, true).await {
+        Ok(()) => {
+            pattern.listing.send_replace(Listing::Listed);
+        }
+        Err(error) => {
+            pattern.listing.send_replace(Listing::Failed(error));
+            return;
+        }
+    }
+    let mut shutdown = inner.shutdown.subscribe();
+    let every = inner.settings.rescan_interval;
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {
+                if let Err(error) = rescan(&inner, &pattern, false).await {
+                    // The keys followed still get their events; the next
+                    // rescan tries again.
+                    tracing::warn!(%error, "rescanning a followed pattern failed");
+                }
+                next = Instant::now() + every;
+            }
+            key = written.recv() => {
+                let Some(key) = key else { return };
+                let mut keys = HashSet::from([key]);
+                while let Ok(key) = written.try_recv() {
+                    keys.insert(key);
+                }
+                let generation = pattern.state().generation;
+                if let Err(error) = add(&inner, &pattern, keys, generation, false).await {
+                    tracing::debug!(%error, "following a key written through the gateway failed; the next rescan tries again");
+                }
+            }
+            () = async {
+                // An error means the hub is gone: end too.
+                let _ = shutdown.wait_for(|down| *down).await;
+            } => return,
+        }
+    }
+}
+
+/// Lists the pattern (SCAN, every page), follows the keys it does not yet
+/// follow and stops following keys that were deleted and are no longer
+/// listed. `initial`: a failure is the first stream's error; afterwards a
+/// limit reached is an `error` event.
+async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<(), WatchError> {
+    let started = Instant::now();
+    let limit = inner.settings.max_keys_per_pattern;
+    let generation = {
+        let mut state = pattern.state();
+        state.generation += 1;
+        state.generation
+    };
+    let mut found = HashSet::new();
+    let mut token = None;
+    let mut over_limit = false;
+    loop {
+        let page = inner.store.scan(pattern.glob.clone(), token).await?;
+        found.extend(page.keys);
+        if found.len() > limit {
+            over_limit = true;
+            break;
+        }
+        token = page.token;
+        if token.is_none() {
+            break;
+        }
+    }
+    inner.metrics.watch_rescans.inc();
+    if over_limit {
+        let why = WatchError::TooManyKeysPerPattern(limit);
+        if initial {
+            return Err(why);
+        }
+        // Keeps what it follows; tells its streams once per crossing.
+        let mut state = pattern.state();
+        if !state.over_limit {
+            state.over_limit = true;
+            tracing::warn!(
+                limit,
+                "a followed pattern matches more keys than allowed; it takes no new keys"
+            );
+            let _ = pattern
+                .changes
+                .send(Membership::Refused(pattern.refusal(&why)));
+        }
+        observe(inner, started);
+        return Ok(());
+    }
+    let gone: Vec<Followed> = {
+        let mut state = pattern.state();
+        state.over_limit = false;
+        let gone: Vec<Bytes> = state
+            .keys
+            .iter()
+            .filter(|(key, followed)| {
+                !found.contains(*key)
+                    && followed.generation < generation
+                    && followed
+                        .watch
+                        .state()
+                        .snapshot
+                        .as_ref()
+                        .is_some_and(|snapshot| snapshot.value.is_none())
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        found.retain(|key| !state.keys.contains_key(key));
+        gone.iter()
+            .filter_map(|key| state.keys.remove(key))
+            .collect()
+    };
+    if !gone.is_empty() {
+        inner.metrics.watch_pattern_keys.sub(gone.len() as i64);
+        for followed in &gone {
+            let _ = pattern
+                .changes
+                .send(Membership::Removed(followed.watch.key.clone()));
+        }
+        inner.release(gone.iter().map(|followed| &followed.watch));
+    }
+    let added = add(inner, pattern, found, generation, initial).await;
+    observe(inner, started);
+    added
+}
+
+fn observe(inner: &Inner, started: Instant) {
+    inner
+        .metrics
+        .watch_rescan_duration
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Follows `keys` (which match the pattern): each gets a watcher
+/// reference in the hub, is registered (KEYNOTIFY, GET) and is announced.
+/// `initial`: a limit reached or a failed registration is the first
+/// stream's error; afterwards a limit reached is an `error` event and a
+/// failed key is left for the next rescan.
+async fn add(
+    inner: &Inner,
+    pattern: &PatternWatch,
+    keys: HashSet<Bytes>,
+    generation: u64,
+    initial: bool,
+) -> Result<(), WatchError> {
+    let settings = &inner.settings;
+    let attached: Vec<Arc<KeyWatch>> = {
+        let mut state = pattern.state();
+        let keys: Vec<Bytes> = keys
+            .into_iter()
+            .filter(|key| !state.keys.contains_key(key))
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let refused = if state.keys.len() + keys.len() > settings.max_keys_per_pattern {
+            Some(WatchError::TooManyKeysPerPattern(
+                settings.max_keys_per_pattern,
+            ))
+        } else {
+            let hub_keys = inner.keys();
+            let new = keys
+                .iter()
+                .filter(|key| !hub_keys.contains_key(*key))
+                .count();
+            (hub_keys.len() + new > settings.max_watched_keys)
+                .then_some(WatchError::TooManyWatchedKeys(settings.max_watched_keys))
+        };
+        if let Some(why) = refused {
+            if initial {
+                return Err(why);
+            }
+            if !state.over_limit {
+                state.over_limit = true;
+                tracing::warn!(%why, "a followed pattern takes no new keys");
+                let _ = pattern
+                    .changes
+                    .send(Membership::Refused(pattern.refusal(&why)));
+            }
+            return Ok(());
+        }
+        // Attached and recorded under the pattern's lock: if the last
+        // stream leaves meanwhile, it releases exactly what is recorded.
+        keys.into_iter()
+            .map(|key| {
+                let watch = inner.attach(&key, PATTERN_KEY_BUFFER);
+                state.keys.insert(
+                    key,
+                    Followed {
+                        watch: Arc::clone(&watch),
+                        generation,
+                        announced: false,
+                    },
+                );
+                watch
+            })
+            .collect()
+    };
+    inner.metrics.watch_pattern_keys.add(attached.len() as i64);
+    inner.reconcile.notify_one();
+    let deadline = Instant::now() + settings.register_timeout;
+    let mut first_error = None;
+    for watch in attached {
+        match wait_registered(&watch, deadline, settings.register_timeout).await {
+            Ok(()) => {
+                let mut state = pattern.state();
+                if let Some(followed) = state.keys.get_mut(&watch.key) {
+                    followed.announced = true;
+                    let _ = pattern.changes.send(Membership::Added(watch));
+                }
+            }
+            Err(error) => {
+                let removed = pattern.state().keys.remove(&watch.key);
+                if let Some(followed) = removed {
+                    inner.metrics.watch_pattern_keys.dec();
+                    inner.release(std::iter::once(&followed.watch));
+                }
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    match first_error {
+        Some(error) if initial => Err(error),
+        Some(error) => {
+            tracing::debug!(%error, "following a key of a pattern failed; the next rescan tries again");
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}

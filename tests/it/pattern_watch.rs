@@ -1,0 +1,381 @@
+//! `/watch?match=<glob>`: following a key space over the real stack
+//! (mosquitto, the emulator, the gateway), with the official client as a
+//! writer the gateway does not see.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use azure_iot_operations_services::state_store::SetOptions;
+use statestore_gateway::watch::WatchSettings;
+
+use crate::support::gateway::{GatewayOptions, Stack};
+use crate::support::sdk::SdkClient;
+use crate::support::sse::{self, SseEvent, SseStream};
+
+/// A stack whose patterns are rescanned every `rescan`, with `limit` keys
+/// per pattern.
+async fn stack(rescan: Duration, limit: usize) -> Stack {
+    Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: rescan,
+                max_keys_per_pattern: limit,
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await
+}
+
+async fn put(stack: &Stack, key: &str, value: &str) {
+    let response = stack.gateway.put(key.as_bytes(), value.to_owned()).await;
+    assert_eq!(response.status(), 200, "PUT {key}");
+}
+
+async fn sdk_set(sdk: &SdkClient, key: &str, value: &str) {
+    let set = sdk
+        .client
+        .set(
+            key.as_bytes().to_vec(),
+            value.as_bytes().to_vec(),
+            Duration::from_secs(5),
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(set.response, "SDK SET {key}");
+}
+
+async fn sdk_del(sdk: &SdkClient, key: &str) {
+    let deleted = sdk
+        .client
+        .del(key.as_bytes().to_vec(), None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(deleted.response, 1, "SDK DEL {key}");
+}
+
+async fn open(stack: &Stack, query: &str) -> SseStream {
+    sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url(&format!("/watch?{query}")),
+        None,
+    )
+    .await
+    .unwrap_or_else(|(status, _, body)| panic!("{query}: {status} {body}"))
+}
+
+/// The initial picture: every `sync` up to the `listed` of each of
+/// `patterns`, as key -> value.
+async fn initial(
+    stream: &mut SseStream,
+    patterns: usize,
+) -> (BTreeMap<String, String>, Vec<SseEvent>) {
+    let mut synced = BTreeMap::new();
+    let mut listed = Vec::new();
+    while listed.len() < patterns {
+        let event = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("the initial listing ends");
+        match event.event.as_str() {
+            "sync" => {
+                assert_eq!(event.data["exists"], true, "{event:?}");
+                let key = event.data["key"].as_str().unwrap().to_owned();
+                let value = event.data["value"].as_str().unwrap().to_owned();
+                assert!(synced.insert(key, value).is_none(), "one sync per key");
+            }
+            "listed" => listed.push(event),
+            _ => panic!("only syncs before listed: {event:?}"),
+        }
+    }
+    (synced, listed)
+}
+
+fn metric(stack: &Stack, name: &str) -> f64 {
+    let text = stack.gateway.metrics.render();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what} within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_pattern_syncs_its_keys_then_lists_then_follows_keys_written_here_at_once() {
+    // Rescans far apart: what arrives came from the gateway's own writes.
+    let stack = stack(Duration::from_secs(600), 100).await;
+    put(&stack, "sensor/1", "20").await;
+    put(&stack, "sensor/2", "21").await;
+    put(&stack, "sensors", "outside").await;
+    put(&stack, "other/1", "outside").await;
+
+    let mut stream = open(&stack, "match=sensor%2F*").await;
+    let (synced, listed) = initial(&mut stream, 1).await;
+    assert_eq!(
+        synced,
+        BTreeMap::from([
+            ("sensor/1".to_owned(), "20".to_owned()),
+            ("sensor/2".to_owned(), "21".to_owned())
+        ])
+    );
+    assert_eq!(
+        listed[0].data,
+        serde_json::json!({"match": "sensor/*", "keys": 2})
+    );
+    assert_eq!(listed[0].id, None);
+
+    // A key created through the gateway: a sync with its value, at once.
+    let written = Instant::now();
+    put(&stack, "sensor/3", "22").await;
+    let sync = stream.expect("sync").await;
+    assert!(
+        written.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        written.elapsed()
+    );
+    assert_eq!(sync.data["key"], "sensor/3");
+    assert_eq!(sync.data["value"], "22");
+    assert_eq!(sync.data["exists"], true);
+    assert_eq!(sync.id.as_deref(), sync.data["version"].as_str());
+
+    // Changes of followed keys, as on a key watch; nothing outside.
+    put(&stack, "other/2", "outside").await;
+    put(&stack, "sensors", "still outside").await;
+    put(&stack, "sensor/1", "25").await;
+    let set = stream.expect("set").await;
+    assert_eq!(
+        (&set.data["key"], &set.data["value"]),
+        (&"sensor/1".into(), &"25".into())
+    );
+    let deleted = stack.gateway.delete(b"sensor/2").await;
+    assert_eq!(deleted.status(), 204);
+    let delete = stream.expect("delete").await;
+    assert_eq!(delete.data["key"], "sensor/2");
+    stream.expect_silence(Duration::from_millis(300)).await;
+
+    // A lock whose name matches is a key created here too.
+    let lock = stack
+        .gateway
+        .http
+        .put(stack.gateway.url("/locks/sensor%2Flock?holder=me&ttl=30s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lock.status(), 200);
+    let sync = stream.expect("sync").await;
+    assert_eq!(
+        (&sync.data["key"], &sync.data["value"]),
+        (&"sensor/lock".into(), &"me".into())
+    );
+}
+
+#[tokio::test]
+async fn keys_the_sdk_writes_are_found_by_the_next_rescan_and_deleted_ones_stop_being_followed() {
+    let rescan = Duration::from_millis(500);
+    let stack = stack(rescan, 100).await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let emulator = stack.emulator.as_ref().unwrap().handle();
+    let sdk = SdkClient::connect(stack.broker.port(), "sdk-pattern-writer");
+    sdk_set(&sdk, "room/1", "a").await;
+
+    let mut stream = open(&stack, "match=room/*").await;
+    let (synced, _) = initial(&mut stream, 1).await;
+    assert_eq!(synced.keys().collect::<Vec<_>>(), ["room/1"]);
+
+    // Created by a client the gateway does not see: within a rescan.
+    let written = Instant::now();
+    sdk_set(&sdk, "room/2", "b").await;
+    let sync = stream.expect("sync").await;
+    let took = written.elapsed();
+    assert_eq!(
+        (&sync.data["key"], &sync.data["value"]),
+        (&"room/2".into(), &"b".into())
+    );
+    assert!(
+        took <= rescan + Duration::from_millis(400),
+        "found after {took:?}"
+    );
+    assert_eq!(hub.watched_keys(), 2);
+    assert_eq!(
+        emulator.registrations(),
+        2,
+        "one KEYNOTIFY per followed key"
+    );
+
+    // Deleted: the delete event, then the next rescan lets the key go.
+    sdk_del(&sdk, "room/2").await;
+    assert_eq!(stream.expect("delete").await.data["key"], "room/2");
+    wait_until("the deleted key is no longer followed", || {
+        hub.watched_keys() == 1 && emulator.registrations() == 1
+    })
+    .await;
+    assert_eq!(metric(&stack, "statestore_gateway_watch_pattern_keys"), 1.0);
+
+    // Created again: announced afresh with a sync, never a bare set.
+    sdk_set(&sdk, "room/2", "c").await;
+    let sync = stream.expect("sync").await;
+    assert_eq!(
+        (&sync.data["key"], &sync.data["value"]),
+        (&"room/2".into(), &"c".into())
+    );
+    sdk_set(&sdk, "room/2", "d").await;
+    assert_eq!(stream.expect("set").await.data["value"], "d");
+    sdk_set(&sdk, "hall/1", "outside").await;
+    stream.expect_silence(rescan * 2).await;
+    sdk.close().await;
+}
+
+#[tokio::test]
+async fn streams_on_one_pattern_share_one_rescan_loop_and_keys_share_one_keynotify() {
+    let rescan = Duration::from_millis(200);
+    let stack = stack(rescan, 100).await;
+    let hub = stack.gateway.server().state().hub.clone();
+    let emulator = stack.emulator.as_ref().unwrap().handle();
+    for n in 0..5 {
+        put(&stack, &format!("line/{n}"), "0").await;
+    }
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let mut stream = open(&stack, "match=line/*").await;
+        assert_eq!(initial(&mut stream, 1).await.0.len(), 5);
+        streams.push(stream);
+    }
+    // A key watcher and a second pattern over the same keys.
+    let mut key_stream = open(&stack, "key=line/0").await;
+    key_stream.expect("sync").await;
+    let mut other = open(&stack, "match=line/[0-2]").await;
+    assert_eq!(initial(&mut other, 1).await.0.len(), 3);
+
+    assert_eq!(hub.watched_keys(), 5);
+    assert_eq!(emulator.registrations(), 5, "one KEYNOTIFY per key");
+    assert_eq!(metric(&stack, "statestore_gateway_watch_patterns"), 2.0);
+    assert_eq!(metric(&stack, "statestore_gateway_watch_pattern_keys"), 8.0);
+
+    // Rescans run per pattern, not per stream.
+    let before = metric(&stack, "statestore_gateway_watch_rescans_total");
+    tokio::time::sleep(rescan * 10).await;
+    let rescans = metric(&stack, "statestore_gateway_watch_rescans_total") - before;
+    assert!(
+        (10.0..=24.0).contains(&rescans),
+        "two patterns, 2 s of 200 ms rescans: {rescans}"
+    );
+
+    put(&stack, "line/1", "1").await;
+    for stream in streams.iter_mut().chain([&mut other]) {
+        let set = stream.expect("set").await;
+        assert_eq!(
+            (&set.data["key"], &set.data["value"]),
+            (&"line/1".into(), &"1".into())
+        );
+    }
+
+    drop(streams);
+    drop(other);
+    wait_until("the patterns let their keys go", || {
+        hub.watched_keys() == 1 && emulator.registrations() == 1
+    })
+    .await;
+    assert_eq!(metric(&stack, "statestore_gateway_watch_patterns"), 0.0);
+    assert_eq!(metric(&stack, "statestore_gateway_watch_pattern_keys"), 0.0);
+    // The key watcher still hears of its key.
+    put(&stack, "line/0", "1").await;
+    assert_eq!(key_stream.expect("set").await.data["value"], "1");
+}
+
+#[tokio::test]
+async fn keys_and_patterns_share_a_stream_and_each_key_is_synced_once() {
+    let stack = stack(Duration::from_secs(600), 100).await;
+    put(&stack, "a/1", "x").await;
+    put(&stack, "a/2", "y").await;
+    put(&stack, "b", "z").await;
+    let mut stream = open(&stack, "key=b&key=a%2F1&match=a/*&match=a/%5B1%5D").await;
+    let (synced, listed) = initial(&mut stream, 2).await;
+    assert_eq!(
+        synced.keys().collect::<BTreeSet<_>>(),
+        BTreeSet::from([&"a/1".to_owned(), &"a/2".to_owned(), &"b".to_owned()])
+    );
+    let listed: BTreeMap<String, u64> = listed
+        .iter()
+        .map(|event| {
+            (
+                event.data["match"].as_str().unwrap().to_owned(),
+                event.data["keys"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        BTreeMap::from([("a/*".to_owned(), 2), ("a/[1]".to_owned(), 1)])
+    );
+    // One event per change, whatever the number of reasons to follow it.
+    put(&stack, "a/1", "x2").await;
+    assert_eq!(stream.expect("set").await.data["key"], "a/1");
+    stream.expect_silence(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_pattern_over_its_key_limit_is_refused_and_one_growing_past_it_is_told() {
+    let stack = stack(Duration::from_millis(200), 3).await;
+    for n in 0..4 {
+        put(&stack, &format!("big/{n}"), "1").await;
+    }
+    let (status, headers, body) = sse::open(
+        &stack.gateway.http,
+        &stack.gateway.url("/watch?match=big/*"),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status, 429, "{body}");
+    assert!(headers.contains_key("retry-after"));
+    assert!(body.contains("/problems/too-many-pattern-keys"), "{body}");
+    assert!(body.contains("--max-keys-per-pattern"), "{body}");
+
+    put(&stack, "small/1", "1").await;
+    put(&stack, "small/2", "1").await;
+    let mut stream = open(&stack, "match=small/*").await;
+    assert_eq!(initial(&mut stream, 1).await.0.len(), 2);
+    put(&stack, "small/3", "1").await;
+    assert_eq!(stream.expect("sync").await.data["key"], "small/3");
+    // The fourth key is one too many: an error naming the limit, once.
+    put(&stack, "small/4", "1").await;
+    let error = stream.expect("error").await;
+    assert_eq!(error.data["match"], "small/*");
+    assert!(
+        error.data["error"]
+            .as_str()
+            .unwrap()
+            .contains("--max-keys-per-pattern"),
+        "{error:?}"
+    );
+    // The keys it follows still come; the one past the limit does not.
+    put(&stack, "small/1", "2").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["key"], "small/1");
+    put(&stack, "small/4", "2").await;
+    stream.expect_silence(Duration::from_millis(600)).await;
+}
+
+#[tokio::test]
+async fn bad_pattern_watches_are_400() {
+    let stack = stack(Duration::from_secs(600), 100).await;
+    for query in ["match=", "match=a&bogus=1", "match=%zz"] {
+        let (status, _, body) = sse::open(
+            &stack.gateway.http,
+            &stack.gateway.url(&format!("/watch?{query}")),
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(status, 400, "{query}: {body}");
+    }
+}
