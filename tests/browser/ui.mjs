@@ -553,6 +553,42 @@ const LOAD_LONGEST_TASK_MS = 1_000; // the longest main-thread task during the b
 const LOAD_ROUNDS = 3; // changes per key in the burst
 const LOAD_CONCURRENCY = 32;
 
+/**
+ * A second follower of `pattern`, in this script: counts the events the
+ * gateway sends, and the last kind per key, so that a failure says whether
+ * the gateway or the page lost an event.
+ */
+async function rawFollower(base, pattern) {
+  const abort = new AbortController();
+  const seen = { counts: {}, last: new Map(), stop: () => abort.abort() };
+  const response = await fetch(new URL(`watch?match=${encodeURIComponent(pattern)}`, base), {
+    signal: abort.signal,
+    headers: API_TOKEN ? { Authorization: `Bearer ${API_TOKEN}` } : {},
+  });
+  if (!response.ok) fail(`a second follower of ${pattern} got HTTP ${response.status}`);
+  (async () => {
+    let buffer = '';
+    try {
+      for await (const chunk of response.body) {
+        buffer += Buffer.from(chunk).toString();
+        for (let end; (end = buffer.indexOf('\n\n')) >= 0;) {
+          const event = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const kind = /^event: (.*)$/m.exec(event)?.[1];
+          const data = /^data: (.*)$/m.exec(event)?.[1];
+          if (!kind) continue;
+          seen.counts[kind] = (seen.counts[kind] ?? 0) + 1;
+          const parsed = data ? JSON.parse(data) : {};
+          if (typeof parsed.key === 'string') seen.last.set(parsed.key, parsed.exists === false ? 'absent' : kind);
+        }
+      }
+    } catch {
+      // aborted at the end
+    }
+  })();
+  return seen;
+}
+
 /** LOAD_KEYS keys followed on one stream, a burst of changes, then their deletion. */
 async function runLoad(base, problems, session) {
   const keys = Array.from({ length: LOAD_KEYS }, (_, n) => `ui-load/k-${String(n).padStart(5, '0')}`);
@@ -572,6 +608,8 @@ async function runLoad(base, problems, session) {
   await waitForFollowed(page, `${keys.length} keys, live`, (t) =>
     t.connection === 'Live' && t.count === `${keys.length} keys matching` && t.rows.length === keys.length, 30_000);
   step(`  listed and drawn in ${Date.now() - started} ms`);
+
+  const raw = await rawFollower(base, 'ui-load/*');
 
   // Measured inside the page: every frame's gap, every long task, and how
   // many rows each batch of DOM changes touched (a redraw of the whole
@@ -652,7 +690,14 @@ async function runLoad(base, problems, session) {
   step(`deleting the ${keys.length} keys: every row leaves`);
   started = Date.now();
   await eachConcurrently(keys, LOAD_CONCURRENCY, async (key) => expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`));
-  await waitForFollowed(page, 'no row left', (t) => t.rows.length === 0 && t.count === '0 keys matching', 30_000);
+  try {
+    await waitForFollowed(page, 'no row left', (t) => t.rows.length === 0 && t.count === '0 keys matching', 30_000);
+  } finally {
+    const alive = keys.filter((key) => !['delete', 'absent'].includes(raw.last.get(key)));
+    step(`  the second follower got ${JSON.stringify(raw.counts)}; ${alive.length} keys without a final delete` +
+      (alive.length > 0 ? `, e.g. ${alive.slice(0, 3).map((key) => `${key}: ${raw.last.get(key)}`).join(', ')}` : ''));
+    raw.stop();
+  }
   step(`  all gone ${Date.now() - started} ms after the first delete`);
   if (problems.length > 0) fail(problems.join('\n'));
 }

@@ -11,6 +11,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
+use statestore_gateway::watch::WatchSettings;
 
 use crate::support::gateway::{GatewayOptions, Stack};
 use crate::support::sdk::{Calls, SdkClient};
@@ -236,13 +237,23 @@ async fn dashboard_follows_1000_keys_through_a_burst_of_changes() {
 
 /// Keys written by the official SDK client, which the gateway never sees,
 /// reach a followed pattern too: a key it creates appears in the page
-/// (found by the pattern's rescan), and leaves once it deletes the key.
+/// (found by the pattern's rescan, every 500 ms here), and leaves once it
+/// deletes the key.
 #[tokio::test]
 async fn dashboard_follows_keys_the_official_sdk_creates_and_deletes() {
     use tokio::io::AsyncBufReadExt;
 
     require_browser_tools();
-    let stack = Stack::start().await;
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: Duration::from_millis(500),
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
     let base = format!("http://{}", stack.gateway.api);
     let mut child = spawn_node(&base, &[("SDK_PEER", OsStr::new("1"))]);
     let stdout = child.stdout.take().expect("piped stdout");
