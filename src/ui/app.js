@@ -798,7 +798,7 @@
     if (!entry) {
       entry = {
         id, label: id.startsWith('\u0000') ? `(not UTF-8) ${id.slice(1)}` : id,
-        value: null, valueBase64: null, version: undefined, at: 0, seen: 0, gone: 0,
+        value: null, valueBase64: null, omittedBytes: null, version: undefined, at: 0, seen: 0, gone: 0,
         flash: false, error: null, history: [], times: [], row: null, cells: null,
       };
       follow.entries.set(id, entry);
@@ -817,6 +817,8 @@
     entry.flash = entry.flash || kind !== 'sync' || follow.listed || known !== undefined;
     entry.value = data.value ?? null;
     entry.valueBase64 = data.value_base64 ?? null;
+    // Values too large for events come as their length only.
+    entry.omittedBytes = data.value_omitted === true ? data.value_bytes : null;
     entry.version = version;
     entry.at = versionTime(version) ?? Date.now();
     remember(entry, entry.value, entry.at, CHART_POINTS);
@@ -932,6 +934,8 @@
     } else if (typeof entry.valueBase64 === 'string') {
       marker = 'not UTF-8, base64:';
       text = entry.valueBase64;
+    } else if (typeof entry.omittedBytes === 'number') {
+      marker = `${entry.omittedBytes} bytes, too large to show`;
     }
     // A huge value would cost layout for nothing: the start is enough here.
     if (text.length > VALUE_SHOWN) text = `${text.slice(0, VALUE_SHOWN)}…`;
