@@ -1,9 +1,11 @@
-//! The browser dashboard at `/ui/`: watch keys live, set and delete them.
+//! The browser dashboard at `/ui/`: list keys, follow every key matching a
+//! pattern live, watch single keys, set and delete them.
 //!
 //! Three static files (plain HTML, CSS and JavaScript, no build step) are
 //! compiled into the binary, so the gateway needs nothing on disk to serve
 //! them. The page talks only to the gateway's own API with relative URLs
-//! (`../keys/…`, `../watch?key=…`), so it also works behind a path prefix.
+//! (`../keys/…`, `../watch?key=…`, `../watch?match=…`), so it also works
+//! behind a path prefix.
 //!
 //! Every answer carries a strict Content-Security-Policy (scripts, styles
 //! and connections from the gateway's origin only, no inline script or

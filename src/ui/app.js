@@ -18,6 +18,13 @@
   const BROWSE_PAGE = 20; // keys per listing page
   const SPARK_POINTS = 60; // numeric values kept per key for its sparkline
   const SVG_NS = 'http://www.w3.org/2000/svg';
+  // The followed pattern, kept across visits.
+  const FOLLOW_KEY = 'statestore-gateway.ui.follow';
+  const CHART_POINTS = 240; // numeric values kept per followed key for its chart
+  const CHART_TICK_MS = 1000;
+  const CHART_MIN_SPAN_MS = 5000; // the time axis spans at least this much
+  const LEAVE_MS = 1200; // a deleted key's row stays this long, marked, before it leaves
+  const VALUE_SHOWN = 400; // characters of a value shown in the followed table
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -40,15 +47,27 @@
     browseStatus: $('browse-status'),
     browseList: $('browse-list'),
     browseMore: $('browse-more'),
+    followStart: $('follow-start'),
+    follow: $('follow'),
+    followPattern: $('follow-pattern'),
+    followConnection: $('follow-connection'),
+    followText: $('follow-text'),
+    followCount: $('follow-count'),
+    followStop: $('follow-stop'),
+    followTable: $('follow-table'),
+    followRows: $('follow-rows'),
+    followEmpty: $('follow-empty'),
+    followTemplate: $('follow-row-template'),
+    chart: $('chart'),
+    chartKey: $('chart-key'),
+    chartNote: $('chart-note'),
+    chartSvg: $('chart-svg'),
   };
 
   /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error, history } */
   const watched = new Map();
   const locks = new Set(loadList(LOCKS_KEY));
-  let source = null;
-  let retryTimer = null;
-  let retryDelay = RETRY_MIN_MS;
-  let generation = 0; // counts openStream calls: a late answer for an old key set is ignored
+  const watching = newStream();
 
   // ---- URLs --------------------------------------------------------------
 
@@ -185,6 +204,16 @@
     return text ? `${text} (${status})` : `${response.statusText || 'failed'} (${status})`;
   }
 
+  /** The `type` of a problem+json answer, or ''. */
+  async function problemType(response) {
+    try {
+      const problem = await response.json();
+      return typeof problem?.type === 'string' ? problem.type : '';
+    } catch {
+      return '';
+    }
+  }
+
   /** fetch with a deadline and messages a person can act on. */
   async function request(method, url, body) {
     const init = {
@@ -215,89 +244,116 @@
     ui.table.classList.toggle('stale', state !== 'live');
   }
 
-  function closeStream() {
-    if (source) {
-      source.close();
-      source = null;
+  /** One EventSource with its retry state; the page has two (watched keys, a followed pattern). */
+  function newStream() {
+    return { source: null, retryTimer: null, retryDelay: RETRY_MIN_MS, generation: 0 };
+  }
+
+  function closeStream(stream) {
+    if (stream.source) {
+      stream.source.close();
+      stream.source = null;
     }
-    if (retryTimer !== null) {
-      clearTimeout(retryTimer);
-      retryTimer = null;
+    if (stream.retryTimer !== null) {
+      clearTimeout(stream.retryTimer);
+      stream.retryTimer = null;
     }
   }
 
-  /** (Re)opens the one stream for the current key set. */
-  function openStream() {
-    closeStream();
-    generation += 1;
-    const keys = [...watched.keys()];
-    if (keys.length === 0) {
-      setConnection('idle', 'No keys watched');
-      return;
-    }
-    const url = watchUrl(keys);
-    const stream = new EventSource(url);
-    source = stream;
-    setConnection('connecting', 'Connecting…');
+  /**
+   * Opens `url` as the stream's EventSource; `on.open`, `on.event(kind, event)`
+   * and `on.state(state, text)` hear only from this one, not from a stream it
+   * replaced. A connection that drops is retried by EventSource itself; one
+   * the gateway refused is explained, then retried with backoff when asking
+   * again could help (busy, not a refused key set or pattern). `origin`
+   * tags the errors it shows, removed once the stream is open again.
+   */
+  function openEventSource(stream, url, kinds, origin, on) {
+    closeStream(stream);
+    stream.generation += 1;
+    const source = new EventSource(url);
+    stream.source = source;
+    on.state('connecting', 'Connecting…');
 
-    stream.addEventListener('open', () => {
-      if (source !== stream) return;
-      retryDelay = RETRY_MIN_MS;
-      for (const stale of ui.errors.querySelectorAll('[data-origin="watch"]')) stale.remove();
-      const n = keys.length;
-      setConnection('live', `Live: watching ${n} key${n === 1 ? '' : 's'}`);
+    source.addEventListener('open', () => {
+      if (stream.source !== source) return;
+      stream.retryDelay = RETRY_MIN_MS;
+      for (const stale of ui.errors.querySelectorAll(`[data-origin="${origin}"]`)) stale.remove();
+      on.open();
     });
-    for (const kind of ['sync', 'set', 'delete']) {
-      stream.addEventListener(kind, (event) => {
-        if (source === stream) onStoreEvent(kind, event);
+    for (const kind of kinds) {
+      source.addEventListener(kind, (event) => {
+        if (stream.source === source) on.event(kind, event);
       });
     }
-    stream.addEventListener('error', (event) => {
-      if (source !== stream) return;
+    source.addEventListener('error', (event) => {
+      if (stream.source !== source) return;
       // The gateway's own `event: error` arrives as a MessageEvent with data;
       // a broken connection arrives as a plain Event.
       if (event instanceof MessageEvent) {
-        onStoreEvent('error', event);
+        on.event('error', event);
         return;
       }
-      if (stream.readyState === EventSource.CONNECTING) {
-        setConnection('reconnecting', 'Reconnecting…');
+      if (source.readyState === EventSource.CONNECTING) {
+        on.state('reconnecting', 'Reconnecting…');
         return;
       }
       // CLOSED: the gateway refused the stream. EventSource does not say
       // why, so ask once: a busy gateway (429, 5xx) is retried with backoff;
-      // a refused key set (too long, too many keys) waits for a change.
-      stream.close();
-      source = null;
-      const opened = generation;
-      setConnection('refused', 'Not watching');
+      // a refused key set or pattern waits for a change.
+      source.close();
+      stream.source = null;
+      const opened = stream.generation;
+      on.state('refused', 'Not connected');
       explainRefusal(url).then(({ message, retry, unauthorized }) => {
-        if (opened !== generation) return; // the key set changed meanwhile
-        showError(message, 'watch');
+        if (opened !== stream.generation) return; // replaced meanwhile
+        showError(`${on.failure}: ${message}`, origin);
         if (unauthorized) {
-          setConnection('refused', 'Not watching: the gateway needs its API token');
+          on.state('refused', 'Not connected: the gateway needs its API token');
           return;
         }
         if (!retry) {
-          setConnection('refused', 'Not watching: change the keys');
+          on.state('refused', on.refusedText);
           return;
         }
-        const delay = retryDelay;
-        retryDelay = Math.min(retryDelay * 2, RETRY_MAX_MS);
-        setConnection('refused', `Not watching; retrying in ${Math.round(delay / 1000)} s`);
-        retryTimer = setTimeout(() => {
-          retryTimer = null;
-          openStream();
+        const delay = stream.retryDelay;
+        stream.retryDelay = Math.min(stream.retryDelay * 2, RETRY_MAX_MS);
+        on.state('refused', `Not connected; retrying in ${Math.round(delay / 1000)} s`);
+        stream.retryTimer = setTimeout(() => {
+          stream.retryTimer = null;
+          on.reopen();
         }, delay);
       });
     });
   }
 
+  /** (Re)opens the one stream for the current key set. */
+  function openStream() {
+    const keys = [...watched.keys()];
+    if (keys.length === 0) {
+      closeStream(watching);
+      watching.generation += 1;
+      setConnection('idle', 'No keys watched');
+      return;
+    }
+    openEventSource(watching, watchUrl(keys), ['sync', 'set', 'delete'], 'watch', {
+      failure: 'Watching failed',
+      refusedText: 'Not watching: change the keys',
+      open: () => {
+        const n = keys.length;
+        setConnection('live', `Live: watching ${n} key${n === 1 ? '' : 's'}`);
+      },
+      event: onStoreEvent,
+      state: (state, text) => setConnection(state, text.replace('Not connected', 'Not watching')),
+      reopen: openStream,
+    });
+  }
+
   /**
-   * Why the gateway refused a watch: repeats the request and reads the
-   * problem. `retry` is false when the same keys would be refused again;
+   * Why the gateway refused a stream: repeats the request and reads the
+   * problem. `retry` is false when the same request would be refused again;
    * `unauthorized` when the token is missing or wrong (the token form
-   * reopens the stream).
+   * reopens the streams).
    */
   async function explainRefusal(url) {
     const abort = new AbortController();
@@ -309,13 +365,16 @@
         cache: 'no-store',
       });
       if (response.ok) {
-        return { message: 'The watch stream was closed by the gateway', retry: true };
+        return { message: 'the stream was closed by the gateway', retry: true };
       }
-      const retry = response.status === 408 || response.status === 429 || response.status >= 500;
+      // A busy gateway may take the stream later; too many keys, never.
+      const type = await problemType(response.clone());
+      const retry = (response.status === 408 || response.status === 429 || response.status >= 500) &&
+        !/\/problems\/too-many(-pattern)?-keys$/.test(type);
       const unauthorized = response.status === 401;
-      return { message: `Watching failed: ${await describeFailure(response)}`, retry, unauthorized };
+      return { message: await describeFailure(response), retry, unauthorized };
     } catch {
-      return { message: 'Watching failed: the gateway cannot be reached', retry: true };
+      return { message: 'the gateway cannot be reached', retry: true };
     } finally {
       clearTimeout(timer);
       abort.abort(); // never keep a second stream open
@@ -396,7 +455,7 @@
 
     const entry = {
       key, row, exists: null, value: null, valueBase64: null, omittedBytes: null, version: null,
-      kind: null, flags: [], at: null, error: null, history: [],
+      kind: null, flags: [], at: null, error: null, history: [], times: [],
     };
     watched.set(key, entry);
     ui.rows.append(row);
@@ -468,18 +527,28 @@
     return Number.isFinite(number) ? number : null;
   }
 
-  /** Keeps the numeric values seen since the page opened (bounded). */
-  function remember(entry, value) {
+  /**
+   * Keeps the numeric values seen since the page opened, with the time of
+   * each (bounded: the oldest go first).
+   */
+  function remember(entry, value, at = Date.now(), limit = SPARK_POINTS) {
     const number = numeric(value);
     if (number === null) return;
     entry.history.push(number);
-    if (entry.history.length > SPARK_POINTS) entry.history.shift();
+    entry.times.push(at);
+    if (entry.history.length > limit) {
+      entry.history.shift();
+      entry.times.shift();
+    }
   }
 
-  /** An inline SVG polyline of the history: attributes only, no inline style (CSP). */
   function renderSpark(entry) {
-    const svg = entry.row.querySelector('.spark');
-    const points = entry.history;
+    drawSpark(entry.row.querySelector('.spark'), entry.key, entry.history);
+  }
+
+  /** An inline SVG polyline of the last values: attributes only, no inline style (CSP). */
+  function drawSpark(svg, label, history) {
+    const points = history.length > SPARK_POINTS ? history.slice(-SPARK_POINTS) : history;
     // An SVG element has no `hidden` property: the attribute it is.
     svg.toggleAttribute('hidden', points.length < 2);
     if (points.length < 2) return;
@@ -493,7 +562,7 @@
       return `${x},${y}`;
     });
     svg.querySelector('polyline').setAttribute('points', coordinates.join(' '));
-    svg.setAttribute('aria-label', `${entry.key}: ${points.length} values since the page opened, from ${low} to ${high}`);
+    svg.setAttribute('aria-label', `${label}: ${points.length} values since the page opened, from ${low} to ${high}`);
     let title = svg.querySelector('title');
     if (!title) {
       title = document.createElementNS(SVG_NS, 'title');
@@ -579,6 +648,442 @@
       item.append(span);
     }
     ui.browseList.append(item);
+  }
+
+  // ---- following a key space ----------------------------------------------
+  //
+  // One `/watch?match=<glob>` stream: a `sync` per matching key, `listed`
+  // when the picture is whole, then `set`/`delete` as keys change, appear
+  // and go. Events only update the model and mark keys dirty; the table is
+  // updated once per animation frame for the keys that changed, so a burst
+  // over a thousand keys costs one pass, not one per event.
+
+  const follow = {
+    pattern: null,
+    stream: newStream(),
+    epoch: 0, // counts opens: a key not synced since the latest one is gone once `listed` comes
+    listed: false,
+    startedAt: 0,
+    entries: new Map(), // id -> entry (a key's text, or its base64 when it is not UTF-8)
+    order: [], // the entries that have a row, sorted by id as the rows are
+    dirty: new Set(), // entries to render in the next frame
+    frame: 0,
+    sweepTimer: null,
+    selected: null, // id of the key whose chart is shown
+    chartTimer: null,
+  };
+  const rowEntries = new WeakMap(); // followed row -> its entry
+
+  function followUrl(pattern) {
+    const query = ['match=' + encodeURIComponent(pattern)];
+    const token = apiToken();
+    if (token) query.push('access_token=' + encodeURIComponent(token));
+    return new URL('watch?' + query.join('&'), API_ROOT);
+  }
+
+  function setFollowConnection(state, text) {
+    ui.followConnection.dataset.state = state;
+    ui.followText.textContent = text;
+    ui.followTable.classList.toggle('stale', state !== 'live');
+  }
+
+  function startFollowing(pattern) {
+    stopFollowing();
+    follow.pattern = pattern;
+    follow.startedAt = Date.now();
+    ui.followPattern.textContent = pattern;
+    ui.follow.hidden = false;
+    saveFollowed();
+    openFollowStream();
+    renderFollowStatus();
+    showNotice(`Following every key matching ${pattern}`);
+  }
+
+  function stopFollowing() {
+    closeStream(follow.stream);
+    follow.stream.generation += 1;
+    clearTimeout(follow.sweepTimer);
+    follow.sweepTimer = null;
+    if (follow.frame) cancelAnimationFrame(follow.frame);
+    follow.frame = 0;
+    follow.pattern = null;
+    follow.listed = false;
+    follow.entries.clear();
+    follow.order = [];
+    follow.dirty.clear();
+    ui.followRows.replaceChildren();
+    select(null);
+    ui.follow.hidden = true;
+    setFollowConnection('idle', 'Not following');
+    saveFollowed();
+  }
+
+  function saveFollowed() {
+    try {
+      if (follow.pattern === null) localStorage.removeItem(FOLLOW_KEY);
+      else localStorage.setItem(FOLLOW_KEY, follow.pattern);
+    } catch {
+      // Only the next visit forgets the pattern.
+    }
+  }
+
+  function openFollowStream() {
+    const pattern = follow.pattern;
+    openEventSource(follow.stream, followUrl(pattern), ['sync', 'set', 'delete', 'listed'], 'follow', {
+      failure: `Following ${pattern} failed`,
+      refusedText: 'Not following: change the pattern',
+      open: () => {
+        follow.epoch += 1;
+        follow.listed = false;
+        setFollowConnection('connecting', 'Listing the keys…');
+      },
+      event: onFollowEvent,
+      state: (state, text) => setFollowConnection(state, text.replace('Not connected', 'Not following')),
+      reopen: openFollowStream,
+    });
+  }
+
+  /** The entry id of an event's key: its text, or its bytes when they are not UTF-8. */
+  function keyId(data) {
+    if (typeof data.key === 'string') return data.key;
+    if (typeof data.key_base64 === 'string') return `\u0000${data.key_base64}`;
+    return null;
+  }
+
+  /** The wall clock of a version (a hybrid logical clock, `<ms>:<counter>:<node>`), if plausible. */
+  function versionTime(version) {
+    const match = typeof version === 'string' ? /^(\d{1,16}):/.exec(version) : null;
+    if (!match) return null;
+    const ms = Number(match[1]);
+    return ms > 1e12 && ms < Date.now() + 86_400_000 ? ms : null;
+  }
+
+  function onFollowEvent(kind, event) {
+    let data;
+    try {
+      data = JSON.parse(event.data);
+    } catch {
+      showError(`The gateway sent a ${kind} event that is not JSON`);
+      return;
+    }
+    if (data === null || typeof data !== 'object') return;
+    if (kind === 'listed') {
+      if (data.match !== follow.pattern) return;
+      follow.listed = true;
+      // Keys gone while the stream was down got no delete: they were not
+      // synced since it opened again.
+      for (const entry of follow.entries.values()) {
+        if (entry.seen !== follow.epoch) leave(entry, null);
+      }
+      setFollowConnection('live', 'Live');
+      scheduleFlush();
+      return;
+    }
+    const id = keyId(data);
+    const entry = id === null ? undefined : follow.entries.get(id);
+    if (kind === 'error') {
+      const message = typeof data.error === 'string' ? data.error : 'the gateway cannot follow this pattern';
+      if (entry) {
+        entry.error = message;
+        markDirty(entry);
+      } else {
+        showError(`Following ${follow.pattern}: ${message}`, 'follow');
+      }
+      return;
+    }
+    if (id === null) return;
+    if (kind === 'delete' || (kind === 'sync' && data.exists !== true)) {
+      if (entry) leave(entry, data.version ?? null);
+      return;
+    }
+    arrive(kind, id, entry, data);
+  }
+
+  /** A key that exists: new, changed, or synced again after a reconnect. */
+  function arrive(kind, id, known, data) {
+    let entry = known;
+    if (!entry) {
+      entry = {
+        id, label: id.startsWith('\u0000') ? `(not UTF-8) ${id.slice(1)}` : id,
+        value: null, valueBase64: null, omittedBytes: null, version: undefined, at: 0, seen: 0, gone: 0,
+        flash: false, error: null, history: [], times: [], row: null, cells: null,
+      };
+      follow.entries.set(id, entry);
+    }
+    entry.seen = follow.epoch;
+    entry.error = null;
+    const version = data.version ?? null;
+    const returning = entry.gone !== 0;
+    entry.gone = 0;
+    // A reconnect syncs every key again: one that did not change stays as it is.
+    if (kind === 'sync' && version === entry.version && !returning) {
+      markDirty(entry);
+      return;
+    }
+    // The first sight of a key in the initial listing is not a change.
+    entry.flash = entry.flash || kind !== 'sync' || follow.listed || known !== undefined;
+    entry.value = data.value ?? null;
+    entry.valueBase64 = data.value_base64 ?? null;
+    // Values too large for events come as their length only.
+    entry.omittedBytes = data.value_omitted === true ? data.value_bytes : null;
+    entry.version = version;
+    entry.at = versionTime(version) ?? Date.now();
+    remember(entry, entry.value, entry.at, CHART_POINTS);
+    markDirty(entry);
+  }
+
+  /** A key that is gone: its row says so for a moment, then leaves. */
+  function leave(entry, version) {
+    if (entry.gone !== 0) return;
+    entry.gone = performance.now();
+    entry.flash = true;
+    if (version !== null) entry.version = version;
+    entry.at = versionTime(version) ?? Date.now();
+    markDirty(entry);
+    if (follow.sweepTimer === null) follow.sweepTimer = setTimeout(sweep, LEAVE_MS);
+  }
+
+  function sweep() {
+    follow.sweepTimer = null;
+    const now = performance.now();
+    let next = Infinity;
+    for (const entry of follow.entries.values()) {
+      if (entry.gone === 0) continue;
+      if (now - entry.gone >= LEAVE_MS) {
+        follow.entries.delete(entry.id);
+        markDirty(entry);
+      } else {
+        next = Math.min(next, entry.gone + LEAVE_MS - now);
+      }
+    }
+    if (next !== Infinity) follow.sweepTimer = setTimeout(sweep, next);
+  }
+
+  function markDirty(entry) {
+    follow.dirty.add(entry);
+    scheduleFlush();
+  }
+
+  function scheduleFlush() {
+    if (follow.frame === 0) follow.frame = requestAnimationFrame(flushFollowed);
+  }
+
+  /** Renders what changed since the last frame: rows in, rows out, cells. */
+  function flushFollowed() {
+    follow.frame = 0;
+    let chart = false;
+    for (const entry of follow.dirty) {
+      if (follow.entries.get(entry.id) !== entry) {
+        removeFollowedRow(entry);
+      } else {
+        if (entry.row === null) insertFollowedRow(entry);
+        renderFollowed(entry);
+      }
+      chart ||= entry.id === follow.selected;
+    }
+    follow.dirty.clear();
+    renderFollowStatus();
+    if (chart) renderChart();
+  }
+
+  /** Inserts the entry's row at its sorted place. */
+  function insertFollowedRow(entry) {
+    const row = ui.followTemplate.content.firstElementChild.cloneNode(true);
+    const cells = {
+      select: row.querySelector('.select'),
+      marker: row.querySelector('.value .marker'),
+      text: row.querySelector('.value .text'),
+      spark: row.querySelector('.spark'),
+      version: row.querySelector('.version'),
+      time: row.querySelector('.changed .time'),
+      error: row.querySelector('.changed .event-error'),
+    };
+    row.dataset.key = entry.label;
+    cells.select.textContent = entry.label;
+    entry.row = row;
+    entry.cells = cells;
+    rowEntries.set(row, entry);
+    const { order } = follow;
+    let low = 0;
+    let high = order.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (order[middle].id < entry.id) low = middle + 1;
+      else high = middle;
+    }
+    order.splice(low, 0, entry);
+    ui.followRows.insertBefore(row, order[low + 1]?.row ?? null);
+  }
+
+  function removeFollowedRow(entry) {
+    if (entry.row === null) return;
+    const index = follow.order.indexOf(entry);
+    if (index !== -1) follow.order.splice(index, 1);
+    entry.row.remove();
+    entry.row = null;
+    if (follow.selected === entry.id && !follow.entries.has(entry.id)) select(null);
+  }
+
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function renderFollowed(entry) {
+    const { row, cells } = entry;
+    row.dataset.exists = String(entry.gone === 0);
+    let marker = '';
+    let text = '';
+    if (entry.gone !== 0) {
+      marker = 'deleted';
+    } else if (typeof entry.value === 'string') {
+      marker = entry.value === '' ? 'empty' : '';
+      text = entry.value;
+    } else if (typeof entry.valueBase64 === 'string') {
+      marker = 'not UTF-8, base64:';
+      text = entry.valueBase64;
+    } else if (typeof entry.omittedBytes === 'number') {
+      marker = `${entry.omittedBytes} bytes, too large to show`;
+    }
+    // A huge value would cost layout for nothing: the start is enough here.
+    if (text.length > VALUE_SHOWN) text = `${text.slice(0, VALUE_SHOWN)}…`;
+    setText(cells.marker, marker);
+    cells.marker.hidden = marker === '';
+    setText(cells.text, text);
+    setText(cells.version, entry.version ?? '—');
+    const at = new Date(entry.at);
+    cells.time.dateTime = at.toISOString();
+    setText(cells.time, formatTime(at));
+    setText(cells.error, entry.error ?? '');
+    cells.error.hidden = !entry.error;
+    row.classList.toggle('has-error', Boolean(entry.error));
+    drawSpark(cells.spark, entry.label, entry.history);
+    if (entry.flash) {
+      // Two identical animations under two names: switching restarts it
+      // without forcing a layout.
+      row.dataset.flash = row.dataset.flash === 'a' ? 'b' : 'a';
+      entry.flash = false;
+    }
+  }
+
+  function renderFollowStatus() {
+    let n = 0;
+    for (const entry of follow.entries.values()) if (entry.gone === 0) n += 1;
+    const keys = `${n} key${n === 1 ? '' : 's'}`;
+    // A live region: only a new count is announced.
+    setText(ui.followCount, follow.listed ? `${keys} matching` : `${keys} listed so far`);
+    ui.followEmpty.hidden = follow.order.length > 0;
+    ui.followTable.hidden = follow.order.length === 0;
+  }
+
+  const TIME_OF_DAY = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
+  const HOUR_MINUTE = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' });
+  const DAY = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium' });
+
+  /** The time of day, with the date when it is not today. */
+  function formatTime(at) {
+    const time = TIME_OF_DAY.format(at);
+    return at.toDateString() === new Date().toDateString() ? time : `${DAY.format(at)} ${time}`;
+  }
+
+  // ---- the selected key's chart -------------------------------------------
+
+  function select(id) {
+    const previous = follow.selected === null ? undefined : follow.entries.get(follow.selected);
+    if (previous?.row) {
+      previous.row.classList.remove('selected');
+      previous.cells.select.setAttribute('aria-pressed', 'false');
+    }
+    follow.selected = id;
+    const entry = id === null ? undefined : follow.entries.get(id);
+    if (entry?.row) {
+      entry.row.classList.add('selected');
+      entry.cells.select.setAttribute('aria-pressed', 'true');
+    }
+    clearInterval(follow.chartTimer);
+    // The time axis runs on to now while a key is shown.
+    follow.chartTimer = entry ? setInterval(renderChart, CHART_TICK_MS) : null;
+    renderChart();
+  }
+
+  function svgElement(name, attributes, text) {
+    const element = document.createElementNS(SVG_NS, name);
+    for (const [attribute, value] of Object.entries(attributes)) element.setAttribute(attribute, String(value));
+    if (text !== undefined) element.textContent = text;
+    return element;
+  }
+
+  /** Steps of the time axis: the first that gives at most six ticks. */
+  const TIME_STEPS_S = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+
+  function formatNumber(value) {
+    return String(Number(value.toPrecision(6)));
+  }
+
+  /**
+   * The selected key's numeric values against time, as steps (a value holds
+   * until the next change), from when following began (or its first value
+   * since) to now.
+   */
+  function renderChart() {
+    const entry = follow.selected === null ? undefined : follow.entries.get(follow.selected);
+    ui.chart.hidden = !entry;
+    if (!entry) return;
+    const svg = ui.chartSvg;
+    const [grid, yAxis, xAxis, line, points] = ['.grid', '.y-axis', '.x-axis', '.line', '.points'].map((s) => svg.querySelector(s));
+    setText(ui.chartKey, entry.label);
+    const { history: values, times } = entry;
+    if (values.length === 0) {
+      setText(ui.chartNote, 'has no numeric value to chart since following began');
+      for (const group of [grid, yAxis, xAxis, points]) group.replaceChildren();
+      line.setAttribute('d', '');
+      return;
+    }
+    const [width, height] = [1000, 220];
+    const [left, right, top, bottom] = [64, 12, 10, 24];
+    const now = Math.max(Date.now(), times[times.length - 1]);
+    const start = Math.min(Math.max(times[0], follow.startedAt), now - CHART_MIN_SPAN_MS);
+    const low0 = Math.min(...values);
+    const high0 = Math.max(...values);
+    const pad = (high0 - low0) * 0.08 || Math.abs(high0) * 0.05 || 1;
+    const [low, high] = [low0 - pad, high0 + pad];
+    const x = (t) => left + ((Math.min(Math.max(t, start), now) - start) / (now - start)) * (width - left - right);
+    const y = (v) => top + ((high - v) / (high - low)) * (height - top - bottom);
+
+    const gridLines = [];
+    const yLabels = [];
+    for (const value of [low0, (low0 + high0) / 2, high0]) {
+      if (value === low0 && value === high0 && yLabels.length > 0) break;
+      gridLines.push(svgElement('line', { x1: left, x2: width - right, y1: y(value), y2: y(value) }));
+      yLabels.push(svgElement('text', { x: left - 6, y: y(value), 'text-anchor': 'end', 'dominant-baseline': 'middle' }, formatNumber(value)));
+    }
+    const span = (now - start) / 1000;
+    const stepS = TIME_STEPS_S.find((s) => span / s <= 6) ?? 86400;
+    const step = stepS * 1000;
+    const format = stepS < 60 ? TIME_OF_DAY : HOUR_MINUTE;
+    const xLabels = [];
+    for (let t = Math.ceil(start / step) * step; t <= now; t += step) {
+      gridLines.push(svgElement('line', { x1: x(t), x2: x(t), y1: top, y2: height - bottom }));
+      // The last label would stick out on the right: it ends at its tick.
+      const anchor = x(t) > width - right - 30 ? 'end' : 'middle';
+      xLabels.push(svgElement('text', { x: x(t), y: height - 6, 'text-anchor': anchor }, format.format(t)));
+    }
+    xLabels.push(svgElement('line', { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom }));
+    grid.replaceChildren(...gridLines);
+    yAxis.replaceChildren(...yLabels);
+    xAxis.replaceChildren(...xLabels);
+
+    let d = `M${x(times[0]).toFixed(1)},${y(values[0]).toFixed(1)}`;
+    const dots = [];
+    for (let i = 0; i < values.length; i += 1) {
+      if (i > 0) d += `H${x(times[i]).toFixed(1)}V${y(values[i]).toFixed(1)}`;
+      dots.push(svgElement('circle', { cx: x(times[i]).toFixed(1), cy: y(values[i]).toFixed(1), r: 2.5 }));
+    }
+    d += `H${x(entry.gone === 0 ? now : times[times.length - 1]).toFixed(1)}`;
+    line.setAttribute('d', d);
+    points.replaceChildren(...dots);
+    const last = values[values.length - 1];
+    setText(ui.chartNote, `${values.length} value${values.length === 1 ? '' : 's'} from ${formatNumber(low0)} to ${formatNumber(high0)}, now ${formatNumber(last)}`);
+    svg.setAttribute('aria-label', `${entry.label}: ${values.length} values against time, from ${formatNumber(low0)} to ${formatNumber(high0)}, the latest ${formatNumber(last)}`);
   }
 
   function updateEmpty() {
@@ -689,6 +1194,23 @@
 
   ui.browseMore.addEventListener('click', () => browse(browsing.pattern, true));
 
+  ui.followStart.addEventListener('click', () => {
+    const pattern = ui.browsePattern.value || '*';
+    if (pattern === follow.pattern) showNotice(`Already following ${pattern}`);
+    else startFollowing(pattern);
+  });
+  ui.followStop.addEventListener('click', () => {
+    const pattern = follow.pattern;
+    stopFollowing();
+    showNotice(`Stopped following ${pattern}`);
+  });
+  // One listener for every row: a click on a key shows (or hides) its chart.
+  ui.followRows.addEventListener('click', (event) => {
+    const button = event.target.closest('button.select');
+    const entry = button && rowEntries.get(button.closest('tr'));
+    if (entry) select(follow.selected === entry.id ? null : entry.id);
+  });
+
   ui.tokenForm.addEventListener('submit', (event) => {
     event.preventDefault();
     try {
@@ -705,12 +1227,22 @@
     ui.tokenBox.open = false;
     showNotice(apiToken() ? 'Using the API token' : 'No API token');
     openStream();
+    if (follow.pattern !== null) openFollowStream();
     browse(browsing.pattern, false);
   });
 
   for (const key of loadKeys()) addRow(key);
   updateEmpty();
   openStream();
+  try {
+    const pattern = localStorage.getItem(FOLLOW_KEY);
+    if (pattern) {
+      ui.browsePattern.value = pattern;
+      startFollowing(pattern);
+    }
+  } catch {
+    // no storage: nothing was followed
+  }
   // The first page of every key, so the page does not open empty.
   browse('*', false);
 })();

@@ -13,8 +13,24 @@
 // 5. reloads the page: the watched key list survives (localStorage);
 // 6. the key browser: lists keys written with fetch by a glob, pages with
 //    "More keys", a click watches a key, whose numeric values then draw a
-//    sparkline; with SCREENSHOT set, writes a screenshot of the page there;
-// 7. stops watching through the page.
+//    sparkline;
+// 7. follows the key space ui-space/* live: keys created and deleted with
+//    fetch (another client than the page) appear and leave by themselves,
+//    a changed row flashes, numeric keys draw sparklines, a selected key
+//    draws a chart against time; the pattern survives a reload; with
+//    SCREENSHOT set, writes a screenshot of the page there;
+// 8. stops watching through the page.
+//
+// With SDK_PEER=1 it runs only a handshake with a writer the gateway does
+// not see (the official SDK, driven by the caller): it follows ui-sdk/*,
+// prints SDK_READY, waits for the key ui-sdk/from-sdk to appear with the
+// value "written by the SDK" (found by the gateway's rescan), prints
+// SDK_SEEN, and waits for the row to leave once the caller deleted it.
+//
+// With LOAD_KEYS=<n> it runs only the load test instead: n keys followed
+// on one stream, then bursts of changes to all of them and their deletion;
+// the page must show every final value and keep drawing frames (limits
+// below), and it prints what it measured.
 //
 // Any wait is bounded. On failure: a message on stderr, a screenshot in a
 // temporary directory, and exit status 1. The page must also run without a
@@ -35,10 +51,13 @@ import { chromium } from 'playwright-core';
 const KEY = 'ui-test-key';
 const WAIT_MS = 10_000;
 const REQUEST_MS = 5_000;
-const OVERALL_MS = 50_000;
+const OVERALL_MS = 60_000;
+const LOAD_OVERALL_MS = 150_000;
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const API_TOKEN = process.env.API_TOKEN || '';
 const SCREENSHOT = process.env.SCREENSHOT || '';
+const LOAD_KEYS = Number(process.env.LOAD_KEYS || 0);
+const SDK_PEER = process.env.SDK_PEER === '1';
 // The listing test's keys: more than one page of the browser (20).
 const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
 const SPARK_KEY = 'ui-list/temperature';
@@ -145,13 +164,8 @@ async function describeRow(page, key) {
   }, key);
 }
 
-async function run(base, problems, session) {
-  const keyUrl = new URL(`keys/${encodeURIComponent(KEY)}`, base);
-  const token = randomBytes(6).toString('hex');
-
-  step(`starting from an absent key (${keyUrl})`);
-  await expectStatus(await http('DELETE', keyUrl), [204, 404], 'DELETE before the test');
-
+/** Starts Chromium and opens <base>/ui/, watching the page for script errors and CSP violations. */
+async function openPage(base, problems, session) {
   session.userDataDir = await mkdtemp(path.join(tmpdir(), 'ui-test-chromium-'));
   let context;
   try {
@@ -182,6 +196,18 @@ async function run(base, problems, session) {
   if (!response || response.status() !== 200) fail(`GET ${pageUrl} answered ${response?.status()}`);
   const csp = response.headers()['content-security-policy'] ?? '';
   if (!csp.includes("default-src 'self'")) fail(`the page has no strict CSP: "${csp}"`);
+
+  return page;
+}
+
+async function run(base, problems, session) {
+  const keyUrl = new URL(`keys/${encodeURIComponent(KEY)}`, base);
+  const token = randomBytes(6).toString('hex');
+
+  step(`starting from an absent key (${keyUrl})`);
+  await expectStatus(await http('DELETE', keyUrl), [204, 404], 'DELETE before the test');
+
+  const page = await openPage(base, problems, session);
 
   step(`adding ${KEY} through the page`);
   await page.getByLabel('Key to watch').fill(KEY);
@@ -264,6 +290,7 @@ async function run(base, problems, session) {
   await page.getByRole('button', { name: `Stop watching ${lockName}`, exact: true }).click();
   await page.locator('#rows tr').nth(1).waitFor({ state: 'detached', timeout: WAIT_MS });
   await browseAndSparkline(base, page);
+  await followKeySpace(base, page);
 
   step('deleting through the page, then stopping the watch');
   await page.getByRole('button', { name: `Delete ${KEY} from the store`, exact: true }).click();
@@ -328,13 +355,6 @@ async function browseAndSparkline(base, page) {
   const ys = points.map((point) => Number(point.split(',')[1]));
   if (!(ys[0] === Math.max(...ys) && ys[ys.length - 1] === Math.min(...ys))) fail(`sparkline points ${spark.points} do not follow the values`);
 
-  if (SCREENSHOT) {
-    await mkdir(path.dirname(SCREENSHOT), { recursive: true });
-    await page.setViewportSize({ width: 1100, height: 800 });
-    await page.screenshot({ path: SCREENSHOT, fullPage: true, timeout: 10_000 });
-    step(`screenshot written to ${SCREENSHOT}`);
-  }
-
   step(`stopping the watch of ${SPARK_KEY} and deleting the listed keys`);
   await page.getByRole('button', { name: `Stop watching ${SPARK_KEY}`, exact: true }).click();
   await page.locator(`#rows tr[data-key="${SPARK_KEY}"]`).waitFor({ state: 'detached', timeout: WAIT_MS });
@@ -343,16 +363,379 @@ async function browseAndSparkline(base, page) {
   }
 }
 
+/** What the followed table shows: its rows in order, the status and the count line. */
+async function readFollowed(page) {
+  return page.evaluate(() => ({
+    connection: document.getElementById('follow-text').textContent,
+    count: document.getElementById('follow-count').textContent,
+    hidden: document.getElementById('follow').hidden,
+    rows: [...document.querySelectorAll('#follow-rows tr')].map((row) => ({
+      key: row.dataset.key,
+      exists: row.dataset.exists,
+      flash: row.dataset.flash ?? '',
+      marker: row.querySelector('.value .marker').textContent,
+      value: row.querySelector('.value .text').textContent,
+      version: row.querySelector('.version').textContent,
+      time: row.querySelector('.changed .time').textContent,
+      spark: row.querySelector('.spark').hasAttribute('hidden')
+        ? 0
+        : row.querySelector('.spark polyline').getAttribute('points').trim().split(/\s+/).length,
+    })),
+  }));
+}
+
+/** Polls the followed table (bounded) until `predicate` holds for it. */
+async function waitForFollowed(page, description, predicate, waitMs = WAIT_MS) {
+  const deadline = Date.now() + waitMs;
+  for (;;) {
+    const table = await readFollowed(page);
+    if (predicate(table)) return table;
+    if (Date.now() > deadline) {
+      const rows = table.rows.slice(0, 12).map((r) => `${r.key}=${r.marker}${r.value}@${r.version}`);
+      const errors = await page.evaluate(() => [...document.querySelectorAll('#errors .error .text')].map((e) => e.textContent));
+      fail(`the followed table did not show ${description} within ${waitMs / 1000} s; it shows ` +
+        `${JSON.stringify({ connection: table.connection, count: table.count, n: table.rows.length, rows, errors })}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+const SPACE = 'ui-space/*';
+const SPACE_KEYS = {
+  'ui-space/line-1/temperature': '21.5',
+  'ui-space/line-1/pressure': '1013.2',
+  'ui-space/line-2/temperature': '19.75',
+  'ui-space/line-2/state': 'running',
+};
+const TIME_OF_DAY = /^\d\d:\d\d:\d\d$/;
+
+/**
+ * Follows ui-space/* live while this script (not the page) creates,
+ * changes and deletes keys with plain HTTP requests.
+ */
+async function followKeySpace(base, page) {
+  const keyUrl = (key) => new URL(`keys/${encodeURIComponent(key)}`, base);
+  const put = async (key, value) => {
+    const response = await http('PUT', keyUrl(key), { body: value });
+    await expectStatus(response, [200], `PUT ${key}`);
+    return (await response.json()).version;
+  };
+  const created = 'ui-space/line-3/temperature';
+  await expectStatus(await http('DELETE', keyUrl(created)), [204, 404], `DELETE ${created} before the test`);
+  step(`writing ${Object.keys(SPACE_KEYS).length} keys under ui-space/ and one beside it with fetch`);
+  for (const [key, value] of Object.entries(SPACE_KEYS)) await put(key, value);
+  await put('ui-spaceship', 'outside the pattern');
+
+  step(`following ${SPACE}: one row per matching key, sorted, nothing else`);
+  await page.getByLabel('Keys matching').fill(SPACE);
+  await page.getByRole('button', { name: 'List', exact: true }).click();
+  await page.getByRole('button', { name: 'Follow live', exact: true }).click();
+  const sorted = Object.keys(SPACE_KEYS).sort();
+  let table = await waitForFollowed(page, `the ${sorted.length} keys, live`, (t) =>
+    t.connection === 'Live' && t.count === `${sorted.length} keys matching` &&
+    JSON.stringify(t.rows.map((r) => r.key)) === JSON.stringify(sorted));
+  for (const row of table.rows) {
+    if (row.value !== SPACE_KEYS[row.key] || row.exists !== 'true' || !TIME_OF_DAY.test(row.time) || row.version === '—') {
+      fail(`the row of ${row.key} shows ${JSON.stringify(row)}`);
+    }
+  }
+  // The initial listing is not a change: no row flashes for it.
+  if (table.rows.some((r) => r.flash !== '')) fail(`rows flashed on the initial listing: ${JSON.stringify(table.rows)}`);
+
+  step(`another client creates ${created}: it appears by itself, flashing`);
+  const createdVersion = await put(created, '25');
+  table = await waitForFollowed(page, `${created} at version ${createdVersion}`, (t) =>
+    t.rows.some((r) => r.key === created && r.value === '25' && r.version === createdVersion));
+  const keys = table.rows.map((r) => r.key);
+  if (JSON.stringify(keys) !== JSON.stringify([...sorted, created].sort())) fail(`the rows are ${JSON.stringify(keys)}, not sorted`);
+  if (table.rows.find((r) => r.key === created).flash === '') fail(`the new row of ${created} did not flash`);
+  if (table.count !== '5 keys matching') fail(`the count says "${table.count}"`);
+
+  const chartKey = 'ui-space/line-1/temperature';
+  const values = ['22', '21.25', '23.5', '22.75', '24'];
+  step(`${chartKey} changes ${values.length} times: the row flashes each time and draws a sparkline`);
+  for (const value of values) {
+    const before = (await readFollowed(page)).rows.find((r) => r.key === chartKey).flash;
+    const version = await put(chartKey, value);
+    table = await waitForFollowed(page, `${chartKey} = ${value}`, (t) =>
+      t.rows.some((r) => r.key === chartKey && r.value === value && r.version === version && r.flash !== before));
+  }
+  const sparkPoints = table.rows.find((r) => r.key === chartKey).spark;
+  if (sparkPoints !== values.length + 1) fail(`the sparkline of ${chartKey} has ${sparkPoints} points, not ${values.length + 1}`);
+  // A key that is not a number has no sparkline.
+  if (table.rows.find((r) => r.key === 'ui-space/line-2/state').spark !== 0) fail('a text value drew a sparkline');
+
+  step(`selecting ${chartKey}: a chart of its values against time`);
+  await page.getByRole('button', { name: chartKey, exact: true }).click();
+  await page.locator('#chart-note').filter({ hasText: `${values.length + 1} values from 21.25 to 24, now 24` })
+    .waitFor({ timeout: WAIT_MS })
+    .catch(async () => fail(`the chart says "${await page.locator('#chart').innerText().catch(() => '?')}"`));
+  const chart = await page.evaluate(() => {
+    const svg = document.getElementById('chart-svg');
+    const box = svg.getBoundingClientRect();
+    return {
+      width: box.width,
+      dots: [...svg.querySelectorAll('.points circle')].map((c) => Number(c.getAttribute('cy'))),
+      path: svg.querySelector('.line').getAttribute('d'),
+      times: [...svg.querySelectorAll('.x-axis text')].map((t) => t.textContent),
+      pressed: document.querySelector('#follow-rows tr.selected .select')?.getAttribute('aria-pressed'),
+    };
+  });
+  if (chart.width < 300 || chart.dots.length !== values.length + 1 || !chart.path.startsWith('M')) {
+    fail(`the chart shows ${JSON.stringify(chart)}`);
+  }
+  // 24 (the last) is the highest value, drawn at the top; 21.25 the lowest.
+  if (Math.min(...chart.dots) !== chart.dots.at(-1) || Math.max(...chart.dots) !== chart.dots[2]) {
+    fail(`the chart's points ${JSON.stringify(chart.dots)} do not follow the values`);
+  }
+  if (chart.times.length < 2 || !chart.times.every((t) => TIME_OF_DAY.test(t))) fail(`the time axis reads ${JSON.stringify(chart.times)}`);
+  if (chart.pressed !== 'true') fail('the selected key is not marked as pressed');
+
+  const deleted = 'ui-space/line-2/state';
+  step(`another client deletes ${deleted}: its row says so, then leaves`);
+  await expectStatus(await http('DELETE', keyUrl(deleted)), [204], `DELETE ${deleted}`);
+  await waitForFollowed(page, `${deleted} marked deleted`, (t) =>
+    t.rows.some((r) => r.key === deleted && r.exists === 'false' && r.marker === 'deleted') || !t.rows.some((r) => r.key === deleted));
+  table = await waitForFollowed(page, `${deleted} gone`, (t) =>
+    !t.rows.some((r) => r.key === deleted) && t.count === '4 keys matching');
+
+  if (SCREENSHOT) {
+    // A few more readings, so that the picture has sparklines to show.
+    const readings = [
+      ['ui-space/line-1/pressure', '1012.8'], ['ui-space/line-2/temperature', '20.5'],
+      ['ui-space/line-1/pressure', '1013.6'], ['ui-space/line-2/temperature', '20.25'],
+      ['ui-space/line-1/pressure', '1013.1'], ['ui-space/line-2/temperature', '21'],
+    ];
+    for (const [key, value] of readings) {
+      const version = await put(key, value);
+      await waitForFollowed(page, `${key} = ${value}`, (t) => t.rows.some((r) => r.key === key && r.version === version));
+    }
+    await mkdir(path.dirname(SCREENSHOT), { recursive: true });
+    await page.setViewportSize({ width: 1100, height: 800 });
+    await page.screenshot({ path: SCREENSHOT, fullPage: true, timeout: 10_000 });
+    step(`screenshot written to ${SCREENSHOT}`);
+  }
+
+  step('reloading: the followed pattern survives, its keys listed again');
+  await page.reload({ waitUntil: 'load' });
+  const remaining = [...sorted.filter((k) => k !== deleted), created].sort();
+  await waitForFollowed(page, `the ${remaining.length} remaining keys, live`, (t) =>
+    t.connection === 'Live' && JSON.stringify(t.rows.map((r) => r.key)) === JSON.stringify(remaining));
+
+  step('stopping following; the keys are deleted');
+  await page.getByRole('button', { name: 'Stop following', exact: true }).click();
+  await waitForFollowed(page, 'no followed section', (t) => t.hidden && t.rows.length === 0);
+  const kept = await page.evaluate(() => localStorage.getItem('statestore-gateway.ui.follow'));
+  if (kept !== null) fail(`the stopped pattern is still kept: ${kept}`);
+  for (const key of [...remaining, 'ui-spaceship']) {
+    await expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`);
+  }
+}
+
+/** Runs `work(item)` for every item, `concurrency` at a time. */
+async function eachConcurrently(items, concurrency, work) {
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const item = items[next];
+      next += 1;
+      await work(item);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(concurrency, items.length) }, worker));
+}
+
+// What "keeps up" means at LOAD_KEYS keys: generous bounds for a shared,
+// busy machine, far below what redrawing the table per event would take
+// (thousands of events, each a pass over every row).
+const LOAD_CATCH_UP_MS = 5_000; // from the last write's answer to the page showing it
+const LOAD_LONGEST_TASK_MS = 1_000; // the longest main-thread task during the burst
+const LOAD_ROUNDS = 3; // changes per key in the burst
+const LOAD_CONCURRENCY = 32;
+
+/**
+ * A second follower of `pattern`, in this script: counts the events the
+ * gateway sends, and the last kind per key, so that a failure says whether
+ * the gateway or the page lost an event.
+ */
+async function rawFollower(base, pattern) {
+  const abort = new AbortController();
+  const seen = { counts: {}, last: new Map(), stop: () => abort.abort() };
+  const response = await fetch(new URL(`watch?match=${encodeURIComponent(pattern)}`, base), {
+    signal: abort.signal,
+    headers: API_TOKEN ? { Authorization: `Bearer ${API_TOKEN}` } : {},
+  });
+  if (!response.ok) fail(`a second follower of ${pattern} got HTTP ${response.status}`);
+  (async () => {
+    let buffer = '';
+    try {
+      for await (const chunk of response.body) {
+        buffer += Buffer.from(chunk).toString();
+        for (let end; (end = buffer.indexOf('\n\n')) >= 0;) {
+          const event = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const kind = /^event: (.*)$/m.exec(event)?.[1];
+          const data = /^data: (.*)$/m.exec(event)?.[1];
+          if (!kind) continue;
+          seen.counts[kind] = (seen.counts[kind] ?? 0) + 1;
+          const parsed = data ? JSON.parse(data) : {};
+          if (typeof parsed.key === 'string') seen.last.set(parsed.key, parsed.exists === false ? 'absent' : kind);
+        }
+      }
+    } catch {
+      // aborted at the end
+    }
+  })();
+  return seen;
+}
+
+/** LOAD_KEYS keys followed on one stream, a burst of changes, then their deletion. */
+async function runLoad(base, problems, session) {
+  const keys = Array.from({ length: LOAD_KEYS }, (_, n) => `ui-load/k-${String(n).padStart(5, '0')}`);
+  const keyUrl = (key) => new URL(`keys/${encodeURIComponent(key)}`, base);
+  const put = async (key, value) => expectStatus(await http('PUT', keyUrl(key), { body: value }), [200], `PUT ${key}`);
+
+  step(`writing ${keys.length} keys under ui-load/`);
+  let started = Date.now();
+  await eachConcurrently(keys, LOAD_CONCURRENCY, (key) => put(key, '0'));
+  step(`  ${keys.length} PUTs in ${Date.now() - started} ms`);
+
+  const page = await openPage(base, problems, session);
+  step(`following ui-load/*: ${keys.length} rows`);
+  started = Date.now();
+  await page.getByLabel('Keys matching').fill('ui-load/*');
+  await page.getByRole('button', { name: 'Follow live', exact: true }).click();
+  await waitForFollowed(page, `${keys.length} keys, live`, (t) =>
+    t.connection === 'Live' && t.count === `${keys.length} keys matching` && t.rows.length === keys.length, 30_000);
+  step(`  listed and drawn in ${Date.now() - started} ms`);
+
+  const raw = await rawFollower(base, 'ui-load/*');
+
+  // Measured inside the page: every frame's gap, every long task, and how
+  // many rows each batch of DOM changes touched (a redraw of the whole
+  // table per event would touch every row thousands of times).
+  await page.evaluate(() => {
+    const monitor = {
+      frames: 0, longestFrameMs: 0, longTasks: 0, longestTaskMs: 0, longTaskMs: 0,
+      batches: 0, rowsTouched: 0, mostRowsInABatch: 0, running: true,
+    };
+    window.loadMonitor = monitor;
+    let last = performance.now();
+    const frame = (now) => {
+      monitor.frames += 1;
+      monitor.longestFrameMs = Math.max(monitor.longestFrameMs, now - last);
+      last = now;
+      if (monitor.running) requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+    new PerformanceObserver((list) => {
+      for (const task of list.getEntries()) {
+        monitor.longTasks += 1;
+        monitor.longTaskMs += task.duration;
+        monitor.longestTaskMs = Math.max(monitor.longestTaskMs, task.duration);
+      }
+    }).observe({ type: 'longtask' });
+    new MutationObserver((records) => {
+      if (!monitor.running) return;
+      const rows = new Set();
+      for (const record of records) {
+        const node = record.target.nodeType === Node.ELEMENT_NODE ? record.target : record.target.parentElement;
+        const row = node?.closest('#follow-rows > tr');
+        if (row) rows.add(row);
+      }
+      monitor.batches += 1;
+      monitor.rowsTouched += rows.size;
+      monitor.mostRowsInABatch = Math.max(monitor.mostRowsInABatch, rows.size);
+    }).observe(document.getElementById('follow-rows'), { subtree: true, childList: true, attributes: true, characterData: true });
+  });
+
+  const final = `${LOAD_ROUNDS}.5`;
+  step(`a burst: every key changes ${LOAD_ROUNDS} times (${keys.length * LOAD_ROUNDS} writes)`);
+  started = Date.now();
+  const writes = [];
+  for (let round = 1; round <= LOAD_ROUNDS; round += 1) for (const key of keys) writes.push([key, `${round}.5`]);
+  await eachConcurrently(writes, LOAD_CONCURRENCY, ([key, value]) => put(key, value));
+  const written = Date.now();
+  // A light probe (the full table read would itself be a long task in the page).
+  const showing = () => page.evaluate((final) => {
+    let n = 0;
+    for (const text of document.querySelectorAll('#follow-rows td.value .text')) if (text.textContent === final) n += 1;
+    return n;
+  }, final);
+  for (const deadline = written + LOAD_CATCH_UP_MS + 5_000; ;) {
+    const n = await showing();
+    if (n === keys.length) break;
+    if (Date.now() > deadline) fail(`${Date.now() - written} ms after the last write the page shows ${final} for ${n} of ${keys.length} keys`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  const caughtUp = Date.now();
+  const monitor = await page.evaluate(() => {
+    window.loadMonitor.running = false;
+    return window.loadMonitor;
+  });
+  const sparks = (await readFollowed(page)).rows.filter((r) => r.spark === LOAD_ROUNDS + 1).length;
+  const seconds = (written - started) / 1000;
+  step(`  ${writes.length} writes in ${written - started} ms (${Math.round(writes.length / seconds)}/s); ` +
+    `the page showed the last ${caughtUp - written} ms after the last write's answer; ` +
+    `${monitor.frames} frames, longest frame gap ${Math.round(monitor.longestFrameMs)} ms, ` +
+    `${monitor.longTasks} long tasks (${Math.round(monitor.longTaskMs)} ms in all, longest ${Math.round(monitor.longestTaskMs)} ms); ` +
+    `${monitor.batches} batches of DOM changes touched ${monitor.rowsTouched} rows (at most ${monitor.mostRowsInABatch} at once); ` +
+    `${sparks} sparklines of ${LOAD_ROUNDS + 1} points`);
+  if (caughtUp - written > LOAD_CATCH_UP_MS) fail(`the page needed ${caughtUp - written} ms to catch up, more than ${LOAD_CATCH_UP_MS}`);
+  if (monitor.longestTaskMs > LOAD_LONGEST_TASK_MS) fail(`a task took ${Math.round(monitor.longestTaskMs)} ms, more than ${LOAD_LONGEST_TASK_MS}`);
+  // Each change touches its own row once at most: never the whole table per event.
+  if (monitor.rowsTouched > writes.length) fail(`${monitor.rowsTouched} row updates for ${writes.length} changes`);
+  if (sparks !== keys.length) fail(`${sparks} of ${keys.length} rows have a sparkline of ${LOAD_ROUNDS + 1} points`);
+
+  step(`deleting the ${keys.length} keys: every row leaves`);
+  started = Date.now();
+  await eachConcurrently(keys, LOAD_CONCURRENCY, async (key) => expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`));
+  try {
+    await waitForFollowed(page, 'no row left', (t) => t.rows.length === 0 && t.count === '0 keys matching', 30_000);
+  } finally {
+    const alive = keys.filter((key) => !['delete', 'absent'].includes(raw.last.get(key)));
+    step(`  the second follower got ${JSON.stringify(raw.counts)}; ${alive.length} keys without a final delete` +
+      (alive.length > 0 ? `, e.g. ${alive.slice(0, 3).map((key) => `${key}: ${raw.last.get(key)}`).join(', ')}` : ''));
+    raw.stop();
+  }
+  step(`  all gone ${Date.now() - started} ms after the first delete`);
+  if (problems.length > 0) fail(problems.join('\n'));
+}
+
+/** Lines the caller of SDK_PEER=1 waits for before its next write. */
+const SDK_READY = 'ui test: SDK_READY';
+const SDK_SEEN = 'ui test: SDK_SEEN';
+// The SDK's key is found by a rescan (every --watch-rescan-interval).
+const SDK_WAIT_MS = 20_000;
+
+/** Follows ui-sdk/* while the caller creates and deletes a key through the official SDK. */
+async function runSdkPeer(base, problems, session) {
+  const page = await openPage(base, problems, session);
+  const key = 'ui-sdk/from-sdk';
+  await page.getByLabel('Keys matching').fill('ui-sdk/*');
+  await page.getByRole('button', { name: 'Follow live', exact: true }).click();
+  await waitForFollowed(page, 'an empty key space, live', (t) => t.connection === 'Live' && t.count === '0 keys matching');
+  console.log(SDK_READY);
+  const table = await waitForFollowed(page, `${key} written by the SDK`, (t) =>
+    t.rows.some((r) => r.key === key && r.value === 'written by the SDK' && r.exists === 'true'), SDK_WAIT_MS);
+  if (table.rows.length !== 1) fail(`the followed table shows ${JSON.stringify(table.rows)}`);
+  console.log(SDK_SEEN);
+  await waitForFollowed(page, `${key} gone after the SDK deleted it`, (t) => t.rows.length === 0 && t.count === '0 keys matching', SDK_WAIT_MS);
+  if (problems.length > 0) fail(problems.join('\n'));
+}
+
 async function main() {
   const problems = [];
   const session = {};
   let timer;
   const overall = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new TestFailure(`the test did not finish within ${OVERALL_MS / 1000} s`)), OVERALL_MS);
+    const limit = LOAD_KEYS > 0 ? LOAD_OVERALL_MS : OVERALL_MS;
+    timer = setTimeout(() => reject(new TestFailure(`the test did not finish within ${limit / 1000} s`)), limit);
   });
   try {
     const base = parseBase(process.argv[2]);
-    await Promise.race([run(base, problems, session), overall]);
+    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : run;
+    await Promise.race([test(base, problems, session), overall]);
     step('passed');
     return 0;
   } catch (err) {

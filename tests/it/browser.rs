@@ -5,14 +5,24 @@
 //! `scripts/install-browser-deps` installs them (`scripts/test` calls it).
 //! When they are missing these tests fail and say so; they never skip.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use crate::support::gateway::{GatewayOptions, Stack};
+use azure_iot_operations_services::state_store::SetOptions;
+use statestore_gateway::watch::WatchSettings;
 
-/// The whole browser run: Chromium start, page load, three bounded waits.
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::support::gateway::{GatewayOptions, Stack};
+use crate::support::sdk::{Calls, SdkClient};
+
+/// The whole browser run: Chromium start, page load, its bounded waits
+/// (the script gives up after 60 s on its own).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// The load run: thousands of writes on a busy machine (the script gives
+/// up after 150 s on its own).
+const LOAD_SCRIPT_TIMEOUT: Duration = Duration::from_secs(170);
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
@@ -72,26 +82,81 @@ pub async fn run_ui_script_with(
     api_token: Option<&str>,
     screenshot: Option<&Path>,
 ) -> Output {
+    run_node(
+        base_url,
+        &[
+            ("API_TOKEN", OsStr::new(api_token.unwrap_or_default())),
+            (
+                "SCREENSHOT",
+                screenshot.unwrap_or(Path::new("")).as_os_str(),
+            ),
+        ],
+        SCRIPT_TIMEOUT,
+    )
+    .await
+}
+
+/// Runs the script's load test: `keys` keys followed by the page, a burst
+/// of changes to all of them, then their deletion.
+pub async fn run_ui_load_script(base_url: &str, keys: usize) -> Output {
+    run_node(
+        base_url,
+        &[("LOAD_KEYS", OsStr::new(&keys.to_string()))],
+        LOAD_SCRIPT_TIMEOUT,
+    )
+    .await
+}
+
+async fn run_node(base_url: &str, env: &[(&str, &OsStr)], timeout: Duration) -> Output {
+    let child = spawn_node(base_url, env);
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(output) => output.expect("the output of node"),
+        Err(_) => panic!("tests/browser/ui.mjs did not finish within {timeout:?}"),
+    };
+    // Its steps, for `cargo test -- --nocapture`.
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    output
+}
+
+/// Starts `tests/browser/ui.mjs <base_url>` with its output piped (killed
+/// when dropped).
+fn spawn_node(base_url: &str, env: &[(&str, &OsStr)]) -> tokio::process::Child {
     require_browser_tools();
-    let child = tokio::process::Command::new("node")
+    tokio::process::Command::new("node")
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
-        .env("API_TOKEN", api_token.unwrap_or_default())
-        .env("SCREENSHOT", screenshot.unwrap_or(Path::new("")))
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("node starts");
-    let output = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output()).await {
-        Ok(output) => output.expect("the output of node"),
-        Err(_) => panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}"),
-    };
-    // Its steps, for `cargo test -- --nocapture`.
-    print!("{}", String::from_utf8_lossy(&output.stdout));
-    output
+        .expect("node starts")
+}
+
+/// Reads the script's stdout (bounded) until the line `wanted`, keeping
+/// what it printed in `printed`.
+async fn wait_for_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    wanted: &str,
+    printed: &mut String,
+) {
+    let found = tokio::time::timeout(SCRIPT_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.expect("the script's stdout") {
+            printed.push_str(&line);
+            printed.push('\n');
+            if line == wanted {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(found, Ok(true)),
+        "the script did not print {wanted:?}:\n{printed}"
+    );
 }
 
 /// Asserts that the script passed, showing everything it printed if not.
@@ -119,9 +184,11 @@ fn chromium_node_and_playwright_are_installed() {
 
 /// The whole dashboard against mosquitto + emulator + gateway: a key added
 /// in the page follows a PUT and a DELETE made with plain HTTP, a value set
-/// in the page's form lands in the store, and the key browser lists keys by
-/// glob, pages, watches a clicked key and draws its numeric values. Writes
-/// the README's screenshot, docs/dashboard.png.
+/// in the page's form lands in the store, the key browser lists keys by
+/// glob, pages, watches a clicked key and draws its numeric values, and a
+/// followed pattern shows keys created and deleted with plain HTTP arrive
+/// and leave by themselves, with a chart of a selected key. Writes the
+/// README's screenshot, docs/dashboard.png.
 #[tokio::test]
 async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() {
     require_browser_tools();
@@ -150,6 +217,78 @@ async fn dashboard_works_behind_an_api_token_once_given() {
     let base = format!("http://{}", stack.gateway.api);
     let output = run_ui_script(&base, Some(token)).await;
     assert_passed(&output);
+    stack.gateway.shutdown().await;
+}
+
+/// 1,000 keys followed on one stream keep up with a burst of 3,000 changes:
+/// the page shows every final value within seconds of the last write,
+/// touches only the rows that changed, never blocks its main thread for
+/// long, and lets every row go when the keys are deleted (bounds in
+/// `tests/browser/ui.mjs`, which prints what it measured).
+#[tokio::test]
+async fn dashboard_follows_1000_keys_through_a_burst_of_changes() {
+    require_browser_tools();
+    let stack = Stack::start().await;
+    let base = format!("http://{}", stack.gateway.api);
+    let output = run_ui_load_script(&base, 1000).await;
+    assert_passed(&output);
+    stack.gateway.shutdown().await;
+}
+
+/// Keys written by the official SDK client, which the gateway never sees,
+/// reach a followed pattern too: a key it creates appears in the page
+/// (found by the pattern's rescan, every 500 ms here), and leaves once it
+/// deletes the key.
+#[tokio::test]
+async fn dashboard_follows_keys_the_official_sdk_creates_and_deletes() {
+    use tokio::io::AsyncBufReadExt;
+
+    require_browser_tools();
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: Duration::from_millis(500),
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let base = format!("http://{}", stack.gateway.api);
+    let mut child = spawn_node(&base, &[("SDK_PEER", OsStr::new("1"))]);
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut printed = String::new();
+    wait_for_line(&mut lines, "ui test: SDK_READY", &mut printed).await;
+
+    let sdk = SdkClient::connect(stack.broker.port(), "ui-sdk-peer");
+    let key = b"ui-sdk/from-sdk";
+    let set = sdk
+        .set_ok(key, b"written by the SDK", SetOptions::default())
+        .await;
+    assert!(set.response);
+    wait_for_line(&mut lines, "ui test: SDK_SEEN", &mut printed).await;
+    assert_eq!(sdk.del_ok(key).await.response, 1);
+
+    let rest = tokio::time::timeout(SCRIPT_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            printed.push_str(&line);
+            printed.push('\n');
+        }
+        child.wait_with_output().await.expect("the output of node")
+    })
+    .await;
+    let Ok(output) = rest else {
+        panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}:\n{printed}");
+    };
+    print!("{printed}");
+    assert!(
+        output.status.success(),
+        "the browser test failed ({})\n--- stdout ---\n{printed}--- stderr ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    sdk.close().await;
     stack.gateway.shutdown().await;
 }
 
