@@ -515,7 +515,27 @@ impl Watcher {
         };
         cursor.patterns &= !(1 << index);
         if cursor.patterns == 0 && !cursor.named {
-            self.cursors.remove(key);
+            // A key leaves a pattern once it is gone; its `delete` may still
+            // sit unread in the key's channel, which goes with it: a stream
+            // told of the key hears of the delete before it leaves.
+            if let Some(cursor) = self.cursors.remove(key)
+                && cursor.announced
+                && let Some(snapshot) = cursor.watch.state().snapshot.clone()
+                && snapshot.value.is_none()
+            {
+                let event = KeyEvent {
+                    kind: EventKind::Delete,
+                    key: key.clone(),
+                    value: None,
+                    version: snapshot.version,
+                    id: snapshot.id,
+                    error: None,
+                    rendered: OnceLock::new(),
+                };
+                if is_news(cursor.delivered.as_ref(), &event) {
+                    self.pending.push_back(Arc::new(event));
+                }
+            }
             self.events.remove(key);
         }
     }

@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, watch};
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent, Snapshot, WatchedValue, next_id};
 use crate::protocol::Hlc;
+use crate::store::Versioned;
 use crate::trace::TraceContext;
 
 #[derive(Debug, Clone)]
@@ -114,6 +115,79 @@ impl KeyWatch {
                 rendered: OnceLock::new(),
             },
         );
+        true
+    }
+
+    /// Takes what a GET read as the key's state, if it moved from what the
+    /// hub knows. `changes_before`: the key's change count when the GET
+    /// was sent. A key found gone is told as a `delete` when `tell_delete`,
+    /// else (like any other move) as a resync `sync`. Returns whether it
+    /// moved.
+    pub(super) fn reread(
+        &self,
+        read: Option<Versioned<Bytes>>,
+        changes_before: u64,
+        tell_delete: bool,
+    ) -> bool {
+        let current = match read {
+            Some(Versioned { value, version }) => Snapshot {
+                id: version.clone(),
+                value: Some(value.into()),
+                version,
+            },
+            None => Snapshot {
+                value: None,
+                version: None,
+                id: None,
+            },
+        };
+        let mut state = self.state();
+        if state.changes != changes_before {
+            // A notification landed while the GET was out. The key was
+            // registered before, so every change after it is notified:
+            // the notifications are the newer word (a GET answered just
+            // before a SET must not look like a store that went back).
+            return false;
+        }
+        let Some(known) = state.snapshot.clone() else {
+            state.snapshot = Some(current);
+            return false;
+        };
+        let moved = match (&known.version, &current.version) {
+            // Lower than what we saw: the store restarted without its data
+            // and counts from an older clock. Its versions are the baseline
+            // now, or every later change would look stale.
+            (Some(old), Some(new)) => new != old,
+            // Absent now: moved if we thought it existed. The delete's
+            // version is unknown, so any later change is newer.
+            (_, None) => known.value.is_some(),
+            (None, Some(_)) => true,
+        };
+        if !moved {
+            return false;
+        }
+        // Its own id, after every id watchers saw: a watcher resuming from
+        // the last SET's id still hears of a delete.
+        let current = Snapshot {
+            id: next_id(known.id.as_ref(), current.version.as_ref()),
+            ..current
+        };
+        state.snapshot = Some(current.clone());
+        state.changes += 1;
+        let event = if tell_delete && current.value.is_none() {
+            KeyEvent {
+                kind: EventKind::Delete,
+                key: self.key.clone(),
+                value: None,
+                version: None,
+                id: current.id,
+                error: None,
+                rendered: OnceLock::new(),
+            }
+        } else {
+            KeyEvent::sync(&self.key, &current, true, false)
+        };
+        self.send(&mut state, event);
         true
     }
 

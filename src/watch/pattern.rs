@@ -7,7 +7,9 @@
 //! match ([`Patterns::wrote`]). Each followed key is an ordinary hub key: the
 //! pattern holds one watcher reference on it, so a key has one KEYNOTIFY
 //! whatever mix of key watchers, pattern streams and lock waiters follow
-//! it. A key deleted and absent from the next rescan stops being followed.
+//! it. A key deleted and absent from the next rescan stops being followed;
+//! one a rescan no longer lists but the hub thinks exists is read again,
+//! so a lost delete notification still ends in a `delete`.
 //!
 //! One [`PatternWatch`] per distinct glob, shared by every stream on it,
 //! with one task (its rescan loop). Streams follow its membership channel
@@ -18,6 +20,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -25,6 +29,7 @@ use tokio::time::Instant;
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent};
 use super::key::{KeyWatch, wait_registered};
+use super::reconciler::CONCURRENT_REQUESTS;
 use super::shared::Inner;
 use crate::protocol::glob;
 
@@ -322,28 +327,36 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         observe(inner, started);
         return Ok(());
     }
-    let gone: Vec<Followed> = {
+    // Not listed, though followed since before this rescan: released if
+    // the hub knows it deleted; read again if it thinks it exists.
+    let (gone, unlisted): (Vec<Followed>, Vec<Arc<KeyWatch>>) = {
         let mut state = pattern.state();
         state.over_limit = false;
-        let gone: Vec<Bytes> = state
-            .keys
-            .iter()
-            .filter(|(key, followed)| {
-                !found.contains(*key)
-                    && followed.generation < generation
-                    && followed
-                        .watch
-                        .state()
-                        .snapshot
-                        .as_ref()
-                        .is_some_and(|snapshot| snapshot.value.is_none())
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
+        let mut gone = Vec::new();
+        let mut unlisted = Vec::new();
+        for (key, followed) in &state.keys {
+            if found.contains(key) || followed.generation >= generation {
+                continue;
+            }
+            let exists = followed
+                .watch
+                .state()
+                .snapshot
+                .as_ref()
+                .map(|snapshot| snapshot.value.is_some());
+            match exists {
+                Some(false) => gone.push(key.clone()),
+                // Announced: registered and read, so not racing its first GET.
+                Some(true) if followed.announced => unlisted.push(Arc::clone(&followed.watch)),
+                Some(true) | None => {}
+            }
+        }
         found.retain(|key| !state.keys.contains_key(key));
-        gone.iter()
+        let gone = gone
+            .iter()
             .filter_map(|key| state.keys.remove(key))
-            .collect()
+            .collect();
+        (gone, unlisted)
     };
     if !gone.is_empty() {
         inner.metrics.watch_pattern_keys.sub(gone.len() as i64);
@@ -354,9 +367,39 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         }
         inner.release(gone.iter().map(|followed| &followed.watch));
     }
+    reread(inner, unlisted).await;
     let added = add(inner, pattern, found, generation, initial).await;
     observe(inner, started);
     added
+}
+
+/// Reads again keys a rescan no longer lists that the hub thinks exist:
+/// their delete notification was lost (a broker dropping a burst of them,
+/// a store that restarted empty), or the listing raced a write. One found
+/// gone gets its `delete` now and is released by the next rescan, so that
+/// streams take the event before the key leaves them; one that moved gets
+/// a resync `sync`. A failed read is left for the next rescan.
+async fn reread(inner: &Inner, keys: Vec<Arc<KeyWatch>>) {
+    stream::iter(keys)
+        .map(|key_watch| async move {
+            let changes_before = key_watch.state().changes;
+            let read = inner.store.get(key_watch.key.clone()).await;
+            (key_watch, changes_before, read)
+        })
+        .buffer_unordered(CONCURRENT_REQUESTS)
+        .for_each(|(key_watch, changes_before, read)| async move {
+            match read {
+                Ok(read) => {
+                    if key_watch.reread(read, changes_before, true) {
+                        inner.metrics.resyncs.inc();
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "reading a key a rescan no longer lists failed; the next rescan tries again");
+                }
+            }
+        })
+        .await;
 }
 
 fn observe(inner: &Inner, started: Instant) {

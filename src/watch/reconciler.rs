@@ -14,12 +14,11 @@ use futures_util::stream;
 use tokio::sync::broadcast;
 
 use super::error::WatchError;
-use super::event::{EventKind, KeyEvent, Snapshot, next_id};
+use super::event::{EventKind, KeyEvent};
 use super::key::{KeyWatch, Registration};
 use super::shared::{Inner, NO_HOLDER};
 use crate::mqtt::{KeyNotification, MemberEvent};
 use crate::protocol::Notification;
-use crate::store::Versioned;
 use crate::trace;
 
 /// Routes the pool's notifications to the keys' watchers.
@@ -151,7 +150,7 @@ pub(super) async fn reconcile(
 
 /// Store requests one reconciliation pass keeps in flight, for each of
 /// its registrations and its STOPs: well inside a connection's window.
-const CONCURRENT_REQUESTS: usize = 64;
+pub(super) const CONCURRENT_REQUESTS: usize = 64;
 
 /// One reconciliation pass. `Err` when some key could not be registered
 /// and the pass should be retried.
@@ -272,53 +271,9 @@ async fn keynotify_and_get(
     let store = inner.store.on_member(holder);
     store.keynotify(key_watch.key.clone()).await?;
     let changes_before = key_watch.state().changes;
-    let current = match store.get(key_watch.key.clone()).await? {
-        Some(Versioned { value, version }) => Snapshot {
-            id: version.clone(),
-            value: Some(value.into()),
-            version,
-        },
-        None => Snapshot {
-            value: None,
-            version: None,
-            id: None,
-        },
-    };
-    let mut state = key_watch.state();
-    if state.changes != changes_before {
-        // A notification landed while the GET was out. The registration
-        // came first, so every change after it is notified: the
-        // notifications are the newer word (a GET answered just before a
-        // SET must not look like a store that went back).
-        return Ok(());
-    }
-    let Some(known) = state.snapshot.clone() else {
-        state.snapshot = Some(current);
-        return Ok(());
-    };
-    let moved = match (&known.version, &current.version) {
-        // Lower than what we saw: the store restarted without its data and
-        // counts from an older clock. Its versions are the baseline now, or
-        // every later change would look stale.
-        (Some(old), Some(new)) => new != old,
-        // Absent now: moved if we thought it existed. The delete's version
-        // is unknown, so any later change is newer.
-        (_, None) => known.value.is_some(),
-        (None, Some(_)) => true,
-    };
-    if moved {
-        // Its own id, after every id watchers saw: a watcher resuming
-        // from the last SET's id still hears of a delete.
-        let current = Snapshot {
-            id: next_id(known.id.as_ref(), current.version.as_ref()),
-            ..current
-        };
-        state.snapshot = Some(current.clone());
+    let read = store.get(key_watch.key.clone()).await?;
+    if key_watch.reread(read, changes_before, false) {
         inner.metrics.resyncs.inc();
-        key_watch.send(
-            &mut state,
-            KeyEvent::sync(&key_watch.key, &current, true, false),
-        );
     }
     Ok(())
 }

@@ -235,6 +235,74 @@ async fn keys_the_sdk_writes_are_found_by_the_next_rescan_and_deleted_ones_stop_
 }
 
 #[tokio::test]
+async fn keys_deleted_while_their_notifications_were_lost_get_a_delete_by_the_next_rescan() {
+    let rescan = Duration::from_millis(500);
+    let keys: Vec<String> = (0..50).map(|n| format!("lost/{n}")).collect();
+    let mut stack = Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: rescan,
+                // Only the rescan may notice.
+                resync_interval: None,
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let hub = stack.gateway.server().state().hub.clone();
+    for key in &keys {
+        put(&stack, key, "1").await;
+    }
+    let mut streams = vec![
+        open(&stack, "match=lost/*").await,
+        open(&stack, "match=lost/*").await,
+    ];
+    for stream in &mut streams {
+        let (synced, _) = initial(stream, 1).await;
+        assert_eq!(synced.len(), keys.len());
+    }
+
+    // The store comes back empty: every key is gone and no notification
+    // of it was ever sent (the same as a broker dropping a burst of them).
+    stack.restart_emulator().await;
+    let restarted = Instant::now();
+    for stream in &mut streams {
+        let mut pending: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+        while !pending.is_empty() {
+            let Some(event) = stream.next(rescan * 2 + Duration::from_secs(2)).await else {
+                panic!(
+                    "{} keys got no delete within {:?}, e.g. {:?}",
+                    pending.len(),
+                    restarted.elapsed(),
+                    pending.first()
+                );
+            };
+            assert_eq!(event.event, "delete", "{event:?}");
+            assert!(
+                pending.remove(event.data["key"].as_str().unwrap()),
+                "one delete per key: {event:?}"
+            );
+        }
+    }
+    wait_until("deleted keys are no longer followed", || {
+        hub.watched_keys() == 0
+    })
+    .await;
+    assert_eq!(metric(&stack, "statestore_gateway_watch_pattern_keys"), 0.0);
+
+    // Created again: announced afresh.
+    put(&stack, "lost/0", "2").await;
+    for stream in &mut streams {
+        let sync = stream.expect("sync").await;
+        assert_eq!(
+            (&sync.data["key"], &sync.data["value"]),
+            (&"lost/0".into(), &"2".into())
+        );
+    }
+}
+
+#[tokio::test]
 async fn streams_on_one_pattern_share_one_rescan_loop_and_keys_share_one_keynotify() {
     let rescan = Duration::from_millis(200);
     let stack = stack(rescan, 100).await;
