@@ -51,11 +51,9 @@ struct Options {
 
 impl Options {
     fn parse() -> Result<Option<Options>> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let smoke = args.iter().any(|arg| arg == "--smoke");
-        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+        let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
-        }
+        };
         let mut options = Options {
             ops: if smoke { 100 } else { 1_000 },
             rounds: if smoke { 1 } else { 7 },

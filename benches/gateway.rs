@@ -104,11 +104,9 @@ impl Options {
     /// `None` when neither `--bench` (cargo bench) nor `--smoke` is given:
     /// plain `cargo test` runs this program too and must not need wrk.
     fn parse() -> Result<Option<Options>> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let smoke = args.iter().any(|arg| arg == "--smoke");
-        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+        let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
-        }
+        };
         let mut options = if smoke {
             Options {
                 smoke,

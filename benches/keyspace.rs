@@ -66,11 +66,9 @@ struct Options {
 
 impl Options {
     fn parse() -> Result<Option<Options>> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let smoke = args.iter().any(|arg| arg == "--smoke");
-        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+        let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
-        }
+        };
         let mut options = Options {
             store_keys: if smoke { 2_000 } else { 100_000 },
             pattern_keys: if smoke { 200 } else { 10_000 },

@@ -48,11 +48,9 @@ struct Options {
 
 impl Options {
     fn parse() -> Result<Option<Options>> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let smoke = args.iter().any(|arg| arg == "--smoke");
-        if !smoke && !args.iter().any(|arg| arg == "--bench") {
+        let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
-        }
+        };
         let mut options = Options {
             keys: if smoke { 3_000 } else { 100_000 },
             rounds: if smoke { 1 } else { 5 },

@@ -16,6 +16,15 @@ pub mod stats;
 pub mod watchers;
 pub mod wrk;
 
+/// The program's arguments, if it was asked to run: `--bench` (from
+/// `cargo bench`) or `--smoke`; `None` under plain `cargo test`, which runs
+/// benchmark programs too. The flag says whether it is a smoke run.
+pub fn requested_args() -> Option<(bool, Vec<String>)> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let smoke = args.iter().any(|arg| arg == "--smoke");
+    (smoke || args.iter().any(|arg| arg == "--bench")).then_some((smoke, args))
+}
+
 /// A benchmark program's `main`: options from `parse` (`None`: not asked
 /// to run, as under plain `cargo test`), then `run` on a multi-threaded
 /// runtime; errors are printed with `name` and become the exit status.
