@@ -381,14 +381,19 @@
     }
   }
 
-  function onStoreEvent(kind, event) {
-    let data;
+  // An event's data as an object, or null (said on the page when not JSON).
+  function eventData(kind, event) {
     try {
-      data = JSON.parse(event.data);
+      const data = JSON.parse(event.data);
+      return data !== null && typeof data === 'object' ? data : null;
     } catch {
       showError(`The gateway sent a ${kind} event that is not JSON`);
-      return;
+      return null;
     }
+  }
+
+  function onStoreEvent(kind, event) {
+    const data = eventData(kind, event);
     // Keys typed here are text; a key that is not UTF-8 is not one of ours.
     if (data === null || typeof data.key !== 'string') return;
     const entry = watched.get(data.key);
@@ -759,14 +764,8 @@
   }
 
   function onFollowEvent(kind, event) {
-    let data;
-    try {
-      data = JSON.parse(event.data);
-    } catch {
-      showError(`The gateway sent a ${kind} event that is not JSON`);
-      return;
-    }
-    if (data === null || typeof data !== 'object') return;
+    const data = eventData(kind, event);
+    if (data === null) return;
     if (kind === 'listed') {
       if (data.match !== follow.pattern) return;
       follow.listed = true;
