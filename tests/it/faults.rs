@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
+use statestore_gateway::emulator::Emulator;
 use statestore_gateway::protocol::Reply;
 use statestore_gateway::watch::WatchSettings;
 use tokio::sync::mpsc;
@@ -630,18 +631,25 @@ async fn sigterm_with_a_stuck_upload_still_exits_within_the_grace_period() {
     drop(stuck.finish);
 }
 
+/// mosquitto and the emulator, and a ready gateway whose broker
+/// connections all pass through a fault proxy.
+async fn behind_a_fault_proxy() -> (Mosquitto, Emulator, FaultProxy, Gateway) {
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let store = start_emulator(&broker).await;
+    let proxy = FaultProxy::start(broker.addr).await;
+    let gateway = Gateway::start(proxy.port(), options()).await;
+    gateway.wait_ready().await;
+    (broker, store, proxy, gateway)
+}
+
 /// A request the broker may have received when the connection dropped is
 /// an unknown outcome (504, no `Retry-After`), never "not processed,
 /// retry" (503): here it did take effect, and a client that retried its
 /// `If-None-Match: *` would get 412 for its own write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_cut_off_after_it_left_is_an_unknown_outcome_not_a_503() {
-    init_logging();
-    let broker = Mosquitto::start().await;
-    let _store = start_emulator(&broker).await;
-    let proxy = FaultProxy::start(broker.addr).await;
-    let gateway = Gateway::start(proxy.port(), options()).await;
-    gateway.wait_ready().await;
+    let (_broker, _store, proxy, gateway) = behind_a_fault_proxy().await;
     let client = reqwest::Client::new();
 
     proxy.cut_after_publishes(1);
@@ -676,12 +684,7 @@ async fn a_request_cut_off_after_it_left_is_an_unknown_outcome_not_a_503() {
 /// (no usable connection) is 503 with `Retry-After`, and did not happen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_never_left_is_503_and_did_not_happen() {
-    init_logging();
-    let broker = Mosquitto::start().await;
-    let _store = start_emulator(&broker).await;
-    let proxy = FaultProxy::start(broker.addr).await;
-    let gateway = Gateway::start(proxy.port(), options()).await;
-    gateway.wait_ready().await;
+    let (_broker, _store, proxy, gateway) = behind_a_fault_proxy().await;
     let client = reqwest::Client::new();
 
     proxy.set_refuse(true);
@@ -706,12 +709,7 @@ async fn a_request_that_never_left_is_503_and_did_not_happen() {
 /// the lock once it is released, instead of answering 504.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_waiter_whose_registration_was_cut_keeps_waiting() {
-    init_logging();
-    let broker = Mosquitto::start().await;
-    let _store = start_emulator(&broker).await;
-    let proxy = FaultProxy::start(broker.addr).await;
-    let gateway = Gateway::start(proxy.port(), options()).await;
-    gateway.wait_ready().await;
+    let (_broker, _store, proxy, gateway) = behind_a_fault_proxy().await;
     let client = reqwest::Client::new();
     let lock = |query: &str| gateway.url(&format!("/locks/cut-line?{query}"));
 
