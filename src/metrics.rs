@@ -90,6 +90,16 @@ pub struct Families {
     pub batch_op_latency: HistogramVec,
     /// Ops per batch (its count: the batches).
     pub batch_size: Histogram,
+    /// Requests and batch ops the authorization rules refused, by the
+    /// method they needed (never by caller: unbounded).
+    pub authz_denials: IntCounterVec,
+    /// Rules in force from `--authz-file`.
+    pub authz_rules: IntGauge,
+    /// Whether the last read of `--authz-file` was applied (1) or kept
+    /// the previous rules (0).
+    pub authz_reload_ok: IntGauge,
+    /// Reads of `--authz-file` that kept the previous rules.
+    pub authz_reload_failures: IntCounter,
 }
 
 impl Metrics {
@@ -148,6 +158,13 @@ impl Metrics {
             HistogramOpts::new("batch_size", "Ops per batch").buckets(vec![
                 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
             ]),
+        );
+        let authz_denials = IntCounterVec::new(
+            Opts::new(
+                "authz_denials_total",
+                "Requests and batch ops the authorization rules refused, by the method they needed",
+            ),
+            &["method"],
         );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
@@ -209,6 +226,16 @@ impl Metrics {
             batch_ops: batch_ops.expect("valid metric"),
             batch_op_latency: batch_op_latency.expect("valid metric"),
             batch_size: batch_size.expect("valid metric"),
+            authz_denials: authz_denials.expect("valid metric"),
+            authz_rules: gauge("authz_rules", "Authorization rules in force"),
+            authz_reload_ok: gauge(
+                "authz_last_reload_success",
+                "Whether the last read of the authorization rules file was applied (1) or kept the previous rules (0)",
+            ),
+            authz_reload_failures: counter(
+                "authz_reload_failures_total",
+                "Reads of the authorization rules file that kept the previous rules",
+            ),
             registry,
         };
         families.register_all();
@@ -225,7 +252,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 25] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 29] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -251,6 +278,10 @@ impl Families {
             Box::new(self.batch_ops.clone()),
             Box::new(self.batch_op_latency.clone()),
             Box::new(self.batch_size.clone()),
+            Box::new(self.authz_denials.clone()),
+            Box::new(self.authz_rules.clone()),
+            Box::new(self.authz_reload_ok.clone()),
+            Box::new(self.authz_reload_failures.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -312,6 +343,9 @@ mod tests {
             "statestore_gateway_watch_pattern_keys 0",
             "statestore_gateway_watch_rescans_total 0",
             "statestore_gateway_watch_rescan_duration_seconds_count 0",
+            "statestore_gateway_authz_rules 0",
+            "statestore_gateway_authz_last_reload_success 0",
+            "statestore_gateway_authz_reload_failures_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::authz::{Authz, AuthzSettings};
 use super::listener::ConnectionLimits;
 use super::router::{cors, router};
 use super::state::ApiToken;
@@ -19,7 +20,7 @@ use super::{admin, listener};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
-use crate::settings::{self};
+use crate::settings::{self, SettingError};
 use crate::watch::WatchSettings;
 
 /// Open connections the admin listener takes (probes, scrapes).
@@ -38,6 +39,8 @@ pub struct ServeSettings {
     pub limits: Limits,
     /// Bearer token for the key API.
     pub api_token: Option<ApiToken>,
+    /// Per-key rules (`--authz-file`).
+    pub authz: Option<AuthzSettings>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
@@ -62,6 +65,7 @@ impl Default for ServeSettings {
             pool: PoolSettings::default(),
             limits: Limits::default(),
             api_token: None,
+            authz: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
@@ -106,6 +110,9 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
+    /// The rules file cannot be read or does not parse.
+    #[error("{0}")]
+    Authz(#[from] SettingError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -133,6 +140,10 @@ impl Server {
     /// Binds both listeners, starts the pool and serves; returns at once
     /// (the pool connects in the background; `/readyz` says when it is up).
     pub async fn start(settings: ServeSettings, metrics: Metrics) -> Result<Server, ServeError> {
+        let authz = settings
+            .authz
+            .map(|authz| Authz::load(authz.file, Some(authz.check_interval), metrics.clone()))
+            .transpose()?;
         let api_listener = bind("--listen", settings.listen).await?;
         let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
@@ -143,6 +154,7 @@ impl Server {
             metrics,
             settings.limits,
             settings.api_token,
+            authz,
             settings.watch,
             settings.locks,
         );
