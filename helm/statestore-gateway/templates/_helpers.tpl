@@ -111,6 +111,7 @@ declares its port; used by this chart's standalone Deployment.
 {{- $tls := include "statestore-gateway.useTls" . -}}
 {{- $sat := include "statestore-gateway.useSat" . -}}
 {{- $dir := "/var/run/secrets/statestore-gateway" -}}
+{{- $authz := and $standalone (include "statestore-gateway.authzConfigMap" .) -}}
 - name: statestore-gateway
   image: {{ include "statestore-gateway.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -176,6 +177,10 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: STATESTORE_GATEWAY_API_TOKEN_FILE
       value: {{ $dir }}/api-token/token
+    {{- end }}
+    {{- if $authz }}
+    - name: STATESTORE_GATEWAY_AUTHZ_FILE
+      value: {{ $dir }}/authz/rules.yaml
     {{- end }}
     {{- if $v.emulator.enabled }}
     - name: AIO_BROKER_HOSTNAME
@@ -251,7 +256,7 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $authz }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -276,6 +281,13 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: statestore-gateway-api-token
       mountPath: {{ $dir }}/api-token
+      readOnly: true
+    {{- end }}
+    {{- if $authz }}
+    # Not a subPath: the kubelet then updates the file when the ConfigMap
+    # changes, and the gateway reads it again.
+    - name: statestore-gateway-authz
+      mountPath: {{ $dir }}/authz
       readOnly: true
     {{- end }}
   {{- end }}
@@ -332,4 +344,22 @@ blank line the first `if` leaves. */}}
       - key: {{ $v.gateway.apiToken.key | quote }}
         path: token
 {{- end }}
+{{- end -}}
+
+{{/*
+statestore-gateway.authzConfigMap: the name of the ConfigMap holding the
+standalone gateway's per-key rules (standalone.authz), or nothing when
+there are none.
+*/}}
+{{- define "statestore-gateway.authzConfigMap" -}}
+{{- $a := .values.standalone.authz -}}
+{{- if and $a.rules $a.configMap -}}
+{{- fail "standalone.authz.rules and standalone.authz.configMap: give the rules one way" -}}
+{{- end -}}
+{{- if or $a.rules $a.configMap -}}
+{{- if not .values.gateway.apiToken.secretName -}}
+{{- fail "standalone.authz needs gateway.apiToken.secretName: rules need callers to be identified" -}}
+{{- end -}}
+{{- $a.configMap | default (printf "%s-authz" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
 {{- end -}}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
+use statestore_gateway::http::authz::AuthzSettings;
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::locks::LockSettings;
 use statestore_gateway::metrics::Metrics;
@@ -50,6 +51,8 @@ pub struct GatewayOptions {
     pub max_batch_ops: usize,
     /// `--max-batch-bytes`
     pub max_batch_bytes: usize,
+    /// `--authz-file`, and how often it is read again.
+    pub authz: Option<AuthzSettings>,
 }
 
 impl Default for GatewayOptions {
@@ -69,6 +72,7 @@ impl Default for GatewayOptions {
             max_in_flight: statestore_gateway::settings::DEFAULT_MAX_IN_FLIGHT,
             max_batch_ops: statestore_gateway::settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
+            authz: None,
         }
     }
 }
@@ -134,6 +138,7 @@ impl Gateway {
             cors_allow_origins: options.cors_allow_origins.clone(),
             max_connections: options.max_connections,
             locks: options.locks,
+            authz: options.authz.clone(),
             ..ServeSettings::default()
         }
         // Every timeout that follows the request timeout, as `serve` has them.
