@@ -152,7 +152,6 @@ impl Gateway {
                     key_setting: &statestore_gateway::settings::API_TLS_KEY_FILE,
                 }),
             header_read_timeout: options.header_read_timeout,
-            ..ServeSettings::default()
         }
         // Every timeout that follows the request timeout, as `serve` has them.
         .with_request_timeout(options.request_timeout);
