@@ -101,7 +101,8 @@ pub struct ServeArgs {
     pub header_read_timeout: Duration,
     /// Open connections on the API listener; at the limit the gateway
     /// stops accepting (new clients wait in the kernel's backlog) until one
-    /// closes. Each watch stream is a connection.
+    /// closes. Each HTTP/1.1 watch stream is a connection; HTTP/2 streams
+    /// share theirs.
     #[arg(long, env = settings::MAX_CONNECTIONS.env, default_value = settings::MAX_CONNECTIONS.default, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// The longest `wait=` a lock request may ask for.
