@@ -133,6 +133,23 @@ pub const API_TOKEN_FILE: Setting = Setting {
     helm: Helm::Derived("gateway.apiToken.secretName"),
 };
 
+/// The key API's serving certificate (TLS, with HTTP/2 by ALPN); the
+/// broker's client certificate is `--tls-cert-file`.
+pub const API_TLS_CERT_FILE: Setting = Setting {
+    flag: "--api-tls-cert-file",
+    env: "STATESTORE_GATEWAY_API_TLS_CERT_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
+/// The key of [`API_TLS_CERT_FILE`].
+pub const API_TLS_KEY_FILE: Setting = Setting {
+    flag: "--api-tls-key-file",
+    env: "STATESTORE_GATEWAY_API_TLS_KEY_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
 /// YAML rules of which caller may read or write which keys.
 pub const AUTHZ_FILE: Setting = Setting {
     flag: "--authz-file",
@@ -364,6 +381,8 @@ pub const SERVE: &[&Setting] = &[
     &MAX_KEY_BYTES,
     &MAX_VALUE_BYTES,
     &API_TOKEN_FILE,
+    &API_TLS_CERT_FILE,
+    &API_TLS_KEY_FILE,
     &AUTHZ_FILE,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,

@@ -110,8 +110,9 @@ declares its port; used by this chart's standalone Deployment.
 {{- include "statestore-gateway.checks" . -}}
 {{- $tls := include "statestore-gateway.useTls" . -}}
 {{- $sat := include "statestore-gateway.useSat" . -}}
+{{- $apiTls := include "statestore-gateway.apiTlsSecret" . -}}
 {{- $dir := "/var/run/secrets/statestore-gateway" -}}
-{{- $authz := and $standalone (include "statestore-gateway.authzConfigMap" .) -}}
+{{- $authz := include "statestore-gateway.authzConfigMap" . -}}
 - name: statestore-gateway
   image: {{ include "statestore-gateway.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -177,6 +178,12 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: STATESTORE_GATEWAY_API_TOKEN_FILE
       value: {{ $dir }}/api-token/token
+    {{- end }}
+    {{- if $apiTls }}
+    - name: STATESTORE_GATEWAY_API_TLS_CERT_FILE
+      value: {{ $dir }}/api-tls/tls.crt
+    - name: STATESTORE_GATEWAY_API_TLS_KEY_FILE
+      value: {{ $dir }}/api-tls/tls.key
     {{- end }}
     {{- if $authz }}
     - name: STATESTORE_GATEWAY_AUTHZ_FILE
@@ -256,7 +263,7 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $authz }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $apiTls $authz }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -281,6 +288,11 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: statestore-gateway-api-token
       mountPath: {{ $dir }}/api-token
+      readOnly: true
+    {{- end }}
+    {{- if $apiTls }}
+    - name: statestore-gateway-api-tls
+      mountPath: {{ $dir }}/api-tls
       readOnly: true
     {{- end }}
     {{- if $authz }}
@@ -344,14 +356,43 @@ blank line the first `if` leaves. */}}
       - key: {{ $v.gateway.apiToken.key | quote }}
         path: token
 {{- end }}
+{{- with include "statestore-gateway.apiTlsSecret" . }}
+# Renewed in place (cert-manager, kubectl apply): the gateway reads it again.
+- name: statestore-gateway-api-tls
+  secret:
+    secretName: {{ . | quote }}
+{{- end }}
+{{- with include "statestore-gateway.authzConfigMap" . }}
+- name: statestore-gateway-authz
+  configMap:
+    name: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+statestore-gateway.apiTlsSecret: the Secret holding the key API's serving
+certificate (standalone.tls.secretName, or the one cert-manager issues), or
+nothing. Only the standalone gateway serves TLS: extra key standalone (bool).
+*/}}
+{{- define "statestore-gateway.apiTlsSecret" -}}
+{{- if .standalone -}}
+{{- $t := .values.standalone.tls -}}
+{{- if .values.standalone.tls.secretName -}}
+{{- $t.secretName -}}
+{{- else if $t.certManager.enabled -}}
+{{- printf "%s-tls" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
 statestore-gateway.authzConfigMap: the name of the ConfigMap holding the
 standalone gateway's per-key rules (standalone.authz), or nothing when
-there are none.
+there are none. Only the standalone gateway takes rules: extra key
+standalone (bool).
 */}}
 {{- define "statestore-gateway.authzConfigMap" -}}
+{{- if .standalone -}}
 {{- $a := .values.standalone.authz -}}
 {{- if and $a.rules $a.configMap -}}
 {{- fail "standalone.authz.rules and standalone.authz.configMap: give the rules one way" -}}
@@ -361,5 +402,6 @@ there are none.
 {{- fail "standalone.authz needs gateway.apiToken.secretName: rules need callers to be identified" -}}
 {{- end -}}
 {{- $a.configMap | default (printf "%s-authz" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -5,11 +5,13 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::authz::AuthzSettings;
+use statestore_gateway::http::tls::CertificateFiles;
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::locks::LockSettings;
 use statestore_gateway::metrics::Metrics;
@@ -51,6 +53,10 @@ pub struct GatewayOptions {
     pub max_batch_ops: usize,
     /// `--max-batch-bytes`
     pub max_batch_bytes: usize,
+    /// `--api-tls-cert-file` and `--api-tls-key-file`
+    pub api_tls: Option<(PathBuf, PathBuf)>,
+    /// `--header-read-timeout`
+    pub header_read_timeout: Duration,
     /// `--authz-file`, and how often it is read again.
     pub authz: Option<AuthzSettings>,
 }
@@ -72,6 +78,8 @@ impl Default for GatewayOptions {
             max_in_flight: statestore_gateway::settings::DEFAULT_MAX_IN_FLIGHT,
             max_batch_ops: statestore_gateway::settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
+            api_tls: None,
+            header_read_timeout: statestore_gateway::settings::DEFAULT_HEADER_READ_TIMEOUT,
             authz: None,
         }
     }
@@ -139,7 +147,16 @@ impl Gateway {
             max_connections: options.max_connections,
             locks: options.locks,
             authz: options.authz.clone(),
-            ..ServeSettings::default()
+            api_tls: options
+                .api_tls
+                .as_ref()
+                .map(|(cert, key)| CertificateFiles {
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    cert_setting: &statestore_gateway::settings::API_TLS_CERT_FILE,
+                    key_setting: &statestore_gateway::settings::API_TLS_KEY_FILE,
+                }),
+            header_read_timeout: options.header_read_timeout,
         }
         // Every timeout that follows the request timeout, as `serve` has them.
         .with_request_timeout(options.request_timeout);
