@@ -12,10 +12,19 @@
 //!
 //! A request without a `traceparent` runs outside any scope: nothing is
 //! allocated and the pool adds nothing.
+//!
+//! With span export on ([`start_export`]: an `OTEL_EXPORTER_OTLP_*ENDPOINT`
+//! is set), the HTTP layer runs a request under its server [`Span`]'s
+//! context instead, and the pool gives each store request a client span
+//! whose id goes out as the `traceparent`'s parent.
 
 mod context;
+mod export;
+mod span;
 
 pub use context::{TRACEPARENT, TRACESTATE, TraceContext};
+pub use export::{DEFAULT_SERVICE_NAME, ExportError, ExportSettings, Exporter, SamplerSetting};
+pub use span::{Span, exporting};
 
 use std::future::Future;
 
@@ -44,6 +53,27 @@ pub fn scope<F: Future>(
         Some(context) => Either::Left(CURRENT.scope(context, future)),
         None => Either::Right(future),
     }
+}
+
+/// Starts span export when `env` (the process's variables, by name) asks
+/// for it; `None` when no endpoint is set. Once per process: the spans of
+/// every request go to this exporter.
+pub fn start_export(
+    env: impl Fn(&str) -> Option<String>,
+    metrics: &crate::metrics::Metrics,
+) -> Result<Option<Exporter>, ExportError> {
+    let Some(settings) = ExportSettings::from_env(env)? else {
+        return Ok(None);
+    };
+    let (exporter, tracer) = Exporter::start(&settings, metrics)?;
+    if !span::install(tracer) {
+        return Err(ExportError {
+            name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+            message: "span export was started twice".into(),
+        });
+    }
+    tracing::info!(endpoint = %settings.endpoint, "exporting spans");
+    Ok(Some(exporter))
 }
 
 /// `future` with the caller's trace context, for a task it spawns.
