@@ -30,10 +30,11 @@ use prometheus::IntCounterVec;
 use thiserror::Error;
 
 use crate::metrics::Metrics;
+use crate::settings;
 
 /// The service name when neither `OTEL_SERVICE_NAME` nor a `service.name`
 /// in `OTEL_RESOURCE_ATTRIBUTES` names one.
-pub const DEFAULT_SERVICE_NAME: &str = "statestore-gateway";
+pub const DEFAULT_SERVICE_NAME: &str = settings::OTEL_SERVICE_NAME.default;
 
 /// The largest collector answer read (its body only says what it refused).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -118,7 +119,7 @@ impl ExportSettings {
         let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
         let endpoint = match (
             env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            env("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            env(settings::OTEL_EXPORTER_OTLP_ENDPOINT.env),
         ) {
             (Some(endpoint), _) => endpoint.trim().to_owned(),
             (None, Some(base)) => format!("{}/v1/traces", base.trim().trim_end_matches('/')),
@@ -150,8 +151,8 @@ impl ExportSettings {
             }
         }
         let sampler = sampler(
-            env("OTEL_TRACES_SAMPLER").as_deref(),
-            env("OTEL_TRACES_SAMPLER_ARG").as_deref(),
+            env(settings::OTEL_TRACES_SAMPLER.env).as_deref(),
+            env(settings::OTEL_TRACES_SAMPLER_ARG.env).as_deref(),
         )?;
         let named_in_attributes = env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attributes| {
             attributes
@@ -184,7 +185,8 @@ impl ExportSettings {
         Ok(Some(Self {
             endpoint,
             sampler,
-            default_service_name: env("OTEL_SERVICE_NAME").is_none() && !named_in_attributes,
+            default_service_name: env(settings::OTEL_SERVICE_NAME.env).is_none()
+                && !named_in_attributes,
             max_queue_size,
             max_export_batch_size,
             schedule_delay,
@@ -210,14 +212,15 @@ fn sampler(name: Option<&str>, arg: Option<&str>) -> Result<SamplerSetting, Expo
                 }),
         }
     };
-    Ok(match name.map(str::trim) {
-        None | Some("parentbased_always_on") => SamplerSetting::ParentBasedAlwaysOn,
-        Some("always_on") => SamplerSetting::AlwaysOn,
-        Some("always_off") => SamplerSetting::AlwaysOff,
-        Some("traceidratio") => SamplerSetting::TraceIdRatio(ratio()?),
-        Some("parentbased_always_off") => SamplerSetting::ParentBasedAlwaysOff,
-        Some("parentbased_traceidratio") => SamplerSetting::ParentBasedTraceIdRatio(ratio()?),
-        Some(other) => {
+    let name = name.unwrap_or(settings::OTEL_TRACES_SAMPLER.default);
+    Ok(match name.trim() {
+        "parentbased_always_on" => SamplerSetting::ParentBasedAlwaysOn,
+        "always_on" => SamplerSetting::AlwaysOn,
+        "always_off" => SamplerSetting::AlwaysOff,
+        "traceidratio" => SamplerSetting::TraceIdRatio(ratio()?),
+        "parentbased_always_off" => SamplerSetting::ParentBasedAlwaysOff,
+        "parentbased_traceidratio" => SamplerSetting::ParentBasedTraceIdRatio(ratio()?),
+        other => {
             return Err(ExportError::new(
                 "OTEL_TRACES_SAMPLER",
                 format!(

@@ -16,7 +16,8 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 
-use super::TraceContext;
+use super::context::TraceContext;
+use super::current::with_current;
 
 /// The tracer of the exporter, once started.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
@@ -78,7 +79,7 @@ impl Span {
     /// of the current context when that is a span this gateway exports.
     pub fn store(verb: &'static str) -> Option<Self> {
         let tracer = TRACER.get()?;
-        let (parent, state) = super::with_current(|current| {
+        let (parent, state) = with_current(|current| {
             current
                 .exported()
                 .then(|| (parent_of(current), current.state()))
@@ -98,7 +99,7 @@ impl Span {
     /// that is a span this gateway exports.
     pub fn internal(name: &'static str) -> Option<Self> {
         let tracer = TRACER.get()?;
-        let (parent, state) = super::with_current(|current| {
+        let (parent, state) = with_current(|current| {
             current
                 .exported()
                 .then(|| (parent_of(current), current.state()))
