@@ -38,8 +38,15 @@ pub fn exporting() -> bool {
 
 /// A span this gateway records, exported when it ends. Dropped before it
 /// ended (its request was abandoned), it ends with outcome `cancelled`.
+///
+/// One pointer: an `Option<Span>` held across an await (by the HTTP
+/// middleware and the pool, for every request) keeps their futures as
+/// small as without export.
 #[derive(Debug)]
-pub struct Span {
+pub struct Span(Box<Recorded>);
+
+#[derive(Debug)]
+struct Recorded {
     span: opentelemetry_sdk::trace::Span,
     /// The context the work under this span passes on.
     context: TraceContext,
@@ -125,23 +132,23 @@ impl Span {
             own.trace_flags().to_u8(),
             state,
         );
-        Some(Self {
+        Some(Self(Box::new(Recorded {
             span,
             context,
             ended: false,
-        })
+        })))
     }
 
     /// The context the work under this span passes on: this span as the
     /// parent, the caller's trace and `tracestate`.
     pub fn context(&self) -> &TraceContext {
-        &self.context
+        &self.0.context
     }
 
     /// The pool member a store request went to (its index and MQTT client
     /// id) and how long it waited for a free slot on one.
     pub fn set_member(&mut self, index: usize, client_id: &str, waited: Duration) {
-        self.span.set_attributes([
+        self.0.span.set_attributes([
             KeyValue::new("statestore.pool.member", index as i64),
             KeyValue::new("messaging.client.id", client_id.to_owned()),
             KeyValue::new(
@@ -153,12 +160,12 @@ impl Span {
 
     /// Ends a server span with the response's status (5xx: an error).
     pub fn end_http(mut self, status: u16) {
-        self.span.set_attribute(KeyValue::new(
+        self.0.span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
         ));
         if status >= 500 {
-            self.span.set_status(Status::error(""));
+            self.0.span.set_status(Status::error(""));
         }
         self.end();
     }
@@ -166,24 +173,26 @@ impl Span {
     /// Ends the span with its work's outcome, and the error's kind when it
     /// failed.
     pub fn end_with(mut self, outcome: &'static str, error: Option<&'static str>) {
-        self.span.set_attribute(KeyValue::new(OUTCOME, outcome));
+        self.0.span.set_attribute(KeyValue::new(OUTCOME, outcome));
         if let Some(kind) = error {
-            self.span.set_attribute(KeyValue::new("error.type", kind));
-            self.span.set_status(Status::error(""));
+            self.0.span.set_attribute(KeyValue::new("error.type", kind));
+            self.0.span.set_status(Status::error(""));
         }
         self.end();
     }
 
     fn end(&mut self) {
-        self.ended = true;
-        self.span.end();
+        self.0.ended = true;
+        self.0.span.end();
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
-        if !self.ended {
-            self.span.set_attribute(KeyValue::new(OUTCOME, "cancelled"));
+        if !self.0.ended {
+            self.0
+                .span
+                .set_attribute(KeyValue::new(OUTCOME, "cancelled"));
             self.end();
         }
     }
