@@ -36,6 +36,10 @@ use crate::settings;
 /// in `OTEL_RESOURCE_ATTRIBUTES` names one.
 pub const DEFAULT_SERVICE_NAME: &str = settings::OTEL_SERVICE_NAME.default;
 
+const TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+const TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+const PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+
 /// The largest collector answer read (its body only says what it refused).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -117,35 +121,31 @@ impl ExportSettings {
     /// endpoint is set: export is off.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ExportError> {
         let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
-        let endpoint = match (
-            env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        let (endpoint_var, endpoint) = match (
+            env(TRACES_ENDPOINT),
             env(settings::OTEL_EXPORTER_OTLP_ENDPOINT.env),
         ) {
-            (Some(endpoint), _) => endpoint.trim().to_owned(),
-            (None, Some(base)) => format!("{}/v1/traces", base.trim().trim_end_matches('/')),
+            (Some(endpoint), _) => (TRACES_ENDPOINT, endpoint.trim().to_owned()),
+            (None, Some(base)) => (
+                settings::OTEL_EXPORTER_OTLP_ENDPOINT.env,
+                format!("{}/v1/traces", base.trim().trim_end_matches('/')),
+            ),
             (None, None) => return Ok(None),
         };
         if !endpoint.starts_with("http://") {
             return Err(ExportError::new(
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                endpoint_var,
                 format!(
                     "{endpoint:?}: only http:// endpoints are supported (a collector beside the gateway, or its in-cluster service)"
                 ),
             ));
         }
-        for name in [
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-        ] {
+        for name in [TRACES_PROTOCOL, PROTOCOL] {
             if let Some(protocol) = env(name)
                 && protocol.trim() != "http/protobuf"
             {
                 return Err(ExportError::new(
-                    if name.contains("TRACES") {
-                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-                    } else {
-                        "OTEL_EXPORTER_OTLP_PROTOCOL"
-                    },
+                    name,
                     format!("{protocol:?} is not supported; the gateway exports http/protobuf"),
                 ));
             }
@@ -524,5 +524,10 @@ mod tests {
         }
         let https = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")]);
         assert!(https.unwrap_err().message.contains("http://"));
+        let https = settings(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://c/v1/traces")]);
+        assert_eq!(
+            https.unwrap_err().name,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        );
     }
 }
