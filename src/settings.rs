@@ -134,6 +134,23 @@ pub const API_TOKEN_FILE: Setting = Setting {
     helm: Helm::Derived("gateway.apiToken.secretName"),
 };
 
+/// The key API's serving certificate (TLS, with HTTP/2 by ALPN); the
+/// broker's client certificate is `--tls-cert-file`.
+pub const API_TLS_CERT_FILE: Setting = Setting {
+    flag: "--api-tls-cert-file",
+    env: "STATESTORE_GATEWAY_API_TLS_CERT_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
+/// The key of [`API_TLS_CERT_FILE`].
+pub const API_TLS_KEY_FILE: Setting = Setting {
+    flag: "--api-tls-key-file",
+    env: "STATESTORE_GATEWAY_API_TLS_KEY_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
 pub const SHUTDOWN_GRACE: Setting = Setting {
     flag: "--shutdown-grace",
     env: "STATESTORE_GATEWAY_SHUTDOWN_GRACE",
@@ -357,6 +374,8 @@ pub const SERVE: &[&Setting] = &[
     &MAX_KEY_BYTES,
     &MAX_VALUE_BYTES,
     &API_TOKEN_FILE,
+    &API_TLS_CERT_FILE,
+    &API_TLS_KEY_FILE,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &MAX_WATCHERS,

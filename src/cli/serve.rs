@@ -8,6 +8,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
@@ -42,6 +43,13 @@ pub struct ServeArgs {
     /// File holding a bearer token the key API requires (admin port excluded).
     #[arg(long, env = settings::API_TOKEN_FILE.env)]
     pub api_token_file: Option<PathBuf>,
+    /// PEM certificate chain the key API serves TLS with (HTTP/2 by ALPN);
+    /// read again when it changes. Needs --api-tls-key-file.
+    #[arg(long, env = settings::API_TLS_CERT_FILE.env)]
+    pub api_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --api-tls-cert-file; read again when it changes.
+    #[arg(long, env = settings::API_TLS_KEY_FILE.env)]
+    pub api_tls_key_file: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = settings::SHUTDOWN_GRACE.env, default_value = settings::SHUTDOWN_GRACE.default, value_parser = parse_any_duration)]
     pub shutdown_grace: Duration,
@@ -93,7 +101,8 @@ pub struct ServeArgs {
     pub header_read_timeout: Duration,
     /// Open connections on the API listener; at the limit the gateway
     /// stops accepting (new clients wait in the kernel's backlog) until one
-    /// closes. Each watch stream is a connection.
+    /// closes. Each HTTP/1.1 watch stream is a connection; HTTP/2 streams
+    /// share theirs.
     #[arg(long, env = settings::MAX_CONNECTIONS.env, default_value = settings::MAX_CONNECTIONS.default, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// The longest `wait=` a lock request may ask for.
@@ -172,6 +181,15 @@ impl ServeArgs {
                     .map_err(|message| SettingError::new(&settings::API_TOKEN_FILE, message))?,
             ),
         };
+        let api_tls = CertificateFiles::pair(
+            self.api_tls_cert_file.as_deref(),
+            self.api_tls_key_file.as_deref(),
+            &settings::API_TLS_CERT_FILE,
+            &settings::API_TLS_KEY_FILE,
+        )?;
+        if let Some(files) = &api_tls {
+            files.check()?;
+        }
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
             None => settings::default_client_id(),
@@ -194,6 +212,7 @@ impl ServeArgs {
                 ..Limits::default()
             },
             api_token,
+            api_tls,
             shutdown_grace: self.shutdown_grace,
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
@@ -454,5 +473,29 @@ mod tests {
             .settings()
             .unwrap_err();
         assert_eq!(error.setting, "--tls-key-file");
+        // The key API's certificate: both or neither, and files that can be used.
+        let error = serve_args(&["--api-tls-cert-file", cert.to_str().unwrap()])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert_eq!(error.setting, "--api-tls-key-file");
+        assert!(
+            error.to_string().contains("give both files or neither"),
+            "{error}"
+        );
+        let error = serve_args(&[
+            "--api-tls-cert-file",
+            cert.to_str().unwrap(),
+            "--api-tls-key-file",
+            "/nonexistent/key.pem",
+        ])
+        .unwrap()
+        .settings()
+        .unwrap_err();
+        assert_eq!(error.setting, "--api-tls-cert-file");
+        assert!(
+            error.to_string().contains("holds no certificate"),
+            "{error}"
+        );
     }
 }

@@ -15,11 +15,12 @@ use super::listener::ConnectionLimits;
 use super::router::{cors, router};
 use super::state::ApiToken;
 use super::state::{AppState, Limits};
+use super::tls::{ALPN_H2, ALPN_HTTP1, CertificateFiles};
 use super::{admin, listener};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
-use crate::settings::{self};
+use crate::settings::{self, SettingError};
 use crate::watch::WatchSettings;
 
 /// Open connections the admin listener takes (probes, scrapes).
@@ -38,6 +39,8 @@ pub struct ServeSettings {
     pub limits: Limits,
     /// Bearer token for the key API.
     pub api_token: Option<ApiToken>,
+    /// The key API's serving certificate: TLS (HTTP/2 by ALPN) when given.
+    pub api_tls: Option<CertificateFiles>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
@@ -62,6 +65,7 @@ impl Default for ServeSettings {
             pool: PoolSettings::default(),
             limits: Limits::default(),
             api_token: None,
+            api_tls: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
@@ -106,6 +110,9 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
+    /// The key API's certificate or key cannot be used.
+    #[error("{0}")]
+    Tls(#[from] SettingError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -137,6 +144,11 @@ impl Server {
         let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
         let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
+        // Before the pool starts: a certificate that cannot be used stops here.
+        let acceptor = match &settings.api_tls {
+            Some(files) => Some(files.acceptor(&[ALPN_H2, ALPN_HTTP1])?),
+            None => None,
+        };
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
             pool,
@@ -160,19 +172,31 @@ impl Server {
         };
         let (stop_api, api_stopped) = watch::channel(false);
         let (stop_admin, admin_stopped) = watch::channel(false);
-        let api_task = tokio::spawn(listener::serve(
-            api_listener,
-            api,
-            limits,
-            stopped(api_stopped),
-        ));
+        let api_task = match acceptor {
+            Some(acceptor) => tokio::spawn(listener::serve_tls(
+                api_listener,
+                api,
+                limits,
+                acceptor,
+                // As long as a plain connection may stay silent.
+                settings.header_read_timeout,
+                stopped(api_stopped),
+            )),
+            None => tokio::spawn(listener::serve(
+                api_listener,
+                api,
+                limits,
+                stopped(api_stopped),
+            )),
+        };
         let admin_task = tokio::spawn(listener::serve(
             admin_listener,
             admin::router(state.clone()),
             admin_limits,
             stopped(admin_stopped),
         ));
-        tracing::info!(%api_addr, %admin_addr, "gateway listening");
+        let tls = settings.api_tls.is_some();
+        tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");
         Ok(Server {
             api_addr,
             admin_addr,
