@@ -90,6 +90,10 @@ pub struct Families {
     pub batch_op_latency: HistogramVec,
     /// Ops per batch (its count: the batches).
     pub batch_size: Histogram,
+    /// Spans that never reached the collector, by reason: `queue_full`
+    /// (the export queue was full), `export_failed` (the collector did not
+    /// take their batch).
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -209,6 +213,7 @@ impl Metrics {
             batch_ops: batch_ops.expect("valid metric"),
             batch_op_latency: batch_op_latency.expect("valid metric"),
             batch_size: batch_size.expect("valid metric"),
+            trace_spans_dropped: trace_spans_dropped(),
             registry,
         };
         families.register_all();
@@ -225,7 +230,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 25] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -251,6 +256,7 @@ impl Families {
             Box::new(self.batch_ops.clone()),
             Box::new(self.batch_op_latency.clone()),
             Box::new(self.batch_size.clone()),
+            Box::new(self.trace_spans_dropped.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -267,6 +273,22 @@ impl Default for Metrics {
 
 fn gauge(name: &str, help: &str) -> IntGauge {
     IntGauge::new(name, help).expect("valid metric")
+}
+
+/// Spans dropped, with both reasons at zero from the start.
+fn trace_spans_dropped() -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "trace_spans_dropped_total",
+            "Spans not exported: the export queue was full, or the collector did not take them",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric");
+    for reason in ["queue_full", "export_failed"] {
+        family.with_label_values(&[reason]);
+    }
+    family
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -312,6 +334,7 @@ mod tests {
             "statestore_gateway_watch_pattern_keys 0",
             "statestore_gateway_watch_rescans_total 0",
             "statestore_gateway_watch_rescan_duration_seconds_count 0",
+            "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
