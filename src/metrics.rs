@@ -100,6 +100,10 @@ pub struct Families {
     pub authz_reload_ok: IntGauge,
     /// Reads of `--authz-file` that kept the previous rules.
     pub authz_reload_failures: IntCounter,
+    /// Spans that never reached the collector, by reason: `queue_full`
+    /// (the export queue was full), `export_failed` (the collector did not
+    /// take their batch).
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -236,6 +240,7 @@ impl Metrics {
                 "authz_reload_failures_total",
                 "Reads of the authorization rules file that kept the previous rules",
             ),
+            trace_spans_dropped: trace_spans_dropped(),
             registry,
         };
         families.register_all();
@@ -252,7 +257,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 29] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 30] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -282,6 +287,7 @@ impl Families {
             Box::new(self.authz_rules.clone()),
             Box::new(self.authz_reload_ok.clone()),
             Box::new(self.authz_reload_failures.clone()),
+            Box::new(self.trace_spans_dropped.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -298,6 +304,22 @@ impl Default for Metrics {
 
 fn gauge(name: &str, help: &str) -> IntGauge {
     IntGauge::new(name, help).expect("valid metric")
+}
+
+/// Spans dropped, with both reasons at zero from the start.
+fn trace_spans_dropped() -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "trace_spans_dropped_total",
+            "Spans not exported: the export queue was full, or the collector did not take them",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric");
+    for reason in ["queue_full", "export_failed"] {
+        family.with_label_values(&[reason]);
+    }
+    family
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -346,6 +368,7 @@ mod tests {
             "statestore_gateway_authz_rules 0",
             "statestore_gateway_authz_last_reload_success 0",
             "statestore_gateway_authz_reload_failures_total 0",
+            "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
