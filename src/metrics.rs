@@ -90,6 +90,16 @@ pub struct Families {
     pub batch_op_latency: HistogramVec,
     /// Ops per batch (its count: the batches).
     pub batch_size: Histogram,
+    /// Requests and batch ops the authorization rules refused, by the
+    /// method they needed (never by caller: unbounded).
+    pub authz_denials: IntCounterVec,
+    /// Rules in force from `--authz-file`.
+    pub authz_rules: IntGauge,
+    /// Whether the last read of `--authz-file` was applied (1) or kept
+    /// the previous rules (0).
+    pub authz_reload_ok: IntGauge,
+    /// Reads of `--authz-file` that kept the previous rules.
+    pub authz_reload_failures: IntCounter,
     /// Spans that never reached the collector, by reason: `queue_full`
     /// (the export queue was full), `export_failed` (the collector did not
     /// take their batch).
@@ -153,6 +163,13 @@ impl Metrics {
                 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
             ]),
         );
+        let authz_denials = IntCounterVec::new(
+            Opts::new(
+                "authz_denials_total",
+                "Requests and batch ops the authorization rules refused, by the method they needed",
+            ),
+            &["method"],
+        );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
             http_latency: http_latency.expect("valid metric"),
@@ -213,6 +230,16 @@ impl Metrics {
             batch_ops: batch_ops.expect("valid metric"),
             batch_op_latency: batch_op_latency.expect("valid metric"),
             batch_size: batch_size.expect("valid metric"),
+            authz_denials: authz_denials.expect("valid metric"),
+            authz_rules: gauge("authz_rules", "Authorization rules in force"),
+            authz_reload_ok: gauge(
+                "authz_last_reload_success",
+                "Whether the last read of the authorization rules file was applied (1) or kept the previous rules (0)",
+            ),
+            authz_reload_failures: counter(
+                "authz_reload_failures_total",
+                "Reads of the authorization rules file that kept the previous rules",
+            ),
             trace_spans_dropped: trace_spans_dropped(),
             registry,
         };
@@ -230,7 +257,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 30] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -256,6 +283,10 @@ impl Families {
             Box::new(self.batch_ops.clone()),
             Box::new(self.batch_op_latency.clone()),
             Box::new(self.batch_size.clone()),
+            Box::new(self.authz_denials.clone()),
+            Box::new(self.authz_rules.clone()),
+            Box::new(self.authz_reload_ok.clone()),
+            Box::new(self.authz_reload_failures.clone()),
             Box::new(self.trace_spans_dropped.clone()),
         ];
         for collector in collectors {
@@ -334,6 +365,9 @@ mod tests {
             "statestore_gateway_watch_pattern_keys 0",
             "statestore_gateway_watch_rescans_total 0",
             "statestore_gateway_watch_rescan_duration_seconds_count 0",
+            "statestore_gateway_authz_rules 0",
+            "statestore_gateway_authz_last_reload_success 0",
+            "statestore_gateway_authz_reload_failures_total 0",
             "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");

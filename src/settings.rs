@@ -151,6 +151,14 @@ pub const API_TLS_KEY_FILE: Setting = Setting {
     helm: Helm::Derived("standalone.tls.secretName"),
 };
 
+/// YAML rules of which caller may read or write which keys.
+pub const AUTHZ_FILE: Setting = Setting {
+    flag: "--authz-file",
+    env: "STATESTORE_GATEWAY_AUTHZ_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.authz.rules"),
+};
+
 pub const SHUTDOWN_GRACE: Setting = Setting {
     flag: "--shutdown-grace",
     env: "STATESTORE_GATEWAY_SHUTDOWN_GRACE",
@@ -376,6 +384,7 @@ pub const SERVE: &[&Setting] = &[
     &API_TOKEN_FILE,
     &API_TLS_CERT_FILE,
     &API_TLS_KEY_FILE,
+    &AUTHZ_FILE,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &MAX_WATCHERS,
@@ -647,6 +656,8 @@ pub const DEFAULT_MQTT_KEEP_ALIVE: u16 = 60;
 pub const DEFAULT_MQTT_SESSION_EXPIRY: u32 = 0;
 /// How often the SAT file is read again to notice a rotated token (not a flag).
 pub const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the `--authz-file` is read again to notice changed rules (not a flag).
+pub const DEFAULT_AUTHZ_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_DEV_LISTEN: SocketAddr = loopback(8080);
 pub const DEFAULT_DEV_ADMIN_LISTEN: SocketAddr = loopback(8081);
 pub const DEFAULT_DEV_BROKER_LISTEN: SocketAddr = loopback(1883);

@@ -8,6 +8,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::http::authz::{AuthzSettings, Rules};
 use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::locks::LockSettings;
@@ -50,6 +51,11 @@ pub struct ServeArgs {
     /// PEM private key of --api-tls-cert-file; read again when it changes.
     #[arg(long, env = settings::API_TLS_KEY_FILE.env)]
     pub api_tls_key_file: Option<PathBuf>,
+    /// YAML rules of which caller may read or write which keys (the
+    /// broker's `stateStoreResources` shape); read again when it changes.
+    /// Needs callers to be identified (`--api-token-file`).
+    #[arg(long, env = settings::AUTHZ_FILE.env)]
+    pub authz_file: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = settings::SHUTDOWN_GRACE.env, default_value = settings::SHUTDOWN_GRACE.default, value_parser = parse_any_duration)]
     pub shutdown_grace: Duration,
@@ -190,6 +196,11 @@ impl ServeArgs {
         if let Some(files) = &api_tls {
             files.check()?;
         }
+        let authz = self
+            .authz_file
+            .as_ref()
+            .map(|file| self.authz_settings(file, api_token.is_some()))
+            .transpose()?;
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
             None => settings::default_client_id(),
@@ -213,6 +224,7 @@ impl ServeArgs {
             },
             api_token,
             api_tls,
+            authz,
             shutdown_grace: self.shutdown_grace,
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
@@ -243,6 +255,28 @@ impl ServeArgs {
         .with_request_timeout(self.request_timeout);
         settings.pool.check()?;
         Ok(settings)
+    }
+}
+
+impl ServeArgs {
+    /// `--authz-file`: rules need callers to tell apart, and the file must
+    /// read (the server reads it again at start and then every few seconds).
+    fn authz_settings(
+        &self,
+        file: &Path,
+        authenticated: bool,
+    ) -> Result<AuthzSettings, SettingError> {
+        if !authenticated {
+            return Err(SettingError::new(
+                &settings::AUTHZ_FILE,
+                format!(
+                    "rules need callers to be identified: set {} too",
+                    settings::API_TOKEN_FILE.flag
+                ),
+            ));
+        }
+        Rules::read(file).map_err(|message| SettingError::new(&settings::AUTHZ_FILE, message))?;
+        Ok(AuthzSettings::new(file.to_owned()))
     }
 }
 
@@ -392,6 +426,7 @@ mod tests {
         assert_eq!(from_cli.pool, code.pool);
         assert_eq!(from_cli.limits, code.limits);
         assert!(from_cli.api_token.is_none() && code.api_token.is_none());
+        assert_eq!(from_cli.authz, code.authz);
         assert_eq!(from_cli.shutdown_grace, code.shutdown_grace);
         assert_eq!(from_cli.watch, code.watch);
         assert_eq!(from_cli.cors_allow_origins, code.cors_allow_origins);
@@ -456,6 +491,39 @@ mod tests {
         let error = args.settings().unwrap_err();
         assert_eq!(error.setting, "--api-token-file");
         assert!(error.to_string().contains(settings::API_TOKEN_FILE.env));
+    }
+
+    #[test]
+    fn authz_file_is_read_at_start_and_needs_callers_to_be_identified() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret").unwrap();
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(
+            &rules,
+            "rules:\n  - principals: {apiToken: true}\n    stateStoreResources:\n      - {keyType: Pattern, keys: [\"*\"], method: Read}\n",
+        )
+        .unwrap();
+        let (token, rules) = (token.to_str().unwrap(), rules.to_str().unwrap());
+        let args = serve_args(&["--api-token-file", token, "--authz-file", rules]).unwrap();
+        let authz = args.settings().unwrap().authz.unwrap();
+        assert_eq!(authz.file.to_str(), Some(rules));
+        assert_eq!(authz.check_interval, settings::DEFAULT_AUTHZ_CHECK_INTERVAL);
+
+        let alone = serve_args(&["--authz-file", rules]).unwrap();
+        let error = alone.settings().unwrap_err();
+        assert_eq!(error.setting, "--authz-file");
+        assert!(error.message.contains("--api-token-file"), "{error}");
+
+        std::fs::write(rules, "rules:\n  - principals: {subjects: [a]}\n").unwrap();
+        let error = args.settings().unwrap_err();
+        assert_eq!(error.setting, "--authz-file");
+        assert!(
+            error
+                .message
+                .contains("missing field `stateStoreResources`"),
+            "{error}"
+        );
     }
 
     #[test]

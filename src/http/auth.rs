@@ -9,9 +9,20 @@ use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::authz::{Authz, Principal};
 use super::problem::ApiError;
 use super::state::ApiToken;
 use super::{extract, locks, watch};
+
+/// Who a request comes from, as the guard established it (a request
+/// extension when the key API requires authentication).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Presented the shared `--api-token-file` token.
+    ApiToken,
+    /// Presented a valid signed token: its `sub` claim.
+    Subject(std::sync::Arc<str>),
+}
 
 /// What [`guard`] checks (one middleware for both: each layer costs a
 /// service clone and a boxed future per request).
@@ -19,14 +30,22 @@ use super::{extract, locks, watch};
 pub(super) struct Guard {
     /// Required as `Authorization: Bearer <token>` when configured.
     pub(super) token: Option<ApiToken>,
+    /// The per-key rules, when configured: each request gets its caller's
+    /// [`Access`](super::authz::Access) under them.
+    pub(super) authz: Option<Authz>,
     /// See [`Limits::backstop`].
     pub(super) backstop: Duration,
     /// Added to the backstop of lock requests, which may wait this long.
     pub(super) lock_wait: Duration,
 }
 
-/// The bearer token check, then the request under the backstop timeout.
-pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+/// The bearer token check (the caller it finds goes into the request's
+/// extensions), then the request under the backstop timeout.
+pub(super) async fn guard(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     if let Some(token) = &guard.token {
         let presented = request
             .headers()
@@ -37,6 +56,20 @@ pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
         if !presented.is_some_and(|presented| token.matches(&presented)) {
             return ApiError::Unauthorized.into_response();
         }
+        // Only the rules ask who it is: without them, no extension to
+        // allocate per request.
+        if guard.authz.is_some() {
+            request.extensions_mut().insert(Caller::ApiToken);
+        }
+    }
+    if let Some(authz) = &guard.authz {
+        let principal = match request.extensions().get::<Caller>() {
+            Some(Caller::ApiToken) => Principal::ApiToken,
+            Some(Caller::Subject(subject)) => Principal::Subject(subject.clone()),
+            None => Principal::Nobody,
+        };
+        let access = authz.access(principal);
+        request.extensions_mut().insert(access);
     }
     let backstop = if request.uri().path().starts_with(locks::LOCKS_PREFIX) {
         guard.backstop + guard.lock_wait

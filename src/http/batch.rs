@@ -31,6 +31,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use tokio::time::Instant;
 
+use super::authz::{Access, Need};
 use super::extract::{
     DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
 };
@@ -51,6 +52,7 @@ pub fn routes() -> Router<AppState> {
 /// result per op, in order.
 async fn batch(
     State(state): State<AppState>,
+    access: Access,
     query: Query,
     headers: HeaderMap,
     DeclaredLength(declared): DeclaredLength,
@@ -71,7 +73,7 @@ async fn batch(
         })?;
     let ops = parse(&body, &state)?;
     state.metrics.batch_size.observe(ops.len() as f64);
-    let results = run(&state, ops, deadline).await;
+    let results = run(&state, &access, ops, deadline).await;
     let body = serde_json::to_vec(&BatchAnswer { results: &results }).unwrap_or_default();
     let mut response = (StatusCode::OK, body).into_response();
     set_common_headers(response.headers_mut(), "application/json");
@@ -145,6 +147,14 @@ impl OpKind {
             Self::Get => "get",
             Self::Set => "set",
             Self::Delete => "delete",
+        }
+    }
+
+    /// What the op needs of its key under the rules.
+    fn need(self) -> Need {
+        match self {
+            Self::Get => Need::Read,
+            Self::Set | Self::Delete => Need::Write,
         }
     }
 
@@ -305,7 +315,12 @@ fn ttl_ms(ttl: &serde_json::Value) -> Result<u64, ApiError> {
 
 /// Runs the ops: those on one key in the order given (a chain), the chains
 /// concurrently; the results in the ops' order.
-async fn run(state: &AppState, ops: Vec<(OpKind, KeyCommand)>, deadline: Instant) -> Vec<OpResult> {
+async fn run(
+    state: &AppState,
+    access: &Access,
+    ops: Vec<(OpKind, KeyCommand)>,
+    deadline: Instant,
+) -> Vec<OpResult> {
     let count = ops.len();
     let mut chains: Vec<Vec<(usize, OpKind, KeyCommand)>> = Vec::new();
     let mut chain_of: HashMap<Bytes, usize> = HashMap::with_capacity(count);
@@ -324,7 +339,7 @@ async fn run(state: &AppState, ops: Vec<(OpKind, KeyCommand)>, deadline: Instant
         .map(|chain| async move {
             let mut done = Vec::with_capacity(chain.len());
             for (index, kind, command) in chain {
-                done.push((index, run_op(state, kind, command, deadline).await));
+                done.push((index, run_op(state, access, kind, command, deadline).await));
             }
             done
         })
@@ -338,23 +353,28 @@ async fn run(state: &AppState, ops: Vec<(OpKind, KeyCommand)>, deadline: Instant
     results.into_iter().flatten().collect()
 }
 
-/// One op: a batch slot (waiting at most until the batch's deadline), then
-/// the one-key path.
+/// One op: allowed to the caller (else 403, as its one-key request), a
+/// batch slot (waiting at most until the batch's deadline), then the
+/// one-key path.
 async fn run_op(
     state: &AppState,
+    access: &Access,
     kind: OpKind,
     command: KeyCommand,
     deadline: Instant,
 ) -> OpResult {
     let started = std::time::Instant::now();
-    let answer = match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
-        Ok(Ok(_slot)) => match command.send(state).await {
-            Ok(outcome) => respond(outcome),
-            Err(error) => Err(error),
+    let answer = match access.require(command.key(), kind.need()) {
+        Err(denied) => Err(denied),
+        Ok(()) => match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
+            Ok(Ok(_slot)) => match command.send(state).await {
+                Ok(outcome) => respond(outcome),
+                Err(error) => Err(error),
+            },
+            // No slot in time (the semaphore is never closed): the op never
+            // left the gateway, as when the pool's own window is full.
+            _ => Err(RequestError::Transport(PoolError::Overloaded).into()),
         },
-        // No slot in time (the semaphore is never closed): the op never
-        // left the gateway, as when the pool's own window is full.
-        _ => Err(RequestError::Transport(PoolError::Overloaded).into()),
     };
     let result = match answer {
         Ok(answer) => OpResult {

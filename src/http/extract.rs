@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use percent_encoding::percent_decode;
 
+use super::authz::{Access, Need};
 use super::headers::{Representation, accept_weight};
 use super::problem::ApiError;
 use super::state::AppState;
@@ -30,7 +31,9 @@ fn original_path(parts: &Parts) -> &str {
 }
 
 /// The key the path names after its route's first segment, decoded
-/// strictly and within `--max-key-bytes`.
+/// strictly and within `--max-key-bytes`, and, with rules configured,
+/// allowed to the caller for the request's method (GET and HEAD read,
+/// others write: keys, locks and key watches alike); else 403.
 #[derive(Debug, Clone)]
 pub struct Key(pub Bytes);
 
@@ -38,7 +41,20 @@ impl FromRequestParts<AppState> for Key {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        key_from_path(original_path(parts), state.limits.max_key_bytes).map(Self)
+        let key = key_from_path(original_path(parts), state.limits.max_key_bytes)?;
+        if state.authz.is_some() {
+            Access::of(parts, state.authz.as_ref()).require(&key, Need::of(&parts.method))?;
+        }
+        Ok(Self(key))
+    }
+}
+
+/// The caller's access under the rules (see [`Access`]).
+impl FromRequestParts<AppState> for Access {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Infallible> {
+        Ok(Access::of(parts, state.authz.as_ref()))
     }
 }
 

@@ -34,6 +34,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
+use super::authz::{Access, Need};
 use super::extract::{PrefersText, Query};
 use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
@@ -64,6 +65,7 @@ pub fn routes() -> Router<AppState> {
 /// `GET /keys`: one page of the keys matching `match`.
 async fn list_keys(
     State(state): State<AppState>,
+    access: Access,
     query: Query,
     PrefersText(text): PrefersText,
 ) -> Result<Response, ApiError> {
@@ -104,6 +106,7 @@ async fn list_keys(
     let budget = state.limits.request_timeout / 2;
     let page = fill(
         &state,
+        &access,
         &pattern,
         start,
         limit.unwrap_or(DEFAULT_LIMIT),
@@ -244,10 +247,11 @@ struct Listed {
     next: Option<Position>,
 }
 
-/// SCANs from `at` until `limit` keys are in hand, the store has no more,
-/// or the `budget` is spent.
+/// SCANs from `at` until `limit` keys the caller may read are in hand,
+/// the store has no more, or the `budget` is spent.
 async fn fill(
     state: &AppState,
+    access: &Access,
     pattern: &Bytes,
     mut at: Position,
     limit: usize,
@@ -273,10 +277,15 @@ async fn fill(
             })?;
         from_client = false;
         let skip = resume_at(&at, &page.keys);
-        let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
-        listed
-            .keys
-            .extend(page.keys[skip..skip + take].iter().cloned());
+        let take = if access.is_unrestricted() {
+            let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
+            listed
+                .keys
+                .extend(page.keys[skip..skip + take].iter().cloned());
+            take
+        } else {
+            take_readable(access, &page.keys[skip..], limit, &mut listed.keys)
+        };
         if skip + take < page.keys.len() {
             listed.next = Some(Position {
                 token: at.token,
@@ -306,6 +315,22 @@ async fn fill(
             return Ok(listed);
         }
     }
+}
+
+/// Moves the keys of `keys` the caller may read into `listed` until it
+/// holds `limit`; returns how many of `keys` were used: up to and
+/// including the last one listed when `listed` filled up (so the cursor
+/// names only a key the caller was given), else all of them.
+fn take_readable(access: &Access, keys: &[Bytes], limit: usize, listed: &mut Vec<Bytes>) -> usize {
+    for (index, key) in keys.iter().enumerate() {
+        if listed.len() >= limit {
+            return index;
+        }
+        if access.allows(key, Need::Read) {
+            listed.push(key.clone());
+        }
+    }
+    keys.len()
 }
 
 /// Where in a store page a listing at `at` resumes: after the last key

@@ -9,6 +9,8 @@
 //!   fencing token, representation, `Last-Event-ID`, a listing's preferred
 //!   form, the declared body length) whose rejection is the API error.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
+//! - [`authz`]: the per-key rules of `--authz-file`, read again when the
+//!   file changes, and each request's [`authz::Access`] under them.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
 //! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
@@ -21,12 +23,14 @@
 //!   [`ApiToken`]; `headers`: headers on every answer.
 //! - `router`: [`router`] builds the key API with its middleware (metrics,
 //!   failure logs, CORS) so tests can drive it; `auth`: the bearer token
-//!   check and backstop timeout.
+//!   check (which also gives each request its caller's access) and
+//!   backstop timeout.
 //! - `server`: [`Server`] binds both listeners and runs them until
 //!   [`Server::shutdown`].
 
 pub mod admin;
 mod auth;
+pub mod authz;
 pub mod batch;
 pub mod event_stream;
 pub mod extract;
@@ -43,6 +47,7 @@ mod state;
 pub mod tls;
 pub mod watch;
 
+pub use auth::Caller;
 pub use router::{BodyReadLimits, close_unless_body_read, read_body_first, router};
 pub use server::{ServeError, ServeSettings, Server, termination_signal};
 pub use state::{ApiToken, AppState, Limits, Shared};

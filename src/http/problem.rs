@@ -123,6 +123,14 @@ pub enum ApiError {
     /// Missing or wrong bearer token.
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// The authorization rules do not let the caller do this to the key.
+    #[error("the authorization rules do not allow {caller} to {need} this key")]
+    Forbidden {
+        /// Who asked, as the 403 names it.
+        caller: String,
+        /// The rules' method the request needed (`Read`, `Write`).
+        need: &'static str,
+    },
     /// Someone else holds the lock (`None`: it was released just after
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
@@ -353,6 +361,8 @@ const BAD_STORE_REPLY: Kind = (
     "Bad reply from the state store",
     Severity::Error,
 );
+/// The store refused the gateway, or the rules the caller.
+const FORBIDDEN: Kind = (403, "/problems/forbidden", "Forbidden", Severity::Warn);
 /// No broker connection can take the request now: the one 503 that
 /// carries `Retry-After`.
 const UNAVAILABLE: Kind = (
@@ -414,6 +424,7 @@ impl ApiError {
             Self::BodyRead(_) => (400, "/problems/bad-body", "Unreadable body", Info),
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
+            Self::Forbidden { .. } => FORBIDDEN,
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
             Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
             // Answered above, with the op's own problem.
@@ -487,7 +498,7 @@ fn request_kind(error: &RequestError) -> Kind {
             // Whose fault a malformed timestamp is: the client's when it
             // sent the fencing token.
             StoreError::MalformedTimestamp if *fenced => INVALID_FENCING_TOKEN,
-            StoreError::NotAuthorized => (403, "/problems/forbidden", "Forbidden", Warn),
+            StoreError::NotAuthorized => FORBIDDEN,
             StoreError::QuotaExceeded => (507, "/problems/quota-exceeded", "Quota exceeded", Warn),
             StoreError::TimestampSkew => (503, "/problems/clock-skew", "Clock skew", Error),
             StoreError::SyntaxError

@@ -35,6 +35,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(
             Guard {
                 token: state.api_token.clone(),
+                authz: state.authz.clone(),
                 backstop,
                 lock_wait: state.locks.settings().max_wait,
             },
@@ -381,6 +382,7 @@ mod tests {
             metrics,
             limits,
             api_token,
+            None,
             WatchSettings::default(),
             LockSettings::default(),
         )

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::authz::{Authz, AuthzSettings};
 use super::listener::ConnectionLimits;
 use super::router::{cors, router};
 use super::state::ApiToken;
@@ -41,6 +42,8 @@ pub struct ServeSettings {
     pub api_token: Option<ApiToken>,
     /// The key API's serving certificate: TLS (HTTP/2 by ALPN) when given.
     pub api_tls: Option<CertificateFiles>,
+    /// Per-key rules (`--authz-file`).
+    pub authz: Option<AuthzSettings>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
@@ -66,6 +69,7 @@ impl Default for ServeSettings {
             limits: Limits::default(),
             api_token: None,
             api_tls: None,
+            authz: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
@@ -110,9 +114,10 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
-    /// The key API's certificate or key cannot be used.
+    /// A file a setting names cannot be used: the key API's certificate
+    /// or key, the rules file.
     #[error("{0}")]
-    Tls(#[from] SettingError),
+    Setting(#[from] SettingError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -140,6 +145,10 @@ impl Server {
     /// Binds both listeners, starts the pool and serves; returns at once
     /// (the pool connects in the background; `/readyz` says when it is up).
     pub async fn start(settings: ServeSettings, metrics: Metrics) -> Result<Server, ServeError> {
+        let authz = settings
+            .authz
+            .map(|authz| Authz::load(authz.file, Some(authz.check_interval), metrics.clone()))
+            .transpose()?;
         let api_listener = bind("--listen", settings.listen).await?;
         let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
@@ -155,6 +164,7 @@ impl Server {
             metrics,
             settings.limits,
             settings.api_token,
+            authz,
             settings.watch,
             settings.locks,
         );

@@ -8,6 +8,7 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
+use super::authz::Authz;
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::Pool;
@@ -106,6 +107,9 @@ pub struct Shared {
     pub clock: fn() -> u64,
     /// The bearer token the key API requires, if any.
     pub api_token: Option<ApiToken>,
+    /// The per-key rules, if any: without them every caller may do
+    /// everything.
+    pub authz: Option<Authz>,
     /// Set once shutdown starts: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
@@ -125,6 +129,7 @@ impl AppState {
         metrics: Metrics,
         limits: Limits,
         api_token: Option<ApiToken>,
+        authz: Option<Authz>,
         watch: WatchSettings,
         locks: LockSettings,
     ) -> Self {
@@ -139,6 +144,7 @@ impl AppState {
             limits,
             clock: hlc::now_ms,
             api_token,
+            authz,
             draining: AtomicBool::new(false),
             batch_slots,
         }))

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use super::authz::{Access, Need};
 use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
 use super::problem::ApiError;
@@ -55,11 +56,12 @@ pub fn routes() -> Router<AppState> {
 async fn watch_path(
     State(state): State<AppState>,
     Key(key): Key,
+    access: Access,
     query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
     query.accept(&[ACCESS_TOKEN_PARAMETER])?;
-    start(&state, vec![key], Vec::new(), last_version).await
+    start(&state, &access, vec![key], Vec::new(), last_version).await
 }
 
 /// `GET /watch/`: the empty key, refused as `/keys/` refuses it.
@@ -80,6 +82,7 @@ pub fn is_watch_path(path: &str) -> bool {
 /// `GET /watch?key=a&key=b&match=sensor/*`
 async fn watch_query(
     State(state): State<AppState>,
+    access: Access,
     query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
@@ -91,6 +94,7 @@ async fn watch_query(
             ACCESS_TOKEN_PARAMETER => continue,
             "key" => {
                 let key = decode_key(value, true, state.limits.max_key_bytes)?;
+                access.require(&key, Need::Read)?;
                 // A key named twice is one key (and counts once against the limit).
                 if !keys.contains(&key) {
                     keys.push(key);
@@ -113,7 +117,7 @@ async fn watch_query(
             return Err(WatchError::TooManyKeysPerStream(max).into());
         }
     }
-    start(&state, keys, patterns, last_version).await
+    start(&state, &access, keys, patterns, last_version).await
 }
 
 /// A `match` value: the listing's glob, form-decoded; not empty, at most
@@ -132,8 +136,12 @@ fn decode_pattern(raw: &str, max_key_bytes: usize) -> Result<Bytes, ApiError> {
     }
 }
 
+/// Starts the stream of `keys` (each already allowed to the caller) and
+/// `patterns` (whose keys the caller may read, under the rules of the
+/// moment).
 async fn start(
     state: &AppState,
+    access: &Access,
     keys: Vec<Bytes>,
     patterns: Vec<Bytes>,
     last_version: Option<Hlc>,
@@ -141,7 +149,11 @@ async fn start(
     if state.is_draining() {
         return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
-    let watcher = state.hub.follow(keys, patterns, last_version).await?;
+    let readable = access.live_read_filter();
+    let watcher = state
+        .hub
+        .follow(keys, patterns, last_version, readable)
+        .await?;
     let keep_alive = state.hub.settings().keep_alive;
     let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
     let headers = response.headers_mut();

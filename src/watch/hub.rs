@@ -26,6 +26,11 @@ use crate::mqtt::PoolError;
 use crate::protocol::Hlc;
 use crate::store::{RequestError, StoreClient};
 
+/// Whether a stream may see a key: asked of every key a stream's patterns
+/// bring and of every event before it is delivered (so a key that stops
+/// being readable goes silent at once).
+pub type ReadFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 /// The hub; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct WatchHub {
@@ -71,7 +76,7 @@ impl WatchHub {
         keys: Vec<Bytes>,
         last_version: Option<Hlc>,
     ) -> Result<Watcher, WatchError> {
-        self.follow(keys, Vec::new(), last_version).await
+        self.follow(keys, Vec::new(), last_version, None).await
     }
 
     /// Starts watching `keys` and every key matching `patterns`: returns
@@ -81,11 +86,17 @@ impl WatchHub {
     /// `last_version` is the client's `Last-Event-ID`: on a stream of one
     /// key, a key whose version is not newer gets no initial sync (any
     /// other stream always gets every key's sync).
+    ///
+    /// With `readable`, the stream follows only the pattern keys it allows
+    /// (others are neither told of nor counted in `listed`), and is told
+    /// nothing of a key it no longer allows. `keys` are the caller's to
+    /// check.
     pub async fn follow(
         &self,
         keys: Vec<Bytes>,
         patterns: Vec<Bytes>,
         last_version: Option<Hlc>,
+        readable: Option<ReadFilter>,
     ) -> Result<Watcher, WatchError> {
         let settings = &self.inner.settings;
         if keys.is_empty() && patterns.is_empty() {
@@ -158,6 +169,7 @@ impl WatchHub {
                 })
             },
             shut_down: false,
+            readable,
         };
         for key in &keys {
             let key_watch = self.inner.attach(key, settings.buffer);
@@ -321,6 +333,8 @@ pub struct Watcher {
     /// 10,000 waiters on one lock for every event of a fan-out.
     shutdown: BoxFuture<'static, ()>,
     shut_down: bool,
+    /// Which keys the stream may see; `None`: all.
+    readable: Option<ReadFilter>,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -340,6 +354,14 @@ impl Watcher {
     pub async fn next(&mut self) -> Option<Arc<KeyEvent>> {
         loop {
             if let Some(event) = self.pending.pop_front() {
+                // A pattern's own events name the pattern, not a key.
+                let of_key = !matches!(
+                    event.kind,
+                    EventKind::Listed { .. } | EventKind::PatternError
+                );
+                if of_key && !self.may_read(&event.key) {
+                    continue;
+                }
                 self.hub.metrics.events_delivered.inc();
                 return Some(event);
             }
@@ -367,6 +389,9 @@ impl Watcher {
                     None => return None,
                 },
             };
+            if !self.may_read(&key) {
+                continue;
+            }
             let Some(cursor) = self.cursors.get_mut(&key) else {
                 continue;
             };
@@ -455,9 +480,18 @@ impl Watcher {
         }
     }
 
-    /// Follows `key_watch` for the pattern at `index`; a key new to the
-    /// stream that exists gets its `sync` now. Returns whether it exists.
+    /// Whether the stream may see `key`.
+    fn may_read(&self, key: &[u8]) -> bool {
+        self.readable.as_ref().is_none_or(|readable| readable(key))
+    }
+
+    /// Follows `key_watch` for the pattern at `index` if the stream may see
+    /// it; a key new to the stream that exists gets its `sync` now. Returns
+    /// whether it was followed and exists.
     fn add_to_pattern(&mut self, index: usize, key_watch: Arc<KeyWatch>) -> bool {
+        if !self.may_read(&key_watch.key) {
+            return false;
+        }
         let bit = 1 << index;
         if let Some(cursor) = self.cursors.get_mut(&key_watch.key) {
             cursor.patterns |= bit;

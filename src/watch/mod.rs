@@ -40,5 +40,5 @@ mod shared;
 
 pub use error::WatchError;
 pub use event::{EventKind, KeyEvent, MAX_EVENT_VALUE_BYTES, Snapshot, WatchedValue};
-pub use hub::{WatchHub, Watcher};
+pub use hub::{ReadFilter, WatchHub, Watcher};
 pub use settings::WatchSettings;

@@ -14,6 +14,7 @@ mod support;
 
 mod admin;
 mod auth;
+mod authz;
 mod batch;
 mod browser;
 mod emulator;

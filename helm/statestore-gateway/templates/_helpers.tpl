@@ -112,6 +112,7 @@ declares its port; used by this chart's standalone Deployment.
 {{- $sat := include "statestore-gateway.useSat" . -}}
 {{- $apiTls := include "statestore-gateway.apiTlsSecret" . -}}
 {{- $dir := "/var/run/secrets/statestore-gateway" -}}
+{{- $authz := include "statestore-gateway.authzConfigMap" . -}}
 - name: statestore-gateway
   image: {{ include "statestore-gateway.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -183,6 +184,10 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $dir }}/api-tls/tls.crt
     - name: STATESTORE_GATEWAY_API_TLS_KEY_FILE
       value: {{ $dir }}/api-tls/tls.key
+    {{- end }}
+    {{- if $authz }}
+    - name: STATESTORE_GATEWAY_AUTHZ_FILE
+      value: {{ $dir }}/authz/rules.yaml
     {{- end }}
     {{- if $v.emulator.enabled }}
     - name: AIO_BROKER_HOSTNAME
@@ -268,7 +273,7 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $apiTls }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $apiTls $authz }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -298,6 +303,13 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $apiTls }}
     - name: statestore-gateway-api-tls
       mountPath: {{ $dir }}/api-tls
+      readOnly: true
+    {{- end }}
+    {{- if $authz }}
+    # Not a subPath: the kubelet then updates the file when the ConfigMap
+    # changes, and the gateway reads it again.
+    - name: statestore-gateway-authz
+      mountPath: {{ $dir }}/authz
       readOnly: true
     {{- end }}
   {{- end }}
@@ -360,6 +372,11 @@ blank line the first `if` leaves. */}}
   secret:
     secretName: {{ . | quote }}
 {{- end }}
+{{- with include "statestore-gateway.authzConfigMap" . }}
+- name: statestore-gateway-authz
+  configMap:
+    name: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -374,6 +391,27 @@ nothing. Only the standalone gateway serves TLS: extra key standalone (bool).
 {{- $t.secretName -}}
 {{- else if $t.certManager.enabled -}}
 {{- printf "%s-tls" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+statestore-gateway.authzConfigMap: the name of the ConfigMap holding the
+standalone gateway's per-key rules (standalone.authz), or nothing when
+there are none. Only the standalone gateway takes rules: extra key
+standalone (bool).
+*/}}
+{{- define "statestore-gateway.authzConfigMap" -}}
+{{- if .standalone -}}
+{{- $a := .values.standalone.authz -}}
+{{- if and $a.rules $a.configMap -}}
+{{- fail "standalone.authz.rules and standalone.authz.configMap: give the rules one way" -}}
+{{- end -}}
+{{- if or $a.rules $a.configMap -}}
+{{- if not .values.gateway.apiToken.secretName -}}
+{{- fail "standalone.authz needs gateway.apiToken.secretName: rules need callers to be identified" -}}
+{{- end -}}
+{{- $a.configMap | default (printf "%s-authz" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
+use statestore_gateway::http::authz::AuthzSettings;
 use statestore_gateway::http::tls::CertificateFiles;
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::locks::LockSettings;
@@ -56,6 +57,8 @@ pub struct GatewayOptions {
     pub api_tls: Option<(PathBuf, PathBuf)>,
     /// `--header-read-timeout`
     pub header_read_timeout: Duration,
+    /// `--authz-file`, and how often it is read again.
+    pub authz: Option<AuthzSettings>,
 }
 
 impl Default for GatewayOptions {
@@ -77,6 +80,7 @@ impl Default for GatewayOptions {
             max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
             api_tls: None,
             header_read_timeout: statestore_gateway::settings::DEFAULT_HEADER_READ_TIMEOUT,
+            authz: None,
         }
     }
 }
@@ -142,6 +146,7 @@ impl Gateway {
             cors_allow_origins: options.cors_allow_origins.clone(),
             max_connections: options.max_connections,
             locks: options.locks,
+            authz: options.authz.clone(),
             api_tls: options
                 .api_tls
                 .as_ref()

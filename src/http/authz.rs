@@ -1,0 +1,870 @@
+//! Per-key rules (`--authz-file`): which caller may read or write which
+//! keys, in the shape of the broker's own BrokerAuthorization policy
+//! (`stateStoreResources`), so that a team can copy theirs.
+//!
+//! ```yaml
+//! rules:
+//!   - principals:
+//!       subjects: ["system:serviceaccount:apps:dashboard"]   # "*": any caller
+//!       apiToken: true          # the caller of the shared --api-token-file
+//!     stateStoreResources:
+//!       - keyType: Pattern      # Pattern | String | Binary (base64)
+//!         keys: ["sensors/*"]
+//!         method: Read          # Read | Write | ReadWrite
+//! ```
+//!
+//! With rules, everything they do not allow is denied. The file is
+//! compiled once per load into [`Rules`]: each subject's grants (its own
+//! rules and the `"*"` ones) merged, so a decision is one map lookup and a
+//! few comparisons ([`Grants::allows`], the one place it is made). It is
+//! read again every few seconds; a file that does not parse keeps the
+//! rules in force, with an error logged and counted.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use axum::http::Method;
+use axum::http::request::Parts;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::problem::ApiError;
+use crate::metrics::Metrics;
+use crate::protocol::glob;
+use crate::settings::{self, SettingError};
+use crate::watch::ReadFilter;
+
+/// What a request does to a key: the rules' `method` it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// GET, HEAD, watches, listings, a lock's GET.
+    Read,
+    /// PUT, DELETE, a lock's PUT and DELETE.
+    Write,
+}
+
+impl Need {
+    /// What a request with `method` needs of the key its path names.
+    pub fn of(method: &Method) -> Need {
+        if method == Method::GET || method == Method::HEAD {
+            Need::Read
+        } else {
+            Need::Write
+        }
+    }
+
+    /// As the rules spell it, and the denial metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Need::Read => "Read",
+            Need::Write => "Write",
+        }
+    }
+}
+
+/// The keys one caller may read and those it may write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    read: KeySet,
+    write: KeySet,
+}
+
+impl Grants {
+    /// Whether these grants let a caller do `need` to `key`.
+    pub fn allows(&self, key: &[u8], need: Need) -> bool {
+        match need {
+            Need::Read => self.read.contains(key),
+            Need::Write => self.write.contains(key),
+        }
+    }
+
+    fn add(&mut self, resource: &Resource) {
+        let sets: &mut [&mut KeySet] = match resource.method {
+            RuleMethod::Read => &mut [&mut self.read],
+            RuleMethod::Write => &mut [&mut self.write],
+            RuleMethod::ReadWrite => &mut [&mut self.read, &mut self.write],
+        };
+        for set in sets {
+            set.add(&resource.keys);
+        }
+    }
+
+    fn merge(&mut self, other: &Grants) {
+        self.read.merge(&other.read);
+        self.write.merge(&other.write);
+    }
+}
+
+/// Keys as the rules name them: exact keys in a hash set, globs in a list
+/// (a glob without special bytes is an exact key, `*` is every key).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeySet {
+    everything: bool,
+    exact: HashSet<Bytes>,
+    globs: Vec<Bytes>,
+}
+
+impl KeySet {
+    fn contains(&self, key: &[u8]) -> bool {
+        self.everything
+            || self.exact.contains(key)
+            || self.globs.iter().any(|pattern| glob::matches(pattern, key))
+    }
+
+    fn add(&mut self, keys: &[RuleKey]) {
+        for key in keys {
+            match key {
+                RuleKey::Exact(key) => {
+                    self.exact.insert(key.clone());
+                }
+                RuleKey::Glob(pattern) if pattern.iter().all(|&byte| byte == b'*') => {
+                    self.everything = true;
+                }
+                RuleKey::Glob(pattern) if !pattern.iter().any(|byte| b"*?[\\".contains(byte)) => {
+                    self.exact.insert(pattern.clone());
+                }
+                RuleKey::Glob(pattern) => {
+                    if !self.globs.contains(pattern) {
+                        self.globs.push(pattern.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    fn merge(&mut self, other: &KeySet) {
+        self.everything |= other.everything;
+        self.exact.extend(other.exact.iter().cloned());
+        for pattern in &other.globs {
+            if !self.globs.contains(pattern) {
+                self.globs.push(pattern.clone());
+            }
+        }
+    }
+}
+
+/// A rules file, compiled: the grants of each subject it names (its own
+/// rules merged with the `"*"` ones), of any other subject, and of the
+/// shared API token's caller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    subjects: HashMap<Arc<str>, Arc<Grants>>,
+    anyone: Arc<Grants>,
+    api_token: Arc<Grants>,
+    count: usize,
+}
+
+impl Rules {
+    /// Parses and compiles a rules file; the error names the line and
+    /// column of what is wrong.
+    pub fn parse(text: &str) -> Result<Rules, String> {
+        let file: RulesFile = serde_saphyr::from_str(text).map_err(|error| {
+            // The first line says where and what; the rest is a snippet.
+            let text = error.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.trim_start_matches("error: ").to_owned()
+        })?;
+        let mut anyone = Grants::default();
+        let mut api_token = Grants::default();
+        let mut subjects: HashMap<Arc<str>, Grants> = HashMap::new();
+        for rule in &file.rules {
+            let mut grants = Grants::default();
+            for resource in &rule.resources {
+                grants.add(resource);
+            }
+            let principals = &rule.principals;
+            if principals.subjects.iter().any(|subject| subject == "*") {
+                anyone.merge(&grants);
+            }
+            if principals.api_token {
+                api_token.merge(&grants);
+            }
+            for subject in principals.subjects.iter().filter(|s| *s != "*") {
+                subjects
+                    .entry(Arc::from(subject.as_str()))
+                    .or_default()
+                    .merge(&grants);
+            }
+        }
+        // `"*"` is every caller: merged into each one's own grants, so a
+        // decision looks up one entry.
+        api_token.merge(&anyone);
+        let subjects = subjects
+            .into_iter()
+            .map(|(subject, mut grants)| {
+                grants.merge(&anyone);
+                (subject, Arc::new(grants))
+            })
+            .collect();
+        Ok(Rules {
+            subjects,
+            anyone: Arc::new(anyone),
+            api_token: Arc::new(api_token),
+            count: file.rules.len(),
+        })
+    }
+
+    /// Reads and compiles the rules file at `path`.
+    pub fn read(path: &Path) -> Result<Rules, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+        Rules::parse(&text).map_err(|error| format!("{}: {error}", path.display()))
+    }
+
+    /// The grants of `principal`.
+    pub fn grants(&self, principal: &Principal) -> Arc<Grants> {
+        match principal {
+            Principal::ApiToken => Arc::clone(&self.api_token),
+            Principal::Subject(subject) => {
+                Arc::clone(self.subjects.get(subject.as_ref()).unwrap_or(&self.anyone))
+            }
+            Principal::Nobody => Arc::default(),
+        }
+    }
+
+    /// Whether `principal` may do `need` to `key`: the one decision.
+    pub fn allows(&self, principal: &Principal, key: &[u8], need: Need) -> bool {
+        self.grants(principal).allows(key, need)
+    }
+
+    /// How many rules the file holds.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether the file holds no rule (everything is denied).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// `--authz-file` and how often it is read again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthzSettings {
+    /// The rules file.
+    pub file: PathBuf,
+    /// How often it is read again.
+    pub check_interval: Duration,
+}
+
+impl AuthzSettings {
+    /// `file`, read again every [`settings::DEFAULT_AUTHZ_CHECK_INTERVAL`].
+    pub fn new(file: PathBuf) -> Self {
+        Self {
+            file,
+            check_interval: settings::DEFAULT_AUTHZ_CHECK_INTERVAL,
+        }
+    }
+}
+
+/// The rules in force, read again from their file when it changes; cheap
+/// to clone.
+#[derive(Debug, Clone)]
+pub struct Authz(Arc<Loaded>);
+
+#[derive(Debug)]
+struct Loaded {
+    file: PathBuf,
+    rules: RwLock<Arc<Rules>>,
+    metrics: Metrics,
+}
+
+impl Authz {
+    /// Reads the rules file (a bad one is a bad `--authz-file`) and, when
+    /// `check_interval` is given, starts reading it again that often in
+    /// the background (so this must run inside a Tokio runtime), for as
+    /// long as the returned handle or a clone of it lives.
+    pub fn load(
+        file: PathBuf,
+        check_interval: Option<Duration>,
+        metrics: Metrics,
+    ) -> Result<Authz, SettingError> {
+        let text = std::fs::read(&file).map_err(|error| {
+            SettingError::new(
+                &settings::AUTHZ_FILE,
+                format!("cannot read {}: {error}", file.display()),
+            )
+        })?;
+        let rules = parse_bytes(&text).map_err(|error| {
+            SettingError::new(
+                &settings::AUTHZ_FILE,
+                format!("{}: {error}", file.display()),
+            )
+        })?;
+        metrics.authz_rules.set(rules.len() as i64);
+        metrics.authz_reload_ok.set(1);
+        tracing::info!(file = %file.display(), rules = rules.len(), "authorization rules loaded");
+        let authz = Authz(Arc::new(Loaded {
+            file,
+            rules: RwLock::new(Arc::new(rules)),
+            metrics,
+        }));
+        if let Some(interval) = check_interval {
+            tokio::spawn(watch_file(Arc::downgrade(&authz.0), text, interval));
+        }
+        Ok(authz)
+    }
+
+    /// The rules in force now.
+    pub fn rules(&self) -> Arc<Rules> {
+        Arc::clone(&self.0.rules.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the file's `text` into the rules in force; a text that does
+    /// not parse leaves them as they are, logged and counted.
+    fn apply(&self, text: &[u8]) {
+        let metrics = &self.0.metrics;
+        let file = self.0.file.display();
+        match parse_bytes(text) {
+            Ok(rules) => {
+                metrics.authz_rules.set(rules.len() as i64);
+                metrics.authz_reload_ok.set(1);
+                tracing::info!(%file, rules = rules.len(), "authorization rules reloaded");
+                *self.0.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+            }
+            Err(error) => {
+                metrics.authz_reload_failures.inc();
+                metrics.authz_reload_ok.set(0);
+                tracing::error!(%file, %error, "cannot reload the authorization rules; keeping the previous ones");
+            }
+        }
+    }
+}
+
+fn parse_bytes(text: &[u8]) -> Result<Rules, String> {
+    let text = std::str::from_utf8(text).map_err(|_| "the file is not UTF-8".to_owned())?;
+    Rules::parse(text)
+}
+
+/// Reads the rules file every `interval` while its [`Authz`] lives, and
+/// applies it when its content changed (a ConfigMap update swaps a
+/// symlink: comparing the content catches it whatever the mtime). A
+/// file that cannot be read keeps the rules too.
+async fn watch_file(authz: Weak<Loaded>, mut last: Vec<u8>, interval: Duration) {
+    let mut unreadable = false;
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(loaded) = authz.upgrade() else {
+            return;
+        };
+        let authz = Authz(loaded);
+        let file = authz.0.file.clone();
+        match tokio::fs::read(&file).await {
+            Ok(text) => {
+                // Readable again: say how it reads, even if unchanged.
+                if text != last || std::mem::take(&mut unreadable) {
+                    authz.apply(&text);
+                    last = text;
+                }
+            }
+            // Once per outage, not every few seconds.
+            Err(error) if !unreadable => {
+                unreadable = true;
+                authz.0.metrics.authz_reload_failures.inc();
+                authz.0.metrics.authz_reload_ok.set(0);
+                tracing::error!(file = %file.display(), %error, "cannot read the authorization rules; keeping the previous ones");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Whom a request's grants are looked up for: the guard's caller, as the
+/// rules name callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The caller of the shared API token (`apiToken: true`, and `"*"`).
+    ApiToken,
+    /// A token's subject (`subjects`, and `"*"`).
+    Subject(Arc<str>),
+    /// Nobody authenticated the request: no rule names it.
+    Nobody,
+}
+
+impl Principal {
+    /// As a 403 names it.
+    fn name(&self) -> String {
+        match self {
+            Principal::ApiToken => "the API token's caller".into(),
+            Principal::Subject(subject) => {
+                format!("{:?}", subject.chars().take(256).collect::<String>())
+            }
+            Principal::Nobody => "an unauthenticated caller".into(),
+        }
+    }
+}
+
+/// What the caller of one request may do, put into the request's
+/// extensions by the guard when rules are configured; without rules it is
+/// absent and everything is allowed. An extractor (in `extract`), so that
+/// any handler can take it; the key routes check through
+/// [`Key`](super::extract::Key).
+#[derive(Debug, Clone, Default)]
+pub struct Access(Option<Checked>);
+
+#[derive(Debug, Clone)]
+struct Checked {
+    authz: Authz,
+    principal: Principal,
+    /// The caller's grants under the rules in force when the request came.
+    grants: Arc<Grants>,
+}
+
+impl Authz {
+    /// What `principal` may do under the rules in force now.
+    pub fn access(&self, principal: Principal) -> Access {
+        let grants = self.rules().grants(&principal);
+        Access(Some(Checked {
+            authz: self.clone(),
+            principal,
+            grants,
+        }))
+    }
+}
+
+impl Access {
+    /// The access of a request under `authz` (none: everything is
+    /// allowed): the one the guard put into its extensions; a request the
+    /// guard did not see is nobody's.
+    pub fn of(parts: &Parts, authz: Option<&Authz>) -> Access {
+        match authz {
+            None => Access(None),
+            Some(authz) => parts
+                .extensions
+                .get::<Access>()
+                .cloned()
+                .unwrap_or_else(|| authz.access(Principal::Nobody)),
+        }
+    }
+
+    /// Whether the caller may do `need` to `key`.
+    pub fn allows(&self, key: &[u8], need: Need) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|checked| checked.grants.allows(key, need))
+    }
+
+    /// Whether every key is allowed (no rules configured).
+    pub fn is_unrestricted(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// `Ok` when the caller may do `need` to `key`, else 403 naming the
+    /// caller and `need` (and counted by `need`).
+    pub fn require(&self, key: &[u8], need: Need) -> Result<(), ApiError> {
+        match &self.0 {
+            Some(checked) if !checked.grants.allows(key, need) => {
+                checked
+                    .authz
+                    .0
+                    .metrics
+                    .authz_denials
+                    .with_label_values(&[need.as_str()])
+                    .inc();
+                Err(ApiError::Forbidden {
+                    caller: checked.principal.name(),
+                    need: need.as_str(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// For a watch stream: whether the caller may read a key under the
+    /// rules in force when it is asked (a reload applies to open streams);
+    /// `None` without rules.
+    pub fn live_read_filter(&self) -> Option<ReadFilter> {
+        let checked = self.0.as_ref()?;
+        let authz = checked.authz.clone();
+        let principal = checked.principal.clone();
+        Some(Arc::new(move |key: &[u8]| {
+            authz.rules().grants(&principal).allows(key, Need::Read)
+        }))
+    }
+}
+
+/// The file as written: `rules:` and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RulesFile {
+    rules: Vec<Rule>,
+}
+
+/// One rule: who, and which keys with which method.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Rule {
+    principals: Principals,
+    #[serde(rename = "stateStoreResources")]
+    resources: Vec<Resource>,
+}
+
+/// Whom a rule applies to: token subjects (`"*"`: every caller, the API
+/// token's included) and the caller of the shared API token.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    rename_all = "camelCase",
+    try_from = "PrincipalsFile"
+)]
+struct Principals {
+    subjects: Vec<String>,
+    api_token: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrincipalsFile {
+    #[serde(default)]
+    subjects: Vec<String>,
+    #[serde(default)]
+    api_token: bool,
+}
+
+impl TryFrom<PrincipalsFile> for Principals {
+    type Error = String;
+
+    fn try_from(file: PrincipalsFile) -> Result<Self, String> {
+        if file.subjects.is_empty() && !file.api_token {
+            return Err(
+                "principals names nobody: give subjects (\"*\" for every caller) or apiToken: true"
+                    .into(),
+            );
+        }
+        if file.subjects.iter().any(String::is_empty) {
+            return Err("a subject is empty".into());
+        }
+        Ok(Principals {
+            subjects: file.subjects,
+            api_token: file.api_token,
+        })
+    }
+}
+
+/// `keyType`, as the broker spells it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum KeyType {
+    Pattern,
+    String,
+    Binary,
+}
+
+/// `method`, as the broker spells it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum RuleMethod {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+/// One `stateStoreResources` entry, its keys decoded.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "ResourceFile")]
+struct Resource {
+    keys: Vec<RuleKey>,
+    method: RuleMethod,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ResourceFile {
+    key_type: KeyType,
+    keys: Vec<String>,
+    method: RuleMethod,
+}
+
+/// A key of a rule: a glob or exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RuleKey {
+    Glob(Bytes),
+    Exact(Bytes),
+}
+
+impl TryFrom<ResourceFile> for Resource {
+    type Error = String;
+
+    fn try_from(file: ResourceFile) -> Result<Self, String> {
+        if file.keys.is_empty() {
+            return Err("keys is empty: name at least one key".into());
+        }
+        let keys = file
+            .keys
+            .into_iter()
+            .map(|key| {
+                if key.is_empty() {
+                    return Err("a key is empty".to_owned());
+                }
+                if key.contains("{principal.") {
+                    return Err(format!(
+                        "{key:?}: the broker's {{principal.*}} variables are not supported; name the keys"
+                    ));
+                }
+                Ok(match file.key_type {
+                    KeyType::Pattern => RuleKey::Glob(Bytes::from(key)),
+                    KeyType::String => RuleKey::Exact(Bytes::from(key)),
+                    KeyType::Binary => {
+                        let bytes = BASE64.decode(key.as_bytes()).map_err(|error| {
+                            format!("{key:?} is not base64 (keyType Binary): {error}")
+                        })?;
+                        if bytes.is_empty() {
+                            return Err("a key is empty".to_owned());
+                        }
+                        RuleKey::Exact(Bytes::from(bytes))
+                    }
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Resource {
+            keys,
+            method: file.method,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subject(name: &str) -> Principal {
+        Principal::Subject(Arc::from(name))
+    }
+
+    const DASHBOARD: &str = "system:serviceaccount:apps:dashboard";
+
+    fn rules(text: &str) -> Rules {
+        Rules::parse(text).unwrap_or_else(|error| panic!("{error}\n{text}"))
+    }
+
+    #[test]
+    fn the_brokers_shape_is_read_and_patterns_match_as_the_listing_does() {
+        let rules = rules(&format!(
+            r#"
+rules:
+  - principals:
+      subjects: ["{DASHBOARD}"]
+    stateStoreResources:
+      - keyType: Pattern
+        keys: ["sensors/*", "room?/[a-c]"]
+        method: Read
+"#
+        ));
+        let dashboard = subject(DASHBOARD);
+        let caller = &dashboard;
+        assert!(rules.allows(caller, b"sensors/1", Need::Read));
+        assert!(rules.allows(caller, b"sensors/", Need::Read));
+        assert!(rules.allows(caller, b"room1/b", Need::Read));
+        assert!(!rules.allows(caller, b"room1/d", Need::Read));
+        assert!(!rules.allows(caller, b"sensors", Need::Read));
+        assert!(!rules.allows(caller, b"sensors/1", Need::Write));
+        let other = subject("system:serviceaccount:apps:other");
+        assert!(!rules.allows(&other, b"sensors/1", Need::Read));
+        assert!(!rules.allows(&Principal::ApiToken, b"sensors/1", Need::Read));
+        assert!(!rules.allows(&Principal::Nobody, b"sensors/1", Need::Read));
+        assert_eq!(rules.len(), 1);
+    }
+
+    #[test]
+    fn string_keys_are_exact_and_binary_keys_are_base64() {
+        let rules = rules(
+            r#"
+rules:
+  - principals: {subjects: [a]}
+    stateStoreResources:
+      - {keyType: String, keys: ["config/*"], method: Write}
+      - {keyType: Binary, keys: ["AP8="], method: ReadWrite}
+"#,
+        );
+        let a = &subject("a");
+        // A String key is the key itself, never a glob.
+        assert!(rules.allows(a, b"config/*", Need::Write));
+        assert!(!rules.allows(a, b"config/x", Need::Write));
+        assert!(!rules.allows(a, b"config/*", Need::Read));
+        assert!(rules.allows(a, &[0x00, 0xff], Need::Read));
+        assert!(rules.allows(a, &[0x00, 0xff], Need::Write));
+        assert!(!rules.allows(a, &[0x00], Need::Read));
+        assert!(!rules.allows(a, b"AP8=", Need::Read));
+    }
+
+    #[test]
+    fn star_is_every_caller_and_merges_with_their_own_rules() {
+        let rules = rules(
+            r#"
+rules:
+  - principals: {subjects: ["*"]}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["public/*"], method: Read}
+  - principals: {subjects: [writer]}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["public/*"], method: Write}
+"#,
+        );
+        let writer = subject("writer");
+        let stranger = subject("stranger");
+        for caller in [&writer, &stranger, &Principal::ApiToken] {
+            assert!(rules.allows(caller, b"public/x", Need::Read), "{caller:?}");
+        }
+        assert!(rules.allows(&writer, b"public/x", Need::Write));
+        assert!(!rules.allows(&stranger, b"public/x", Need::Write));
+        assert!(!rules.allows(&Principal::ApiToken, b"public/x", Need::Write));
+        assert!(!rules.allows(&Principal::Nobody, b"public/x", Need::Read));
+    }
+
+    #[test]
+    fn the_api_token_caller_is_named_by_api_token_only() {
+        let rules = rules(
+            r#"
+rules:
+  - principals: {apiToken: true}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["*"], method: ReadWrite}
+"#,
+        );
+        assert!(rules.allows(&Principal::ApiToken, b"any", Need::Write));
+        assert!(rules.allows(&Principal::ApiToken, b"any", Need::Read));
+        // No subject can claim it, not even one spelled like it.
+        for name in ["apiToken", "api-token", "*"] {
+            assert!(!rules.allows(&subject(name), b"any", Need::Read), "{name}");
+        }
+    }
+
+    #[test]
+    fn no_rules_deny_everything() {
+        let rules = rules("rules: []\n");
+        assert!(rules.is_empty());
+        assert!(!rules.allows(&Principal::ApiToken, b"k", Need::Read));
+        assert!(!rules.allows(&subject("a"), b"k", Need::Read));
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_their_line_and_column() {
+        let resource = |body: &str| {
+            format!(
+                "rules:\n  - principals:\n      subjects: [a]\n    stateStoreResources:\n{body}"
+            )
+        };
+        for (text, says) in [
+            (
+                resource("      - {keyType: Patern, keys: [x], method: Read}\n"),
+                "line 5 column 19: unknown variant `Patern`",
+            ),
+            (
+                resource("      - {keyType: Pattern, keys: [x], method: Reed}\n"),
+                "unknown variant `Reed`",
+            ),
+            (
+                resource("      - {keyType: Pattern, keys: [x], method: Read, extra: 1}\n"),
+                "unknown field `extra`",
+            ),
+            (
+                resource("      - {keyType: Binary, keys: [\"not base64!\"], method: Read}\n"),
+                "is not base64",
+            ),
+            (
+                resource("      - {keyType: String, keys: [\"\"], method: Read}\n"),
+                "a key is empty",
+            ),
+            (
+                resource("      - {keyType: String, keys: [], method: Read}\n"),
+                "keys is empty",
+            ),
+            (
+                resource(
+                    "      - {keyType: Pattern, keys: [\"c/{principal.clientId}/*\"], method: Read}\n",
+                ),
+                "variables are not supported",
+            ),
+            (
+                resource("      - {keyType: Pattern, method: Read}\n"),
+                "missing field `keys`",
+            ),
+            (
+                "rules:\n  - principals:\n      clientIds: [a]\n    stateStoreResources: []\n"
+                    .into(),
+                "line 3 column 7: unknown field `clientIds`",
+            ),
+            (
+                "rules:\n  - principals: {}\n    stateStoreResources: []\n".into(),
+                "principals names nobody",
+            ),
+            (
+                "rules:\n  - principals: {subjects: [\"\"]}\n    stateStoreResources: []\n".into(),
+                "a subject is empty",
+            ),
+            ("rule: []\n".into(), "unknown field `rule`"),
+            ("rules: [\n".into(), "line 1"),
+            ("".into(), "end of input"),
+        ] {
+            let error = Rules::parse(&text).expect_err(&text);
+            assert!(
+                error.contains(says),
+                "{error:?} should say {says:?}\n{text}"
+            );
+            assert!(!error.contains('\n'), "one line: {error:?}");
+        }
+    }
+
+    async fn settled(expect: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !expect() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not applied in time"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_changed_file_is_applied_and_a_bad_one_keeps_the_previous_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        let allowing = |key: &str| {
+            format!(
+                "rules:\n  - principals: {{subjects: [a]}}\n    stateStoreResources:\n      - {{keyType: String, keys: [{key}], method: Read}}\n"
+            )
+        };
+        std::fs::write(&path, allowing("one")).unwrap();
+        let metrics = Metrics::new();
+        let authz = Authz::load(
+            path.clone(),
+            Some(Duration::from_millis(20)),
+            metrics.clone(),
+        )
+        .unwrap();
+        let a = subject("a");
+        let reads = |key: &[u8]| authz.rules().allows(&a, key, Need::Read);
+        assert!(reads(b"one"));
+        std::fs::write(&path, allowing("two")).unwrap();
+        settled(|| reads(b"two") && !reads(b"one")).await;
+        assert_eq!(metrics.authz_reload_ok.get(), 1);
+
+        std::fs::write(&path, "rules: [oops\n").unwrap();
+        settled(|| metrics.authz_reload_failures.get() == 1).await;
+        assert_eq!(metrics.authz_reload_ok.get(), 0);
+        assert!(reads(b"two"), "the previous rules stay");
+
+        std::fs::remove_file(&path).unwrap();
+        settled(|| metrics.authz_reload_failures.get() == 2).await;
+        assert!(reads(b"two"), "the previous rules stay");
+
+        std::fs::write(&path, allowing("three")).unwrap();
+        settled(|| reads(b"three")).await;
+        assert_eq!(metrics.authz_reload_ok.get(), 1);
+    }
+
+    #[test]
+    fn a_bad_file_at_start_is_a_bad_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, "rules:\n  - nope\n").unwrap();
+        let error = Authz::load(path.clone(), None, Metrics::new()).unwrap_err();
+        assert_eq!(error.setting, "--authz-file");
+        assert!(error.message.contains("rules.yaml"), "{error}");
+        let error = Authz::load(dir.path().join("missing"), None, Metrics::new()).unwrap_err();
+        assert!(error.message.contains("cannot read"), "{error}");
+    }
+}

@@ -1,0 +1,549 @@
+//! Per-key rules (`--authz-file`) over the real stack: every route allows
+//! what the rules allow the caller and nothing else, listings and pattern
+//! watches leave out what the caller may not read, and the file is read
+//! again when it changes. A second gateway without rules on the same
+//! store writes what the tests need.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::header;
+use serde_json::{Value, json};
+use statestore_gateway::http::authz::AuthzSettings;
+use statestore_gateway::watch::WatchSettings;
+
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, json as body_json};
+use crate::support::sse::{self, SseStream};
+
+const TOKEN: &str = "shared-api-t0ken";
+
+/// The rules file of the tests' gateway, rewritten by [`Rules::write`].
+struct Rules {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Rules {
+    fn new(text: &str) -> Rules {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, text).unwrap();
+        Rules { _dir: dir, path }
+    }
+
+    /// Replaces the file at once (as the kubelet swaps a ConfigMap's files).
+    fn write(&self, text: &str) {
+        let next = self.path.with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &self.path).unwrap();
+    }
+}
+
+/// Rules that grant the API token's caller `resources` (YAML flow items).
+fn api_token_rules(resources: &[&str]) -> String {
+    let mut text =
+        String::from("rules:\n  - principals:\n      apiToken: true\n    stateStoreResources:\n");
+    for resource in resources {
+        text.push_str(&format!("      - {resource}\n"));
+    }
+    text
+}
+
+/// A stack whose gateway takes the API token and `rules` (read again every
+/// 100 ms, patterns rescanned every 200 ms), and a gateway without rules
+/// on the same store to write through.
+async fn stack(rules: &Rules) -> (Stack, Gateway) {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(TOKEN.into()),
+            authz: Some(AuthzSettings {
+                file: rules.path.clone(),
+                check_interval: Duration::from_millis(100),
+            }),
+            watch: WatchSettings {
+                rescan_interval: Duration::from_millis(200),
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let owner = Gateway::start(stack.broker.port(), GatewayOptions::default()).await;
+    owner.wait_ready().await;
+    (stack, owner)
+}
+
+/// A client that presents the API token.
+fn caller() -> reqwest::Client {
+    let mut headers = header::HeaderMap::new();
+    headers.insert(
+        header::AUTHORIZATION,
+        format!("Bearer {TOKEN}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+async fn seed(owner: &Gateway, keys: &[&[u8]]) {
+    for key in keys {
+        let response = owner.put(key, b"seeded".to_vec()).await;
+        assert_eq!(response.status(), 200, "seeding {key:?}");
+    }
+}
+
+async fn status(request: reqwest::RequestBuilder) -> u16 {
+    request.send().await.unwrap().status().as_u16()
+}
+
+/// Asserts a 403 problem that names the API token's caller and `method`.
+async fn forbidden(request: reqwest::RequestBuilder, method: &str) {
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 403);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = body_json(response).await;
+    assert_eq!(body["type"], "/problems/forbidden", "{body}");
+    assert_eq!(body["status"], 403);
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the API token's caller") && detail.contains(&format!("to {method} ")),
+        "{detail}"
+    );
+}
+
+/// Waits until a GET of `url` answers 200 (new rules read from the file).
+async fn readable_within_10s(client: &reqwest::Client, url: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while status(client.get(url)).await != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} readable within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    gw.http
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_are_read_and_written_only_as_the_rules_allow() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"public/*\"], method: Read}",
+        "{keyType: String, keys: [\"public/counter\"], method: ReadWrite}",
+        "{keyType: Pattern, keys: [\"inbox/*\"], method: Write}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"public/a", b"public/counter", b"secret"]).await;
+    let client = caller();
+
+    assert_eq!(status(client.get(gw.key(b"public/a"))).await, 200);
+    assert_eq!(status(client.head(gw.key(b"public/a"))).await, 200);
+    forbidden(client.put(gw.key(b"public/a")).body("mine"), "Write").await;
+    forbidden(client.delete(gw.key(b"public/a")), "Write").await;
+
+    assert_eq!(
+        status(client.put(gw.key(b"public/counter")).body("1")).await,
+        200
+    );
+    assert_eq!(status(client.get(gw.key(b"public/counter"))).await, 200);
+    assert_eq!(status(client.delete(gw.key(b"public/counter"))).await, 204);
+
+    assert_eq!(
+        status(client.put(gw.key(b"inbox/1")).body("job")).await,
+        200
+    );
+    forbidden(client.get(gw.key(b"inbox/1")), "Read").await;
+    // Denied whether the key exists or not: nothing is told of it.
+    forbidden(client.get(gw.key(b"secret")), "Read").await;
+    forbidden(client.get(gw.key(b"absent")), "Read").await;
+    assert_eq!(status(client.head(gw.key(b"secret"))).await, 403);
+
+    // Refused requests left the store as it was.
+    let kept = owner.get(b"public/a").await.bytes().await.unwrap();
+    assert_eq!(kept.as_ref(), b"seeded");
+    let written = owner.get(b"inbox/1").await.bytes().await.unwrap();
+    assert_eq!(written.as_ref(), b"job");
+
+    let text = metrics(gw).await;
+    assert_eq!(
+        metric(
+            &text,
+            "statestore_gateway_authz_denials_total{method=\"Write\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "statestore_gateway_authz_denials_total{method=\"Read\"}"
+        ),
+        4.0
+    );
+    assert_eq!(metric(&text, "statestore_gateway_authz_rules"), 1.0);
+    // Without the token the guard answers first.
+    assert_eq!(status(gw.http.get(gw.key(b"public/a"))).await, 401);
+}
+
+#[tokio::test]
+async fn binary_keys_in_rules_are_exact_bytes_given_as_base64() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Binary, keys: [\"AP8=\", \"/w==\"], method: ReadWrite}",
+    ]));
+    let (stack, _owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    let client = caller();
+    assert_eq!(
+        status(client.put(gw.key(&[0x00, 0xff])).body("bin")).await,
+        200
+    );
+    assert_eq!(status(client.get(gw.key(&[0x00, 0xff]))).await, 200);
+    assert_eq!(status(client.put(gw.key(&[0xff])).body("bin")).await, 200);
+    forbidden(client.put(gw.key(&[0x00])).body("bin"), "Write").await;
+    forbidden(client.put(gw.key(&[0x00, 0xff, 0x00])).body("bin"), "Write").await;
+    // The base64 text is not the key.
+    forbidden(client.get(gw.key(b"AP8=")), "Read").await;
+}
+
+/// Every key of a listing, following `next` from `first` (a path).
+async fn list_all(client: &reqwest::Client, gw: &Gateway, first: &str) -> Vec<Value> {
+    let mut entries = Vec::new();
+    let mut path = first.to_owned();
+    for _ in 0..100 {
+        let response = client.get(gw.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let page = body_json(response).await;
+        entries.extend(page["keys"].as_array().unwrap().iter().cloned());
+        match page["next"].as_str() {
+            None => return entries,
+            Some(cursor) => path = format!("{first}&cursor={cursor}"),
+        }
+    }
+    panic!("the listing did not end within 100 pages");
+}
+
+#[tokio::test]
+async fn a_listing_shows_only_keys_the_caller_may_read_page_after_page() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"list/*[02468]\"], method: Read}",
+        "{keyType: String, keys: [\"list/13\"], method: Read}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    let keys: Vec<String> = (0..30).map(|n| format!("list/{n:02}")).collect();
+    for key in &keys {
+        seed(&owner, &[key.as_bytes()]).await;
+    }
+    let client = caller();
+    let mut expected: Vec<String> = keys
+        .iter()
+        .filter(|key| key.ends_with(['0', '2', '4', '6', '8']) || *key == "list/13")
+        .cloned()
+        .collect();
+    expected.sort();
+
+    for limit in [1, 4, 7, 1000] {
+        let entries = list_all(&client, gw, &format!("/keys?match=list/*&limit={limit}")).await;
+        let listed: Vec<&str> = entries.iter().map(|e| e["key"].as_str().unwrap()).collect();
+        assert_eq!(listed, expected, "limit={limit}");
+    }
+
+    // With values: only the readable keys are read.
+    let entries = list_all(&client, gw, "/keys?match=list/1*&limit=3&values=true").await;
+    let listed: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (e["key"].as_str().unwrap(), e["value"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "list/10", "list/12", "list/13", "list/14", "list/16", "list/18"
+        ]
+        .map(|key| (key, "seeded"))
+    );
+
+    // A pattern the caller may read nothing of lists nothing, as text too.
+    let response = client
+        .get(gw.url("/keys?match=*"))
+        .header(header::ACCEPT, "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(
+        !text.contains("list/01") && text.contains("list/00"),
+        "{text}"
+    );
+    let everything = list_all(&owner.http, &owner, "/keys?match=list/*").await;
+    assert_eq!(everything.len(), 30, "the owner sees every key");
+}
+
+async fn open(client: &reqwest::Client, gw: &Gateway, query: &str) -> SseStream {
+    sse::open(client, &gw.url(&format!("/watch?{query}")), None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("watch {query}: {status} {body}"))
+}
+
+#[tokio::test]
+async fn a_pattern_watch_sends_only_keys_the_caller_may_read() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"room/a*\"], method: Read}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"room/a1", b"room/b1"]).await;
+    let client = caller();
+
+    let mut stream = open(&client, gw, "match=room/*").await;
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["key"], "room/a1");
+    let listed = stream.expect("listed").await;
+    assert_eq!(listed.data, json!({"match": "room/*", "keys": 1}));
+
+    // Keys other clients create are found by the rescan; only readable
+    // ones are told of.
+    seed(&owner, &[b"room/b2"]).await;
+    seed(&owner, &[b"room/a2"]).await;
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["key"], "room/a2", "{sync:?}");
+    // Changes to followed keys: the readable one only.
+    assert_eq!(owner.put(b"room/b1", b"new".to_vec()).await.status(), 200);
+    assert_eq!(owner.put(b"room/a1", b"new".to_vec()).await.status(), 200);
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["key"], "room/a1", "{set:?}");
+    assert_eq!(set.data["value"], "new");
+    stream.expect_silence(Duration::from_millis(700)).await;
+}
+
+#[tokio::test]
+async fn a_key_watch_needs_read_on_every_key_it_names() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"public/*\"], method: Read}",
+        "{keyType: Pattern, keys: [\"inbox/*\"], method: Write}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"public/a", b"inbox/1"]).await;
+    let client = caller();
+    for path in [
+        "/watch/inbox/1",
+        "/watch/secret",
+        "/watch?key=public/a&key=secret",
+        "/watch?key=inbox%2F1&match=public/*",
+    ] {
+        match sse::open(&client, &gw.url(path), None).await {
+            Err((403, _, body)) => {
+                let body: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(body["type"], "/problems/forbidden", "{path}");
+                assert!(
+                    body["detail"].as_str().unwrap().contains("to Read "),
+                    "{body}"
+                );
+            }
+            Err((status, _, body)) => panic!("{path}: {status} {body}"),
+            Ok(_) => panic!("{path}: a stream"),
+        }
+    }
+    let mut stream = sse::open(&client, &gw.url("/watch/public/a"), None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("{status} {body}"));
+    assert_eq!(stream.expect("sync").await.data["value"], "seeded");
+}
+
+#[tokio::test]
+async fn locks_need_write_to_take_or_release_and_read_to_look() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: String, keys: [\"job-a\"], method: ReadWrite}",
+        "{keyType: String, keys: [\"job-b\"], method: Read}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    let client = caller();
+    let lock = |name: &str, query: &str| gw.url(&format!("/locks/{name}{query}"));
+
+    assert_eq!(
+        status(client.put(lock("job-a", "?holder=w&ttl=30s"))).await,
+        200
+    );
+    assert_eq!(status(client.get(lock("job-a", ""))).await, 200);
+    assert_eq!(status(client.delete(lock("job-a", "?holder=w"))).await, 204);
+
+    forbidden(client.put(lock("job-b", "?holder=w&ttl=30s")), "Write").await;
+    let taken = owner
+        .http
+        .put(owner.url("/locks/job-b?holder=other&ttl=30s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), 200);
+    let held = body_json(client.get(lock("job-b", "")).send().await.unwrap()).await;
+    assert_eq!(held["holder"], "other");
+    forbidden(client.delete(lock("job-b", "?holder=other")), "Write").await;
+    forbidden(
+        client.put(lock("job-b", "?holder=w&ttl=30s&wait=5s")),
+        "Write",
+    )
+    .await;
+
+    forbidden(client.get(lock("job-c", "")), "Read").await;
+    forbidden(client.put(lock("job-c", "?holder=w&ttl=30s")), "Write").await;
+}
+
+#[tokio::test]
+async fn a_batch_answers_403_for_each_denied_op_and_runs_the_others() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"public/*\"], method: Read}",
+        "{keyType: Pattern, keys: [\"inbox/*\"], method: Write}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"public/a", b"secret"]).await;
+    let client = caller();
+    let response = client
+        .post(gw.url("/batch"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(
+            json!({"ops": [
+                {"op": "get", "key": "public/a"},
+                {"op": "set", "key": "public/a", "value": "mine"},
+                {"op": "set", "key": "inbox/1", "value": "job"},
+                {"op": "delete", "key": "secret"},
+                {"op": "get", "key": "inbox/1"},
+                {"op": "get", "key_base64": "AP8="},
+            ]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = body_json(response).await;
+    let results = body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 403, 200, 403, 403, 403], "{body}");
+    assert_eq!(results[0]["value"], "seeded");
+    for (index, method) in [(1, "Write"), (3, "Write"), (4, "Read"), (5, "Read")] {
+        let problem = &results[index]["problem"];
+        assert_eq!(problem["type"], "/problems/forbidden", "{problem}");
+        assert_eq!(problem["status"], 403);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("to {method} ")),
+            "{problem}"
+        );
+    }
+    let kept = owner.get(b"public/a").await.bytes().await.unwrap();
+    assert_eq!(kept.as_ref(), b"seeded");
+    assert_eq!(owner.get(b"secret").await.status(), 200);
+    let written = owner.get(b"inbox/1").await.bytes().await.unwrap();
+    assert_eq!(written.as_ref(), b"job");
+}
+
+#[tokio::test]
+async fn the_api_token_caller_is_named_by_api_token_or_star_rules_only() {
+    let rules = Rules::new(
+        "rules:\n  - principals: {subjects: [\"system:serviceaccount:apps:dashboard\"]}\n    stateStoreResources:\n      - {keyType: Pattern, keys: [\"*\"], method: ReadWrite}\n",
+    );
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"k"]).await;
+    let client = caller();
+    forbidden(client.get(gw.key(b"k")), "Read").await;
+
+    rules.write(
+        "rules:\n  - principals: {subjects: [\"*\"]}\n    stateStoreResources:\n      - {keyType: String, keys: [k], method: Read}\n",
+    );
+    readable_within_10s(&client, &gw.key(b"k")).await;
+    forbidden(client.put(gw.key(b"k")).body("v"), "Write").await;
+}
+
+#[tokio::test]
+async fn changed_rules_apply_without_a_restart_and_a_bad_file_keeps_them() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"old/*\"], method: Read}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"old/a", b"new/a"]).await;
+    let client = caller();
+    assert_eq!(status(client.get(gw.key(b"old/a"))).await, 200);
+    forbidden(client.get(gw.key(b"new/a")), "Read").await;
+    // An open stream on a key whose read is then revoked goes silent.
+    let mut stream = sse::open(&client, &gw.url("/watch/old/a"), None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("{status} {body}"));
+    stream.expect("sync").await;
+
+    rules.write(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"new/*\"], method: Read}",
+    ]));
+    readable_within_10s(&client, &gw.key(b"new/a")).await;
+    forbidden(client.get(gw.key(b"old/a")), "Read").await;
+    assert_eq!(owner.put(b"old/a", b"changed".to_vec()).await.status(), 200);
+    stream.expect_silence(Duration::from_millis(700)).await;
+
+    // A file that does not parse: logged, counted, the rules stay.
+    rules.write(
+        "rules:\n  - principals: {subjects: [a]}\n    stateStoreResources: [{keyType: Glob}]\n",
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics(gw).await;
+        if metric(&text, "statestore_gateway_authz_reload_failures_total") >= 1.0 {
+            assert_eq!(
+                metric(&text, "statestore_gateway_authz_last_reload_success"),
+                0.0
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failure counted within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status(client.get(gw.key(b"new/a"))).await, 200);
+    forbidden(client.get(gw.key(b"old/a")), "Read").await;
+
+    // Fixed again: applied, and the gauge says so.
+    rules.write(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"old/*\", \"new/*\"], method: Read}",
+    ]));
+    readable_within_10s(&client, &gw.key(b"old/a")).await;
+    let text = metrics(gw).await;
+    assert_eq!(
+        metric(&text, "statestore_gateway_authz_last_reload_success"),
+        1.0
+    );
+    assert_eq!(
+        metric(&text, "statestore_gateway_authz_reload_failures_total"),
+        1.0
+    );
+}
