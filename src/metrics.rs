@@ -90,6 +90,12 @@ pub struct Families {
     pub batch_op_latency: HistogramVec,
     /// Ops per batch (its count: the batches).
     pub batch_size: Histogram,
+    /// Key API requests refused by the guard, by reason (`missing`,
+    /// `api_token`, or why a JWT was refused: `expired`, `signature`, ...).
+    pub auth_failures: IntCounterVec,
+    /// JWT key set loads by outcome: `changed` (a new set installed) or
+    /// `failed` (the previous set stays).
+    pub jwks_updates: IntCounterVec,
 }
 
 impl Metrics {
@@ -148,6 +154,20 @@ impl Metrics {
             HistogramOpts::new("batch_size", "Ops per batch").buckets(vec![
                 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
             ]),
+        );
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "auth_failures_total",
+                "Key API requests refused for their credentials, by reason",
+            ),
+            &["reason"],
+        );
+        let jwks_updates = IntCounterVec::new(
+            Opts::new(
+                "jwks_updates_total",
+                "JWT key set loads by outcome (changed, failed)",
+            ),
+            &["outcome"],
         );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
@@ -209,6 +229,8 @@ impl Metrics {
             batch_ops: batch_ops.expect("valid metric"),
             batch_op_latency: batch_op_latency.expect("valid metric"),
             batch_size: batch_size.expect("valid metric"),
+            auth_failures: auth_failures.expect("valid metric"),
+            jwks_updates: jwks_updates.expect("valid metric"),
             registry,
         };
         families.register_all();
@@ -225,7 +247,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 25] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 27] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -251,6 +273,8 @@ impl Families {
             Box::new(self.batch_ops.clone()),
             Box::new(self.batch_op_latency.clone()),
             Box::new(self.batch_size.clone()),
+            Box::new(self.auth_failures.clone()),
+            Box::new(self.jwks_updates.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.

@@ -133,6 +133,55 @@ pub const API_TOKEN_FILE: Setting = Setting {
     helm: Helm::Derived("gateway.apiToken.secretName"),
 };
 
+/// A JWKS file: callers may present JWTs signed by its keys.
+pub const JWT_JWKS_FILE: Setting = Setting {
+    flag: "--jwt-jwks-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+/// A JWKS URL (an OIDC provider's `jwks_uri`, the cluster's
+/// `/openid/v1/jwks`), fetched instead of a file.
+pub const JWT_JWKS_URL: Setting = Setting {
+    flag: "--jwt-jwks-url",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_URL",
+    default: "",
+    helm: Helm::None,
+};
+
+/// PEM CA bundle for an `https` JWKS URL.
+pub const JWT_JWKS_CA_FILE: Setting = Setting {
+    flag: "--jwt-jwks-ca-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_CA_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+/// A bearer token file sent with the JWKS request (read at every fetch).
+pub const JWT_JWKS_TOKEN_FILE: Setting = Setting {
+    flag: "--jwt-jwks-token-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE",
+    default: "",
+    helm: Helm::None,
+};
+
+/// The `iss` a JWT must carry.
+pub const JWT_ISSUER: Setting = Setting {
+    flag: "--jwt-issuer",
+    env: "STATESTORE_GATEWAY_JWT_ISSUER",
+    default: "",
+    helm: Helm::None,
+};
+
+/// An `aud` a JWT must carry.
+pub const JWT_AUDIENCE: Setting = Setting {
+    flag: "--jwt-audience",
+    env: "STATESTORE_GATEWAY_JWT_AUDIENCE",
+    default: "",
+    helm: Helm::None,
+};
+
 pub const SHUTDOWN_GRACE: Setting = Setting {
     flag: "--shutdown-grace",
     env: "STATESTORE_GATEWAY_SHUTDOWN_GRACE",
@@ -356,6 +405,12 @@ pub const SERVE: &[&Setting] = &[
     &MAX_KEY_BYTES,
     &MAX_VALUE_BYTES,
     &API_TOKEN_FILE,
+    &JWT_JWKS_FILE,
+    &JWT_JWKS_URL,
+    &JWT_JWKS_CA_FILE,
+    &JWT_JWKS_TOKEN_FILE,
+    &JWT_ISSUER,
+    &JWT_AUDIENCE,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &MAX_WATCHERS,
@@ -581,6 +636,16 @@ pub const DEFAULT_MQTT_KEEP_ALIVE: u16 = 60;
 pub const DEFAULT_MQTT_SESSION_EXPIRY: u32 = 0;
 /// How often the SAT file is read again to notice a rotated token (not a flag).
 pub const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// Clock skew allowed on a JWT's `exp` and `nbf` (not a flag).
+pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
+/// How often a JWKS file is read again to notice a change (not a flag).
+pub const DEFAULT_JWKS_FILE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a JWKS URL is fetched again (not a flag).
+pub const DEFAULT_JWKS_REFRESH_INTERVAL: Duration = Duration::from_secs(300);
+/// The least time between two fetches of a JWKS URL caused by tokens with
+/// an unknown `kid` (not a flag): a flood of made-up key ids costs one
+/// fetch per interval.
+pub const DEFAULT_JWKS_MIN_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_DEV_LISTEN: SocketAddr = loopback(8080);
 pub const DEFAULT_DEV_ADMIN_LISTEN: SocketAddr = loopback(8081);
 pub const DEFAULT_DEV_BROKER_LISTEN: SocketAddr = loopback(1883);

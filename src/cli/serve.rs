@@ -9,6 +9,7 @@ use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
 use crate::http::{ApiToken, Limits, ServeSettings};
+use crate::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 use crate::settings::{self, SettingError};
@@ -42,6 +43,28 @@ pub struct ServeArgs {
     /// File holding a bearer token the key API requires (admin port excluded).
     #[arg(long, env = settings::API_TOKEN_FILE.env)]
     pub api_token_file: Option<PathBuf>,
+    /// JWKS file: the key API also accepts JWTs signed by its keys (read
+    /// again when it changes). Needs --jwt-issuer and --jwt-audience.
+    #[arg(long, env = settings::JWT_JWKS_FILE.env)]
+    pub jwt_jwks_file: Option<PathBuf>,
+    /// JWKS URL (`https://` or `http://`), fetched every 5 minutes and when
+    /// a token names an unknown key (at most every 10 s), e.g.
+    /// `https://kubernetes.default.svc/openid/v1/jwks`.
+    #[arg(long, env = settings::JWT_JWKS_URL.env)]
+    pub jwt_jwks_url: Option<String>,
+    /// PEM CA bundle for an `https` JWKS URL (default: system roots).
+    #[arg(long, env = settings::JWT_JWKS_CA_FILE.env)]
+    pub jwt_jwks_ca_file: Option<PathBuf>,
+    /// File holding a bearer token sent with the JWKS request (read at
+    /// every fetch), e.g. the pod's service-account token.
+    #[arg(long, env = settings::JWT_JWKS_TOKEN_FILE.env)]
+    pub jwt_jwks_token_file: Option<PathBuf>,
+    /// The `iss` claim a JWT must carry.
+    #[arg(long, env = settings::JWT_ISSUER.env)]
+    pub jwt_issuer: Option<String>,
+    /// An audience a JWT's `aud` claim must hold.
+    #[arg(long, env = settings::JWT_AUDIENCE.env)]
+    pub jwt_audience: Option<String>,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = settings::SHUTDOWN_GRACE.env, default_value = settings::SHUTDOWN_GRACE.default, value_parser = parse_any_duration)]
     pub shutdown_grace: Duration,
@@ -172,6 +195,7 @@ impl ServeArgs {
                     .map_err(|message| SettingError::new(&settings::API_TOKEN_FILE, message))?,
             ),
         };
+        let jwt = self.jwt_settings()?;
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
             None => settings::default_client_id(),
@@ -194,6 +218,7 @@ impl ServeArgs {
                 ..Limits::default()
             },
             api_token,
+            jwt,
             shutdown_grace: self.shutdown_grace,
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
@@ -224,6 +249,100 @@ impl ServeArgs {
         .with_request_timeout(self.request_timeout);
         settings.pool.check()?;
         Ok(settings)
+    }
+}
+
+impl ServeArgs {
+    /// The JWT settings, when a JWKS file or URL is given: then the issuer
+    /// and audience are required, and the URL's TLS roots are read.
+    fn jwt_settings(&self) -> Result<Option<JwtSettings>, SettingError> {
+        let keys = match (&self.jwt_jwks_file, &self.jwt_jwks_url) {
+            (None, None) => {
+                for (given, setting) in [
+                    (self.jwt_issuer.is_some(), &settings::JWT_ISSUER),
+                    (self.jwt_audience.is_some(), &settings::JWT_AUDIENCE),
+                    (self.jwt_jwks_ca_file.is_some(), &settings::JWT_JWKS_CA_FILE),
+                    (
+                        self.jwt_jwks_token_file.is_some(),
+                        &settings::JWT_JWKS_TOKEN_FILE,
+                    ),
+                ] {
+                    if given {
+                        return Err(SettingError::new(
+                            setting,
+                            "needs --jwt-jwks-file or --jwt-jwks-url",
+                        ));
+                    }
+                }
+                return Ok(None);
+            }
+            (Some(_), Some(_)) => {
+                return Err(SettingError::new(
+                    &settings::JWT_JWKS_URL,
+                    "give --jwt-jwks-file or --jwt-jwks-url, not both",
+                ));
+            }
+            (Some(path), None) => KeySource::File(path.clone()),
+            (None, Some(url)) => KeySource::Url(self.jwks_url(url)?),
+        };
+        let required = |value: &Option<String>, setting: &'static settings::Setting| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|value| !value.is_empty())
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    SettingError::new(
+                        setting,
+                        "required with --jwt-jwks-file or --jwt-jwks-url (tokens of any other issuer or audience would pass)",
+                    )
+                })
+        };
+        let issuer = required(&self.jwt_issuer, &settings::JWT_ISSUER)?;
+        let audience = required(&self.jwt_audience, &settings::JWT_AUDIENCE)?;
+        Ok(Some(JwtSettings::new(keys, issuer, audience)))
+    }
+
+    fn jwks_url(&self, url: &str) -> Result<JwksUrl, SettingError> {
+        let setting = &settings::JWT_JWKS_URL;
+        let uri: hyper::Uri = url.trim().parse().map_err(|error| {
+            SettingError::new(setting, format!("{url:?} is not a URL: {error}"))
+        })?;
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(SettingError::new(setting, format!("{url:?} names no host")));
+        }
+        let tls = match uri.scheme_str() {
+            Some("https") => Some(crate::mqtt::tls_client_config(
+                &settings::JWT_JWKS_CA_FILE,
+                self.jwt_jwks_ca_file.as_deref(),
+            )?),
+            Some("http") if self.jwt_jwks_ca_file.is_none() => None,
+            Some("http") => {
+                return Err(SettingError::new(
+                    &settings::JWT_JWKS_CA_FILE,
+                    "given for an http:// JWKS URL",
+                ));
+            }
+            _ => {
+                return Err(SettingError::new(
+                    setting,
+                    format!("{url:?} is neither https:// nor http://"),
+                ));
+            }
+        };
+        if let Some(path) = &self.jwt_jwks_token_file {
+            std::fs::metadata(path).map_err(|error| {
+                SettingError::new(
+                    &settings::JWT_JWKS_TOKEN_FILE,
+                    format!("cannot read {}: {error}", path.display()),
+                )
+            })?;
+        }
+        Ok(JwksUrl {
+            uri,
+            tls,
+            token_file: self.jwt_jwks_token_file.clone(),
+        })
     }
 }
 

@@ -1,24 +1,43 @@
-//! The key API's bearer token: [`ApiToken`] and the middleware that
-//! checks it (with the backstop timeout, one layer for both).
+//! Who calls the key API: the bearer token check ([`ApiToken`], or a JWT
+//! through the [`Verifier`]) that makes a request's [`Caller`], in the
+//! middleware that also puts the backstop timeout on it (one layer for
+//! both).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::ApiError;
+use super::problem::{ApiError, AuthFailure};
 use super::state::ApiToken;
 use super::{extract, locks, watch};
+use crate::jwt::Verifier;
+use crate::metrics::Metrics;
+
+/// Who a request comes from, as the guard established it (a request
+/// extension when the key API requires authentication).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Presented the shared `--api-token-file` token.
+    ApiToken,
+    /// Presented a valid signed token: its `sub` claim.
+    Subject(std::sync::Arc<str>),
+}
 
 /// What [`guard`] checks (one middleware for both: each layer costs a
 /// service clone and a boxed future per request).
 #[derive(Debug, Clone)]
 pub(super) struct Guard {
-    /// Required as `Authorization: Bearer <token>` when configured.
+    /// Accepted as `Authorization: Bearer <token>` when configured.
     pub(super) token: Option<ApiToken>,
+    /// Checks any other bearer token as a JWT when configured.
+    pub(super) jwt: Option<Verifier>,
+    /// Counts refusals by reason.
+    pub(super) metrics: Metrics,
     /// See [`Limits::backstop`].
     pub(super) backstop: Duration,
     /// Added to the backstop of lock requests, which may wait this long.
@@ -26,16 +45,26 @@ pub(super) struct Guard {
 }
 
 /// The bearer token check, then the request under the backstop timeout.
-pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
-    if let Some(token) = &guard.token {
-        let presented = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| bearer_token(value.as_bytes()))
-            .map(Cow::Borrowed)
-            .or_else(|| query_token(&request).map(Cow::Owned));
-        if !presented.is_some_and(|presented| token.matches(&presented)) {
-            return ApiError::Unauthorized.into_response();
+pub(super) async fn guard(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if guard.token.is_some() || guard.jwt.is_some() {
+        let authenticated =
+            authenticate(&guard, request.headers(), request.method(), request.uri()).await;
+        match authenticated {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(failure) => {
+                guard
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&[failure.reason()])
+                    .inc();
+                return ApiError::Unauthorized(failure).into_response();
+            }
         }
     }
     let backstop = if request.uri().path().starts_with(locks::LOCKS_PREFIX) {
@@ -49,15 +78,47 @@ pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
     }
 }
 
+/// The caller a request's bearer token makes: the API token as before,
+/// else the token checked as a JWT.
+/// (The request's parts, not the request: its body is not `Sync`, so a
+/// reference to it cannot be held across the JWT check's await.)
+async fn authenticate(
+    guard: &Guard,
+    headers: &HeaderMap,
+    method: &Method,
+    uri: &Uri,
+) -> Result<Caller, AuthFailure> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| bearer_token(value.as_bytes()))
+        .map(Cow::Borrowed)
+        .or_else(|| query_token(method, uri).map(Cow::Owned))
+        .ok_or(AuthFailure::Missing)?;
+    if guard
+        .token
+        .as_ref()
+        .is_some_and(|token| token.matches(&presented))
+    {
+        return Ok(Caller::ApiToken);
+    }
+    let Some(verifier) = &guard.jwt else {
+        return Err(AuthFailure::NotTheApiToken);
+    };
+    // A JWT is base64url and dots: anything else cannot be one.
+    let token = std::str::from_utf8(&presented).map_err(|_| crate::jwt::TokenError::Malformed)?;
+    let subject: Arc<str> = verifier.verify(token).await?;
+    Ok(Caller::Subject(subject))
+}
+
 /// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
 /// request: a browser's `EventSource` cannot send an `Authorization`
 /// header, so a dashboard on a gateway with a token has no other way.
 /// Only watch streams take it; the gateway logs paths, never queries.
-fn query_token(request: &Request) -> Option<Vec<u8>> {
-    if request.method() != Method::GET || !watch::is_watch_path(request.uri().path()) {
+fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
+    if method != Method::GET || !watch::is_watch_path(uri.path()) {
         return None;
     }
-    let (_, value) = extract::query_pairs(request.uri().query())
+    let (_, value) = extract::query_pairs(uri.query())
         .find(|(name, _)| *name == watch::ACCESS_TOKEN_PARAMETER)?;
     // Form encoding, as RFC 6750 says (and as the watch `key`s are).
     let decoded = extract::form_decode(value.as_bytes(), true);

@@ -19,7 +19,8 @@
 //!   [`ApiToken`]; `headers`: headers on every answer.
 //! - `router`: [`router`] builds the key API with its middleware (metrics,
 //!   failure logs, CORS) so tests can drive it; `auth`: the bearer token
-//!   check and backstop timeout.
+//!   check (the API token or a JWT) that makes a request's [`Caller`], and
+//!   the backstop timeout.
 //! - `server`: [`Server`] binds both listeners and runs them until
 //!   [`Server::shutdown`].
 
@@ -40,6 +41,7 @@ mod server;
 mod state;
 pub mod watch;
 
+pub use auth::Caller;
 pub use router::{BodyReadLimits, close_unless_body_read, read_body_first, router};
 pub use server::{ServeError, ServeSettings, Server, termination_signal};
 pub use state::{ApiToken, AppState, Limits, Shared};

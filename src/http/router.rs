@@ -35,6 +35,8 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(
             Guard {
                 token: state.api_token.clone(),
+                jwt: state.jwt.clone(),
+                metrics: state.metrics.clone(),
                 backstop,
                 lock_wait: state.locks.settings().max_wait,
             },
@@ -366,6 +368,7 @@ mod tests {
             metrics,
             limits,
             api_token,
+            None,
             WatchSettings::default(),
             LockSettings::default(),
         )

@@ -16,10 +16,11 @@ use super::router::{cors, router};
 use super::state::ApiToken;
 use super::state::{AppState, Limits};
 use super::{admin, listener};
+use crate::jwt::{JwtSettings, Verifier};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
-use crate::settings::{self};
+use crate::settings::{self, SettingError};
 use crate::watch::WatchSettings;
 
 /// Open connections the admin listener takes (probes, scrapes).
@@ -38,6 +39,8 @@ pub struct ServeSettings {
     pub limits: Limits,
     /// Bearer token for the key API.
     pub api_token: Option<ApiToken>,
+    /// JWTs the key API accepts as bearer tokens (beside the API token).
+    pub jwt: Option<JwtSettings>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
@@ -62,6 +65,7 @@ impl Default for ServeSettings {
             pool: PoolSettings::default(),
             limits: Limits::default(),
             api_token: None,
+            jwt: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
@@ -106,6 +110,9 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
+    /// The JWT key set could not be loaded; the message names the setting.
+    #[error("{0}")]
+    Jwt(#[from] SettingError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -137,12 +144,17 @@ impl Server {
         let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
         let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
+        let jwt = match settings.jwt {
+            None => None,
+            Some(jwt) => Some(Verifier::start(jwt, metrics.clone())?),
+        };
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
             pool,
             metrics,
             settings.limits,
             settings.api_token,
+            jwt,
             settings.watch,
             settings.locks,
         );

@@ -8,6 +8,7 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
+use crate::jwt::Verifier;
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::Pool;
@@ -106,6 +107,8 @@ pub struct Shared {
     pub clock: fn() -> u64,
     /// The bearer token the key API requires, if any.
     pub api_token: Option<ApiToken>,
+    /// Checks JWTs presented as bearer tokens, if configured.
+    pub jwt: Option<Verifier>,
     /// Set once shutdown starts: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
@@ -125,6 +128,7 @@ impl AppState {
         metrics: Metrics,
         limits: Limits,
         api_token: Option<ApiToken>,
+        jwt: Option<Verifier>,
         watch: WatchSettings,
         locks: LockSettings,
     ) -> Self {
@@ -139,6 +143,7 @@ impl AppState {
             limits,
             clock: hlc::now_ms,
             api_token,
+            jwt,
             draining: AtomicBool::new(false),
             batch_slots,
         }))

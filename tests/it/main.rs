@@ -20,6 +20,7 @@ mod emulator;
 mod faults;
 mod hostile;
 mod inject;
+mod jwt;
 mod keys;
 mod leaks;
 mod lease;
