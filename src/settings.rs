@@ -138,7 +138,7 @@ pub const JWT_JWKS_FILE: Setting = Setting {
     flag: "--jwt-jwks-file",
     env: "STATESTORE_GATEWAY_JWT_JWKS_FILE",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Derived("gateway.jwt.jwksConfigMap"),
 };
 
 /// A JWKS URL (an OIDC provider's `jwks_uri`, the cluster's
@@ -147,7 +147,7 @@ pub const JWT_JWKS_URL: Setting = Setting {
     flag: "--jwt-jwks-url",
     env: "STATESTORE_GATEWAY_JWT_JWKS_URL",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Own("gateway.jwt.jwksUrl"),
 };
 
 /// PEM CA bundle for an `https` JWKS URL.
@@ -155,7 +155,7 @@ pub const JWT_JWKS_CA_FILE: Setting = Setting {
     flag: "--jwt-jwks-ca-file",
     env: "STATESTORE_GATEWAY_JWT_JWKS_CA_FILE",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Derived("gateway.jwt.jwksCaConfigMap"),
 };
 
 /// A bearer token file sent with the JWKS request (read at every fetch).
@@ -163,7 +163,7 @@ pub const JWT_JWKS_TOKEN_FILE: Setting = Setting {
     flag: "--jwt-jwks-token-file",
     env: "STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Derived("gateway.jwt.jwksServiceAccountToken"),
 };
 
 /// The `iss` a JWT must carry.
@@ -171,7 +171,7 @@ pub const JWT_ISSUER: Setting = Setting {
     flag: "--jwt-issuer",
     env: "STATESTORE_GATEWAY_JWT_ISSUER",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Own("gateway.jwt.issuer"),
 };
 
 /// An `aud` a JWT must carry.
@@ -179,7 +179,7 @@ pub const JWT_AUDIENCE: Setting = Setting {
     flag: "--jwt-audience",
     env: "STATESTORE_GATEWAY_JWT_AUDIENCE",
     default: "",
-    helm: Helm::None,
+    helm: Helm::Own("gateway.jwt.audience"),
 };
 
 pub const SHUTDOWN_GRACE: Setting = Setting {

@@ -254,7 +254,8 @@ impl ServeArgs {
 
 impl ServeArgs {
     /// The JWT settings, when a JWKS file or URL is given: then the issuer
-    /// and audience are required, and the URL's TLS roots are read.
+    /// and audience are required (the files are read when the gateway
+    /// starts).
     fn jwt_settings(&self) -> Result<Option<JwtSettings>, SettingError> {
         let keys = match (&self.jwt_jwks_file, &self.jwt_jwks_url) {
             (None, None) => {
@@ -304,6 +305,7 @@ impl ServeArgs {
     }
 
     fn jwks_url(&self, url: &str) -> Result<JwksUrl, SettingError> {
+        // Only its form: the CA and token files are read at start.
         let setting = &settings::JWT_JWKS_URL;
         let uri: hyper::Uri = url.trim().parse().map_err(|error| {
             SettingError::new(setting, format!("{url:?} is not a URL: {error}"))
@@ -311,12 +313,9 @@ impl ServeArgs {
         if uri.host().is_none_or(str::is_empty) {
             return Err(SettingError::new(setting, format!("{url:?} names no host")));
         }
-        let tls = match uri.scheme_str() {
-            Some("https") => Some(crate::mqtt::tls_client_config(
-                &settings::JWT_JWKS_CA_FILE,
-                self.jwt_jwks_ca_file.as_deref(),
-            )?),
-            Some("http") if self.jwt_jwks_ca_file.is_none() => None,
+        match uri.scheme_str() {
+            Some("https") => {}
+            Some("http") if self.jwt_jwks_ca_file.is_none() => {}
             Some("http") => {
                 return Err(SettingError::new(
                     &settings::JWT_JWKS_CA_FILE,
@@ -329,18 +328,10 @@ impl ServeArgs {
                     format!("{url:?} is neither https:// nor http://"),
                 ));
             }
-        };
-        if let Some(path) = &self.jwt_jwks_token_file {
-            std::fs::metadata(path).map_err(|error| {
-                SettingError::new(
-                    &settings::JWT_JWKS_TOKEN_FILE,
-                    format!("cannot read {}: {error}", path.display()),
-                )
-            })?;
         }
         Ok(JwksUrl {
             uri,
-            tls,
+            ca_file: self.jwt_jwks_ca_file.clone(),
             token_file: self.jwt_jwks_token_file.clone(),
         })
     }
@@ -368,8 +359,10 @@ impl BrokerArgs {
 /// What `serve` says about a container's environment (`NAME`, `VALUE`
 /// pairs; a later one of the same name wins, as in Kubernetes): its parser,
 /// then its settings' checks, on those values alone. Files are not there
-/// yet, so the settings naming one are left out. For `inject`'s and the
-/// webhook's [`ServeCheck`](crate::inject::values::ServeCheck).
+/// yet, so the settings naming one the checks read are left out (the JWT
+/// files are read only when the gateway starts, and the checks need to
+/// see a JWKS beside an issuer). For `inject`'s and the webhook's
+/// [`ServeCheck`](crate::inject::values::ServeCheck).
 pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
     let mut argv = vec!["serve".to_owned()];
     let mut seen = std::collections::HashSet::new();
@@ -379,7 +372,7 @@ pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
         }
         let row = settings::SERVE.iter().find(|row| row.env == name);
         if let Some(row) = row
-            && !row.flag.ends_with("-file")
+            && (!row.flag.ends_with("-file") || row.flag.starts_with("--jwt-"))
         {
             argv.push(format!("{}={value}", row.flag));
         }
@@ -563,5 +556,84 @@ mod tests {
             .settings()
             .unwrap_err();
         assert_eq!(error.setting, "--tls-key-file");
+    }
+
+    #[test]
+    fn a_jwks_needs_an_issuer_and_an_audience_and_they_need_a_jwks() {
+        let named = |args: &[&str]| serve_args(args).unwrap().settings().unwrap_err();
+        let file = ["--jwt-jwks-file", "/keys/jwks.json"];
+        let error = named(&[&file[..], &["--jwt-audience", "gw"]].concat());
+        assert_eq!(error.setting, "--jwt-issuer");
+        assert!(error.message.starts_with("required with"), "{error}");
+        let error = named(
+            &[
+                &file[..],
+                &["--jwt-issuer", "https://i", "--jwt-audience", " "],
+            ]
+            .concat(),
+        );
+        assert_eq!(error.setting, "--jwt-audience");
+        let error = named(&["--jwt-issuer", "https://i", "--jwt-audience", "gw"]);
+        assert_eq!(error.setting, "--jwt-issuer");
+        assert!(
+            error
+                .message
+                .contains("needs --jwt-jwks-file or --jwt-jwks-url")
+        );
+        let both = [
+            "--jwt-jwks-file",
+            "/keys/jwks.json",
+            "--jwt-jwks-url",
+            "https://issuer/jwks",
+            "--jwt-issuer",
+            "https://i",
+            "--jwt-audience",
+            "gw",
+        ];
+        assert_eq!(named(&both).setting, "--jwt-jwks-url");
+
+        let settings = serve_args(
+            &[
+                &file[..],
+                &["--jwt-issuer", "https://i", "--jwt-audience", "gw"],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .settings()
+        .unwrap();
+        let jwt = settings.jwt.unwrap();
+        assert_eq!(
+            (jwt.issuer.as_str(), jwt.audience.as_str()),
+            ("https://i", "gw")
+        );
+        assert_eq!(jwt.leeway, settings::JWT_LEEWAY);
+    }
+
+    #[test]
+    fn a_jwks_url_is_https_or_http_with_a_host() {
+        let with = |url: &str, extra: &[&str]| {
+            let mut args = vec![
+                "--jwt-jwks-url",
+                url,
+                "--jwt-issuer",
+                "i",
+                "--jwt-audience",
+                "a",
+            ];
+            args.extend_from_slice(extra);
+            serve_args(&args).unwrap().settings()
+        };
+        assert!(with("https://kubernetes.default.svc/openid/v1/jwks", &[]).is_ok());
+        assert!(with("http://127.0.0.1:8080/jwks", &[]).is_ok());
+        for bad in ["ftp://host/jwks", "/just/a/path", "not a url"] {
+            assert_eq!(
+                with(bad, &[]).unwrap_err().setting,
+                "--jwt-jwks-url",
+                "{bad}"
+            );
+        }
+        let error = with("http://host/jwks", &["--jwt-jwks-ca-file", "/ca.crt"]).unwrap_err();
+        assert_eq!(error.setting, "--jwt-jwks-ca-file");
     }
 }

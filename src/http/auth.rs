@@ -137,7 +137,93 @@ fn bearer_token(header: &[u8]) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Extension;
+    use axum::middleware::from_fn_with_state;
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use tower::ServiceExt as _;
+
     use super::*;
+    use crate::jwt::{JwtSettings, KeySource};
+
+    /// A route answering with the caller the guard made, behind the guard.
+    fn echo(checks: Guard) -> Router {
+        Router::new()
+            .route(
+                "/keys/k",
+                axum::routing::get(|caller: Option<Extension<Caller>>| async move {
+                    format!("{:?}", caller.map(|Extension(caller)| caller))
+                }),
+            )
+            .layer(from_fn_with_state(checks, guard))
+    }
+
+    fn checks(token: Option<&str>, jwt: Option<Verifier>) -> Guard {
+        Guard {
+            token: token.map(|token| ApiToken::new(token.as_bytes().to_vec())),
+            jwt,
+            metrics: Metrics::new(),
+            backstop: Duration::from_secs(5),
+            lock_wait: Duration::ZERO,
+        }
+    }
+
+    async fn caller_of(router: &Router, bearer: Option<&str>) -> (u16, String) {
+        let mut request = axum::http::Request::get("/keys/k");
+        if let Some(bearer) = bearer {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+        }
+        let response = router
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn the_caller_is_the_api_token_or_the_tokens_subject() {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = EncodingKey::from_ec_der(pair.serialized_der());
+        let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some("k1".into());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
+        let settings = JwtSettings::new(KeySource::File(path), "https://issuer", "gateway");
+        let verifier = Verifier::start(settings, Metrics::new()).unwrap();
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let exp = crate::protocol::hlc::now_ms() / 1000 + 600;
+        let claims = serde_json::json!({
+            "iss": "https://issuer", "aud": "gateway", "sub": "system:serviceaccount:apps:ui", "exp": exp,
+        });
+        let jwt = jsonwebtoken::encode(&header, &claims, &key).unwrap();
+
+        let both = echo(checks(Some("shared"), Some(verifier)));
+        assert_eq!(
+            caller_of(&both, Some("shared")).await,
+            (200, "Some(ApiToken)".into())
+        );
+        assert_eq!(
+            caller_of(&both, Some(&jwt)).await,
+            (
+                200,
+                "Some(Subject(\"system:serviceaccount:apps:ui\"))".into()
+            )
+        );
+        assert_eq!(caller_of(&both, Some("other")).await.0, 401);
+        assert_eq!(caller_of(&both, None).await.0, 401);
+        // Without authentication there is no caller.
+        let open = echo(checks(None, None));
+        assert_eq!(caller_of(&open, None).await, (200, "None".into()));
+    }
 
     #[test]
     fn bearer_token_is_taken_from_the_authorization_header() {

@@ -6,7 +6,8 @@
 //! binary, rather than a whole HTTP client crate: a fetch every few
 //! minutes needs no pool, redirects or proxies.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,10 +18,43 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::rustls::pki_types::ServerName;
 
 use super::error::JwksError;
 use super::settings::JwksUrl;
+use crate::settings::{self as table, SettingError};
+
+/// A JWKS URL ready to fetch: its TLS configuration made once.
+#[derive(Clone)]
+pub(super) struct Fetcher {
+    uri: hyper::Uri,
+    tls: Option<Arc<ClientConfig>>,
+    token_file: Option<PathBuf>,
+}
+
+impl Fetcher {
+    /// Reads the CA bundle (for `https`) and checks that the token file
+    /// can be read, so that a bad setting stops the start.
+    pub(super) fn new(url: &JwksUrl) -> Result<Self, SettingError> {
+        let tls = match url.uri.scheme_str() {
+            Some("https") => Some(crate::mqtt::tls_client_config(
+                &table::JWT_JWKS_CA_FILE,
+                url.ca_file.as_deref(),
+            )?),
+            _ => None,
+        };
+        if let Some(path) = &url.token_file {
+            bearer(path)
+                .map_err(|message| SettingError::new(&table::JWT_JWKS_TOKEN_FILE, message))?;
+        }
+        Ok(Self {
+            uri: url.uri.clone(),
+            tls,
+            token_file: url.token_file.clone(),
+        })
+    }
+}
 
 /// The largest JWKS document read (a set of a few dozen RSA keys is
 /// tens of KiB).
@@ -28,13 +62,13 @@ const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 
 /// The document at `url`, within `timeout` (connect, handshake, request
 /// and body together).
-pub(super) async fn fetch(url: &JwksUrl, timeout: Duration) -> Result<Bytes, JwksError> {
+pub(super) async fn fetch(url: &Fetcher, timeout: Duration) -> Result<Bytes, JwksError> {
     tokio::time::timeout(timeout, get(url))
         .await
         .unwrap_or_else(|_| Err(fetch_error(url, format!("no answer within {timeout:?}"))))
 }
 
-async fn get(url: &JwksUrl) -> Result<Bytes, JwksError> {
+async fn get(url: &Fetcher) -> Result<Bytes, JwksError> {
     let uri = &url.uri;
     let host = uri.host().unwrap_or_default();
     // `[::1]` in a URL, `::1` to connect to.
@@ -74,7 +108,7 @@ async fn get(url: &JwksUrl) -> Result<Bytes, JwksError> {
 }
 
 async fn send<S>(
-    url: &JwksUrl,
+    url: &Fetcher,
     stream: S,
     request: Request<Empty<Bytes>>,
 ) -> Result<Bytes, JwksError>
@@ -118,7 +152,7 @@ fn bearer(path: &Path) -> Result<HeaderValue, String> {
     Ok(value)
 }
 
-fn fetch_error(url: &JwksUrl, message: impl Into<String>) -> JwksError {
+fn fetch_error(url: &Fetcher, message: impl Into<String>) -> JwksError {
     JwksError::Fetch {
         url: url.uri.to_string(),
         message: message.into(),

@@ -75,6 +75,8 @@ struct Inner {
     /// When unknown key ids last caused a fetch; held during any fetch,
     /// so that concurrent ones wait for it instead of fetching again.
     refetch: tokio::sync::Mutex<Option<Instant>>,
+    /// For a JWKS URL.
+    fetcher: Option<fetch::Fetcher>,
     metrics: Metrics,
 }
 
@@ -90,16 +92,20 @@ impl Verifier {
         validation.set_issuer(&[&settings.issuer]);
         validation.set_audience(&[&settings.audience]);
         validation.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
-        let initial = match &settings.keys {
-            KeySource::File(path) => read_file(path, 1, &validation)
-                .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.to_string()))?,
-            KeySource::Url(_) => KeySet::empty(),
+        let (initial, fetcher) = match &settings.keys {
+            KeySource::File(path) => {
+                let keys = read_file(path, 1, &validation)
+                    .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.to_string()))?;
+                (keys, None)
+            }
+            KeySource::Url(url) => (KeySet::empty(), Some(fetch::Fetcher::new(url)?)),
         };
         let inner = Arc::new(Inner {
             generation: AtomicU64::new(initial.generation),
             keys: RwLock::new(Arc::new(initial)),
             cache: Mutex::new(TokenCache::new(CACHED_TOKENS)),
             refetch: tokio::sync::Mutex::new(None),
+            fetcher,
             validation,
             settings,
             metrics,
@@ -184,7 +190,7 @@ impl Inner {
     /// The key set after a fetch of the URL for a token naming a key not
     /// in `seen`, if none happened lately; else the current set.
     async fn refetch_for(&self, seen: &Arc<KeySet>) -> Arc<KeySet> {
-        let KeySource::Url(url) = &self.settings.keys else {
+        let Some(fetcher) = &self.fetcher else {
             return seen.clone();
         };
         let mut last = self.refetch.lock().await;
@@ -197,14 +203,14 @@ impl Inner {
             return current;
         }
         *last = Some(Instant::now());
-        if let Err(error) = self.fetch_and_install(url).await {
+        if let Err(error) = self.fetch_and_install(fetcher).await {
             tracing::warn!(%error, "JWT key set fetch for an unknown key id failed");
         }
         self.current()
     }
 
-    async fn fetch_and_install(&self, url: &JwksUrl) -> Result<bool, JwksError> {
-        let outcome = match fetch::fetch(url, FETCH_TIMEOUT).await {
+    async fn fetch_and_install(&self, fetcher: &fetch::Fetcher) -> Result<bool, JwksError> {
+        let outcome = match fetch::fetch(fetcher, FETCH_TIMEOUT).await {
             Ok(document) => self.install(&document),
             Err(error) => Err(error),
         };
@@ -247,8 +253,8 @@ async fn keep_fresh(inner: Weak<Inner>) {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
-            match &inner.settings.keys {
-                KeySource::File(path) => {
+            match (&inner.settings.keys, &inner.fetcher) {
+                (KeySource::File(path), _) => {
                     if first {
                         last_file = Some(inner.current().fingerprint);
                     } else {
@@ -256,9 +262,10 @@ async fn keep_fresh(inner: Weak<Inner>) {
                     }
                     inner.settings.file_check_interval
                 }
-                KeySource::Url(url) => {
+                (KeySource::Url(_), None) => return,
+                (KeySource::Url(_), Some(fetcher)) => {
                     let _fetching = inner.refetch.lock().await;
-                    match inner.fetch_and_install(url).await {
+                    match inner.fetch_and_install(fetcher).await {
                         Ok(_) => inner.settings.refresh_interval,
                         Err(error) => {
                             tracing::warn!(%error, "JWT key set not refreshed; the previous keys stay");

@@ -1,11 +1,9 @@
 //! What a JWT must satisfy and where the keys come from.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::Uri;
-use tokio_rustls::rustls::ClientConfig;
 
 use crate::settings as table;
 
@@ -18,25 +16,17 @@ pub enum KeySource {
     Url(JwksUrl),
 }
 
-/// A JWKS URL and how to fetch it.
-#[derive(Clone)]
+/// A JWKS URL and how to fetch it (the files are read when the verifier
+/// starts, not here).
+#[derive(Debug, Clone)]
 pub struct JwksUrl {
     /// `http://` or `https://`.
     pub uri: Uri,
-    /// For `https`: the roots its certificate must chain to.
-    pub tls: Option<Arc<ClientConfig>>,
+    /// For `https`: a PEM bundle of the roots its certificate must chain
+    /// to; without one, the system's.
+    pub ca_file: Option<PathBuf>,
     /// A file holding a bearer token for the request, read at each fetch.
     pub token_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for JwksUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JwksUrl")
-            .field("uri", &self.uri)
-            .field("tls", &self.tls.is_some())
-            .field("token_file", &self.token_file)
-            .finish()
-    }
 }
 
 /// What a token must satisfy, and where its keys come from.

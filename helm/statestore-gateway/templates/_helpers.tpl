@@ -177,6 +177,30 @@ declares its port; used by this chart's standalone Deployment.
     - name: STATESTORE_GATEWAY_API_TOKEN_FILE
       value: {{ $dir }}/api-token/token
     {{- end }}
+    {{- if $g.jwt.jwksConfigMap }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_FILE
+      value: {{ $dir }}/jwks/jwks.json
+    {{- end }}
+    {{- if $g.jwt.jwksUrl }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_URL
+      value: {{ $g.jwt.jwksUrl | quote }}
+    {{- if $g.jwt.jwksCaConfigMap }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_CA_FILE
+      value: {{ $dir }}/jwks-ca/ca.crt
+    {{- end }}
+    {{- if $g.jwt.jwksServiceAccountToken }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE
+      value: {{ $dir }}/jwks-token/token
+    {{- end }}
+    {{- end }}
+    {{- if $g.jwt.issuer }}
+    - name: STATESTORE_GATEWAY_JWT_ISSUER
+      value: {{ $g.jwt.issuer | quote }}
+    {{- end }}
+    {{- if $g.jwt.audience }}
+    - name: STATESTORE_GATEWAY_JWT_AUDIENCE
+      value: {{ $g.jwt.audience | quote }}
+    {{- end }}
     {{- if $v.emulator.enabled }}
     - name: AIO_BROKER_HOSTNAME
       value: {{ include "statestore-gateway.emulatorName" . | quote }}
@@ -251,7 +275,9 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName }}
+  {{- $jwksCa := and $g.jwt.jwksUrl $g.jwt.jwksCaConfigMap }}
+  {{- $jwksToken := and $g.jwt.jwksUrl $g.jwt.jwksServiceAccountToken }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $g.jwt.jwksConfigMap $jwksCa $jwksToken }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -276,6 +302,21 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: statestore-gateway-api-token
       mountPath: {{ $dir }}/api-token
+      readOnly: true
+    {{- end }}
+    {{- if $g.jwt.jwksConfigMap }}
+    - name: statestore-gateway-jwks
+      mountPath: {{ $dir }}/jwks
+      readOnly: true
+    {{- end }}
+    {{- if $jwksCa }}
+    - name: statestore-gateway-jwks-ca
+      mountPath: {{ $dir }}/jwks-ca
+      readOnly: true
+    {{- end }}
+    {{- if $jwksToken }}
+    - name: statestore-gateway-jwks-token
+      mountPath: {{ $dir }}/jwks-token
       readOnly: true
     {{- end }}
   {{- end }}
@@ -331,5 +372,30 @@ blank line the first `if` leaves. */}}
     items:
       - key: {{ $v.gateway.apiToken.key | quote }}
         path: token
+{{- end }}
+{{- $jwt := $v.gateway.jwt }}
+{{- if $jwt.jwksConfigMap }}
+- name: statestore-gateway-jwks
+  configMap:
+    name: {{ $jwt.jwksConfigMap | quote }}
+    items:
+      - key: {{ $jwt.jwksKey | quote }}
+        path: jwks.json
+{{- end }}
+{{- if and $jwt.jwksUrl $jwt.jwksCaConfigMap }}
+- name: statestore-gateway-jwks-ca
+  configMap:
+    name: {{ $jwt.jwksCaConfigMap | quote }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- if and $jwt.jwksUrl $jwt.jwksServiceAccountToken }}
+- name: statestore-gateway-jwks-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          expirationSeconds: 3600
+          path: token
 {{- end }}
 {{- end -}}

@@ -326,16 +326,9 @@ impl JwksServer {
     /// Settings accepting tokens signed by the served keys, issued by
     /// [`ISSUER`] for [`AUDIENCE`]; `ca`: the test CA for `https`.
     pub fn settings(&self, ca: Option<&Path>) -> JwtSettings {
-        let tls = self.url.starts_with("https").then(|| {
-            statestore_gateway::mqtt::tls_client_config(
-                &statestore_gateway::settings::JWT_JWKS_CA_FILE,
-                ca,
-            )
-            .unwrap()
-        });
         let url = statestore_gateway::jwt::JwksUrl {
             uri: self.url.parse().unwrap(),
-            tls,
+            ca_file: ca.map(Path::to_owned),
             token_file: None,
         };
         JwtSettings::new(KeySource::Url(url), ISSUER, AUDIENCE)
