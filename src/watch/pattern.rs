@@ -17,6 +17,7 @@
 //! a stream's first event for it can be a `sync` with its value.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
@@ -145,6 +146,9 @@ impl PatternWatch {
 pub(super) struct Patterns {
     inner: Arc<Inner>,
     patterns: Mutex<HashMap<Bytes, Arc<PatternWatch>>>,
+    /// How many patterns `patterns` holds, read without its lock on every
+    /// key write.
+    followed: AtomicUsize,
 }
 
 impl Patterns {
@@ -152,6 +156,7 @@ impl Patterns {
         Self {
             inner,
             patterns: Mutex::new(HashMap::new()),
+            followed: AtomicUsize::new(0),
         }
     }
 
@@ -164,6 +169,7 @@ impl Patterns {
     pub(super) fn follow(&self, glob: &Bytes) -> Arc<PatternWatch> {
         let mut patterns = self.patterns();
         let pattern = patterns.entry(glob.clone()).or_insert_with(|| {
+            self.followed.fetch_add(1, Ordering::Relaxed);
             self.inner.metrics.watch_patterns.inc();
             let (written, written_keys) = mpsc::unbounded_channel();
             let pattern = Arc::new(PatternWatch {
@@ -200,6 +206,7 @@ impl Patterns {
             std::mem::take(&mut state.keys)
         };
         patterns.remove(&pattern.glob);
+        self.followed.fetch_sub(1, Ordering::Relaxed);
         drop(patterns);
         self.inner.metrics.watch_patterns.dec();
         if let Some(task) = pattern
@@ -219,7 +226,7 @@ impl Patterns {
     /// it, so that they follow it without waiting for a rescan. Costs an
     /// atomic load when no pattern is followed.
     pub(super) fn wrote(&self, key: &Bytes) {
-        if self.inner.metrics.watch_patterns.get() == 0 {
+        if self.followed.load(Ordering::Relaxed) == 0 {
             return;
         }
         for pattern in self.patterns().values() {

@@ -360,7 +360,9 @@ async fn an_http_waiter_gets_the_lock_soon_after_the_sdk_releases() {
     let handover = acquired.duration_since(released);
     eprintln!("hand-over from the SDK's release to the HTTP waiter: {handover:?}");
     assert!(token.unwrap() > hlc(&sdk_token));
-    assert!(handover < Duration::from_millis(150), "{handover:?}");
+    // Woken by the release's notification: nothing else wakes a waiter
+    // before its 20 s wait ends. The bound leaves room for a loaded machine.
+    assert!(handover < Duration::from_secs(1), "{handover:?}");
     sdk.close().await;
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -56,7 +56,7 @@ impl AuthProxy {
     }
 
     async fn start(upstream: Option<SocketAddr>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = super::fresh_tokio_listener();
         let addr = listener.local_addr().expect("local addr");
         let connects = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn({

@@ -106,24 +106,16 @@ impl EmulatorProcess {
         self.child.id()
     }
 
-    /// Freezes the store (SIGSTOP): its connection stays open, it answers
-    /// nothing until [`EmulatorProcess::resume`].
+    /// Freezes the store (SIGSTOP) and returns once it is stopped: its
+    /// connection stays open, it answers nothing until
+    /// [`EmulatorProcess::resume`].
     pub fn pause(&self) {
-        self.signal("STOP");
+        super::freeze(self.child.id());
     }
 
     /// Thaws a paused store (SIGCONT): it answers what arrived meanwhile.
     pub fn resume(&self) {
-        self.signal("CONT");
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+        super::thaw(self.child.id());
     }
 }
 

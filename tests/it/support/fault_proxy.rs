@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -65,7 +65,7 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// A proxy on a free loopback port forwarding to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = super::fresh_tokio_listener();
         let addr = listener.local_addr().expect("local addr");
         let control = Arc::new(Control::default());
         let (cut, _) = watch::channel(0u64);

@@ -206,11 +206,7 @@ impl GatewayProcess {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        super::send_signal(self.pid(), "TERM");
     }
 
     /// Waits for the process to exit; `None` if it is still running after

@@ -25,7 +25,9 @@ pub use certs::TestPki;
 pub use mosquitto::{Mosquitto, MosquittoConfig};
 pub use responder::{Answer, Responder};
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Sends SIGTERM to `child` and waits (blocking, up to `within`) for its
@@ -51,12 +53,90 @@ pub fn terminate_and_wait(
     }
 }
 
-/// A loopback port nothing listens on right now.
+/// Freezes process `pid` (SIGSTOP) and returns once every one of its
+/// threads has stopped. `kill` returns as soon as the signal is queued; the
+/// stop itself begins only when one thread of the process next runs, and
+/// its other threads go on working until then (on a busy machine, long
+/// enough to answer a request sent right after `kill` returned).
+pub fn freeze(pid: u32) {
+    send_signal(pid, "STOP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !all_threads_stopped(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop within 10 s of SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Thaws a process [`freeze`] stopped (SIGCONT).
+pub fn thaw(pid: u32) {
+    send_signal(pid, "CONT");
+}
+
+/// Sends signal `name` (as `kill -<name>` spells it) to `pid`.
+pub fn send_signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// Whether each thread of `pid` is stopped (`T` in its `stat`; the state
+/// follows the parenthesised command name, which may contain spaces).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().all(|thread| {
+        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                == Some("T")
+        })
+    })
+}
+
+/// A loopback port nothing listens on right now, never handed out before
+/// in this test process (see [`fresh_listener`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("a free loopback port")
+    fresh_listener()
+        .local_addr()
+        .expect("a bound listener has an address")
+        .port()
+}
+
+/// A loopback listener on a port no other test in this process was given.
+///
+/// Tests run in parallel, and some stop a broker (or a proxy in front of
+/// one) and start it again on the same port, while their gateway or store
+/// keeps reconnecting to that port. Were the port handed to another test's
+/// broker in between, that gateway or store would join the other test's
+/// broker and answer its requests. So no port is handed out twice.
+pub fn fresh_listener() -> TcpListener {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = listener
+            .local_addr()
+            .expect("a bound listener has an address")
+            .port();
+        if HANDED_OUT.lock().expect("port registry").insert(port) {
+            return listener;
+        }
+    }
+}
+
+/// [`fresh_listener`] for tokio.
+pub fn fresh_tokio_listener() -> tokio::net::TcpListener {
+    let listener = fresh_listener();
+    listener
+        .set_nonblocking(true)
+        .expect("a non-blocking listener");
+    tokio::net::TcpListener::from_std(listener).expect("a tokio listener")
 }
 
 /// Waits until something accepts TCP connections on `addr`.

@@ -115,24 +115,19 @@ impl Mosquitto {
         self.spawn().await;
     }
 
-    /// Freezes the broker (SIGSTOP): connections stay open, nothing moves.
+    /// Freezes the broker (SIGSTOP) and returns once it is stopped:
+    /// connections stay open, nothing moves.
     pub fn pause(&self) {
-        self.signal("STOP");
+        super::freeze(self.pid());
     }
 
     /// Thaws a paused broker (SIGCONT).
     pub fn resume(&self) {
-        self.signal("CONT");
+        super::thaw(self.pid());
     }
 
-    fn signal(&self, name: &str) {
-        let child = self.child.as_ref().expect("broker is running");
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("broker is running").id()
     }
 }
 
