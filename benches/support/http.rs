@@ -49,6 +49,7 @@ impl HttpConn {
     }
 
     /// [`HttpConn::request`] with `Authorization: Bearer <token>`.
+    #[allow(dead_code)] // the auth benchmark's
     pub async fn request_as(
         &mut self,
         token: &str,
