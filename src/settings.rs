@@ -182,6 +182,23 @@ pub const JWT_AUDIENCE: Setting = Setting {
     helm: Helm::Own("gateway.jwt.audience"),
 };
 
+/// The key API's serving certificate (TLS, with HTTP/2 by ALPN); the
+/// broker's client certificate is `--tls-cert-file`.
+pub const API_TLS_CERT_FILE: Setting = Setting {
+    flag: "--api-tls-cert-file",
+    env: "STATESTORE_GATEWAY_API_TLS_CERT_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
+/// The key of [`API_TLS_CERT_FILE`].
+pub const API_TLS_KEY_FILE: Setting = Setting {
+    flag: "--api-tls-key-file",
+    env: "STATESTORE_GATEWAY_API_TLS_KEY_FILE",
+    default: "",
+    helm: Helm::Derived("standalone.tls.secretName"),
+};
+
 pub const SHUTDOWN_GRACE: Setting = Setting {
     flag: "--shutdown-grace",
     env: "STATESTORE_GATEWAY_SHUTDOWN_GRACE",
@@ -411,6 +428,8 @@ pub const SERVE: &[&Setting] = &[
     &JWT_JWKS_TOKEN_FILE,
     &JWT_ISSUER,
     &JWT_AUDIENCE,
+    &API_TLS_CERT_FILE,
+    &API_TLS_KEY_FILE,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &MAX_WATCHERS,

@@ -8,6 +8,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::locks::LockSettings;
@@ -65,6 +66,13 @@ pub struct ServeArgs {
     /// An audience a JWT's `aud` claim must hold.
     #[arg(long, env = settings::JWT_AUDIENCE.env)]
     pub jwt_audience: Option<String>,
+    /// PEM certificate chain the key API serves TLS with (HTTP/2 by ALPN);
+    /// read again when it changes. Needs --api-tls-key-file.
+    #[arg(long, env = settings::API_TLS_CERT_FILE.env)]
+    pub api_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --api-tls-cert-file; read again when it changes.
+    #[arg(long, env = settings::API_TLS_KEY_FILE.env)]
+    pub api_tls_key_file: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = settings::SHUTDOWN_GRACE.env, default_value = settings::SHUTDOWN_GRACE.default, value_parser = parse_any_duration)]
     pub shutdown_grace: Duration,
@@ -116,7 +124,8 @@ pub struct ServeArgs {
     pub header_read_timeout: Duration,
     /// Open connections on the API listener; at the limit the gateway
     /// stops accepting (new clients wait in the kernel's backlog) until one
-    /// closes. Each watch stream is a connection.
+    /// closes. Each HTTP/1.1 watch stream is a connection; HTTP/2 streams
+    /// share theirs.
     #[arg(long, env = settings::MAX_CONNECTIONS.env, default_value = settings::MAX_CONNECTIONS.default, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// The longest `wait=` a lock request may ask for.
@@ -196,6 +205,15 @@ impl ServeArgs {
             ),
         };
         let jwt = self.jwt_settings()?;
+        let api_tls = CertificateFiles::pair(
+            self.api_tls_cert_file.as_deref(),
+            self.api_tls_key_file.as_deref(),
+            &settings::API_TLS_CERT_FILE,
+            &settings::API_TLS_KEY_FILE,
+        )?;
+        if let Some(files) = &api_tls {
+            files.check()?;
+        }
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
             None => settings::default_client_id(),
@@ -219,6 +237,7 @@ impl ServeArgs {
             },
             api_token,
             jwt,
+            api_tls,
             shutdown_grace: self.shutdown_grace,
             watch: WatchSettings {
                 max_watchers: self.max_watchers,
@@ -556,6 +575,30 @@ mod tests {
             .settings()
             .unwrap_err();
         assert_eq!(error.setting, "--tls-key-file");
+        // The key API's certificate: both or neither, and files that can be used.
+        let error = serve_args(&["--api-tls-cert-file", cert.to_str().unwrap()])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert_eq!(error.setting, "--api-tls-key-file");
+        assert!(
+            error.to_string().contains("give both files or neither"),
+            "{error}"
+        );
+        let error = serve_args(&[
+            "--api-tls-cert-file",
+            cert.to_str().unwrap(),
+            "--api-tls-key-file",
+            "/nonexistent/key.pem",
+        ])
+        .unwrap()
+        .settings()
+        .unwrap_err();
+        assert_eq!(error.setting, "--api-tls-cert-file");
+        assert!(
+            error.to_string().contains("holds no certificate"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -29,7 +29,6 @@ use bytes::{Buf as _, BytesMut};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
@@ -37,6 +36,10 @@ use tower::ServiceExt as _;
 /// Request lines served here start with this; other bytes go to hyper as
 /// soon as they differ from it.
 const PREFIX: &[u8] = b"GET /watch";
+
+/// What an HTTP/2 client with prior knowledge sends first (RFC 9113,
+/// section 3.4); a connection that starts with it goes to hyper's HTTP/2.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Headers a request served here may have (more: hyper's, which allows 100).
 const MAX_HEADERS: usize = 64;
@@ -54,8 +57,10 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum FirstRequest {
     /// A complete request head to answer with [`respond`].
     Stream(Box<Request<Body>>),
-    /// For hyper: these bytes, then the rest of the connection.
+    /// For hyper's HTTP/1: these bytes, then the rest of the connection.
     Hyper(BytesMut),
+    /// For hyper's HTTP/2: these bytes (the preface), then the rest.
+    Http2(BytesMut),
     /// The client closed, failed, stayed silent past the header read
     /// timeout, or the server is shutting down: close without an answer,
     /// as hyper does.
@@ -65,7 +70,7 @@ pub enum FirstRequest {
 /// Reads until the first request is known to be a watch or not; at most
 /// `header_read_timeout` in all, and `max_header_bytes` of head.
 pub async fn read_first_request(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     header_read_timeout: Duration,
     max_header_bytes: usize,
     stopping: &mut watch::Receiver<bool>,
@@ -78,6 +83,7 @@ pub async fn read_first_request(
             Head::Incomplete => scanned = buffer.len(),
             Head::Stream(request) => return FirstRequest::Stream(request),
             Head::Other => return FirstRequest::Hyper(buffer),
+            Head::Http2 => return FirstRequest::Http2(buffer),
         }
         let read = tokio::select! {
             read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buffer)) => read,
@@ -95,10 +101,19 @@ enum Head {
     Incomplete,
     Stream(Box<Request<Body>>),
     Other,
+    Http2,
 }
 
 /// `buffer[..scanned]` was seen before without a complete head.
 fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
+    let preface = buffer.len().min(HTTP2_PREFACE.len());
+    if buffer[..preface] == HTTP2_PREFACE[..preface] {
+        return if preface == HTTP2_PREFACE.len() {
+            Head::Http2
+        } else {
+            Head::Incomplete
+        };
+    }
     let seen = buffer.len().min(PREFIX.len());
     if buffer[..seen] != PREFIX[..seen] {
         return Head::Other;
@@ -160,7 +175,7 @@ fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 /// when the response has ended, the client has gone, a write stalled for
 /// [`WRITE_STALL_TIMEOUT`], or `stopping` changed.
 pub async fn respond(
-    mut stream: TcpStream,
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
     router: Router,
     request: Box<Request<Body>>,
     mut stopping: watch::Receiver<bool>,
@@ -176,9 +191,8 @@ pub async fn respond(
         None if version == Version::HTTP_11 => Framing::Chunked,
         None => Framing::UntilClose,
     };
-    let (mut reader, mut writer) = stream.split();
     let head = encode_head(&parts, framing);
-    if write_all(&mut writer, &mut [IoSlice::new(&head)])
+    if write_all(&mut stream, &mut [IoSlice::new(&head)])
         .await
         .is_err()
     {
@@ -196,7 +210,7 @@ pub async fn respond(
         let frame = tokio::select! {
             biased;
             _ = &mut stopped => break,
-            read = reader.read(&mut discard) => match read {
+            read = stream.read(&mut discard) => match read {
                 Ok(n) if n > 0 => continue,
                 _ => return,
             },
@@ -224,10 +238,10 @@ pub async fn respond(
                     IoSlice::new(&data),
                     IoSlice::new(b"\r\n"),
                 ];
-                write_all(&mut writer, &mut slices).await
+                write_all(&mut stream, &mut slices).await
             }
             Framing::Length(_) | Framing::UntilClose => {
-                write_all(&mut writer, &mut [IoSlice::new(&data)]).await
+                write_all(&mut stream, &mut [IoSlice::new(&data)]).await
             }
         };
         if written.is_err() {
@@ -235,9 +249,9 @@ pub async fn respond(
         }
     }
     if framing == Framing::Chunked {
-        let _ = write_all(&mut writer, &mut [IoSlice::new(b"0\r\n\r\n")]).await;
+        let _ = write_all(&mut stream, &mut [IoSlice::new(b"0\r\n\r\n")]).await;
     }
-    let _ = writer.shutdown().await;
+    let _ = tokio::time::timeout(WRITE_STALL_TIMEOUT, stream.shutdown()).await;
 }
 
 /// How the body's end is told.
@@ -303,7 +317,8 @@ fn chunk_size_line(length: usize, line: &mut [u8; CHUNK_SIZE_LINE]) -> &[u8] {
     &line[..end]
 }
 
-/// Writes every slice, the whole frame within [`WRITE_STALL_TIMEOUT`].
+/// Writes every slice and flushes (TLS keeps what the socket did not
+/// take), the whole frame within [`WRITE_STALL_TIMEOUT`].
 async fn write_all(
     writer: &mut (impl AsyncWrite + Unpin),
     slices: &mut [IoSlice<'_>],
@@ -329,24 +344,27 @@ async fn write_all_within(
         }
         IoSlice::advance_slices(&mut slices, written);
     }
-    Ok(())
+    tokio::time::timeout_at(deadline, writer.flush())
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 /// A connection whose first bytes were already read: reads return those
 /// bytes first, then the socket's. Writes go straight to the socket.
 #[derive(Debug)]
-pub struct Prefixed {
+pub struct Prefixed<I> {
     prefix: BytesMut,
-    io: TcpStream,
+    io: I,
 }
 
-impl Prefixed {
-    pub fn new(prefix: BytesMut, io: TcpStream) -> Self {
+impl<I> Prefixed<I> {
+    /// `io`, whose first bytes `prefix` were read from it.
+    pub fn new(prefix: BytesMut, io: I) -> Self {
         Self { prefix, io }
     }
 }
 
-impl AsyncRead for Prefixed {
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -367,7 +385,7 @@ impl AsyncRead for Prefixed {
     }
 }
 
-impl AsyncWrite for Prefixed {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -503,6 +521,19 @@ mod tests {
             classify(head, head.len() - 1, MAX),
             Head::Stream(_)
         ));
+    }
+
+    #[test]
+    fn the_http2_preface_goes_to_http2_once_whole() {
+        assert!(matches!(classify_all(HTTP2_PREFACE), Head::Http2));
+        let mut more = HTTP2_PREFACE.to_vec();
+        more.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0");
+        assert!(matches!(classify_all(&more), Head::Http2));
+        for partial in [&b"P"[..], b"PRI * HTTP/2.0\r\n", &HTTP2_PREFACE[..23]] {
+            assert!(matches!(classify_all(partial), Head::Incomplete));
+        }
+        assert!(matches!(classify_all(b"PRI * HTTP/1.1\r\n"), Head::Other));
+        assert!(matches!(classify_all(b"POST /batch"), Head::Other));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The accept loop: each connection served by hyper's HTTP/1 with the
+//! The accept loop: each connection served by hyper (HTTP/1.1, or HTTP/2
+//! by ALPN over TLS or with prior knowledge on a plain connection) with the
 //! limits `axum::serve` leaves out, and a graceful shutdown.
 //!
 //! `axum::serve` builds hyper without a timer, so hyper's header read
@@ -7,34 +8,57 @@
 //! connection and sends nothing, or its headers one byte at a time (slow
 //! loris), holds a socket and a task for ever. Here every connection gets:
 //! - a header read timeout, which also closes keep-alive connections that
-//!   stay idle that long;
-//! - a cap on the size of the request line and headers (431 above it);
+//!   stay idle that long (HTTP/2: a connection without an open stream for
+//!   that long, its handshake included, is closed with a GOAWAY);
+//! - a cap on the size of the request line and headers (431 above it;
+//!   HTTP/2: the header list size it advertises);
+//! - HTTP/2: at most [`MAX_CONCURRENT_STREAMS`] streams at once, and pings
+//!   when it is quiet, so a peer that vanished is noticed;
 //! - TCP_NODELAY, so small responses do not wait for delayed ACKs.
 //!
-//! A connection that opens with a watch request is answered by
-//! [`event_stream`](super::event_stream) instead of hyper (it explains why).
-//! [`serve_tls`] is the same loop over TLS (the admission webhook), with a
-//! handshake timeout.
+//! A connection that opens with an HTTP/1 watch request is answered by
+//! [`event_stream`](super::event_stream) instead of hyper (it explains why),
+//! over TLS too. [`serve_tls`] is the same loop over TLS, with a handshake
+//! timeout.
 
+use std::convert::Infallible;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt as _;
 
 use super::event_stream::{self, FirstRequest, Prefixed};
+use super::tls::ALPN_H2;
 
 /// The largest request line plus headers a client may send (431 above).
 /// Keys travel in the path (at most about 3 KiB percent-encoded with the
 /// default key limit); the rest is room for tokens and proxies' headers.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Streams one HTTP/2 connection may have open at once (more are refused
+/// with REFUSED_STREAM): room for a dashboard's watch streams and its
+/// requests, while one connection cannot take every watcher of the gateway
+/// (`--max-watchers` still counts each stream).
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// How long an HTTP/2 connection may be quiet before a ping, and how long
+/// the ping's answer may take before the connection is closed: a peer that
+/// vanished (no FIN, no RST) would otherwise hold its streams' watchers.
+pub const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
 
 /// What each connection is held to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,23 +89,20 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let builder = http1_builder(limits);
+    let protocols = Protocols::new(limits);
     accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
-        tokio::spawn(connection(
-            stream,
-            router.clone(),
-            Arc::clone(&builder),
-            limits,
-            stopping,
-            slot,
-        ));
+        let (router, protocols) = (router.clone(), Arc::clone(&protocols));
+        tokio::spawn(async move {
+            connection(stream, router, &protocols, stopping).await;
+            drop(slot);
+        });
     })
     .await
 }
 
-/// [`serve`] over TLS, for the admission webhook: each connection must
-/// complete its handshake within `handshake_timeout` (else it is closed),
-/// then hyper serves it with the same limits. No event streams here.
+/// [`serve`] over TLS: each connection must complete its handshake within
+/// `handshake_timeout` (else it is closed), then hyper serves it with the
+/// same limits, HTTP/2 when ALPN chose `h2` (if `acceptor` offers it).
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -90,30 +111,55 @@ pub async fn serve_tls(
     handshake_timeout: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let builder = http1_builder(limits);
+    let protocols = Protocols::new(limits);
     accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
-        tokio::spawn(tls_connection(
-            stream,
-            acceptor.clone(),
-            handshake_timeout,
-            router.clone(),
-            Arc::clone(&builder),
-            stopping,
-            slot,
-        ));
+        let (router, protocols) = (router.clone(), Arc::clone(&protocols));
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            tls_connection(
+                stream,
+                acceptor,
+                handshake_timeout,
+                router,
+                &protocols,
+                stopping,
+            )
+            .await;
+            drop(slot);
+        });
     })
     .await
 }
 
-/// hyper's HTTP/1 with a timer (without one its header read timeout never
-/// fires) and the limits.
-fn http1_builder(limits: ConnectionLimits) -> Arc<http1::Builder> {
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_header_size(limits.max_header_bytes);
-    Arc::new(builder)
+/// hyper's HTTP/1 and HTTP/2 with a timer (without one their timeouts and
+/// pings never fire) and the limits.
+#[derive(Debug)]
+struct Protocols {
+    limits: ConnectionLimits,
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Protocols {
+    fn new(limits: ConnectionLimits) -> Arc<Self> {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_header_size(limits.max_header_bytes);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .keep_alive_interval(HTTP2_KEEP_ALIVE)
+            .keep_alive_timeout(HTTP2_KEEP_ALIVE);
+        Arc::new(Self {
+            limits,
+            http1,
+            http2,
+        })
+    }
 }
 
 /// Accepts connections and hands each to `spawn` with a receiver of the
@@ -176,68 +222,78 @@ async fn accept_loop(
     Ok(())
 }
 
-/// Serves one connection until it closes; its `_slot` is held until then.
-async fn connection(
-    mut stream: TcpStream,
+/// Serves one connection (plain, or TLS without `h2`) until it closes.
+async fn connection<I>(
+    mut io: I,
     router: Router,
-    builder: Arc<http1::Builder>,
-    limits: ConnectionLimits,
+    protocols: &Protocols,
     mut stopping: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
-) {
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = protocols.limits;
     // The first request's head is read here at most once per connection;
     // a client that takes its time before the first byte gets hyper's full
     // header timeout from the first byte on (at most twice the timeout).
-    let prefix = match event_stream::read_first_request(
-        &mut stream,
+    match event_stream::read_first_request(
+        &mut io,
         limits.header_read_timeout,
         limits.max_header_bytes,
         &mut stopping,
     )
     .await
     {
-        FirstRequest::Gone => return,
+        FirstRequest::Gone => {}
         FirstRequest::Stream(request) => {
-            event_stream::respond(stream, router, request, stopping).await;
-            return;
+            event_stream::respond(io, router, request, stopping).await;
         }
-        FirstRequest::Hyper(prefix) => prefix,
-    };
-    serve_http1(Prefixed::new(prefix, stream), router, &builder, stopping).await;
+        FirstRequest::Hyper(prefix) => {
+            serve_http1(Prefixed::new(prefix, io), router, protocols, stopping).await;
+        }
+        FirstRequest::Http2(prefix) => {
+            serve_http2(Prefixed::new(prefix, io), router, protocols, stopping).await;
+        }
+    }
 }
 
-/// Serves one TLS connection until it closes; its `_slot` is held until then.
+/// Serves one TLS connection until it closes.
 async fn tls_connection(
     stream: TcpStream,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
     router: Router,
-    builder: Arc<http1::Builder>,
+    protocols: &Protocols,
     mut stopping: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
 ) {
     let tls = tokio::select! {
         handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => handshake,
         _ = stopping.changed() => return,
     };
-    match tls {
-        Ok(Ok(tls)) => serve_http1(tls, router, &builder, stopping).await,
-        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-        Err(_) => tracing::debug!("TLS handshake timed out"),
+    let tls = match tls {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => return tracing::debug!(%error, "TLS handshake failed"),
+        Err(_) => return tracing::debug!("TLS handshake timed out"),
+    };
+    if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+        serve_http2(tls, router, protocols, stopping).await;
+    } else {
+        connection(tls, router, protocols, stopping).await;
     }
 }
 
-/// hyper serves `io` until the connection closes; when `stopping`
+/// hyper's HTTP/1 serves `io` until the connection closes; when `stopping`
 /// changes it finishes the request in progress and closes.
 async fn serve_http1<I>(
     io: I,
     router: Router,
-    builder: &http1::Builder,
+    protocols: &Protocols,
     mut stopping: watch::Receiver<bool>,
 ) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    let connection = protocols
+        .http1
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
     tokio::pin!(connection);
     loop {
         tokio::select! {
@@ -258,6 +314,139 @@ async fn serve_http1<I>(
                 connection.as_mut().graceful_shutdown();
             }
         }
+    }
+}
+
+/// hyper's HTTP/2 serves `io` (the client's preface first) until the
+/// connection closes. When `stopping` changes, or no stream was open for
+/// the header read timeout, it sends GOAWAY, lets the open streams finish
+/// and closes; a connection still without a stream a timeout after its
+/// GOAWAY (a client stuck in its handshake) is dropped.
+async fn serve_http2<I>(
+    io: I,
+    router: Router,
+    protocols: &Protocols,
+    mut stopping: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let timeout = protocols.limits.header_read_timeout;
+    let streams = Arc::new(OpenStreams::new());
+    let service = {
+        let streams = Arc::clone(&streams);
+        hyper::service::service_fn(move |request: axum::http::Request<Incoming>| {
+            let open = OpenStream::new(Arc::clone(&streams));
+            let router = router.clone();
+            async move {
+                let response = match router.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                };
+                // The stream counts as open until its body ends or is dropped.
+                Ok::<_, Infallible>(response.map(|body| CountedBody { body, _open: open }))
+            }
+        })
+    };
+    let connection = protocols.http2.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let idle_check = tokio::time::sleep(timeout);
+    tokio::pin!(idle_check);
+    let mut going_away = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "HTTP/2 connection ended with an error");
+                }
+                break;
+            }
+            changed = stopping.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                connection.as_mut().graceful_shutdown();
+                going_away = true;
+            }
+            () = &mut idle_check => {
+                match streams.idle_for() {
+                    Some(idle) if idle >= timeout => {
+                        if going_away {
+                            break;
+                        }
+                        connection.as_mut().graceful_shutdown();
+                        going_away = true;
+                        idle_check.as_mut().reset(Instant::now() + timeout);
+                    }
+                    Some(idle) => idle_check.as_mut().reset(Instant::now() + (timeout - idle)),
+                    None => idle_check.as_mut().reset(Instant::now() + timeout),
+                }
+            }
+        }
+    }
+}
+
+/// The streams of one HTTP/2 connection that are open (a request being
+/// answered, or its response body being sent), and since when none is.
+#[derive(Debug)]
+struct OpenStreams(Mutex<(usize, Instant)>);
+
+impl OpenStreams {
+    fn new() -> Self {
+        Self(Mutex::new((0, Instant::now())))
+    }
+
+    /// How long no stream has been open; `None` while one is.
+    fn idle_for(&self) -> Option<Duration> {
+        let (open, since) = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (open == 0).then(|| since.elapsed())
+    }
+}
+
+/// One open stream of [`OpenStreams`], until dropped.
+#[derive(Debug)]
+struct OpenStream(Arc<OpenStreams>);
+
+impl OpenStream {
+    fn new(streams: Arc<OpenStreams>) -> Self {
+        streams.0.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        Self(streams)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let mut state = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 = state.0.saturating_sub(1);
+        if state.0 == 0 {
+            state.1 = Instant::now();
+        }
+    }
+}
+
+/// A response body that keeps its stream counted as open.
+#[derive(Debug)]
+struct CountedBody {
+    body: Body,
+    _open: OpenStream,
+}
+
+impl HttpBody for CountedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -417,6 +606,106 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(TcpStream::connect(addr).await.is_err());
+    }
+
+    const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// An empty SETTINGS frame: with the preface, a client's whole handshake.
+    const EMPTY_SETTINGS: &[u8] = b"\0\0\0\x04\0\0\0\0\0";
+
+    #[tokio::test]
+    async fn a_client_with_prior_knowledge_gets_http2() {
+        let (addr, _stop) = start(LIMITS).await;
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .no_proxy()
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+            assert_eq!(response.version(), reqwest::Version::HTTP_2);
+            assert_eq!(response.text().await.unwrap(), "hi");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_http2_connection_without_streams_is_closed_after_the_header_read_timeout() {
+        let (addr, _stop) = start(LIMITS).await;
+        // Stuck in the handshake (the preface, no SETTINGS), and idle
+        // after a complete one.
+        for opening in [
+            HTTP2_PREFACE.to_vec(),
+            [HTTP2_PREFACE, EMPTY_SETTINGS].concat(),
+        ] {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            client.write_all(&opening).await.unwrap();
+            let started = std::time::Instant::now();
+            let closed = read_to_close(&mut client, Duration::from_secs(5)).await;
+            assert!(closed.is_some(), "still open 5 s after its preface");
+            assert!(started.elapsed() >= Duration::from_millis(250));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_preface_sent_a_byte_at_a_time_is_cut_off() {
+        let (addr, _stop) = start(LIMITS).await;
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        for byte in &HTTP2_PREFACE[..20] {
+            if slow.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let closed = read_to_close(&mut slow, Duration::from_secs(5)).await;
+        assert!(closed.is_some(), "a slow preface keeps its connection");
+    }
+
+    #[tokio::test]
+    async fn shutdown_sends_http2_clients_a_goaway_and_closes() {
+        let (addr, stop) = start(ConnectionLimits {
+            header_read_timeout: Duration::from_secs(30),
+            ..LIMITS
+        })
+        .await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(&[HTTP2_PREFACE, EMPTY_SETTINGS].concat())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.send_replace(true);
+        // hyper pings before its last GOAWAY: answer as a client does.
+        let mut frames = Vec::new();
+        let mut received = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match client.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => received.extend_from_slice(&buffer[..n]),
+                }
+                while received.len() >= 9 {
+                    let length = usize::from(received[0]) << 16
+                        | usize::from(received[1]) << 8
+                        | usize::from(received[2]);
+                    if received.len() < 9 + length {
+                        break;
+                    }
+                    let frame: Vec<u8> = received.drain(..9 + length).collect();
+                    frames.push(frame[3]);
+                    if frame[3] == 6 && frame[4] & 1 == 0 {
+                        let mut ack = frame.clone();
+                        ack[4] = 1;
+                        let _ = client.write_all(&ack).await;
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "open 5 s after shutdown; frames {frames:?}");
+        assert!(
+            frames.contains(&7),
+            "no GOAWAY among frame types {frames:?}"
+        );
     }
 
     #[tokio::test]

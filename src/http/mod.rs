@@ -14,6 +14,8 @@
 //! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
 //! - [`listener`], [`event_stream`]: the accept loop; watch streams are
 //!   written straight to their sockets.
+//! - [`tls`]: a listener's serving certificate, read again when its files
+//!   change.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //! - `state`: [`AppState`] (what every handler shares), [`Limits`],
 //!   [`ApiToken`]; `headers`: headers on every answer.
@@ -39,6 +41,7 @@ pub mod problem;
 mod router;
 mod server;
 mod state;
+pub mod tls;
 pub mod watch;
 
 pub use auth::Caller;

@@ -15,6 +15,7 @@ use super::listener::ConnectionLimits;
 use super::router::{cors, router};
 use super::state::ApiToken;
 use super::state::{AppState, Limits};
+use super::tls::{ALPN_H2, ALPN_HTTP1, CertificateFiles};
 use super::{admin, listener};
 use crate::jwt::{JwtSettings, Verifier};
 use crate::locks::LockSettings;
@@ -41,6 +42,8 @@ pub struct ServeSettings {
     pub api_token: Option<ApiToken>,
     /// JWTs the key API accepts as bearer tokens (beside the API token).
     pub jwt: Option<JwtSettings>,
+    /// The key API's serving certificate: TLS (HTTP/2 by ALPN) when given.
+    pub api_tls: Option<CertificateFiles>,
     /// How long in-flight requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Watch limits and keep-alive.
@@ -66,6 +69,7 @@ impl Default for ServeSettings {
             limits: Limits::default(),
             api_token: None,
             jwt: None,
+            api_tls: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
@@ -110,9 +114,10 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
-    /// The JWT key set could not be loaded; the message names the setting.
+    /// The key API's certificate or key, or the JWT key set, cannot be
+    /// used; the message names the setting.
     #[error("{0}")]
-    Jwt(#[from] SettingError),
+    Setting(#[from] SettingError),
     /// A listener failed while serving.
     #[error("the {listener} listener failed: {source}")]
     Serve {
@@ -148,6 +153,11 @@ impl Server {
             None => None,
             Some(jwt) => Some(Verifier::start(jwt, metrics.clone())?),
         };
+        // Before the pool starts: a certificate that cannot be used stops here.
+        let acceptor = match &settings.api_tls {
+            Some(files) => Some(files.acceptor(&[ALPN_H2, ALPN_HTTP1])?),
+            None => None,
+        };
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
             pool,
@@ -172,19 +182,31 @@ impl Server {
         };
         let (stop_api, api_stopped) = watch::channel(false);
         let (stop_admin, admin_stopped) = watch::channel(false);
-        let api_task = tokio::spawn(listener::serve(
-            api_listener,
-            api,
-            limits,
-            stopped(api_stopped),
-        ));
+        let api_task = match acceptor {
+            Some(acceptor) => tokio::spawn(listener::serve_tls(
+                api_listener,
+                api,
+                limits,
+                acceptor,
+                // As long as a plain connection may stay silent.
+                settings.header_read_timeout,
+                stopped(api_stopped),
+            )),
+            None => tokio::spawn(listener::serve(
+                api_listener,
+                api,
+                limits,
+                stopped(api_stopped),
+            )),
+        };
         let admin_task = tokio::spawn(listener::serve(
             admin_listener,
             admin::router(state.clone()),
             admin_limits,
             stopped(admin_stopped),
         ));
-        tracing::info!(%api_addr, %admin_addr, "gateway listening");
+        let tls = settings.api_tls.is_some();
+        tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");
         Ok(Server {
             api_addr,
             admin_addr,

@@ -4,9 +4,9 @@
 //! after [`inject_object`] (the one implementation `inject` uses too).
 //! Anything else is allowed unchanged.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -19,19 +19,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::crypto::CryptoProvider;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
-use tokio_rustls::rustls::sign::CertifiedKey;
-use tokio_rustls::rustls::{self, ServerConfig};
 
 use crate::http::listener::{self, ConnectionLimits, MAX_HEADER_BYTES};
+use crate::http::tls::{ALPN_HTTP1, CertificateFiles};
 use crate::http::{BodyReadLimits, close_unless_body_read, read_body_first};
 
 use super::manifest::{Unannotated, inject_object};
 use super::values::SidecarValues;
-use crate::settings::{self, Setting, SettingError};
+use crate::settings::{self, SettingError};
 
 /// The largest AdmissionReview accepted. The API server sends the pod
 /// (objects are at most 1.5 MiB in etcd) and a little more.
@@ -207,19 +202,14 @@ pub async fn serve(
     values: SidecarValues,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WebhookError> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let resolver = Arc::new(ReloadingCertificate::load(
+    let files = CertificateFiles {
         cert_file,
         key_file,
-        provider.clone(),
-    )?);
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|error| SettingError::new(&settings::INJECTOR_TLS_CERT_FILE, error.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = TlsAcceptor::from(Arc::new(config));
+        cert_setting: &settings::INJECTOR_TLS_CERT_FILE,
+        key_setting: &settings::INJECTOR_TLS_KEY_FILE,
+    };
+    // The API server speaks HTTP/1.1 to webhooks.
+    let acceptor = files.acceptor(&[ALPN_HTTP1])?;
     let limits = ConnectionLimits {
         header_read_timeout: HEADER_READ_TIMEOUT,
         max_header_bytes: MAX_HEADER_BYTES,
@@ -235,123 +225,6 @@ pub async fn serve(
     )
     .await?;
     Ok(())
-}
-
-/// The serving certificate, read again when its files change.
-#[derive(Debug)]
-struct ReloadingCertificate {
-    cert_file: PathBuf,
-    key_file: PathBuf,
-    provider: Arc<CryptoProvider>,
-    current: Mutex<Loaded>,
-}
-
-#[derive(Debug)]
-struct Loaded {
-    key: Arc<CertifiedKey>,
-    modified: (Option<SystemTime>, Option<SystemTime>),
-    checked: std::time::Instant,
-}
-
-impl ReloadingCertificate {
-    fn load(
-        cert_file: PathBuf,
-        key_file: PathBuf,
-        provider: Arc<CryptoProvider>,
-    ) -> Result<Self, WebhookError> {
-        let modified = (modified(&cert_file), modified(&key_file));
-        let key = read_certified_key(&cert_file, &key_file, &provider)?;
-        Ok(Self {
-            cert_file,
-            key_file,
-            provider,
-            current: Mutex::new(Loaded {
-                key,
-                modified,
-                checked: std::time::Instant::now(),
-            }),
-        })
-    }
-}
-
-impl ResolvesServerCert for ReloadingCertificate {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.checked.elapsed() >= Duration::from_secs(1) {
-            current.checked = std::time::Instant::now();
-            let now = (modified(&self.cert_file), modified(&self.key_file));
-            if now != current.modified {
-                match read_certified_key(&self.cert_file, &self.key_file, &self.provider) {
-                    Ok(key) => {
-                        tracing::info!("serving certificate reloaded");
-                        current.key = key;
-                        current.modified = now;
-                    }
-                    // Half-written during a rotation, perhaps: keep the old
-                    // one and try again on a later handshake.
-                    Err(error) => tracing::warn!(%error, "cannot reload the serving certificate"),
-                }
-            }
-        }
-        Some(current.key.clone())
-    }
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-fn read_certified_key(
-    cert_file: &Path,
-    key_file: &Path,
-    provider: &CryptoProvider,
-) -> Result<Arc<CertifiedKey>, WebhookError> {
-    let tls = |setting: &Setting, path: &Path, message: String| {
-        WebhookError::Tls(SettingError::new(
-            setting,
-            format!("{} {message}", path.display()),
-        ))
-    };
-    let pem = std::fs::read(cert_file)
-        .map_err(|e| tls(&settings::INJECTOR_TLS_CERT_FILE, cert_file, e.to_string()))?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            tls(
-                &settings::INJECTOR_TLS_CERT_FILE,
-                cert_file,
-                format!("is not valid PEM: {e}"),
-            )
-        })?;
-    if chain.is_empty() {
-        return Err(tls(
-            &settings::INJECTOR_TLS_CERT_FILE,
-            cert_file,
-            "holds no certificate".into(),
-        ));
-    }
-    let pem = std::fs::read(key_file)
-        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-        tls(
-            &settings::INJECTOR_TLS_KEY_FILE,
-            key_file,
-            format!("holds no usable key: {e}"),
-        )
-    })?;
-    let key = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|e| tls(&settings::INJECTOR_TLS_KEY_FILE, key_file, e.to_string()))?;
-    let certified = CertifiedKey::new(chain, key);
-    certified.keys_match().map_err(|e| {
-        tls(
-            &settings::INJECTOR_TLS_KEY_FILE,
-            key_file,
-            format!("does not match the certificate: {e}"),
-        )
-    })?;
-    Ok(Arc::new(certified))
 }
 
 #[cfg(test)]

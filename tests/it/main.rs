@@ -34,6 +34,7 @@ mod pool;
 mod readme;
 mod scan;
 mod settings_table;
+mod tls;
 mod trace;
 mod watch;
 

@@ -110,6 +110,7 @@ declares its port; used by this chart's standalone Deployment.
 {{- include "statestore-gateway.checks" . -}}
 {{- $tls := include "statestore-gateway.useTls" . -}}
 {{- $sat := include "statestore-gateway.useSat" . -}}
+{{- $apiTls := include "statestore-gateway.apiTlsSecret" . -}}
 {{- $dir := "/var/run/secrets/statestore-gateway" -}}
 - name: statestore-gateway
   image: {{ include "statestore-gateway.image" . | quote }}
@@ -201,6 +202,12 @@ declares its port; used by this chart's standalone Deployment.
     - name: STATESTORE_GATEWAY_JWT_AUDIENCE
       value: {{ $g.jwt.audience | quote }}
     {{- end }}
+    {{- if $apiTls }}
+    - name: STATESTORE_GATEWAY_API_TLS_CERT_FILE
+      value: {{ $dir }}/api-tls/tls.crt
+    - name: STATESTORE_GATEWAY_API_TLS_KEY_FILE
+      value: {{ $dir }}/api-tls/tls.key
+    {{- end }}
     {{- if $v.emulator.enabled }}
     - name: AIO_BROKER_HOSTNAME
       value: {{ include "statestore-gateway.emulatorName" . | quote }}
@@ -277,7 +284,7 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.securityContext | nindent 4 }}
   {{- $jwksCa := and $g.jwt.jwksUrl $g.jwt.jwksCaConfigMap }}
   {{- $jwksToken := and $g.jwt.jwksUrl $g.jwt.jwksServiceAccountToken }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $g.jwt.jwksConfigMap $jwksCa $jwksToken }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $g.jwt.jwksConfigMap $jwksCa $jwksToken $apiTls }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -317,6 +324,11 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $jwksToken }}
     - name: statestore-gateway-jwks-token
       mountPath: {{ $dir }}/jwks-token
+      readOnly: true
+    {{- end }}
+    {{- if $apiTls }}
+    - name: statestore-gateway-api-tls
+      mountPath: {{ $dir }}/api-tls
       readOnly: true
     {{- end }}
   {{- end }}
@@ -398,4 +410,26 @@ blank line the first `if` leaves. */}}
           expirationSeconds: 3600
           path: token
 {{- end }}
+{{- with include "statestore-gateway.apiTlsSecret" . }}
+# Renewed in place (cert-manager, kubectl apply): the gateway reads it again.
+- name: statestore-gateway-api-tls
+  secret:
+    secretName: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+statestore-gateway.apiTlsSecret: the Secret holding the key API's serving
+certificate (standalone.tls.secretName, or the one cert-manager issues), or
+nothing. Only the standalone gateway serves TLS: extra key standalone (bool).
+*/}}
+{{- define "statestore-gateway.apiTlsSecret" -}}
+{{- if .standalone -}}
+{{- $t := .values.standalone.tls -}}
+{{- if .values.standalone.tls.secretName -}}
+{{- $t.secretName -}}
+{{- else if $t.certManager.enabled -}}
+{{- printf "%s-tls" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

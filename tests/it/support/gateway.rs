@@ -5,10 +5,12 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
+use statestore_gateway::http::tls::CertificateFiles;
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
 use statestore_gateway::jwt::JwtSettings;
 use statestore_gateway::locks::LockSettings;
@@ -53,6 +55,10 @@ pub struct GatewayOptions {
     pub max_batch_ops: usize,
     /// `--max-batch-bytes`
     pub max_batch_bytes: usize,
+    /// `--api-tls-cert-file` and `--api-tls-key-file`
+    pub api_tls: Option<(PathBuf, PathBuf)>,
+    /// `--header-read-timeout`
+    pub header_read_timeout: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -73,6 +79,8 @@ impl Default for GatewayOptions {
             max_in_flight: statestore_gateway::settings::DEFAULT_MAX_IN_FLIGHT,
             max_batch_ops: statestore_gateway::settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
+            api_tls: None,
+            header_read_timeout: statestore_gateway::settings::DEFAULT_HEADER_READ_TIMEOUT,
         }
     }
 }
@@ -139,7 +147,16 @@ impl Gateway {
             cors_allow_origins: options.cors_allow_origins.clone(),
             max_connections: options.max_connections,
             locks: options.locks,
-            ..ServeSettings::default()
+            api_tls: options
+                .api_tls
+                .as_ref()
+                .map(|(cert, key)| CertificateFiles {
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    cert_setting: &statestore_gateway::settings::API_TLS_CERT_FILE,
+                    key_setting: &statestore_gateway::settings::API_TLS_KEY_FILE,
+                }),
+            header_read_timeout: options.header_read_timeout,
         }
         // Every timeout that follows the request timeout, as `serve` has them.
         .with_request_timeout(options.request_timeout);

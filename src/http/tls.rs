@@ -1,0 +1,266 @@
+//! A listener's TLS: the serving certificate and key from PEM files, read
+//! again when either file changes (cert-manager and Kubernetes Secret
+//! mounts renew them in place), without a restart. The key API and the
+//! admission webhook share it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::crypto::CryptoProvider;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+
+use crate::settings::{Setting, SettingError};
+
+/// How often a handshake may look at the files' modification times.
+const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The ALPN name of HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
+/// The ALPN name of HTTP/1.1.
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// A serving certificate's two files and the settings that name them (for
+/// the errors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFiles {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// The setting naming `cert_file`.
+    pub cert_setting: &'static Setting,
+    /// The setting naming `key_file`.
+    pub key_setting: &'static Setting,
+}
+
+impl CertificateFiles {
+    /// Both files, or neither: one alone is a mistake, named by the
+    /// setting that is missing.
+    pub fn pair(
+        cert_file: Option<&Path>,
+        key_file: Option<&Path>,
+        cert_setting: &'static Setting,
+        key_setting: &'static Setting,
+    ) -> Result<Option<Self>, SettingError> {
+        let missing = |given: &Setting, missing: &Setting| {
+            SettingError::new(
+                missing,
+                format!("{} is set: give both files or neither", given.flag),
+            )
+        };
+        match (cert_file, key_file) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(missing(cert_setting, key_setting)),
+            (None, Some(_)) => Err(missing(key_setting, cert_setting)),
+            (Some(cert), Some(key)) => Ok(Some(Self {
+                cert_file: cert.to_owned(),
+                key_file: key.to_owned(),
+                cert_setting,
+                key_setting,
+            })),
+        }
+    }
+
+    /// Reads and checks both files now (readable, PEM, a key that matches
+    /// the certificate), so that a bad one stops the process at start.
+    pub fn check(&self) -> Result<(), SettingError> {
+        read_certified_key(self, &provider()).map(drop)
+    }
+
+    /// A TLS acceptor serving this certificate (TLS 1.2 and 1.3), read
+    /// again when its files change, offering `alpn` in order of preference.
+    pub fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor, SettingError> {
+        let provider = provider();
+        let resolver = Arc::new(ReloadingCertificate::load(self.clone(), provider.clone())?);
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|error| SettingError::new(self.cert_setting, error.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver);
+        config.alpn_protocols = alpn.iter().map(|name| name.to_vec()).collect();
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// The serving certificate, read again when its files change.
+#[derive(Debug)]
+struct ReloadingCertificate {
+    files: CertificateFiles,
+    provider: Arc<CryptoProvider>,
+    current: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    modified: (Option<SystemTime>, Option<SystemTime>),
+    checked: Instant,
+}
+
+impl ReloadingCertificate {
+    fn load(files: CertificateFiles, provider: Arc<CryptoProvider>) -> Result<Self, SettingError> {
+        let modified = files.modified();
+        let key = read_certified_key(&files, &provider)?;
+        Ok(Self {
+            files,
+            provider,
+            current: Mutex::new(Loaded {
+                key,
+                modified,
+                checked: Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ResolvesServerCert for ReloadingCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.checked.elapsed() >= RELOAD_CHECK_INTERVAL {
+            current.checked = Instant::now();
+            let now = self.files.modified();
+            if now != current.modified {
+                match read_certified_key(&self.files, &self.provider) {
+                    Ok(key) => {
+                        tracing::info!(
+                            cert_file = %self.files.cert_file.display(),
+                            "serving certificate reloaded"
+                        );
+                        current.key = key;
+                        current.modified = now;
+                    }
+                    // Half-written during a rotation, perhaps: keep the old
+                    // one and try again on a later handshake.
+                    Err(error) => tracing::warn!(%error, "cannot reload the serving certificate"),
+                }
+            }
+        }
+        Some(current.key.clone())
+    }
+}
+
+impl CertificateFiles {
+    fn modified(&self) -> (Option<SystemTime>, Option<SystemTime>) {
+        (modified(&self.cert_file), modified(&self.key_file))
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn read_certified_key(
+    files: &CertificateFiles,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, SettingError> {
+    let (cert_file, key_file) = (&files.cert_file, &files.key_file);
+    let cert_error = |message: String| {
+        SettingError::new(
+            files.cert_setting,
+            format!("{} {message}", cert_file.display()),
+        )
+    };
+    let key_error = |message: String| {
+        SettingError::new(
+            files.key_setting,
+            format!("{} {message}", key_file.display()),
+        )
+    };
+    let pem = std::fs::read(cert_file).map_err(|e| cert_error(format!("cannot be read: {e}")))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| cert_error(format!("is not valid PEM: {e}")))?;
+    if chain.is_empty() {
+        return Err(cert_error("holds no certificate".into()));
+    }
+    let pem = std::fs::read(key_file).map_err(|e| key_error(format!("cannot be read: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| key_error(format!("holds no usable key: {e}")))?;
+    let key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| key_error(e.to_string()))?;
+    let certified = CertifiedKey::new(chain, key);
+    certified
+        .keys_match()
+        .map_err(|e| key_error(format!("does not match the certificate: {e}")))?;
+    Ok(Arc::new(certified))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings;
+
+    fn pem_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let cert_file = dir.join(format!("{name}.crt"));
+        let key_file = dir.join(format!("{name}.key"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert_file, key_file)
+    }
+
+    fn files(cert: &Path, key: &Path) -> CertificateFiles {
+        CertificateFiles::pair(
+            Some(cert),
+            Some(key),
+            &settings::API_TLS_CERT_FILE,
+            &settings::API_TLS_KEY_FILE,
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    #[test]
+    fn one_file_of_the_pair_names_the_other() {
+        let only_cert = CertificateFiles::pair(
+            Some(Path::new("c")),
+            None,
+            &settings::API_TLS_CERT_FILE,
+            &settings::API_TLS_KEY_FILE,
+        )
+        .unwrap_err();
+        assert_eq!(only_cert.setting, settings::API_TLS_KEY_FILE.flag);
+        let only_key = CertificateFiles::pair(
+            None,
+            Some(Path::new("k")),
+            &settings::API_TLS_CERT_FILE,
+            &settings::API_TLS_KEY_FILE,
+        )
+        .unwrap_err();
+        assert_eq!(only_key.setting, settings::API_TLS_CERT_FILE.flag);
+    }
+
+    #[test]
+    fn unusable_files_name_their_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = pem_pair(dir.path(), "a");
+        let (_, other_key) = pem_pair(dir.path(), "b");
+        files(&cert, &key).check().unwrap();
+        let missing = dir.path().join("missing.crt");
+        let error = files(&missing, &key).check().unwrap_err();
+        assert_eq!(error.setting, settings::API_TLS_CERT_FILE.flag);
+        assert!(error.message.contains("cannot be read"), "{error}");
+        // A certificate where the key should be, and a key of another pair.
+        let error = files(&cert, &cert).check().unwrap_err();
+        assert_eq!(error.setting, settings::API_TLS_KEY_FILE.flag);
+        let error = files(&cert, &other_key).check().unwrap_err();
+        assert!(error.message.contains("does not match"), "{error}");
+        let error = files(&key, &key).check().unwrap_err();
+        assert!(error.message.contains("holds no certificate"), "{error}");
+    }
+}
