@@ -255,6 +255,26 @@ impl Locks {
         if request.wait.is_zero() {
             return self.refused(request).await;
         }
+        // With span export, the wait is one span (its SETs under it) that
+        // ends with how the wait ended; dropped (the client left):
+        // `cancelled`.
+        let Some(span) = trace::Span::internal("lock wait") else {
+            return self.wait(request, deadline).await;
+        };
+        let context = span.context().clone();
+        let waited = trace::scope(Some(context), self.wait(request, deadline)).await;
+        match &waited {
+            Ok(Acquired::Held(_)) => span.end_with("acquired", None),
+            Ok(Acquired::Refused(_)) => span.end_with("timeout", None),
+            Err(LockError::Watch(WatchError::ShuttingDown)) => span.end_with("shutting_down", None),
+            Err(_) => span.end_with("error", Some("lock_error")),
+        }
+        waited
+    }
+
+    /// Waits in the lock's line until `deadline` for the lock to be free,
+    /// and takes it.
+    async fn wait(&self, request: &Acquire, deadline: Instant) -> Result<Acquired, LockError> {
         let mut place = self.join(&request.name);
         // Our turn: we are the head of the line.
         if tokio::time::timeout_at(deadline, place.turn.notified())

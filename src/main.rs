@@ -14,6 +14,7 @@ use statestore_gateway::http::{Server, termination_signal};
 use statestore_gateway::inject::{manifest, webhook};
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::settings::SettingError;
+use statestore_gateway::trace::{self, ExportError};
 
 /// jemalloc instead of glibc's malloc: after a burst (10,000 watchers come
 /// and go) glibc kept the memory for good; jemalloc, with the settings in
@@ -42,6 +43,10 @@ fn main() {
             eprintln!("statestore-gateway: {setting}");
             std::process::exit(EXIT_BAD_SETTING);
         }
+        if let Some(setting) = error.chain().find_map(|e| e.downcast_ref::<ExportError>()) {
+            eprintln!("statestore-gateway: {setting}");
+            std::process::exit(EXIT_BAD_SETTING);
+        }
         eprintln!("Error: {error:?}");
         std::process::exit(1);
     }
@@ -51,11 +56,19 @@ fn main() {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     let settings = args.settings()?;
-    serve_runtime()?.block_on(async move {
-        let server = Server::start(settings, Metrics::new()).await?;
+    let metrics = Metrics::new();
+    // Span export, when the OTEL_* variables ask for it.
+    let exporter = trace::start_export(|name| std::env::var(name).ok(), &metrics)?;
+    let served = serve_runtime()?.block_on(async move {
+        let server = Server::start(settings, metrics).await?;
         server.run_until(termination_signal()).await?;
         anyhow::Ok(())
-    })
+    });
+    // Off the runtime: sends the spans still queued, bounded by a timeout.
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
+    served
 }
 
 /// `emulator`: serve the store until SIGTERM/SIGINT, then disconnect cleanly.

@@ -96,6 +96,10 @@ pub struct Families {
     /// JWT key set loads by outcome: `changed` (a new set installed) or
     /// `failed` (the previous set stays).
     pub jwks_updates: IntCounterVec,
+    /// Spans that never reached the collector, by reason: `queue_full`
+    /// (the export queue was full), `export_failed` (the collector did not
+    /// take their batch).
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -231,6 +235,7 @@ impl Metrics {
             batch_size: batch_size.expect("valid metric"),
             auth_failures: auth_failures.expect("valid metric"),
             jwks_updates: jwks_updates.expect("valid metric"),
+            trace_spans_dropped: trace_spans_dropped(),
             registry,
         };
         families.register_all();
@@ -247,7 +252,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 27] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 28] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -275,6 +280,7 @@ impl Families {
             Box::new(self.batch_size.clone()),
             Box::new(self.auth_failures.clone()),
             Box::new(self.jwks_updates.clone()),
+            Box::new(self.trace_spans_dropped.clone()),
         ];
         for collector in collectors {
             // Names are distinct constants, so registration cannot collide.
@@ -291,6 +297,22 @@ impl Default for Metrics {
 
 fn gauge(name: &str, help: &str) -> IntGauge {
     IntGauge::new(name, help).expect("valid metric")
+}
+
+/// Spans dropped, with both reasons at zero from the start.
+fn trace_spans_dropped() -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "trace_spans_dropped_total",
+            "Spans not exported: the export queue was full, or the collector did not take them",
+        ),
+        &["reason"],
+    )
+    .expect("valid metric");
+    for reason in ["queue_full", "export_failed"] {
+        family.with_label_values(&[reason]);
+    }
+    family
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -336,6 +358,7 @@ mod tests {
             "statestore_gateway_watch_pattern_keys 0",
             "statestore_gateway_watch_rescans_total 0",
             "statestore_gateway_watch_rescan_duration_seconds_count 0",
+            "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -34,7 +34,8 @@ use thiserror::Error;
 /// One setting: how the command line, the environment and the chart name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setting {
-    /// The flag, `--pool-size`.
+    /// The flag, `--pool-size`; empty for a variable without one (span
+    /// export's standard `OTEL_*` variables, [`SERVE_ENV`]).
     pub flag: &'static str,
     /// Its environment variable.
     pub env: &'static str,
@@ -460,6 +461,52 @@ pub const SERVE: &[&Setting] = &[
     &MQTT_CLIENT_ID,
     &MQTT_KEEP_ALIVE,
     &MQTT_SESSION_EXPIRY,
+];
+
+// `serve`'s span export: the OpenTelemetry SDKs' standard variables, read
+// from the environment only (no flags). The other `OTEL_*` variables the
+// README's "Tracing" names (`OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`, ...)
+// are left to the chart's `gateway.extraEnv`.
+
+/// Where spans go (export is off without it); the signal-specific
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` wins over it.
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: Setting = Setting {
+    flag: "",
+    env: "OTEL_EXPORTER_OTLP_ENDPOINT",
+    default: "",
+    helm: Helm::Own("tracing.otlpEndpoint"),
+};
+
+/// Which traces are sampled.
+pub const OTEL_TRACES_SAMPLER: Setting = Setting {
+    flag: "",
+    env: "OTEL_TRACES_SAMPLER",
+    default: "parentbased_always_on",
+    helm: Helm::Default("tracing.sampler"),
+};
+
+/// The ratio of the `traceidratio` samplers.
+pub const OTEL_TRACES_SAMPLER_ARG: Setting = Setting {
+    flag: "",
+    env: "OTEL_TRACES_SAMPLER_ARG",
+    default: "",
+    helm: Helm::Own("tracing.samplerArg"),
+};
+
+/// The service name of the spans' resource.
+pub const OTEL_SERVICE_NAME: Setting = Setting {
+    flag: "",
+    env: "OTEL_SERVICE_NAME",
+    default: "statestore-gateway",
+    helm: Helm::None,
+};
+
+/// The variables of `serve` that have no flag.
+pub const SERVE_ENV: &[&Setting] = &[
+    &OTEL_EXPORTER_OTLP_ENDPOINT,
+    &OTEL_TRACES_SAMPLER,
+    &OTEL_TRACES_SAMPLER_ARG,
+    &OTEL_SERVICE_NAME,
 ];
 
 // `emulator`.

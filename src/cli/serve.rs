@@ -407,7 +407,17 @@ pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
             let first = text.lines().next().unwrap_or_default();
             first.trim_start_matches("error: ").to_owned()
         })?;
-    args.settings().map(drop).map_err(|error| error.to_string())
+    args.settings().map_err(|error| error.to_string())?;
+    // Span export's variables, which have no flags.
+    let value_of = |name: &str| {
+        vars.iter()
+            .rev()
+            .find(|(var, _)| var == name)
+            .map(|(_, value)| value.clone())
+    };
+    crate::trace::ExportSettings::from_env(value_of)
+        .map(drop)
+        .map_err(|error| error.to_string())
 }
 
 /// Reads a token file: trailing line breaks are dropped (editors and

@@ -78,8 +78,8 @@ fn log_path(path: &str) -> &str {
 }
 
 /// Counts every request by route template, method and status, times it,
-/// runs it in the caller's trace context (its log lines in a span with
-/// `trace_id` and `span_id`), and writes one log line per failure with the cause the error left in
+/// runs it in the caller's trace context or, with span export, under its
+/// server span (its log lines in a span with `trace_id` and `span_id`), and writes one log line per failure with the cause the error left in
 /// the response; an answer given before the request's body was read says
 /// so ([`BodyWatch`]).
 async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
@@ -92,8 +92,19 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     let (request, body_watch) = BodyWatch::start(request);
     let started = Instant::now();
     // The caller's trace context goes on to every store request this one
-    // causes; without a `traceparent` nothing is allocated.
-    let (mut response, span) = match TraceContext::from_headers(request.headers()) {
+    // causes; without a `traceparent` nothing is allocated. With span
+    // export, the server span's context goes on instead (when sampled).
+    let incoming = TraceContext::from_headers(request.headers());
+    let server = trace::Span::server(
+        incoming.as_ref(),
+        method,
+        matched.as_ref().map(MatchedPath::as_str),
+    );
+    let context = server
+        .as_ref()
+        .map(|span| span.context().clone())
+        .or(incoming);
+    let (mut response, span) = match context {
         None => (next.run(request).await, tracing::Span::none()),
         Some(context) => traced(context, next.run(request)).await,
     };
@@ -101,6 +112,10 @@ async fn observe(State(metrics): State<Metrics>, request: Request, next: Next) -
     body_watch.finish(&mut response);
     let elapsed = started.elapsed();
     let status = response.status();
+    // A watch's span ends here, once its stream is set up.
+    if let Some(server) = server {
+        server.end_http(status.as_u16());
+    }
     metrics
         .http_requests
         .with_label_values(&[route, method, status.as_str()])

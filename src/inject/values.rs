@@ -26,10 +26,11 @@ pub const INJECT_ANNOTATION: &str = "statestore-gateway/inject";
 /// Top-level sections of the chart's values that the sidecar templates
 /// read; a values file may hold others (the chart's whole `values.yaml`),
 /// which are ignored.
-const SIDECAR_SECTIONS: [&str; 8] = [
+const SIDECAR_SECTIONS: [&str; 9] = [
     "image",
     "gateway",
     "broker",
+    "tracing",
     "sidecar",
     "probes",
     "resources",
@@ -306,6 +307,8 @@ pub struct Sidecar {
     pub gateway: Gateway,
     /// `broker.*`
     pub broker: Broker,
+    /// `tracing.*`
+    pub tracing: Tracing,
     /// `sidecar.*`
     pub sidecar: Placement,
     /// `probes.*`
@@ -404,6 +407,18 @@ pub struct Broker {
     pub client_id: String,
     pub keep_alive: u64,
     pub session_expiry: u64,
+}
+
+/// `tracing.*`: span export (the `OTEL_*` variables).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tracing {
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; empty: no export.
+    pub otlp_endpoint: String,
+    /// `OTEL_TRACES_SAMPLER`.
+    pub sampler: String,
+    /// `OTEL_TRACES_SAMPLER_ARG`; empty: left out.
+    pub sampler_arg: String,
 }
 
 /// `broker.tls.*`
@@ -618,6 +633,14 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
         var(env::MQTT_KEEP_ALIVE.env, b.keep_alive.to_string()),
         var(env::MQTT_SESSION_EXPIRY.env, b.session_expiry.to_string()),
     ]);
+    let t = &sidecar.tracing;
+    if !t.otlp_endpoint.is_empty() {
+        vars.push(var(env::OTEL_EXPORTER_OTLP_ENDPOINT.env, &t.otlp_endpoint));
+    }
+    vars.push(var(env::OTEL_TRACES_SAMPLER.env, &t.sampler));
+    if !t.sampler_arg.is_empty() {
+        vars.push(var(env::OTEL_TRACES_SAMPLER_ARG.env, &t.sampler_arg));
+    }
     vars.extend(g.extra_env.iter().cloned());
     vars
 }
@@ -649,7 +672,7 @@ mod tests {
         let sidecar = values.sidecar().unwrap();
         let rendered = container_env(&sidecar);
         let tree = Value::Object(values.tree().clone());
-        for row in table::SERVE {
+        for row in table::SERVE.iter().chain(table::SERVE_ENV) {
             let (Helm::Default(path) | Helm::Own(path)) = row.helm else {
                 continue;
             };
@@ -758,6 +781,13 @@ mod tests {
             (&["gateway.poolSize=65"][..], "--pool-size"),
             (&["gateway.requestTimeout=0s"][..], "--request-timeout"),
             (&["gateway.maxConnections=0"][..], "--max-connections"),
+            (
+                &[
+                    "tracing.otlpEndpoint=http://collector:4318",
+                    "tracing.sampler=sometimes",
+                ][..],
+                "OTEL_TRACES_SAMPLER",
+            ),
         ] {
             let error = values(sets).unwrap().sidecar().unwrap_err().to_string();
             assert!(error.contains(says), "{sets:?}: {error}");

@@ -392,8 +392,16 @@ impl Pool {
         read: impl FnOnce(StoreResponse) -> T,
     ) -> Result<T, PoolError> {
         let started = std::time::Instant::now();
-        let result = self.exchange(target, request, options).await.map(read);
-        self.record(request, &result, started.elapsed());
+        // With span export, the request's client span (`None` otherwise).
+        let mut span = trace::Span::store(request.verb());
+        let result = self
+            .exchange(target, request, options, span.as_mut())
+            .await
+            .map(read);
+        let (outcome, error_kind) = self.record(request, &result, started.elapsed());
+        if let Some(span) = span {
+            span.end_with(outcome, error_kind);
+        }
         result
     }
 
@@ -402,19 +410,35 @@ impl Pool {
         target: Option<usize>,
         request: &Request,
         options: &RequestOptions,
+        span: Option<&mut trace::Span>,
     ) -> Result<StoreResponse, PoolError> {
         if self.inner.shutting_down.load(Ordering::Acquire) {
             return Err(PoolError::ShuttingDown);
         }
+        let acquiring = span.is_some().then(std::time::Instant::now);
         let mut slot = self.acquire(target).await?;
         let member = slot.member.clone();
+        let propagated = match (span, acquiring) {
+            (Some(span), Some(acquiring)) => {
+                span.set_member(member.index, &member.client_id, acquiring.elapsed());
+                Some(&*span)
+            }
+            _ => None,
+        };
         let correlation: CorrelationId = rand::random();
         let stamp = self.inner.clock.now();
         if stamp.fell_back {
             self.inner.ctx.metrics.clock_fallbacks.inc();
         }
         let timestamp = stamp.hlc;
-        let properties = self.properties(&member, request, options, &timestamp, correlation);
+        let properties = self.properties(
+            &member,
+            request,
+            options,
+            &timestamp,
+            correlation,
+            propagated.map(trace::Span::context),
+        );
         let payload = Bytes::from(request.encode());
 
         let max = member
@@ -539,7 +563,9 @@ impl Pool {
         Err(PoolError::Overloaded)
     }
 
-    /// The request's MQTT properties, in the SDK's order.
+    /// The request's MQTT properties, in the SDK's order. `traced`: the
+    /// request's own span's context, which goes out instead of the
+    /// current one.
     fn properties(
         &self,
         member: &Member,
@@ -547,6 +573,7 @@ impl Pool {
         options: &RequestOptions,
         timestamp: &Hlc,
         correlation: CorrelationId,
+        traced: Option<&trace::TraceContext>,
     ) -> PublishProperties {
         let mut user_properties = Vec::with_capacity(9);
         if let Some(token) = &options.fencing_token {
@@ -567,12 +594,18 @@ impl Pool {
             (property::HIGH_PRIORITY.to_owned(), String::new()),
         ]);
         // The HTTP request's trace context, if it has one.
-        trace::with_current(|context| {
+        let mut propagate = |context: &trace::TraceContext| {
             user_properties.push((trace::TRACEPARENT.to_owned(), context.traceparent()));
             if let Some(state) = context.tracestate() {
                 user_properties.push((trace::TRACESTATE.to_owned(), state.to_owned()));
             }
-        });
+        };
+        match traced {
+            Some(context) => propagate(context),
+            None => {
+                trace::with_current(propagate);
+            }
+        }
         PublishProperties {
             // The SDK leaves the indicator out for bytes (= 0, unspecified).
             payload_format_indicator: None,
@@ -627,12 +660,14 @@ impl Pool {
         Ok(StoreResponse { reply, version })
     }
 
+    /// Records a request in the metrics; returns its outcome and error
+    /// kind (for its span).
     fn record<T: Labelled>(
         &self,
         request: &Request,
         result: &Result<T, PoolError>,
         elapsed: Duration,
-    ) {
+    ) -> (&'static str, Option<&'static str>) {
         let metrics = &self.inner.ctx.metrics;
         let (outcome, error_kind) = match result {
             Ok(read) => (read.outcome(), read.store_error()),
@@ -645,6 +680,7 @@ impl Pool {
             .store_latency
             .with_label_values(&[request.verb(), outcome])
             .observe(elapsed.as_secs_f64());
+        (outcome, error_kind)
     }
 }
 

@@ -33,6 +33,9 @@ pub struct TraceContext {
     parent_id: [u8; 8],
     flags: u8,
     state: Option<Arc<str>>,
+    /// The parent is a span this gateway exports (see [`super::Span`]):
+    /// store requests under it get spans of their own.
+    exported: bool,
 }
 
 impl fmt::Debug for TraceContext {
@@ -98,7 +101,40 @@ impl TraceContext {
             parent_id,
             flags,
             state: parse_state(tracestate),
+            exported: false,
         })
+    }
+
+    /// The context under a span this gateway exports, with the caller's
+    /// `tracestate`.
+    pub(super) fn of_span(
+        trace_id: [u8; 16],
+        span_id: [u8; 8],
+        flags: u8,
+        state: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            trace_id,
+            parent_id: span_id,
+            flags,
+            state,
+            exported: true,
+        }
+    }
+
+    /// Whether the parent is a span this gateway exports.
+    pub fn exported(&self) -> bool {
+        self.exported
+    }
+
+    /// The trace flags (bit 0: sampled).
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
+    /// The `tracestate`, shared.
+    pub(super) fn state(&self) -> Option<Arc<str>> {
+        self.state.clone()
     }
 
     /// The trace id.
@@ -129,7 +165,8 @@ impl TraceContext {
     }
 
     /// A span for the request's log lines, with `trace_id` and `span_id`
-    /// (the caller's span: the one the store requests name as parent).
+    /// (the parent span: the gateway's server span when spans are
+    /// exported, else the caller's).
     pub fn log_span(&self) -> tracing::Span {
         let mut trace_id = String::with_capacity(32);
         push_hex(&mut trace_id, &self.trace_id);

@@ -12,66 +12,39 @@
 //!
 //! A request without a `traceparent` runs outside any scope: nothing is
 //! allocated and the pool adds nothing.
+//!
+//! With span export on ([`start_export`]: an `OTEL_EXPORTER_OTLP_*ENDPOINT`
+//! is set), the HTTP layer runs a request under its server [`Span`]'s
+//! context instead, and the pool gives each store request a client span
+//! whose id goes out as the `traceparent`'s parent.
 
 mod context;
+mod current;
+mod export;
+mod span;
 
 pub use context::{TRACEPARENT, TRACESTATE, TraceContext};
+pub use current::{current, inherit, scope, with_current};
+pub use export::{DEFAULT_SERVICE_NAME, ExportError, ExportSettings, Exporter, SamplerSetting};
+pub use span::{Span, exporting};
 
-use std::future::Future;
-
-use futures_util::future::Either;
-
-tokio::task_local! {
-    static CURRENT: TraceContext;
-}
-
-/// The trace context of the request this task is serving, if it has one.
-pub fn current() -> Option<TraceContext> {
-    CURRENT.try_with(TraceContext::clone).ok()
-}
-
-/// Calls `f` with the current trace context, without cloning it.
-pub fn with_current<R>(f: impl FnOnce(&TraceContext) -> R) -> Option<R> {
-    CURRENT.try_with(f).ok()
-}
-
-/// Runs `future` with `context` as its trace context (`None`: as it is).
-pub fn scope<F: Future>(
-    context: Option<TraceContext>,
-    future: F,
-) -> impl Future<Output = F::Output> {
-    match context {
-        Some(context) => Either::Left(CURRENT.scope(context, future)),
-        None => Either::Right(future),
+/// Starts span export when `env` (the process's variables, by name) asks
+/// for it; `None` when no endpoint is set. Once per process: the spans of
+/// every request go to this exporter.
+pub fn start_export(
+    env: impl Fn(&str) -> Option<String>,
+    metrics: &crate::metrics::Metrics,
+) -> Result<Option<Exporter>, ExportError> {
+    let Some(settings) = ExportSettings::from_env(env)? else {
+        return Ok(None);
+    };
+    let (exporter, tracer) = Exporter::start(&settings, metrics)?;
+    if !span::install(tracer) {
+        return Err(ExportError {
+            name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+            message: "span export was started twice".into(),
+        });
     }
-}
-
-/// `future` with the caller's trace context, for a task it spawns.
-pub fn inherit<F: Future>(future: F) -> impl Future<Output = F::Output> {
-    scope(current(), future)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn context() -> TraceContext {
-        TraceContext::parse(
-            b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            std::iter::empty(),
-        )
-        .unwrap()
-    }
-
-    #[tokio::test]
-    async fn scope_sets_the_context_for_its_future_and_spawned_inheritors() {
-        assert!(current().is_none());
-        let seen = scope(Some(context()), async {
-            let inner = tokio::spawn(inherit(async { current() }));
-            (current(), inner.await.unwrap())
-        })
-        .await;
-        assert_eq!(seen, (Some(context()), Some(context())));
-        assert!(scope(None, async { current() }).await.is_none());
-    }
+    tracing::info!(endpoint = %settings.endpoint, "exporting spans");
+    Ok(Some(exporter))
 }

@@ -98,6 +98,7 @@ fn schema_at<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
 fn chart_rows() -> impl Iterator<Item = (&'static Setting, &'static str)> {
     settings::SERVE
         .iter()
+        .chain(settings::SERVE_ENV)
         .copied()
         .filter_map(|row| row.helm.path().map(|path| (row, path)))
 }
@@ -156,5 +157,30 @@ fn the_charts_templates_and_readme_name_every_chart_setting() {
             "the chart's README does not document {path} ({})",
             row.flag
         );
+    }
+}
+
+#[test]
+fn the_readmes_tracing_section_names_every_variable_without_a_flag() {
+    let readme = read("README.md");
+    let tracing = readme
+        .split_once("## Tracing")
+        .expect("the README has ## Tracing")
+        .1;
+    let tracing = tracing.split("\n## ").next().unwrap();
+    for row in settings::SERVE_ENV {
+        assert!(
+            tracing.contains(&format!("`{}`", row.env)),
+            "the README's Tracing section does not name {}",
+            row.env
+        );
+        if !row.default.is_empty() {
+            assert!(
+                tracing.contains(&format!("`{}`", row.default)),
+                "the README's Tracing section does not give {}'s default {}",
+                row.env,
+                row.default
+            );
+        }
     }
 }

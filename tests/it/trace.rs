@@ -1,16 +1,20 @@
 //! W3C Trace Context over the real stack: a client on mosquitto listening
 //! on the store's request topic reads the user properties of the requests
-//! each HTTP request causes.
+//! each HTTP request causes; with span export on, a real OTLP/HTTP
+//! receiver gets the gateway's spans.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use statestore_gateway::protocol::{REQUEST_TOPIC, Request};
 
-use crate::support::emulator::{RawClient, WAIT, user_property};
+use crate::support::emulator::{RawClient, WAIT, start_emulator, user_property};
 use crate::support::gateway::{Gateway, Stack, encode, http_client};
+use crate::support::gateway_process::GatewayProcess;
+use crate::support::otlp::{OtlpReceiver, ReceivedSpan};
+use crate::support::{Mosquitto, free_port};
 
 const TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
 
@@ -23,8 +27,8 @@ fn traceparent(n: u8) -> String {
 struct Spy(RawClient);
 
 impl Spy {
-    async fn start(stack: &Stack) -> Self {
-        let mut spy = RawClient::connect(&stack.broker, "trace-spy").await;
+    async fn start(broker: &Mosquitto) -> Self {
+        let mut spy = RawClient::connect(broker, "trace-spy").await;
         spy.client
             .subscribe(REQUEST_TOPIC, QoS::AtLeastOnce)
             .await
@@ -105,7 +109,7 @@ fn traced(
 async fn every_store_request_carries_the_callers_trace_context() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let mut spy = Spy::start(&stack).await;
+    let mut spy = Spy::start(&stack.broker).await;
     use reqwest::Method;
 
     let put = traced(gw, Method::PUT, "/keys/traced", 1).body("v");
@@ -199,7 +203,7 @@ async fn every_store_request_carries_the_callers_trace_context() {
 async fn without_a_valid_traceparent_store_requests_carry_none() {
     let stack = Stack::start().await;
     let gw = &stack.gateway;
-    let mut spy = Spy::start(&stack).await;
+    let mut spy = Spy::start(&stack.broker).await;
 
     let plain = gw.put(b"untraced", "v").await;
     assert!(plain.status().is_success());
@@ -224,5 +228,266 @@ async fn without_a_valid_traceparent_store_requests_carry_none() {
     for publish in &seen {
         assert_eq!(user_property(publish, "traceparent"), None);
         assert_eq!(user_property(publish, "tracestate"), None);
+    }
+}
+
+/// Span export settings for a test: batches go out within 100 ms.
+fn export_env(endpoint: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment.name=test,host.name=gw-test",
+        ),
+    ]
+}
+
+/// The spans of trace `trace_id` (hex).
+fn of_trace<'a>(spans: &'a [ReceivedSpan], trace_id: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.trace_id() == trace_id).collect()
+}
+
+/// The one span named `name` among `spans`.
+fn named<'a>(spans: &[&'a ReceivedSpan], name: &str) -> &'a ReceivedSpan {
+    let found: Vec<_> = spans.iter().filter(|s| s.span.name == name).collect();
+    assert_eq!(found.len(), 1, "one {name} span in {spans:#?}");
+    found[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_spans_chain_the_caller_the_request_and_its_store_requests() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let receiver = OtlpReceiver::start().await;
+    let endpoint = receiver.endpoint();
+    let gateway = GatewayProcess::start_with_env(broker.port(), &[], &export_env(&endpoint)).await;
+    let mut spy = Spy::start(&broker).await;
+    let caller_span = "b7ad6b7169203331";
+
+    // A sampled caller: server span under the caller's, client span under it.
+    let put = gateway
+        .http
+        .put(gateway.url("/keys/exported"))
+        .header("traceparent", traceparent(1))
+        .header("tracestate", TRACESTATE)
+        .body("v");
+    assert_eq!(put.send().await.unwrap().status(), 200);
+    let trace_1 = format!("{:032x}", 1);
+    let spans = receiver
+        .spans_until(WAIT, |spans| of_trace(spans, &trace_1).len() >= 2)
+        .await;
+    let spans = of_trace(&spans, &trace_1);
+    let server = named(&spans, "PUT /keys/{*key}");
+    assert_eq!(server.parent_id(), caller_span);
+    assert_eq!(server.span.kind, 2, "SPAN_KIND_SERVER");
+    assert_eq!(
+        server.attribute("http.request.method").as_deref(),
+        Some("PUT")
+    );
+    assert_eq!(
+        server.attribute("http.route").as_deref(),
+        Some("/keys/{*key}")
+    );
+    assert_eq!(
+        server.attribute("http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert_eq!(server.span.trace_state, TRACESTATE);
+    let client = named(&spans, "SET");
+    assert_eq!(client.parent_id(), server.span_id());
+    assert_eq!(client.span.kind, 3, "SPAN_KIND_CLIENT");
+    assert_eq!(
+        client.attribute("db.operation.name").as_deref(),
+        Some("SET")
+    );
+    assert_eq!(
+        client.attribute("statestore.outcome").as_deref(),
+        Some("ok")
+    );
+    assert!(client.attribute("statestore.pool.member").is_some());
+    assert!(client.attribute("messaging.client.id").is_some());
+    assert!(client.attribute("statestore.pool.wait_us").is_some());
+    for span in [server, client] {
+        assert_eq!(span.resource("service.name"), Some("statestore-gateway"));
+        assert_eq!(span.resource("deployment.environment.name"), Some("test"));
+        assert_eq!(span.resource("host.name"), Some("gw-test"));
+    }
+    // The store request names the client span as its parent.
+    let seen = spy.until(|seen| !seen.is_empty()).await;
+    let sent = format!("00-{trace_1}-{}-01", client.span_id());
+    assert_eq!(user_property(&seen[0], "traceparent"), Some(sent.as_str()));
+    assert_eq!(user_property(&seen[0], "tracestate"), Some(TRACESTATE));
+
+    // An unsampled caller: propagated unchanged, nothing exported.
+    let unsampled = traceparent(2).replace("-01", "-00");
+    let get = gateway
+        .http
+        .get(gateway.url("/keys/exported"))
+        .header("traceparent", &unsampled);
+    assert_eq!(get.send().await.unwrap().status(), 200);
+    let seen = spy.until(|seen| !seen.is_empty()).await;
+    assert_eq!(
+        user_property(&seen[0], "traceparent"),
+        Some(unsampled.as_str())
+    );
+
+    // No context: a new trace, its store request in it.
+    let delete = gateway.http.delete(gateway.url("/keys/exported"));
+    assert_eq!(delete.send().await.unwrap().status(), 204);
+    let spans = receiver
+        .spans_until(WAIT, |spans| {
+            spans.iter().any(|s| s.span.name == "DELETE /keys/{*key}")
+        })
+        .await;
+    let root = spans
+        .iter()
+        .find(|s| s.span.name == "DELETE /keys/{*key}")
+        .unwrap();
+    assert_eq!(root.parent_id(), "", "a root span");
+    assert!(root.trace_id() != trace_1);
+    let new_trace = of_trace(&spans, &root.trace_id());
+    let del = named(&new_trace, "DEL");
+    assert_eq!(del.parent_id(), root.span_id());
+    let seen = spy.until(|seen| !seen.is_empty()).await;
+    let sent = format!("00-{}-{}-01", root.trace_id(), del.span_id());
+    assert_eq!(user_property(&seen[0], "traceparent"), Some(sent.as_str()));
+    // Batches go out in order: the unsampled request's would be here by now.
+    assert!(of_trace(&spans, &format!("{:032x}", 2)).is_empty());
+
+    // A watch's server span ends once its stream is set up, while the
+    // stream stays open.
+    let watch = http_client()
+        .get(format!("http://{}/watch/exported", gateway.api))
+        .header("traceparent", traceparent(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let trace_3 = format!("{:032x}", 3);
+    let spans = receiver
+        .spans_until(WAIT, |spans| {
+            of_trace(spans, &trace_3)
+                .iter()
+                .any(|s| s.span.name == "GET /watch/{*key}")
+        })
+        .await;
+    let spans = of_trace(&spans, &trace_3);
+    let server = named(&spans, "GET /watch/{*key}");
+    assert_eq!(server.parent_id(), caller_span);
+    drop(watch);
+
+    // A lock wait: one span with its outcome, under the request's span.
+    let take = gateway
+        .http
+        .put(gateway.url("/locks/door?holder=a&ttl=10s"));
+    assert_eq!(take.send().await.unwrap().status(), 200);
+    let wait = gateway
+        .http
+        .put(gateway.url("/locks/door?holder=b&ttl=10s&wait=300ms"))
+        .header("traceparent", traceparent(4));
+    assert_eq!(wait.send().await.unwrap().status(), 409);
+    let trace_4 = format!("{:032x}", 4);
+    let spans = receiver
+        .spans_until(WAIT, |spans| {
+            of_trace(spans, &trace_4)
+                .iter()
+                .any(|s| s.span.name == "PUT /locks/{*name}")
+        })
+        .await;
+    let spans = of_trace(&spans, &trace_4);
+    let server = named(&spans, "PUT /locks/{*name}");
+    assert_eq!(
+        server.attribute("http.response.status_code").as_deref(),
+        Some("409")
+    );
+    let waited = named(&spans, "lock wait");
+    assert_eq!(waited.parent_id(), server.span_id());
+    assert_eq!(
+        waited.attribute("statestore.outcome").as_deref(),
+        Some("timeout")
+    );
+    // The first try is the server span's; the line's registration is the wait's.
+    let tries: Vec<_> = spans.iter().filter(|s| s.span.name == "SET").collect();
+    assert!(tries.iter().any(|s| s.parent_id() == server.span_id()));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.span.name == "KEYNOTIFY" && s.parent_id() == waited.span_id()),
+        "{spans:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_or_dead_collector_slows_no_request_and_its_lost_spans_are_counted() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    // A collector that takes connections and never answers.
+    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stuck_endpoint = format!("http://{}", stuck.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = stuck.accept().await {
+            open.push(socket);
+        }
+    });
+    let dead_endpoint = format!("http://127.0.0.1:{}", free_port());
+    for (endpoint, reason) in [
+        (&stuck_endpoint, "queue_full"),
+        (&dead_endpoint, "export_failed"),
+    ] {
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "8"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ];
+        let gateway = GatewayProcess::start_with_env(broker.port(), &[], &env).await;
+        let mut slowest = Duration::ZERO;
+        for i in 0..200 {
+            let started = Instant::now();
+            let put = gateway
+                .http
+                .put(gateway.url(&format!("/keys/lost-{i}")))
+                .header("traceparent", traceparent(5))
+                .body("v");
+            assert_eq!(put.send().await.unwrap().status(), 200);
+            slowest = slowest.max(started.elapsed());
+        }
+        // The export timeout is 10 s: a request waiting on it would show.
+        assert!(
+            slowest < Duration::from_millis(500),
+            "{reason}: slowest request {slowest:?}"
+        );
+        let deadline = Instant::now() + WAIT;
+        let metric = format!("statestore_gateway_trace_spans_dropped_total{{reason=\"{reason}\"}}");
+        loop {
+            let dropped = gateway.metric(&metric).await;
+            if dropped > 0.0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{metric} stays at 0");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    held.abort();
+}
+
+#[tokio::test]
+async fn an_unsupported_export_protocol_stops_the_gateway_at_start() {
+    let binary = env!("CARGO_BIN_EXE_statestore-gateway");
+    for (name, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_TRACES_SAMPLER", "jaeger_remote"),
+    ] {
+        let output = tokio::process::Command::new(binary)
+            .arg("serve")
+            .env_clear()
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env(name, value)
+            .output();
+        let output = tokio::time::timeout(WAIT, output).await.unwrap().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{name}={value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(name) && stderr.contains(value), "{stderr}");
     }
 }

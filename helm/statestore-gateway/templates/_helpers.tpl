@@ -251,6 +251,16 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ int $v.broker.keepAlive | quote }}
     - name: AIO_MQTT_SESSION_EXPIRY
       value: {{ int $v.broker.sessionExpiry | quote }}
+    {{- if $v.tracing.otlpEndpoint }}
+    - name: OTEL_EXPORTER_OTLP_ENDPOINT
+      value: {{ $v.tracing.otlpEndpoint | quote }}
+    {{- end }}
+    - name: OTEL_TRACES_SAMPLER
+      value: {{ $v.tracing.sampler | quote }}
+    {{- if $v.tracing.samplerArg }}
+    - name: OTEL_TRACES_SAMPLER_ARG
+      value: {{ $v.tracing.samplerArg | quote }}
+    {{- end }}
     {{- with $g.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

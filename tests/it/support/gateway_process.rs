@@ -36,6 +36,21 @@ impl GatewayProcess {
         args: &[&str],
         soft_limit: Option<u64>,
     ) -> Self {
+        Self::spawn(broker_port, args, soft_limit, &[]).await
+    }
+
+    /// As [`start`](Self::start), with these environment variables (the
+    /// `OTEL_*` ones of span export, which have no flags).
+    pub async fn start_with_env(broker_port: u16, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(broker_port, args, None, env).await
+    }
+
+    async fn spawn(
+        broker_port: u16,
+        args: &[&str],
+        soft_limit: Option<u64>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let binary = env!("CARGO_BIN_EXE_statestore-gateway");
@@ -52,7 +67,10 @@ impl GatewayProcess {
         };
         // The test runner's environment must not configure the child.
         for (name, _) in std::env::vars() {
-            if name.starts_with("STATESTORE_GATEWAY_") || name.starts_with("AIO_") {
+            if name.starts_with("STATESTORE_GATEWAY_")
+                || name.starts_with("AIO_")
+                || name.starts_with("OTEL_")
+            {
                 command.env_remove(name);
             }
         }
@@ -72,6 +90,7 @@ impl GatewayProcess {
             .args(["--pool-size", "2"])
             .args(args)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

@@ -14,6 +14,7 @@ pub mod gateway_process;
 pub mod linearizability;
 pub mod load;
 pub mod mosquitto;
+pub mod otlp;
 pub mod responder;
 pub mod scripted_store;
 pub mod sdk;
