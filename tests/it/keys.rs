@@ -775,14 +775,24 @@ async fn no_broker_connection_is_503_with_retry_after() {
 async fn stopped_store_is_503_with_retry_after() {
     // The broker acknowledges requests nobody subscribes to with "no
     // matching subscribers": the pool fails them at once.
+    // Until mosquitto has handled the store's disconnect it still delivers
+    // to its subscription, and a request waits out its timeout (504): on a
+    // loaded machine the first request after the stop can be that early.
     let mut stack = Stack::start().await;
     stack.stop_emulator().await;
     let gw = &stack.gateway;
-    let started = Instant::now();
-    let response = gw.get(b"k").await;
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-    problem(response, 503, "/problems/unavailable").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let started = Instant::now();
+        let response = gw.get(b"k").await;
+        if response.status() == StatusCode::GATEWAY_TIMEOUT && Instant::now() < deadline {
+            continue;
+        }
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        problem(response, 503, "/problems/unavailable").await;
+        break;
+    }
 }
 
 #[tokio::test]
