@@ -19,7 +19,8 @@
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
 //!
 //! Beside it: [`settings`] (a leaf: environment names, defaults, the
-//! duration syntax), [`metrics`] (the Prometheus registry), [`trace`] (the
+//! duration syntax), [`metrics`] (the Prometheus registry), [`jwt`] (the
+//! signed tokens callers may identify with: key sets, checks, cache), [`trace`] (the
 //! caller's W3C Trace Context, carried onto store requests), [`emulator`]
 //! (the state store protocol served over any MQTT5 broker), [`dev`]
 //! (embedded broker + emulator + gateway in one process), [`ui`] (the
@@ -31,6 +32,7 @@ pub mod dev;
 pub mod emulator;
 pub mod http;
 pub mod inject;
+pub mod jwt;
 pub mod locks;
 pub mod metrics;
 pub mod mqtt;

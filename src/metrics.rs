@@ -100,6 +100,12 @@ pub struct Families {
     pub authz_reload_ok: IntGauge,
     /// Reads of `--authz-file` that kept the previous rules.
     pub authz_reload_failures: IntCounter,
+    /// Key API requests refused by the guard, by reason (`missing`,
+    /// `api_token`, or why a JWT was refused: `expired`, `signature`, ...).
+    pub auth_failures: IntCounterVec,
+    /// JWT key set loads by outcome: `changed` (a new set installed) or
+    /// `failed` (the previous set stays).
+    pub jwks_updates: IntCounterVec,
     /// Spans that never reached the collector, by reason: `queue_full`
     /// (the export queue was full), `export_failed` (the collector did not
     /// take their batch).
@@ -169,6 +175,20 @@ impl Metrics {
                 "Requests and batch ops the authorization rules refused, by the method they needed",
             ),
             &["method"],
+        );
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "auth_failures_total",
+                "Key API requests refused for their credentials, by reason",
+            ),
+            &["reason"],
+        );
+        let jwks_updates = IntCounterVec::new(
+            Opts::new(
+                "jwks_updates_total",
+                "JWT key set loads by outcome (changed, failed)",
+            ),
+            &["outcome"],
         );
         let families = Families {
             http_requests: http_requests.expect("valid metric"),
@@ -240,6 +260,8 @@ impl Metrics {
                 "authz_reload_failures_total",
                 "Reads of the authorization rules file that kept the previous rules",
             ),
+            auth_failures: auth_failures.expect("valid metric"),
+            jwks_updates: jwks_updates.expect("valid metric"),
             trace_spans_dropped: trace_spans_dropped(),
             registry,
         };
@@ -257,7 +279,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 30] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 32] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -287,6 +309,8 @@ impl Families {
             Box::new(self.authz_rules.clone()),
             Box::new(self.authz_reload_ok.clone()),
             Box::new(self.authz_reload_failures.clone()),
+            Box::new(self.auth_failures.clone()),
+            Box::new(self.jwks_updates.clone()),
             Box::new(self.trace_spans_dropped.clone()),
         ];
         for collector in collectors {

@@ -134,6 +134,55 @@ pub const API_TOKEN_FILE: Setting = Setting {
     helm: Helm::Derived("gateway.apiToken.secretName"),
 };
 
+/// A JWKS file: callers may present JWTs signed by its keys.
+pub const JWT_JWKS_FILE: Setting = Setting {
+    flag: "--jwt-jwks-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_FILE",
+    default: "",
+    helm: Helm::Derived("gateway.jwt.jwksConfigMap"),
+};
+
+/// A JWKS URL (an OIDC provider's `jwks_uri`, the cluster's
+/// `/openid/v1/jwks`), fetched instead of a file.
+pub const JWT_JWKS_URL: Setting = Setting {
+    flag: "--jwt-jwks-url",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_URL",
+    default: "",
+    helm: Helm::Own("gateway.jwt.jwksUrl"),
+};
+
+/// PEM CA bundle for an `https` JWKS URL.
+pub const JWT_JWKS_CA_FILE: Setting = Setting {
+    flag: "--jwt-jwks-ca-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_CA_FILE",
+    default: "",
+    helm: Helm::Derived("gateway.jwt.jwksCaConfigMap"),
+};
+
+/// A bearer token file sent with the JWKS request (read at every fetch).
+pub const JWT_JWKS_TOKEN_FILE: Setting = Setting {
+    flag: "--jwt-jwks-token-file",
+    env: "STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE",
+    default: "",
+    helm: Helm::Derived("gateway.jwt.jwksServiceAccountToken"),
+};
+
+/// The `iss` a JWT must carry.
+pub const JWT_ISSUER: Setting = Setting {
+    flag: "--jwt-issuer",
+    env: "STATESTORE_GATEWAY_JWT_ISSUER",
+    default: "",
+    helm: Helm::Own("gateway.jwt.issuer"),
+};
+
+/// An `aud` a JWT must carry.
+pub const JWT_AUDIENCE: Setting = Setting {
+    flag: "--jwt-audience",
+    env: "STATESTORE_GATEWAY_JWT_AUDIENCE",
+    default: "",
+    helm: Helm::Own("gateway.jwt.audience"),
+};
+
 /// The key API's serving certificate (TLS, with HTTP/2 by ALPN); the
 /// broker's client certificate is `--tls-cert-file`.
 pub const API_TLS_CERT_FILE: Setting = Setting {
@@ -382,6 +431,12 @@ pub const SERVE: &[&Setting] = &[
     &MAX_KEY_BYTES,
     &MAX_VALUE_BYTES,
     &API_TOKEN_FILE,
+    &JWT_JWKS_FILE,
+    &JWT_JWKS_URL,
+    &JWT_JWKS_CA_FILE,
+    &JWT_JWKS_TOKEN_FILE,
+    &JWT_ISSUER,
+    &JWT_AUDIENCE,
     &API_TLS_CERT_FILE,
     &API_TLS_KEY_FILE,
     &AUTHZ_FILE,
@@ -658,6 +713,16 @@ pub const DEFAULT_MQTT_SESSION_EXPIRY: u32 = 0;
 pub const DEFAULT_SAT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the `--authz-file` is read again to notice changed rules (not a flag).
 pub const DEFAULT_AUTHZ_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Clock skew allowed on a JWT's `exp` and `nbf` (not a flag).
+pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
+/// How often a JWKS file is read again to notice a change (not a flag).
+pub const DEFAULT_JWKS_FILE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a JWKS URL is fetched again (not a flag).
+pub const DEFAULT_JWKS_REFRESH_INTERVAL: Duration = Duration::from_secs(300);
+/// The least time between two fetches of a JWKS URL caused by tokens with
+/// an unknown `kid` (not a flag): a flood of made-up key ids costs one
+/// fetch per interval.
+pub const DEFAULT_JWKS_MIN_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_DEV_LISTEN: SocketAddr = loopback(8080);
 pub const DEFAULT_DEV_ADMIN_LISTEN: SocketAddr = loopback(8081);
 pub const DEFAULT_DEV_BROKER_LISTEN: SocketAddr = loopback(1883);

@@ -48,6 +48,27 @@ impl HttpConn {
             .await
     }
 
+    /// [`HttpConn::request`] with `Authorization: Bearer <token>`.
+    #[allow(dead_code)] // the auth benchmark's
+    pub async fn request_as(
+        &mut self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<Response> {
+        let addr = self.addr;
+        tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.exchange(method, path, body, Some(token)),
+        )
+        .await
+        .with_context(|| {
+            format!("{method} {path} on {addr}: no response within {REQUEST_TIMEOUT:?}")
+        })?
+        .with_context(|| format!("{method} {path} on {addr}"))
+    }
+
     /// [`HttpConn::request`] with its own timeout (a blocking acquire).
     pub async fn request_within(
         &mut self,
@@ -57,14 +78,23 @@ impl HttpConn {
         timeout: Duration,
     ) -> Result<Response> {
         let addr = self.addr;
-        tokio::time::timeout(timeout, self.exchange(method, path, body))
+        tokio::time::timeout(timeout, self.exchange(method, path, body, None))
             .await
             .with_context(|| format!("{method} {path} on {addr}: no response within {timeout:?}"))?
             .with_context(|| format!("{method} {path} on {addr}"))
     }
 
-    async fn exchange(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Response> {
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        bearer: Option<&str>,
+    ) -> Result<Response> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        if let Some(token) = bearer {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
         if !body.is_empty() || method == "PUT" || method == "POST" {
             // POST bodies here are JSON (the gateway's batches, etcd's API).
             let content_type = if method == "POST" {

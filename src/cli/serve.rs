@@ -11,6 +11,7 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::http::authz::{AuthzSettings, Rules};
 use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
+use crate::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 use crate::settings::{self, SettingError};
@@ -44,6 +45,28 @@ pub struct ServeArgs {
     /// File holding a bearer token the key API requires (admin port excluded).
     #[arg(long, env = settings::API_TOKEN_FILE.env)]
     pub api_token_file: Option<PathBuf>,
+    /// JWKS file: the key API also accepts JWTs signed by its keys (read
+    /// again when it changes). Needs --jwt-issuer and --jwt-audience.
+    #[arg(long, env = settings::JWT_JWKS_FILE.env)]
+    pub jwt_jwks_file: Option<PathBuf>,
+    /// JWKS URL (`https://` or `http://`), fetched every 5 minutes and when
+    /// a token names an unknown key (at most every 10 s), e.g.
+    /// `https://kubernetes.default.svc/openid/v1/jwks`.
+    #[arg(long, env = settings::JWT_JWKS_URL.env)]
+    pub jwt_jwks_url: Option<String>,
+    /// PEM CA bundle for an `https` JWKS URL (default: system roots).
+    #[arg(long, env = settings::JWT_JWKS_CA_FILE.env)]
+    pub jwt_jwks_ca_file: Option<PathBuf>,
+    /// File holding a bearer token sent with the JWKS request (read at
+    /// every fetch), e.g. the pod's service-account token.
+    #[arg(long, env = settings::JWT_JWKS_TOKEN_FILE.env)]
+    pub jwt_jwks_token_file: Option<PathBuf>,
+    /// The `iss` claim a JWT must carry.
+    #[arg(long, env = settings::JWT_ISSUER.env)]
+    pub jwt_issuer: Option<String>,
+    /// An audience a JWT's `aud` claim must hold.
+    #[arg(long, env = settings::JWT_AUDIENCE.env)]
+    pub jwt_audience: Option<String>,
     /// PEM certificate chain the key API serves TLS with (HTTP/2 by ALPN);
     /// read again when it changes. Needs --api-tls-key-file.
     #[arg(long, env = settings::API_TLS_CERT_FILE.env)]
@@ -187,6 +210,7 @@ impl ServeArgs {
                     .map_err(|message| SettingError::new(&settings::API_TOKEN_FILE, message))?,
             ),
         };
+        let jwt = self.jwt_settings()?;
         let api_tls = CertificateFiles::pair(
             self.api_tls_cert_file.as_deref(),
             self.api_tls_key_file.as_deref(),
@@ -199,7 +223,7 @@ impl ServeArgs {
         let authz = self
             .authz_file
             .as_ref()
-            .map(|file| self.authz_settings(file, api_token.is_some()))
+            .map(|file| self.authz_settings(file, api_token.is_some() || jwt.is_some()))
             .transpose()?;
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
@@ -223,6 +247,7 @@ impl ServeArgs {
                 ..Limits::default()
             },
             api_token,
+            jwt,
             api_tls,
             authz,
             shutdown_grace: self.shutdown_grace,
@@ -270,13 +295,98 @@ impl ServeArgs {
             return Err(SettingError::new(
                 &settings::AUTHZ_FILE,
                 format!(
-                    "rules need callers to be identified: set {} too",
-                    settings::API_TOKEN_FILE.flag
+                    "rules need callers to be identified: set {}, {} or {} too",
+                    settings::API_TOKEN_FILE.flag,
+                    settings::JWT_JWKS_FILE.flag,
+                    settings::JWT_JWKS_URL.flag
                 ),
             ));
         }
         Rules::read(file).map_err(|message| SettingError::new(&settings::AUTHZ_FILE, message))?;
         Ok(AuthzSettings::new(file.to_owned()))
+    }
+
+    /// The JWT settings, when a JWKS file or URL is given: then the issuer
+    /// and audience are required (the files are read when the gateway
+    /// starts).
+    fn jwt_settings(&self) -> Result<Option<JwtSettings>, SettingError> {
+        let keys = match (&self.jwt_jwks_file, &self.jwt_jwks_url) {
+            (None, None) => {
+                for (given, setting) in [
+                    (self.jwt_issuer.is_some(), &settings::JWT_ISSUER),
+                    (self.jwt_audience.is_some(), &settings::JWT_AUDIENCE),
+                    (self.jwt_jwks_ca_file.is_some(), &settings::JWT_JWKS_CA_FILE),
+                    (
+                        self.jwt_jwks_token_file.is_some(),
+                        &settings::JWT_JWKS_TOKEN_FILE,
+                    ),
+                ] {
+                    if given {
+                        return Err(SettingError::new(
+                            setting,
+                            "needs --jwt-jwks-file or --jwt-jwks-url",
+                        ));
+                    }
+                }
+                return Ok(None);
+            }
+            (Some(_), Some(_)) => {
+                return Err(SettingError::new(
+                    &settings::JWT_JWKS_URL,
+                    "give --jwt-jwks-file or --jwt-jwks-url, not both",
+                ));
+            }
+            (Some(path), None) => KeySource::File(path.clone()),
+            (None, Some(url)) => KeySource::Url(self.jwks_url(url)?),
+        };
+        let required = |value: &Option<String>, setting: &'static settings::Setting| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|value| !value.is_empty())
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    SettingError::new(
+                        setting,
+                        "required with --jwt-jwks-file or --jwt-jwks-url (tokens of any other issuer or audience would pass)",
+                    )
+                })
+        };
+        let issuer = required(&self.jwt_issuer, &settings::JWT_ISSUER)?;
+        let audience = required(&self.jwt_audience, &settings::JWT_AUDIENCE)?;
+        Ok(Some(JwtSettings::new(keys, issuer, audience)))
+    }
+
+    fn jwks_url(&self, url: &str) -> Result<JwksUrl, SettingError> {
+        // Only its form: the CA and token files are read at start.
+        let setting = &settings::JWT_JWKS_URL;
+        let uri: hyper::Uri = url.trim().parse().map_err(|error| {
+            SettingError::new(setting, format!("{url:?} is not a URL: {error}"))
+        })?;
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(SettingError::new(setting, format!("{url:?} names no host")));
+        }
+        match uri.scheme_str() {
+            Some("https") => {}
+            Some("http") if self.jwt_jwks_ca_file.is_none() => {}
+            Some("http") => {
+                return Err(SettingError::new(
+                    &settings::JWT_JWKS_CA_FILE,
+                    "given for an http:// JWKS URL",
+                ));
+            }
+            _ => {
+                return Err(SettingError::new(
+                    setting,
+                    format!("{url:?} is neither https:// nor http://"),
+                ));
+            }
+        }
+        Ok(JwksUrl {
+            uri,
+            ca_file: self.jwt_jwks_ca_file.clone(),
+            token_file: self.jwt_jwks_token_file.clone(),
+        })
     }
 }
 
@@ -302,8 +412,10 @@ impl BrokerArgs {
 /// What `serve` says about a container's environment (`NAME`, `VALUE`
 /// pairs; a later one of the same name wins, as in Kubernetes): its parser,
 /// then its settings' checks, on those values alone. Files are not there
-/// yet, so the settings naming one are left out. For `inject`'s and the
-/// webhook's [`ServeCheck`](crate::inject::values::ServeCheck).
+/// yet, so the settings naming one the checks read are left out (the JWT
+/// files are read only when the gateway starts, and the checks need to
+/// see a JWKS beside an issuer). For `inject`'s and the webhook's
+/// [`ServeCheck`](crate::inject::values::ServeCheck).
 pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
     let mut argv = vec!["serve".to_owned()];
     let mut seen = std::collections::HashSet::new();
@@ -313,7 +425,7 @@ pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
         }
         let row = settings::SERVE.iter().find(|row| row.env == name);
         if let Some(row) = row
-            && !row.flag.ends_with("-file")
+            && (!row.flag.ends_with("-file") || row.flag.starts_with("--jwt-"))
         {
             argv.push(format!("{}={value}", row.flag));
         }
@@ -565,5 +677,84 @@ mod tests {
             error.to_string().contains("holds no certificate"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_jwks_needs_an_issuer_and_an_audience_and_they_need_a_jwks() {
+        let named = |args: &[&str]| serve_args(args).unwrap().settings().unwrap_err();
+        let file = ["--jwt-jwks-file", "/keys/jwks.json"];
+        let error = named(&[&file[..], &["--jwt-audience", "gw"]].concat());
+        assert_eq!(error.setting, "--jwt-issuer");
+        assert!(error.message.starts_with("required with"), "{error}");
+        let error = named(
+            &[
+                &file[..],
+                &["--jwt-issuer", "https://i", "--jwt-audience", " "],
+            ]
+            .concat(),
+        );
+        assert_eq!(error.setting, "--jwt-audience");
+        let error = named(&["--jwt-issuer", "https://i", "--jwt-audience", "gw"]);
+        assert_eq!(error.setting, "--jwt-issuer");
+        assert!(
+            error
+                .message
+                .contains("needs --jwt-jwks-file or --jwt-jwks-url")
+        );
+        let both = [
+            "--jwt-jwks-file",
+            "/keys/jwks.json",
+            "--jwt-jwks-url",
+            "https://issuer/jwks",
+            "--jwt-issuer",
+            "https://i",
+            "--jwt-audience",
+            "gw",
+        ];
+        assert_eq!(named(&both).setting, "--jwt-jwks-url");
+
+        let settings = serve_args(
+            &[
+                &file[..],
+                &["--jwt-issuer", "https://i", "--jwt-audience", "gw"],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .settings()
+        .unwrap();
+        let jwt = settings.jwt.unwrap();
+        assert_eq!(
+            (jwt.issuer.as_str(), jwt.audience.as_str()),
+            ("https://i", "gw")
+        );
+        assert_eq!(jwt.leeway, settings::JWT_LEEWAY);
+    }
+
+    #[test]
+    fn a_jwks_url_is_https_or_http_with_a_host() {
+        let with = |url: &str, extra: &[&str]| {
+            let mut args = vec![
+                "--jwt-jwks-url",
+                url,
+                "--jwt-issuer",
+                "i",
+                "--jwt-audience",
+                "a",
+            ];
+            args.extend_from_slice(extra);
+            serve_args(&args).unwrap().settings()
+        };
+        assert!(with("https://kubernetes.default.svc/openid/v1/jwks", &[]).is_ok());
+        assert!(with("http://127.0.0.1:8080/jwks", &[]).is_ok());
+        for bad in ["ftp://host/jwks", "/just/a/path", "not a url"] {
+            assert_eq!(
+                with(bad, &[]).unwrap_err().setting,
+                "--jwt-jwks-url",
+                "{bad}"
+            );
+        }
+        let error = with("http://host/jwks", &["--jwt-jwks-ca-file", "/ca.crt"]).unwrap_err();
+        assert_eq!(error.setting, "--jwt-jwks-ca-file");
     }
 }

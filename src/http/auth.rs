@@ -1,18 +1,23 @@
-//! The key API's bearer token: [`ApiToken`] and the middleware that
-//! checks it (with the backstop timeout, one layer for both).
+//! Who calls the key API: the bearer token check ([`ApiToken`], or a JWT
+//! through the [`Verifier`]) that makes a request's [`Caller`], in the
+//! middleware that also puts the backstop timeout on it (one layer for
+//! both).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::authz::{Authz, Principal};
-use super::problem::ApiError;
+use super::problem::{ApiError, AuthFailure};
 use super::state::ApiToken;
 use super::{extract, locks, watch};
+use crate::jwt::Verifier;
+use crate::metrics::Metrics;
 
 /// Who a request comes from, as the guard established it (a request
 /// extension when the key API requires authentication).
@@ -28,11 +33,15 @@ pub enum Caller {
 /// service clone and a boxed future per request).
 #[derive(Debug, Clone)]
 pub(super) struct Guard {
-    /// Required as `Authorization: Bearer <token>` when configured.
+    /// Accepted as `Authorization: Bearer <token>` when configured.
     pub(super) token: Option<ApiToken>,
+    /// Checks any other bearer token as a JWT when configured.
+    pub(super) jwt: Option<Verifier>,
     /// The per-key rules, when configured: each request gets its caller's
     /// [`Access`](super::authz::Access) under them.
     pub(super) authz: Option<Authz>,
+    /// Counts refusals by reason.
+    pub(super) metrics: Metrics,
     /// See [`Limits::backstop`].
     pub(super) backstop: Duration,
     /// Added to the backstop of lock requests, which may wait this long.
@@ -40,26 +49,28 @@ pub(super) struct Guard {
 }
 
 /// The bearer token check (the caller it finds goes into the request's
-/// extensions), then the request under the backstop timeout.
+/// extensions), the caller's access under the rules, then the request
+/// under the backstop timeout.
 pub(super) async fn guard(
     State(guard): State<Guard>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &guard.token {
-        let presented = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| bearer_token(value.as_bytes()))
-            .map(Cow::Borrowed)
-            .or_else(|| query_token(&request).map(Cow::Owned));
-        if !presented.is_some_and(|presented| token.matches(&presented)) {
-            return ApiError::Unauthorized.into_response();
-        }
-        // Only the rules ask who it is: without them, no extension to
-        // allocate per request.
-        if guard.authz.is_some() {
-            request.extensions_mut().insert(Caller::ApiToken);
+    if guard.token.is_some() || guard.jwt.is_some() {
+        let authenticated =
+            authenticate(&guard, request.headers(), request.method(), request.uri()).await;
+        match authenticated {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(failure) => {
+                guard
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&[failure.reason()])
+                    .inc();
+                return ApiError::Unauthorized(failure).into_response();
+            }
         }
     }
     if let Some(authz) = &guard.authz {
@@ -82,15 +93,47 @@ pub(super) async fn guard(
     }
 }
 
+/// The caller a request's bearer token makes: the API token as before,
+/// else the token checked as a JWT.
+/// (The request's parts, not the request: its body is not `Sync`, so a
+/// reference to it cannot be held across the JWT check's await.)
+async fn authenticate(
+    guard: &Guard,
+    headers: &HeaderMap,
+    method: &Method,
+    uri: &Uri,
+) -> Result<Caller, AuthFailure> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| bearer_token(value.as_bytes()))
+        .map(Cow::Borrowed)
+        .or_else(|| query_token(method, uri).map(Cow::Owned))
+        .ok_or(AuthFailure::Missing)?;
+    if guard
+        .token
+        .as_ref()
+        .is_some_and(|token| token.matches(&presented))
+    {
+        return Ok(Caller::ApiToken);
+    }
+    let Some(verifier) = &guard.jwt else {
+        return Err(AuthFailure::NotTheApiToken);
+    };
+    // A JWT is base64url and dots: anything else cannot be one.
+    let token = std::str::from_utf8(&presented).map_err(|_| crate::jwt::TokenError::Malformed)?;
+    let subject: Arc<str> = verifier.verify(token).await?;
+    Ok(Caller::Subject(subject))
+}
+
 /// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
 /// request: a browser's `EventSource` cannot send an `Authorization`
 /// header, so a dashboard on a gateway with a token has no other way.
 /// Only watch streams take it; the gateway logs paths, never queries.
-fn query_token(request: &Request) -> Option<Vec<u8>> {
-    if request.method() != Method::GET || !watch::is_watch_path(request.uri().path()) {
+fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
+    if method != Method::GET || !watch::is_watch_path(uri.path()) {
         return None;
     }
-    let (_, value) = extract::query_pairs(request.uri().query())
+    let (_, value) = extract::query_pairs(uri.query())
         .find(|(name, _)| *name == watch::ACCESS_TOKEN_PARAMETER)?;
     // Form encoding, as RFC 6750 says (and as the watch `key`s are).
     let decoded = extract::form_decode(value.as_bytes(), true);
@@ -109,7 +152,94 @@ fn bearer_token(header: &[u8]) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Extension;
+    use axum::middleware::from_fn_with_state;
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use tower::ServiceExt as _;
+
     use super::*;
+    use crate::jwt::{JwtSettings, KeySource};
+
+    /// A route answering with the caller the guard made, behind the guard.
+    fn echo(checks: Guard) -> Router {
+        Router::new()
+            .route(
+                "/keys/k",
+                axum::routing::get(|caller: Option<Extension<Caller>>| async move {
+                    format!("{:?}", caller.map(|Extension(caller)| caller))
+                }),
+            )
+            .layer(from_fn_with_state(checks, guard))
+    }
+
+    fn checks(token: Option<&str>, jwt: Option<Verifier>) -> Guard {
+        Guard {
+            token: token.map(|token| ApiToken::new(token.as_bytes().to_vec())),
+            jwt,
+            authz: None,
+            metrics: Metrics::new(),
+            backstop: Duration::from_secs(5),
+            lock_wait: Duration::ZERO,
+        }
+    }
+
+    async fn caller_of(router: &Router, bearer: Option<&str>) -> (u16, String) {
+        let mut request = axum::http::Request::get("/keys/k");
+        if let Some(bearer) = bearer {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+        }
+        let response = router
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn the_caller_is_the_api_token_or_the_tokens_subject() {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = EncodingKey::from_ec_der(pair.serialized_der());
+        let mut jwk = jsonwebtoken::jwk::Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some("k1".into());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
+        let settings = JwtSettings::new(KeySource::File(path), "https://issuer", "gateway");
+        let verifier = Verifier::start(settings, Metrics::new()).unwrap();
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let exp = crate::protocol::hlc::now_ms() / 1000 + 600;
+        let claims = serde_json::json!({
+            "iss": "https://issuer", "aud": "gateway", "sub": "system:serviceaccount:apps:ui", "exp": exp,
+        });
+        let jwt = jsonwebtoken::encode(&header, &claims, &key).unwrap();
+
+        let both = echo(checks(Some("shared"), Some(verifier)));
+        assert_eq!(
+            caller_of(&both, Some("shared")).await,
+            (200, "Some(ApiToken)".into())
+        );
+        assert_eq!(
+            caller_of(&both, Some(&jwt)).await,
+            (
+                200,
+                "Some(Subject(\"system:serviceaccount:apps:ui\"))".into()
+            )
+        );
+        assert_eq!(caller_of(&both, Some("other")).await.0, 401);
+        assert_eq!(caller_of(&both, None).await.0, 401);
+        // Without authentication there is no caller.
+        let open = echo(checks(None, None));
+        assert_eq!(caller_of(&open, None).await, (200, "None".into()));
+    }
 
     #[test]
     fn bearer_token_is_taken_from_the_authorization_header() {

@@ -42,8 +42,9 @@ impl FromRequestParts<AppState> for Key {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = key_from_path(original_path(parts), state.limits.max_key_bytes)?;
-        if state.authz.is_some() {
-            Access::of(parts, state.authz.as_ref()).require(&key, Need::of(&parts.method))?;
+        if state.callers.authz.is_some() {
+            Access::of(parts, state.callers.authz.as_ref())
+                .require(&key, Need::of(&parts.method))?;
         }
         Ok(Self(key))
     }
@@ -54,7 +55,7 @@ impl FromRequestParts<AppState> for Access {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Infallible> {
-        Ok(Access::of(parts, state.authz.as_ref()))
+        Ok(Access::of(parts, state.callers.authz.as_ref()))
     }
 }
 

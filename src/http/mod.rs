@@ -23,8 +23,8 @@
 //!   [`ApiToken`]; `headers`: headers on every answer.
 //! - `router`: [`router`] builds the key API with its middleware (metrics,
 //!   failure logs, CORS) so tests can drive it; `auth`: the bearer token
-//!   check (which also gives each request its caller's access) and
-//!   backstop timeout.
+//!   check (the API token or a JWT) that makes a request's [`Caller`] and
+//!   gives it its access under the per-key rules, and the backstop timeout.
 //! - `server`: [`Server`] binds both listeners and runs them until
 //!   [`Server::shutdown`].
 
@@ -50,4 +50,4 @@ pub mod watch;
 pub use auth::Caller;
 pub use router::{BodyReadLimits, close_unless_body_read, read_body_first, router};
 pub use server::{ServeError, ServeSettings, Server, termination_signal};
-pub use state::{ApiToken, AppState, Limits, Shared};
+pub use state::{ApiToken, AppState, CallerChecks, Limits, Shared};

@@ -17,6 +17,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::jwt::TokenError;
 use crate::locks::{Holding, LockError};
 use crate::mqtt::PoolError;
 use crate::protocol::{HlcError, StoreError};
@@ -39,6 +40,43 @@ pub enum Precondition {
     AbsentOrEqual,
     /// `DELETE ?value=` on a key that holds another value.
     ValueMatches,
+}
+
+/// Why the key API's guard refused a request's credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum AuthFailure {
+    /// No bearer token (header or, on a watch, `access_token`).
+    #[error("a bearer token is required")]
+    Missing,
+    /// A token that is not the API token, where no JWTs are accepted.
+    #[error("the bearer token is not the API token")]
+    NotTheApiToken,
+    /// A JWT that failed a check.
+    #[error("{0}")]
+    Token(#[from] TokenError),
+}
+
+impl AuthFailure {
+    /// A short label (the failure metric).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::NotTheApiToken => "api_token",
+            Self::Token(error) => error.reason(),
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge (RFC 6750, section 3): without a
+    /// token no error code; with a refused one `invalid_token` and why
+    /// (the descriptions are fixed ASCII text, never the token's own).
+    fn challenge(self) -> HeaderValue {
+        const REALM: &str = "Bearer realm=\"statestore-gateway\"";
+        if self == Self::Missing {
+            return HeaderValue::from_static(REALM);
+        }
+        let value = format!("{REALM}, error=\"invalid_token\", error_description=\"{self}\"");
+        HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(REALM))
+    }
 }
 
 /// Why a request failed. Messages are the `detail` of the problem body.
@@ -120,9 +158,9 @@ pub enum ApiError {
     /// The client sent its body too slowly.
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(Duration),
-    /// Missing or wrong bearer token.
-    #[error("a valid bearer token is required")]
-    Unauthorized,
+    /// Missing or refused bearer token.
+    #[error("{0}")]
+    Unauthorized(AuthFailure),
     /// The authorization rules do not let the caller do this to the key.
     #[error("the authorization rules do not allow {caller} to {need} this key")]
     Forbidden {
@@ -423,7 +461,7 @@ impl ApiError {
             ),
             Self::BodyRead(_) => (400, "/problems/bad-body", "Unreadable body", Info),
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
-            Self::Unauthorized => (401, "/problems/unauthorized", "Unauthorized", Info),
+            Self::Unauthorized(_) => (401, "/problems/unauthorized", "Unauthorized", Info),
             Self::Forbidden { .. } => FORBIDDEN,
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
             Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
@@ -594,11 +632,8 @@ impl IntoResponse for ApiError {
         if problem.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
-        if matches!(self, Self::Unauthorized) {
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"statestore-gateway\""),
-            );
+        if let Self::Unauthorized(failure) = &self {
+            headers.insert(header::WWW_AUTHENTICATE, failure.challenge());
         }
         response.extensions_mut().insert(FailureLog {
             severity: problem.severity,
@@ -716,7 +751,7 @@ mod tests {
             (ApiError::ConflictingConditions, 400),
             (ApiError::KeyTooLong { len: 2, max: 1 }, 414),
             (ApiError::ValueTooLarge { max: 1 }, 413),
-            (ApiError::Unauthorized, 401),
+            (ApiError::Unauthorized(AuthFailure::Missing), 401),
             (ApiError::MethodNotAllowed, 405),
             (
                 ApiError::Request(RequestError::UnexpectedReply {
@@ -741,13 +776,17 @@ mod tests {
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert!(response.extensions().get::<FailureLog>().is_some());
 
-        let response = ApiError::Unauthorized.into_response();
+        let response = ApiError::Unauthorized(AuthFailure::Missing).into_response();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-        assert!(
-            response.headers()[header::WWW_AUTHENTICATE]
-                .to_str()
-                .unwrap()
-                .starts_with("Bearer")
+        assert_eq!(
+            response.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"statestore-gateway\""
+        );
+        let response = ApiError::Unauthorized(TokenError::Expired.into()).into_response();
+        assert_eq!(
+            response.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"statestore-gateway\", error=\"invalid_token\", \
+             error_description=\"the token has expired\""
         );
     }
 

@@ -34,8 +34,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(route_not_found)
         .layer(from_fn_with_state(
             Guard {
-                token: state.api_token.clone(),
-                authz: state.authz.clone(),
+                token: state.callers.api_token.clone(),
+                authz: state.callers.authz.clone(),
+                jwt: state.callers.jwt.clone(),
+                metrics: state.metrics.clone(),
                 backstop,
                 lock_wait: state.locks.settings().max_wait,
             },
@@ -345,7 +347,7 @@ pub(super) fn cors(router: Router, origins: &[String]) -> Router {
 mod tests {
     use super::*;
     use crate::http::problem;
-    use crate::http::{ApiToken, Limits};
+    use crate::http::{ApiToken, CallerChecks, Limits};
     use crate::locks::LockSettings;
     use crate::mqtt::{BrokerSettings, Pool, PoolSettings};
     use crate::watch::WatchSettings;
@@ -381,8 +383,10 @@ mod tests {
             pool,
             metrics,
             limits,
-            api_token,
-            None,
+            CallerChecks {
+                api_token,
+                ..CallerChecks::default()
+            },
             WatchSettings::default(),
             LockSettings::default(),
         )

@@ -15,9 +15,10 @@ use super::authz::{Authz, AuthzSettings};
 use super::listener::ConnectionLimits;
 use super::router::{cors, router};
 use super::state::ApiToken;
-use super::state::{AppState, Limits};
+use super::state::{AppState, CallerChecks, Limits};
 use super::tls::{ALPN_H2, ALPN_HTTP1, CertificateFiles};
 use super::{admin, listener};
+use crate::jwt::{JwtSettings, Verifier};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
@@ -40,6 +41,8 @@ pub struct ServeSettings {
     pub limits: Limits,
     /// Bearer token for the key API.
     pub api_token: Option<ApiToken>,
+    /// JWTs the key API accepts as bearer tokens (beside the API token).
+    pub jwt: Option<JwtSettings>,
     /// The key API's serving certificate: TLS (HTTP/2 by ALPN) when given.
     pub api_tls: Option<CertificateFiles>,
     /// Per-key rules (`--authz-file`).
@@ -68,6 +71,7 @@ impl Default for ServeSettings {
             pool: PoolSettings::default(),
             limits: Limits::default(),
             api_token: None,
+            jwt: None,
             api_tls: None,
             authz: None,
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
@@ -114,8 +118,9 @@ pub enum ServeError {
     /// the message names the setting.
     #[error("{0}")]
     Pool(#[from] PoolStartError),
-    /// A file a setting names cannot be used: the key API's certificate
-    /// or key, the rules file.
+    /// A file a setting names cannot be used (the key API's certificate
+    /// or key, the JWT key set, the rules file); the message names the
+    /// setting.
     #[error("{0}")]
     Setting(#[from] SettingError),
     /// A listener failed while serving.
@@ -153,6 +158,10 @@ impl Server {
         let admin_listener = bind("--admin-listen", settings.admin_listen).await?;
         let api_addr = local_addr("--listen", settings.listen, &api_listener)?;
         let admin_addr = local_addr("--admin-listen", settings.admin_listen, &admin_listener)?;
+        let jwt = match settings.jwt {
+            None => None,
+            Some(jwt) => Some(Verifier::start(jwt, metrics.clone())?),
+        };
         // Before the pool starts: a certificate that cannot be used stops here.
         let acceptor = match &settings.api_tls {
             Some(files) => Some(files.acceptor(&[ALPN_H2, ALPN_HTTP1])?),
@@ -163,8 +172,11 @@ impl Server {
             pool,
             metrics,
             settings.limits,
-            settings.api_token,
-            authz,
+            CallerChecks {
+                api_token: settings.api_token,
+                jwt,
+                authz,
+            },
             settings.watch,
             settings.locks,
         );

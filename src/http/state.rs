@@ -9,6 +9,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 use super::authz::Authz;
+use crate::jwt::Verifier;
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::Pool;
@@ -105,11 +106,8 @@ pub struct Shared {
     /// Milliseconds since the epoch; checks fencing tokens (a function so
     /// tests can move time).
     pub clock: fn() -> u64,
-    /// The bearer token the key API requires, if any.
-    pub api_token: Option<ApiToken>,
-    /// The per-key rules, if any: without them every caller may do
-    /// everything.
-    pub authz: Option<Authz>,
+    /// Who may call the key API, and what each caller may do.
+    pub callers: CallerChecks,
     /// Set once shutdown starts: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     /// Key watches shared by every SSE stream.
@@ -121,6 +119,19 @@ pub struct Shared {
     pub batch_slots: Semaphore,
 }
 
+/// Who may call the key API and what each caller may do: the shared
+/// token, signed tokens and the per-key rules, each optional (none: anyone
+/// may do anything).
+#[derive(Debug, Clone, Default)]
+pub struct CallerChecks {
+    /// The shared bearer token (`--api-token-file`).
+    pub api_token: Option<ApiToken>,
+    /// Checks any other bearer token as a JWT.
+    pub jwt: Option<Verifier>,
+    /// The per-key rules: without them every caller may do everything.
+    pub authz: Option<Authz>,
+}
+
 impl AppState {
     /// State over a started pool, with the system clock; starts the watch
     /// hub's tasks (so it must run inside a Tokio runtime).
@@ -128,8 +139,7 @@ impl AppState {
         pool: Pool,
         metrics: Metrics,
         limits: Limits,
-        api_token: Option<ApiToken>,
-        authz: Option<Authz>,
+        callers: CallerChecks,
         watch: WatchSettings,
         locks: LockSettings,
     ) -> Self {
@@ -143,8 +153,7 @@ impl AppState {
             metrics,
             limits,
             clock: hlc::now_ms,
-            api_token,
-            authz,
+            callers,
             draining: AtomicBool::new(false),
             batch_slots,
         }))

@@ -18,12 +18,15 @@ pub const CONTAINER_NAME: &str = "statestore-gateway";
 const ADMIN_PORT_NAME: &str = "gateway-admin";
 
 /// Names of the volumes the sidecar may add.
-pub const VOLUME_NAMES: [&str; 5] = [
+pub const VOLUME_NAMES: [&str; 8] = [
     "statestore-gateway-sat",
     "statestore-gateway-ca",
     "statestore-gateway-client-cert",
     "statestore-gateway-mqtt-password",
     "statestore-gateway-api-token",
+    "statestore-gateway-jwks",
+    "statestore-gateway-jwks-ca",
+    "statestore-gateway-jwks-token",
 ];
 
 /// Why a pod spec cannot take the sidecar.
@@ -260,6 +263,16 @@ pub fn container(sidecar: &Sidecar, native: bool) -> Value {
     if !sidecar.gateway.api_token.name.is_empty() {
         mounts.push(mount("statestore-gateway-api-token", "api-token"));
     }
+    let jwt = &sidecar.gateway.jwt;
+    if !jwt.jwks_config_map.is_empty() {
+        mounts.push(mount("statestore-gateway-jwks", "jwks"));
+    }
+    if !jwt.jwks_url.is_empty() && !jwt.jwks_ca_config_map.is_empty() {
+        mounts.push(mount("statestore-gateway-jwks-ca", "jwks-ca"));
+    }
+    if !jwt.jwks_url.is_empty() && jwt.jwks_service_account_token {
+        mounts.push(mount("statestore-gateway-jwks-token", "jwks-token"));
+    }
     if !mounts.is_empty() {
         c.insert("volumeMounts".into(), Value::Array(mounts));
     }
@@ -312,6 +325,34 @@ pub fn volumes(sidecar: &Sidecar) -> Vec<Value> {
                 "secretName": token.name,
                 "items": [{"key": token.key, "path": "token"}],
             },
+        }));
+    }
+    let jwt = &sidecar.gateway.jwt;
+    if !jwt.jwks_config_map.is_empty() {
+        volumes.push(json!({
+            "name": "statestore-gateway-jwks",
+            "configMap": {
+                "name": jwt.jwks_config_map,
+                "items": [{"key": jwt.jwks_key, "path": "jwks.json"}],
+            },
+        }));
+    }
+    if !jwt.jwks_url.is_empty() && !jwt.jwks_ca_config_map.is_empty() {
+        volumes.push(json!({
+            "name": "statestore-gateway-jwks-ca",
+            "configMap": {
+                "name": jwt.jwks_ca_config_map,
+                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            },
+        }));
+    }
+    if !jwt.jwks_url.is_empty() && jwt.jwks_service_account_token {
+        volumes.push(json!({
+            "name": "statestore-gateway-jwks-token",
+            "projected": {"sources": [{"serviceAccountToken": {
+                "expirationSeconds": 3600,
+                "path": "token",
+            }}]},
         }));
     }
     volumes

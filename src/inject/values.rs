@@ -364,7 +364,22 @@ pub struct Gateway {
     pub log_format: String,
     pub log_level: String,
     pub api_token: SecretKey,
+    pub jwt: Jwt,
     pub extra_env: Vec<Value>,
+}
+
+/// `gateway.jwt.*`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct Jwt {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_config_map: String,
+    pub jwks_key: String,
+    pub jwks_url: String,
+    pub jwks_ca_config_map: String,
+    pub jwks_service_account_token: bool,
 }
 
 /// A key of a Secret (`name` may be spelled `secretName`).
@@ -547,6 +562,34 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
             format!("{SECRETS_DIR}/api-token/token"),
         ));
     }
+    let jwt = &g.jwt;
+    if !jwt.jwks_config_map.is_empty() {
+        vars.push(var(
+            env::JWT_JWKS_FILE.env,
+            format!("{SECRETS_DIR}/jwks/jwks.json"),
+        ));
+    }
+    if !jwt.jwks_url.is_empty() {
+        vars.push(var(env::JWT_JWKS_URL.env, &jwt.jwks_url));
+        if !jwt.jwks_ca_config_map.is_empty() {
+            vars.push(var(
+                env::JWT_JWKS_CA_FILE.env,
+                format!("{SECRETS_DIR}/jwks-ca/ca.crt"),
+            ));
+        }
+        if jwt.jwks_service_account_token {
+            vars.push(var(
+                env::JWT_JWKS_TOKEN_FILE.env,
+                format!("{SECRETS_DIR}/jwks-token/token"),
+            ));
+        }
+    }
+    if !jwt.issuer.is_empty() {
+        vars.push(var(env::JWT_ISSUER.env, &jwt.issuer));
+    }
+    if !jwt.audience.is_empty() {
+        vars.push(var(env::JWT_AUDIENCE.env, &jwt.audience));
+    }
     vars.extend([
         var(env::BROKER_HOSTNAME.env, &b.host),
         var(env::BROKER_TCP_PORT.env, b.port.to_string()),
@@ -661,6 +704,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn jwt_values_give_the_jwks_files_and_need_issuer_and_audience() {
+        let sidecar = values(&[
+            "gateway.jwt.jwksUrl=https://kubernetes.default.svc/openid/v1/jwks",
+            "gateway.jwt.jwksCaConfigMap=kube-root-ca.crt",
+            "gateway.jwt.jwksServiceAccountToken=true",
+            "gateway.jwt.issuer=https://kubernetes.default.svc.cluster.local",
+            "gateway.jwt.audience=statestore-gateway",
+        ])
+        .unwrap()
+        .sidecar()
+        .unwrap();
+        let env = container_env(&sidecar);
+        let value = |name: &str| {
+            env.iter()
+                .find(|var| var["name"] == name)
+                .and_then(|var| var["value"].as_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            value("STATESTORE_GATEWAY_JWT_JWKS_CA_FILE").as_deref(),
+            Some("/var/run/secrets/statestore-gateway/jwks-ca/ca.crt")
+        );
+        assert_eq!(
+            value("STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE").as_deref(),
+            Some("/var/run/secrets/statestore-gateway/jwks-token/token")
+        );
+        assert_eq!(value("STATESTORE_GATEWAY_JWT_JWKS_FILE"), None);
+        let volumes = crate::inject::pod::volumes(&sidecar);
+        let names: Vec<&str> = volumes.iter().filter_map(|v| v["name"].as_str()).collect();
+        assert!(names.contains(&"statestore-gateway-jwks-ca"), "{names:?}");
+        assert!(
+            names.contains(&"statestore-gateway-jwks-token"),
+            "{names:?}"
+        );
+
+        let error = values(&["gateway.jwt.jwksConfigMap=keys", "gateway.jwt.issuer=i"])
+            .unwrap()
+            .sidecar()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--jwt-audience"), "{error}");
     }
 
     #[test]

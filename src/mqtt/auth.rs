@@ -134,28 +134,8 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, SettingError
         )
     })?;
 
-    // Without a CA file, the system bundle stands in for it.
-    let setting = &settings::TLS_CA_FILE;
-    let ca_path = match &broker.ca_file {
-        Some(path) => path.clone(),
-        None => system_ca_bundle()?,
-    };
-    let ca_certificates = certificates(setting, &ca_path)?;
-    let mut roots = RootCertStore::empty();
-    let (added, _ignored) = roots.add_parsable_certificates(ca_certificates);
-    if added == 0 {
-        return Err(unusable(
-            setting,
-            &ca_path,
-            "holds no usable CA certificate",
-        ));
-    }
-
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|error| SettingError::new(&settings::TLS_CERT_FILE, error.to_string()))?
-        .with_root_certificates(roots);
+    let roots = trust_roots(&settings::TLS_CA_FILE, broker.ca_file.as_deref())?;
+    let builder = tls_builder(&settings::TLS_CERT_FILE)?.with_root_certificates(roots);
     let config = match (&broker.cert_file, &broker.key_file) {
         (Some(cert_path), Some(key_path)) => {
             let chain = certificates(&settings::TLS_CERT_FILE, cert_path)?;
@@ -173,6 +153,53 @@ fn tls_config(broker: &BrokerSettings) -> Result<Arc<ClientConfig>, SettingError
     Ok(Arc::new(config))
 }
 
+/// A TLS client configuration without a client certificate that trusts
+/// the PEM CA bundle `ca_file`, else the system's (as the broker
+/// connection does): for the gateway's other outgoing TLS (a JWKS URL).
+/// Errors name `setting`.
+pub fn tls_client_config(
+    setting: &Setting,
+    ca_file: Option<&Path>,
+) -> Result<Arc<ClientConfig>, SettingError> {
+    let roots = trust_roots(setting, ca_file)?;
+    Ok(Arc::new(
+        tls_builder(setting)?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+/// The roots a server's certificate must chain to: the PEM CA bundle at
+/// `ca_file`, or without one the system bundle.
+fn trust_roots(setting: &Setting, ca_file: Option<&Path>) -> Result<RootCertStore, SettingError> {
+    let ca_path = match ca_file {
+        Some(path) => path.to_owned(),
+        None => system_ca_bundle(setting)?,
+    };
+    let ca_certificates = certificates(setting, &ca_path)?;
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(ca_certificates);
+    if added == 0 {
+        return Err(unusable(
+            setting,
+            &ca_path,
+            "holds no usable CA certificate",
+        ));
+    }
+    Ok(roots)
+}
+
+/// A client configuration builder on the aws-lc-rs provider rumqttc's
+/// `use-rustls` brings (the builder's default panics with two providers).
+fn tls_builder(
+    setting: &Setting,
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, SettingError> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| SettingError::new(setting, error.to_string()))
+}
+
 /// Every certificate of a PEM file; an error if there is none.
 fn certificates(
     setting: &Setting,
@@ -188,7 +215,7 @@ fn certificates(
     Ok(certificates)
 }
 
-fn system_ca_bundle() -> Result<PathBuf, SettingError> {
+fn system_ca_bundle(setting: &Setting) -> Result<PathBuf, SettingError> {
     if let Some(path) = std::env::var_os("SSL_CERT_FILE") {
         return Ok(PathBuf::from(path));
     }
@@ -198,7 +225,7 @@ fn system_ca_bundle() -> Result<PathBuf, SettingError> {
         .find(|path| path.is_file())
         .ok_or_else(|| {
             SettingError::new(
-                &settings::TLS_CA_FILE,
+                setting,
                 "not set, and no system CA bundle was found (set it, or SSL_CERT_FILE)",
             )
         })

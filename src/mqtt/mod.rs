@@ -21,6 +21,7 @@ mod options;
 mod pool;
 mod settings;
 
+pub use auth::tls_client_config;
 pub use backoff::Backoff;
 pub use error::{PoolError, PoolStartError};
 pub use events::{KeyNotification, MemberEvent};

@@ -10,10 +10,14 @@ use std::time::Duration;
 use reqwest::header;
 use serde_json::{Value, json};
 use statestore_gateway::http::authz::AuthzSettings;
+use statestore_gateway::jwt::JwtSettings;
 use statestore_gateway::watch::WatchSettings;
 
 use crate::support::gateway::{Gateway, GatewayOptions, Stack, json as body_json};
 use crate::support::sse::{self, SseStream};
+use crate::support::tokens::{
+    SigningKey, claims, jwt_settings, service_account_claims, write_jwks,
+};
 
 const TOKEN: &str = "shared-api-t0ken";
 
@@ -53,9 +57,15 @@ fn api_token_rules(resources: &[&str]) -> String {
 /// 100 ms, patterns rescanned every 200 ms), and a gateway without rules
 /// on the same store to write through.
 async fn stack(rules: &Rules) -> (Stack, Gateway) {
+    stack_with_jwt(rules, None).await
+}
+
+/// [`stack`] whose gateway also takes signed tokens checked with `jwt`.
+async fn stack_with_jwt(rules: &Rules, jwt: Option<JwtSettings>) -> (Stack, Gateway) {
     let stack = Stack::builder()
         .gateway(GatewayOptions {
             api_token: Some(TOKEN.into()),
+            jwt,
             authz: Some(AuthzSettings {
                 file: rules.path.clone(),
                 check_interval: Duration::from_millis(100),
@@ -75,10 +85,15 @@ async fn stack(rules: &Rules) -> (Stack, Gateway) {
 
 /// A client that presents the API token.
 fn caller() -> reqwest::Client {
+    bearer(TOKEN)
+}
+
+/// A client that presents `token` (a signed JWT or the API token).
+fn bearer(token: &str) -> reqwest::Client {
     let mut headers = header::HeaderMap::new();
     headers.insert(
         header::AUTHORIZATION,
-        format!("Bearer {TOKEN}").parse().unwrap(),
+        format!("Bearer {token}").parse().unwrap(),
     );
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -546,4 +561,123 @@ async fn changed_rules_apply_without_a_restart_and_a_bad_file_keeps_them() {
         metric(&text, "statestore_gateway_authz_reload_failures_total"),
         1.0
     );
+}
+
+const DASHBOARD: &str = "system:serviceaccount:apps:dashboard";
+
+/// Rules for two service accounts, every caller, and the API token.
+const SUBJECT_RULES: &str = r#"
+rules:
+  - principals: {subjects: ["system:serviceaccount:apps:dashboard"]}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["sensors/*"], method: Read}
+  - principals: {subjects: ["system:serviceaccount:apps:writer"]}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["sensors/*"], method: ReadWrite}
+  - principals: {subjects: ["*"]}
+    stateStoreResources:
+      - {keyType: String, keys: ["public"], method: Read}
+  - principals: {apiToken: true}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["*"], method: ReadWrite}
+"#;
+
+#[tokio::test]
+async fn each_signed_tokens_subject_gets_its_own_rules_and_the_star_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let key = SigningKey::rsa("k1");
+    write_jwks(&jwks, &[&key]);
+    let rules = Rules::new(SUBJECT_RULES);
+    let (stack, owner) = stack_with_jwt(&rules, Some(jwt_settings(&jwks))).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"sensors/1", b"public", b"other"]).await;
+    let dashboard = bearer(&key.sign(&service_account_claims("apps", "dashboard")));
+    let writer = bearer(&key.sign(&service_account_claims("apps", "writer")));
+    let stranger = bearer(&key.sign(&claims("someone-else")));
+    let api = bearer(TOKEN);
+
+    assert_eq!(status(dashboard.get(gw.key(b"sensors/1"))).await, 200);
+    assert_eq!(status(dashboard.get(gw.key(b"public"))).await, 200);
+    let denied = dashboard
+        .put(gw.key(b"sensors/1"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 403);
+    let body = body_json(denied).await;
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("{DASHBOARD:?}")) && detail.contains("to Write "),
+        "{detail}"
+    );
+    assert_eq!(status(dashboard.get(gw.key(b"other"))).await, 403);
+
+    assert_eq!(
+        status(writer.put(gw.key(b"sensors/1")).body("w")).await,
+        200
+    );
+    assert_eq!(status(writer.get(gw.key(b"public"))).await, 200);
+    assert_eq!(status(writer.put(gw.key(b"public")).body("w")).await, 403);
+
+    // A valid token no rule names: the "*" rules only.
+    assert_eq!(status(stranger.get(gw.key(b"public"))).await, 200);
+    assert_eq!(status(stranger.get(gw.key(b"sensors/1"))).await, 403);
+
+    // The API token's caller, beside signed tokens.
+    assert_eq!(status(api.put(gw.key(b"other")).body("o")).await, 200);
+
+    // Listings and batches per subject.
+    let listed = list_all(&dashboard, gw, "/keys?match=*").await;
+    let keys: Vec<&str> = listed.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["public", "sensors/1"]);
+    let listed = list_all(&stranger, gw, "/keys?match=*").await;
+    let keys: Vec<&str> = listed.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["public"]);
+    let response = dashboard
+        .post(gw.url("/batch"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(
+            json!({"ops": [
+                {"op": "get", "key": "sensors/1"},
+                {"op": "set", "key": "sensors/1", "value": "d"},
+            ]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let body = body_json(response).await;
+    let statuses: Vec<u64> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 403], "{body}");
+}
+
+#[tokio::test]
+async fn a_browsers_pattern_watch_with_access_token_follows_only_its_subjects_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let key = SigningKey::ec("k1");
+    write_jwks(&jwks, &[&key]);
+    let rules = Rules::new(SUBJECT_RULES);
+    let (stack, owner) = stack_with_jwt(&rules, Some(jwt_settings(&jwks))).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"sensors/1", b"secret/1"]).await;
+    let token = key.sign(&service_account_claims("apps", "dashboard"));
+    let url = gw.url(&format!("/watch?match=*&access_token={token}"));
+    let mut stream = sse::open(&gw.http, &url, None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("{status} {body}"));
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["key"], "sensors/1");
+    let listed = stream.expect("listed").await;
+    assert_eq!(listed.data["keys"], 1);
+    seed(&owner, &[b"secret/2", b"sensors/2"]).await;
+    assert_eq!(stream.expect("sync").await.data["key"], "sensors/2");
+    stream.expect_silence(Duration::from_millis(700)).await;
 }

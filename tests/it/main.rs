@@ -21,6 +21,7 @@ mod emulator;
 mod faults;
 mod hostile;
 mod inject;
+mod jwt;
 mod keys;
 mod leaks;
 mod lease;

@@ -179,6 +179,30 @@ declares its port; used by this chart's standalone Deployment.
     - name: STATESTORE_GATEWAY_API_TOKEN_FILE
       value: {{ $dir }}/api-token/token
     {{- end }}
+    {{- if $g.jwt.jwksConfigMap }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_FILE
+      value: {{ $dir }}/jwks/jwks.json
+    {{- end }}
+    {{- if $g.jwt.jwksUrl }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_URL
+      value: {{ $g.jwt.jwksUrl | quote }}
+    {{- if $g.jwt.jwksCaConfigMap }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_CA_FILE
+      value: {{ $dir }}/jwks-ca/ca.crt
+    {{- end }}
+    {{- if $g.jwt.jwksServiceAccountToken }}
+    - name: STATESTORE_GATEWAY_JWT_JWKS_TOKEN_FILE
+      value: {{ $dir }}/jwks-token/token
+    {{- end }}
+    {{- end }}
+    {{- if $g.jwt.issuer }}
+    - name: STATESTORE_GATEWAY_JWT_ISSUER
+      value: {{ $g.jwt.issuer | quote }}
+    {{- end }}
+    {{- if $g.jwt.audience }}
+    - name: STATESTORE_GATEWAY_JWT_AUDIENCE
+      value: {{ $g.jwt.audience | quote }}
+    {{- end }}
     {{- if $apiTls }}
     - name: STATESTORE_GATEWAY_API_TLS_CERT_FILE
       value: {{ $dir }}/api-tls/tls.crt
@@ -273,7 +297,9 @@ declares its port; used by this chart's standalone Deployment.
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $apiTls $authz }}
+  {{- $jwksCa := and $g.jwt.jwksUrl $g.jwt.jwksCaConfigMap }}
+  {{- $jwksToken := and $g.jwt.jwksUrl $g.jwt.jwksServiceAccountToken }}
+  {{- if or $tls $sat $v.broker.passwordSecret.name $g.apiToken.secretName $g.jwt.jwksConfigMap $jwksCa $jwksToken $apiTls $authz }}
   volumeMounts:
     {{- if $sat }}
     - name: statestore-gateway-sat
@@ -298,6 +324,21 @@ declares its port; used by this chart's standalone Deployment.
     {{- if $g.apiToken.secretName }}
     - name: statestore-gateway-api-token
       mountPath: {{ $dir }}/api-token
+      readOnly: true
+    {{- end }}
+    {{- if $g.jwt.jwksConfigMap }}
+    - name: statestore-gateway-jwks
+      mountPath: {{ $dir }}/jwks
+      readOnly: true
+    {{- end }}
+    {{- if $jwksCa }}
+    - name: statestore-gateway-jwks-ca
+      mountPath: {{ $dir }}/jwks-ca
+      readOnly: true
+    {{- end }}
+    {{- if $jwksToken }}
+    - name: statestore-gateway-jwks-token
+      mountPath: {{ $dir }}/jwks-token
       readOnly: true
     {{- end }}
     {{- if $apiTls }}
@@ -366,6 +407,31 @@ blank line the first `if` leaves. */}}
       - key: {{ $v.gateway.apiToken.key | quote }}
         path: token
 {{- end }}
+{{- $jwt := $v.gateway.jwt }}
+{{- if $jwt.jwksConfigMap }}
+- name: statestore-gateway-jwks
+  configMap:
+    name: {{ $jwt.jwksConfigMap | quote }}
+    items:
+      - key: {{ $jwt.jwksKey | quote }}
+        path: jwks.json
+{{- end }}
+{{- if and $jwt.jwksUrl $jwt.jwksCaConfigMap }}
+- name: statestore-gateway-jwks-ca
+  configMap:
+    name: {{ $jwt.jwksCaConfigMap | quote }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- if and $jwt.jwksUrl $jwt.jwksServiceAccountToken }}
+- name: statestore-gateway-jwks-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          expirationSeconds: 3600
+          path: token
+{{- end }}
 {{- with include "statestore-gateway.apiTlsSecret" . }}
 # Renewed in place (cert-manager, kubectl apply): the gateway reads it again.
 - name: statestore-gateway-api-tls
@@ -408,8 +474,8 @@ standalone (bool).
 {{- fail "standalone.authz.rules and standalone.authz.configMap: give the rules one way" -}}
 {{- end -}}
 {{- if or $a.rules $a.configMap -}}
-{{- if not .values.gateway.apiToken.secretName -}}
-{{- fail "standalone.authz needs gateway.apiToken.secretName: rules need callers to be identified" -}}
+{{- if not (or .values.gateway.apiToken.secretName .values.gateway.jwt.jwksConfigMap .values.gateway.jwt.jwksUrl) -}}
+{{- fail "standalone.authz needs gateway.apiToken.secretName or gateway.jwt (jwksConfigMap or jwksUrl): rules need callers to be identified" -}}
 {{- end -}}
 {{- $a.configMap | default (printf "%s-authz" (include "statestore-gateway.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- end -}}

@@ -13,6 +13,7 @@ use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::authz::AuthzSettings;
 use statestore_gateway::http::tls::CertificateFiles;
 use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
+use statestore_gateway::jwt::JwtSettings;
 use statestore_gateway::locks::LockSettings;
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};
@@ -35,6 +36,8 @@ pub struct GatewayOptions {
     pub max_value_bytes: Option<usize>,
     /// `--api-token-file` contents.
     pub api_token: Option<String>,
+    /// JWTs accepted (`--jwt-*`); see `support::tokens`.
+    pub jwt: Option<JwtSettings>,
     /// `--shutdown-grace`
     pub shutdown_grace: Duration,
     /// Client id prefix of the pool members.
@@ -69,6 +72,7 @@ impl Default for GatewayOptions {
             max_key_bytes: 1024,
             max_value_bytes: None,
             api_token: None,
+            jwt: None,
             shutdown_grace: Duration::from_secs(5),
             client_id: format!("gw-{:08x}", rand::random::<u32>()),
             watch: WatchSettings::default(),
@@ -141,6 +145,7 @@ impl Gateway {
                 .api_token
                 .as_ref()
                 .map(|token| ApiToken::new(token.as_bytes().to_vec())),
+            jwt: options.jwt.clone(),
             shutdown_grace: options.shutdown_grace,
             watch: options.watch.clone(),
             cors_allow_origins: options.cors_allow_origins.clone(),

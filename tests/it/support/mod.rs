@@ -19,6 +19,7 @@ pub mod responder;
 pub mod scripted_store;
 pub mod sdk;
 pub mod sse;
+pub mod tokens;
 
 pub use auth_proxy::AuthProxy;
 pub use certs::TestPki;

@@ -1,0 +1,349 @@
+//! Callers identified by signed tokens (JWTs): the key set they are
+//! checked against (a JWKS file read again when it changes, or a JWKS URL
+//! fetched periodically and on an unknown `kid`), the checks, and the
+//! cache of tokens already verified.
+//!
+//! Only asymmetric signatures pass (RS, PS, ES, EdDSA): `none` and HMAC
+//! never do, whatever the key set holds. A token must carry the
+//! configured `iss` and `aud`, a `sub` (the caller) and an `exp`; `exp`
+//! and `nbf` get [`JWT_LEEWAY`](crate::settings::JWT_LEEWAY) of clock
+//! skew. The signature checks are `jsonwebtoken`'s.
+
+mod cache;
+mod error;
+mod fetch;
+mod keys;
+mod settings;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Validation, decode, decode_header};
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::metrics::Metrics;
+use crate::settings::{self as table, SettingError};
+use cache::TokenCache;
+use keys::KeySet;
+
+pub use error::{JwksError, TokenError};
+pub use settings::{JwksUrl, JwtSettings, KeySource};
+
+/// Verified tokens kept (each a digest, a subject and an expiry).
+pub const CACHED_TOKENS: usize = 4096;
+
+/// How long one fetch of a JWKS URL may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After a failed fetch, the next try comes this much later.
+const FETCH_RETRY: Duration = Duration::from_secs(5);
+
+/// The claims the gateway reads (the crate checks `iss`, `aud`, `nbf`,
+/// and that these are present: optional here so that a missing one is
+/// the crate's `MissingRequiredClaim`, not a parse error).
+#[derive(Deserialize)]
+struct Claims {
+    sub: Option<String>,
+    /// A NumericDate may have a fraction.
+    exp: Option<f64>,
+}
+
+/// Checks tokens against the current key set, and keeps that set fresh
+/// in a background task (which ends when the last handle is dropped).
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Verifier(Arc<Inner>);
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("keys", &*self.0.current())
+            .field("source", &self.0.settings.keys)
+            .finish()
+    }
+}
+
+struct Inner {
+    settings: JwtSettings,
+    /// The checks every key's own copy starts from.
+    validation: Validation,
+    keys: RwLock<Arc<KeySet>>,
+    cache: Mutex<TokenCache>,
+    generation: AtomicU64,
+    /// When unknown key ids last caused a fetch; held during any fetch,
+    /// so that concurrent ones wait for it instead of fetching again.
+    refetch: tokio::sync::Mutex<Option<Instant>>,
+    /// For a JWKS URL.
+    fetcher: Option<fetch::Fetcher>,
+    metrics: Metrics,
+}
+
+impl Verifier {
+    /// Loads the key set (a file at once, an error if it is unusable; a
+    /// URL in the background) and starts keeping it fresh. Must run
+    /// inside a Tokio runtime.
+    pub fn start(settings: JwtSettings, metrics: Metrics) -> Result<Self, SettingError> {
+        let mut validation = Validation::new(jsonwebtoken::Algorithm::RS256);
+        validation.algorithms = keys::ACCEPTED.to_vec();
+        validation.leeway = settings.leeway.as_secs();
+        validation.validate_nbf = true;
+        validation.set_issuer(&[&settings.issuer]);
+        validation.set_audience(&[&settings.audience]);
+        validation.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
+        let (initial, fetcher) = match &settings.keys {
+            KeySource::File(path) => {
+                let keys = read_file(path, 1, &validation)
+                    .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.to_string()))?;
+                (keys, None)
+            }
+            KeySource::Url(url) => (KeySet::empty(), Some(fetch::Fetcher::new(url)?)),
+        };
+        let inner = Arc::new(Inner {
+            generation: AtomicU64::new(initial.generation),
+            keys: RwLock::new(Arc::new(initial)),
+            cache: Mutex::new(TokenCache::new(CACHED_TOKENS)),
+            refetch: tokio::sync::Mutex::new(None),
+            fetcher,
+            validation,
+            settings,
+            metrics,
+        });
+        {
+            let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            cache.reset(inner.generation.load(Ordering::Relaxed));
+        }
+        tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
+        Ok(Self(inner))
+    }
+
+    /// The token's subject if it passes every check; a token seen before
+    /// is answered from the cache until it expires.
+    pub async fn verify(&self, token: &str) -> Result<Arc<str>, TokenError> {
+        let inner = &self.0;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = unix_now();
+        if let Some(subject) = inner.cache().get(&digest, now) {
+            return Ok(subject);
+        }
+        let header = decode_header(token).map_err(|_| header_error(token))?;
+        if !keys::ACCEPTED.contains(&header.alg) {
+            return Err(TokenError::Algorithm);
+        }
+        let kid = header.kid.as_deref();
+        let mut keys = inner.current();
+        if keys.find(kid).is_none() {
+            keys = inner.refetch_for(&keys).await;
+        }
+        let key = keys.find(kid).ok_or(TokenError::UnknownKey)?;
+        // An algorithm the key does not allow is `InvalidAlgorithm`.
+        let claims = decode::<Claims>(token, &key.decoding, &key.validation)
+            .map_err(|error| TokenError::from_kind(error.kind()))?
+            .claims;
+        let (Some(subject), Some(exp)) = (claims.sub.filter(|sub| !sub.is_empty()), claims.exp)
+        else {
+            return Err(TokenError::Claims);
+        };
+        let subject: Arc<str> = subject.into();
+        // Saturating: a huge `exp` is far future, a negative one past.
+        let valid_until = (exp as u64).saturating_add(inner.settings.leeway.as_secs());
+        inner
+            .cache()
+            .insert(digest, subject.clone(), valid_until, keys.generation, now);
+        Ok(subject)
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Arc<KeySet> {
+        self.keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Installs a document's keys unless it is the one in use; a new set
+    /// empties the token cache (tokens of a removed key stop passing).
+    fn install(&self, document: &[u8]) -> Result<bool, JwksError> {
+        let fingerprint: [u8; 32] = Sha256::digest(document).into();
+        if self.current().fingerprint == fingerprint {
+            return Ok(false);
+        }
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let keys = KeySet::parse(document, generation, &self.validation)?;
+        let count = keys.len();
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
+        self.cache().reset(generation);
+        self.metrics
+            .jwks_updates
+            .with_label_values(&["changed"])
+            .inc();
+        tracing::info!(keys = count, "JWT key set loaded");
+        Ok(true)
+    }
+
+    /// The key set after a fetch of the URL for a token naming a key not
+    /// in `seen`, if none happened lately; else the current set.
+    async fn refetch_for(&self, seen: &Arc<KeySet>) -> Arc<KeySet> {
+        let Some(fetcher) = &self.fetcher else {
+            return seen.clone();
+        };
+        let mut last = self.refetch.lock().await;
+        let current = self.current();
+        // Another request's fetch (or the periodic one) got here first.
+        if current.generation != seen.generation {
+            return current;
+        }
+        if last.is_some_and(|at| at.elapsed() < self.settings.min_refetch_interval) {
+            return current;
+        }
+        *last = Some(Instant::now());
+        if let Err(error) = self.fetch_and_install(fetcher).await {
+            tracing::warn!(%error, "JWT key set fetch for an unknown key id failed");
+        }
+        self.current()
+    }
+
+    async fn fetch_and_install(&self, fetcher: &fetch::Fetcher) -> Result<bool, JwksError> {
+        let outcome = match fetch::fetch(fetcher, FETCH_TIMEOUT).await {
+            Ok(document) => self.install(&document),
+            Err(error) => Err(error),
+        };
+        if outcome.is_err() {
+            self.metrics
+                .jwks_updates
+                .with_label_values(&["failed"])
+                .inc();
+        }
+        outcome
+    }
+}
+
+/// Reads a JWKS file into a key set.
+fn read_file(
+    path: &std::path::Path,
+    generation: u64,
+    validation: &Validation,
+) -> Result<KeySet, JwksError> {
+    let document = read(path)?;
+    KeySet::parse(&document, generation, validation)
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, JwksError> {
+    std::fs::read(path).map_err(|error| JwksError::Read {
+        path: path.display().to_string(),
+        message: error.to_string(),
+    })
+}
+
+/// Keeps the key set fresh until the verifier is dropped: a file is read
+/// every check interval (a change is installed, a bad file logged once
+/// and the previous keys kept); a URL is fetched at once, then every
+/// refresh interval (sooner again after a failure).
+async fn keep_fresh(inner: Weak<Inner>) {
+    let mut last_file: Option<[u8; 32]> = None;
+    let mut first = true;
+    loop {
+        let wait = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            match (&inner.settings.keys, &inner.fetcher) {
+                (KeySource::File(path), _) => {
+                    if first {
+                        last_file = Some(inner.current().fingerprint);
+                    } else {
+                        reload_file(&inner, path, &mut last_file);
+                    }
+                    inner.settings.file_check_interval
+                }
+                (KeySource::Url(_), None) => return,
+                (KeySource::Url(_), Some(fetcher)) => {
+                    let _fetching = inner.refetch.lock().await;
+                    match inner.fetch_and_install(fetcher).await {
+                        Ok(_) => inner.settings.refresh_interval,
+                        Err(error) => {
+                            tracing::warn!(%error, "JWT key set not refreshed; the previous keys stay");
+                            FETCH_RETRY.min(inner.settings.refresh_interval)
+                        }
+                    }
+                }
+            }
+        };
+        first = false;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+fn reload_file(inner: &Inner, path: &std::path::Path, last: &mut Option<[u8; 32]>) {
+    let outcome = read(path).and_then(|document| {
+        let digest: [u8; 32] = Sha256::digest(&document).into();
+        if *last == Some(digest) {
+            return Ok(());
+        }
+        *last = Some(digest);
+        inner.install(&document).map(drop)
+    });
+    if let Err(error) = outcome {
+        // Logged once per distinct failure, not every check.
+        let digest: [u8; 32] = Sha256::digest(error.to_string().as_bytes()).into();
+        if *last != Some(digest) {
+            *last = Some(digest);
+            inner
+                .metrics
+                .jwks_updates
+                .with_label_values(&["failed"])
+                .inc();
+            tracing::warn!(%error, "JWT key set file not loaded; the previous keys stay");
+        }
+    }
+}
+
+/// Why a header did not decode: an `alg` the crate does not know
+/// (`none`, or anything else) is the algorithm's fault, anything else the
+/// token's shape.
+fn header_error(token: &str) -> TokenError {
+    use base64::Engine as _;
+    let names_an_alg = token
+        .split('.')
+        .next()
+        .and_then(|part| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(part.trim_end_matches('='))
+                .ok()
+        })
+        .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
+        .is_some_and(|header| header.get("alg").is_some_and(serde_json::Value::is_string));
+    if names_an_alg {
+        TokenError::Algorithm
+    } else {
+        TokenError::Malformed
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_alg_is_the_algorithms_fault_and_garbage_is_malformed() {
+        // {"alg":"none","typ":"JWT"}
+        assert_eq!(
+            header_error("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.e30."),
+            TokenError::Algorithm
+        );
+        assert_eq!(header_error("not a token"), TokenError::Malformed);
+        assert_eq!(header_error("a.b.c"), TokenError::Malformed);
+    }
+}
