@@ -13,7 +13,8 @@ use statestore_gateway::http::authz::AuthzSettings;
 use statestore_gateway::jwt::JwtSettings;
 use statestore_gateway::watch::WatchSettings;
 
-use crate::support::gateway::{Gateway, GatewayOptions, Stack, json as body_json};
+use crate::support::TestPki;
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, json as body_json};
 use crate::support::sse::{self, SseStream};
 use crate::support::tokens::{
     SigningKey, claims, jwt_settings, service_account_claims, write_jwks,
@@ -90,12 +91,17 @@ fn caller() -> reqwest::Client {
 
 /// A client that presents `token` (a signed JWT or the API token).
 fn bearer(token: &str) -> reqwest::Client {
+    bearer_with(reqwest::Client::builder(), token)
+}
+
+/// A client of `builder` (TLS settings, say) that presents `token`.
+fn bearer_with(builder: reqwest::ClientBuilder, token: &str) -> reqwest::Client {
     let mut headers = header::HeaderMap::new();
     headers.insert(
         header::AUTHORIZATION,
         format!("Bearer {token}").parse().unwrap(),
     );
-    reqwest::Client::builder()
+    builder
         .timeout(Duration::from_secs(30))
         .no_proxy()
         .default_headers(headers)
@@ -680,4 +686,79 @@ async fn a_browsers_pattern_watch_with_access_token_follows_only_its_subjects_ke
     seed(&owner, &[b"secret/2", b"sensors/2"]).await;
     assert_eq!(stream.expect("sync").await.data["key"], "sensors/2");
     stream.expect_silence(Duration::from_millis(700)).await;
+}
+
+/// The standalone set-up end to end: TLS with HTTP/2 by ALPN, callers
+/// identified by signed tokens, each given its rules; a rotated key set
+/// refuses the old key's tokens and takes the new key's, without a restart.
+#[tokio::test]
+async fn over_tls_and_http2_signed_tokens_get_their_rules_and_keys_rotate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::generate(dir.path(), "api");
+    let jwks = dir.path().join("jwks.json");
+    let first = SigningKey::rsa("k1");
+    write_jwks(&jwks, &[&first]);
+    let rules = Rules::new(SUBJECT_RULES);
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            api_tls: Some((pki.server_cert.clone(), pki.server_key.clone())),
+            jwt: Some(jwt_settings(&jwks)),
+            authz: Some(AuthzSettings {
+                file: rules.path.clone(),
+                check_interval: Duration::from_millis(100),
+            }),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let owner = Gateway::start(stack.broker.port(), GatewayOptions::default()).await;
+    owner.wait_ready().await;
+    seed(&owner, &[b"sensors/1", b"other"]).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap();
+    let over_tls = |token: &str| {
+        let builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone());
+        bearer_with(builder, token)
+    };
+    let port = stack.gateway.api.port();
+    let url = |key: &[u8]| format!("https://localhost:{port}/keys/{}", encode(key));
+
+    let dashboard = over_tls(&first.sign(&service_account_claims("apps", "dashboard")));
+    let read = dashboard.get(url(b"sensors/1")).send().await.unwrap();
+    assert_eq!(
+        (read.status().as_u16(), read.version()),
+        (200, reqwest::Version::HTTP_2)
+    );
+    assert_eq!(read.text().await.unwrap(), "seeded");
+    assert_eq!(status(dashboard.get(url(b"other"))).await, 403);
+    assert_eq!(
+        status(dashboard.put(url(b"sensors/1")).body("d")).await,
+        403
+    );
+    let refused = over_tls("not-a-jwt")
+        .get(url(b"sensors/1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let challenge = refused.headers()[header::WWW_AUTHENTICATE]
+        .to_str()
+        .unwrap();
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+
+    let second = SigningKey::ec("k2");
+    write_jwks(&jwks, &[&second]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while status(dashboard.get(url(b"sensors/1"))).await != 401 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a token of the removed key still passes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rotated = over_tls(&second.sign(&service_account_claims("apps", "dashboard")));
+    assert_eq!(status(rotated.get(url(b"sensors/1"))).await, 200);
+    assert_eq!(status(rotated.get(url(b"other"))).await, 403);
 }
