@@ -626,6 +626,21 @@ mod tests {
         let error = alone.settings().unwrap_err();
         assert_eq!(error.setting, "--authz-file");
         assert!(error.message.contains("--api-token-file"), "{error}");
+        assert!(error.message.contains("--jwt-jwks-file"), "{error}");
+        // Signed tokens identify callers as well as the shared token does.
+        let jwks = dir.path().join("jwks.json").to_str().unwrap().to_owned();
+        let with_jwt = serve_args(&[
+            "--jwt-jwks-file",
+            &jwks,
+            "--jwt-issuer",
+            "https://issuer",
+            "--jwt-audience",
+            "gateway",
+            "--authz-file",
+            rules,
+        ])
+        .unwrap();
+        assert!(with_jwt.settings().unwrap().authz.is_some());
 
         std::fs::write(rules, "rules:\n  - principals: {subjects: [a]}\n").unwrap();
         let error = args.settings().unwrap_err();
