@@ -52,7 +52,7 @@ pub(super) struct Guard {
 /// extensions), the caller's access under the rules, then the request
 /// under the backstop timeout.
 pub(super) async fn guard(
-    State(guard): State<Guard>,
+    State(guard): State<Arc<Guard>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -121,7 +121,10 @@ async fn authenticate(
     };
     // A JWT is base64url and dots: anything else cannot be one.
     let token = std::str::from_utf8(&presented).map_err(|_| crate::jwt::TokenError::Malformed)?;
-    let subject: Arc<str> = verifier.verify(token).await?;
+    // Boxed: the check's future (a key set fetch among its states) would
+    // otherwise make every request's guard future as large, and be copied
+    // with it, token or not.
+    let subject: Arc<str> = Box::pin(verifier.verify(token)).await?;
     Ok(Caller::Subject(subject))
 }
 
@@ -171,7 +174,7 @@ mod tests {
                     format!("{:?}", caller.map(|Extension(caller)| caller))
                 }),
             )
-            .layer(from_fn_with_state(checks, guard))
+            .layer(from_fn_with_state(Arc::new(checks), guard))
     }
 
     fn checks(token: Option<&str>, jwt: Option<Verifier>) -> Guard {

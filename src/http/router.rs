@@ -33,14 +33,15 @@ pub fn router(state: AppState) -> Router {
     api_routes()
         .fallback(route_not_found)
         .layer(from_fn_with_state(
-            Guard {
+            // Cloned for every request: one reference count, not one per field.
+            Arc::new(Guard {
                 token: state.callers.api_token.clone(),
                 authz: state.callers.authz.clone(),
                 jwt: state.callers.jwt.clone(),
                 metrics: state.metrics.clone(),
                 backstop,
                 lock_wait: state.locks.settings().max_wait,
-            },
+            }),
             guard,
         ))
         // The dashboard's static files are public; the API calls it makes
