@@ -60,22 +60,14 @@ impl Options {
             smoke,
             report: None,
         };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--bench" | "--smoke" => {}
-                "--requests" => {
-                    options.requests = value("--requests")?.parse().context("--requests")?;
-                }
-                "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
-                "--report" => options.report = Some(value("--report")?.into()),
-                other => {
-                    bail!("unknown argument {other:?}; use --requests N, --rounds N, --report FILE")
-                }
-            }
-        }
+        support::read_number_flags(
+            args,
+            &mut [
+                ("--requests", &mut options.requests),
+                ("--rounds", &mut options.rounds),
+            ],
+            &mut options.report,
+        )?;
         if options.requests == 0 || options.rounds == 0 {
             bail!("--requests and --rounds must be positive");
         }

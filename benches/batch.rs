@@ -60,20 +60,14 @@ impl Options {
             smoke,
             report: None,
         };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--bench" | "--smoke" => {}
-                "--ops" => options.ops = value("--ops")?.parse().context("--ops")?,
-                "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
-                "--report" => options.report = Some(value("--report")?.into()),
-                other => {
-                    bail!("unknown argument {other:?}; use --ops N, --rounds N, --report FILE")
-                }
-            }
-        }
+        support::read_number_flags(
+            args,
+            &mut [
+                ("--ops", &mut options.ops),
+                ("--rounds", &mut options.rounds),
+            ],
+            &mut options.report,
+        )?;
         if options.ops == 0 || options.ops > 1_000 || options.rounds == 0 {
             bail!("--ops must be 1 to 1000 (the default --max-batch-ops), --rounds positive");
         }

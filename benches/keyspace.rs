@@ -69,10 +69,11 @@ impl Options {
         let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
         };
+        let mut rescan_ms = if smoke { 1_000 } else { 5_000 };
         let mut options = Options {
             store_keys: if smoke { 2_000 } else { 100_000 },
             pattern_keys: if smoke { 200 } else { 10_000 },
-            rescan: Duration::from_secs(if smoke { 1 } else { 5 }),
+            rescan: Duration::ZERO,
             rescan_rounds: if smoke { 2 } else { 6 },
             writes: if smoke { 20 } else { 500 },
             outside_writes: if smoke { 3 } else { 20 },
@@ -80,31 +81,20 @@ impl Options {
             smoke,
             report: None,
         };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            let mut number = |name: &str| -> Result<usize> {
-                value(name)?.parse().with_context(|| name.to_owned())
-            };
-            match arg.as_str() {
-                "--bench" | "--smoke" => {}
-                "--store-keys" => options.store_keys = number("--store-keys")?,
-                "--pattern-keys" => options.pattern_keys = number("--pattern-keys")?,
-                "--rescan-ms" => {
-                    options.rescan = Duration::from_millis(number("--rescan-ms")? as u64);
-                }
-                "--rescan-rounds" => options.rescan_rounds = number("--rescan-rounds")?,
-                "--writes" => options.writes = number("--writes")?,
-                "--outside-writes" => options.outside_writes = number("--outside-writes")?,
-                "--streams" => options.streams = number("--streams")?,
-                "--report" => options.report = Some(value("--report")?.into()),
-                other => bail!(
-                    "unknown argument {other:?}; use --store-keys N, --pattern-keys N, --rescan-ms N, \
-                     --rescan-rounds N, --writes N, --outside-writes N, --streams N, --report FILE"
-                ),
-            }
-        }
+        support::read_number_flags(
+            args,
+            &mut [
+                ("--store-keys", &mut options.store_keys),
+                ("--pattern-keys", &mut options.pattern_keys),
+                ("--rescan-ms", &mut rescan_ms),
+                ("--rescan-rounds", &mut options.rescan_rounds),
+                ("--writes", &mut options.writes),
+                ("--outside-writes", &mut options.outside_writes),
+                ("--streams", &mut options.streams),
+            ],
+            &mut options.report,
+        )?;
+        options.rescan = Duration::from_millis(rescan_ms as u64);
         if options.pattern_keys == 0
             || options.pattern_keys + SHARED_KEYS > options.store_keys
             || options.rescan_rounds == 0

@@ -57,20 +57,14 @@ impl Options {
             smoke,
             report: None,
         };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--bench" | "--smoke" => {}
-                "--keys" => options.keys = value("--keys")?.parse().context("--keys")?,
-                "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
-                "--report" => options.report = Some(value("--report")?.into()),
-                other => {
-                    bail!("unknown argument {other:?}; use --keys N, --rounds N, --report FILE")
-                }
-            }
-        }
+        support::read_number_flags(
+            args,
+            &mut [
+                ("--keys", &mut options.keys),
+                ("--rounds", &mut options.rounds),
+            ],
+            &mut options.report,
+        )?;
         if options.keys == 0 || options.rounds == 0 {
             bail!("--keys and --rounds must be positive");
         }

@@ -50,29 +50,22 @@ impl Options {
         let Some((smoke, args)) = support::requested_args() else {
             return Ok(None);
         };
+        let mut seconds = if smoke { 1 } else { 5 };
         let mut options = Options {
-            seconds: Duration::from_secs(if smoke { 1 } else { 5 }),
+            seconds: Duration::ZERO,
             rounds: if smoke { 1 } else { 3 },
             smoke,
             report: None,
         };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let mut value =
-                |name: &str| args.next().with_context(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--bench" | "--smoke" => {}
-                "--seconds" => {
-                    options.seconds =
-                        Duration::from_secs(value("--seconds")?.parse().context("--seconds")?)
-                }
-                "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
-                "--report" => options.report = Some(value("--report")?.into()),
-                other => {
-                    bail!("unknown argument {other:?}; use --seconds N, --rounds N, --report FILE")
-                }
-            }
-        }
+        support::read_number_flags(
+            args,
+            &mut [
+                ("--seconds", &mut seconds),
+                ("--rounds", &mut options.rounds),
+            ],
+            &mut options.report,
+        )?;
+        options.seconds = Duration::from_secs(seconds as u64);
         if options.seconds.is_zero() || options.rounds == 0 {
             bail!("--seconds and --rounds must be positive");
         }

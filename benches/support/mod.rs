@@ -25,6 +25,38 @@ pub fn requested_args() -> Option<(bool, Vec<String>)> {
     (smoke || args.iter().any(|arg| arg == "--bench")).then_some((smoke, args))
 }
 
+/// Reads the flags of a benchmark whose options are whole numbers and a
+/// report file: `--<name> N` for each of `numbers` sets its place, `--report
+/// FILE` sets `report`; `--bench` and `--smoke` ([`requested_args`]) pass.
+#[allow(dead_code)] // the gateway benchmark reads richer flags of its own
+pub fn read_number_flags(
+    args: Vec<String>,
+    numbers: &mut [(&str, &mut usize)],
+    report: &mut Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--bench" | "--smoke" => {}
+            "--report" => *report = Some(value("--report")?.into()),
+            other => {
+                let Some((name, place)) = numbers.iter_mut().find(|(name, _)| *name == other)
+                else {
+                    let usage: String = numbers
+                        .iter()
+                        .map(|(name, _)| format!("{name} N, "))
+                        .collect();
+                    anyhow::bail!("unknown argument {other:?}; use {usage}--report FILE");
+                };
+                **place = value(name)?.parse().with_context(|| name.to_string())?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A benchmark program's `main`: options from `parse` (`None`: not asked
 /// to run, as under plain `cargo test`), then `run` on a multi-threaded
 /// runtime; errors are printed with `name` and become the exit status.
