@@ -1,7 +1,8 @@
-//! Who calls the key API: the bearer token check ([`ApiToken`], or a JWT
-//! through the [`Verifier`]) that makes a request's [`Caller`], in the
-//! middleware that also puts the backstop timeout on it (one layer for
-//! both).
+//! Who calls the key API: the bearer token check (the shared
+//! [`ApiToken`](super::ApiToken), or a JWT through the
+//! [`Verifier`](crate::jwt::Verifier)) that makes a request's [`Caller`],
+//! in the middleware that also puts the backstop timeout on it (one layer
+//! for both).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,11 +13,10 @@ use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::authz::{Authz, Principal};
+use super::authz::Principal;
 use super::problem::{ApiError, AuthFailure};
-use super::state::ApiToken;
+use super::state::CallerChecks;
 use super::{extract, locks, watch};
-use crate::jwt::Verifier;
 use crate::metrics::Metrics;
 
 /// Who a request comes from, as the guard established it (a request
@@ -33,13 +33,10 @@ pub enum Caller {
 /// service clone and a boxed future per request).
 #[derive(Debug, Clone)]
 pub(super) struct Guard {
-    /// Accepted as `Authorization: Bearer <token>` when configured.
-    pub(super) token: Option<ApiToken>,
-    /// Checks any other bearer token as a JWT when configured.
-    pub(super) jwt: Option<Verifier>,
-    /// The per-key rules, when configured: each request gets its caller's
-    /// [`Access`](super::authz::Access) under them.
-    pub(super) authz: Option<Authz>,
+    /// The shared token (`Authorization: Bearer <token>`), then any other
+    /// bearer token as a JWT; each request gets its caller's
+    /// [`Access`](super::authz::Access) under the rules, when configured.
+    pub(super) callers: CallerChecks,
     /// Counts refusals by reason.
     pub(super) metrics: Metrics,
     /// See [`Limits::backstop`].
@@ -56,7 +53,7 @@ pub(super) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    if guard.token.is_some() || guard.jwt.is_some() {
+    if guard.callers.api_token.is_some() || guard.callers.jwt.is_some() {
         let authenticated =
             authenticate(&guard, request.headers(), request.method(), request.uri()).await;
         match authenticated {
@@ -73,7 +70,7 @@ pub(super) async fn guard(
             }
         }
     }
-    if let Some(authz) = &guard.authz {
+    if let Some(authz) = &guard.callers.authz {
         let principal = match request.extensions().get::<Caller>() {
             Some(Caller::ApiToken) => Principal::ApiToken,
             Some(Caller::Subject(subject)) => Principal::Subject(subject.clone()),
@@ -110,13 +107,14 @@ async fn authenticate(
         .or_else(|| query_token(method, uri).map(Cow::Owned))
         .ok_or(AuthFailure::Missing)?;
     if guard
-        .token
+        .callers
+        .api_token
         .as_ref()
         .is_some_and(|token| token.matches(&presented))
     {
         return Ok(Caller::ApiToken);
     }
-    let Some(verifier) = &guard.jwt else {
+    let Some(verifier) = &guard.callers.jwt else {
         return Err(AuthFailure::NotTheApiToken);
     };
     // A JWT is base64url and dots: anything else cannot be one.
@@ -163,7 +161,8 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::*;
-    use crate::jwt::{JwtSettings, KeySource};
+    use crate::http::ApiToken;
+    use crate::jwt::{JwtSettings, KeySource, Verifier};
 
     /// A route answering with the caller the guard made, behind the guard.
     fn echo(checks: Guard) -> Router {
@@ -179,9 +178,11 @@ mod tests {
 
     fn checks(token: Option<&str>, jwt: Option<Verifier>) -> Guard {
         Guard {
-            token: token.map(|token| ApiToken::new(token.as_bytes().to_vec())),
-            jwt,
-            authz: None,
+            callers: CallerChecks {
+                api_token: token.map(|token| ApiToken::new(token.as_bytes().to_vec())),
+                jwt,
+                authz: None,
+            },
             metrics: Metrics::new(),
             backstop: Duration::from_secs(5),
             lock_wait: Duration::ZERO,

@@ -35,9 +35,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(
             // Cloned for every request: one reference count, not one per field.
             Arc::new(Guard {
-                token: state.callers.api_token.clone(),
-                authz: state.callers.authz.clone(),
-                jwt: state.callers.jwt.clone(),
+                callers: state.callers.clone(),
                 metrics: state.metrics.clone(),
                 backstop,
                 lock_wait: state.locks.settings().max_wait,
