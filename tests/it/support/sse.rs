@@ -204,6 +204,13 @@ async fn read_head(tcp: &mut TcpStream, buffer: &mut BytesMut) -> (u16, String) 
     (status, head.join("\n"))
 }
 
+/// What a stream did within a wait.
+enum Next {
+    Event(SseEvent),
+    Quiet,
+    Ended(String),
+}
+
 impl SseStream {
     /// The body's remaining bytes as text, until it ends (for error answers).
     pub async fn text(&mut self) -> String {
@@ -225,19 +232,30 @@ impl SseStream {
 
     /// The next event within `within`, or `None` if none came (or the stream ended).
     pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
+        match self.next_or_end(within).await {
+            Next::Event(event) => Some(event),
+            Next::Quiet | Next::Ended(_) => None,
+        }
+    }
+
+    /// The next event within `within`, telling a quiet stream from one that
+    /// ended or failed.
+    async fn next_or_end(&mut self, within: Duration) -> Next {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             if let Some(end) = find_blank_line(&self.buffer) {
                 let block: Vec<u8> = self.buffer.drain(..end.1).collect();
                 if let Some(event) = self.parse(&block[..end.0]) {
-                    return Some(event);
+                    return Next::Event(event);
                 }
                 continue;
             }
-            let chunk = tokio::time::timeout_at(deadline, self.body.next())
-                .await
-                .ok()??;
-            self.buffer.extend_from_slice(&chunk.ok()?);
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Err(_) => return Next::Quiet,
+                Ok(None) => return Next::Ended("the stream ended".into()),
+                Ok(Some(Err(error))) => return Next::Ended(format!("the stream failed: {error}")),
+                Ok(Some(Ok(chunk))) => self.buffer.extend_from_slice(&chunk),
+            }
         }
     }
 
@@ -251,10 +269,13 @@ impl SseStream {
         got
     }
 
-    /// Asserts that no event arrives within `within`.
+    /// Asserts that the stream stays open and no event arrives within
+    /// `within`.
     pub async fn expect_silence(&mut self, within: Duration) {
-        if let Some(event) = self.next(within).await {
-            panic!("unexpected event {event:?}");
+        match self.next_or_end(within).await {
+            Next::Quiet => {}
+            Next::Event(event) => panic!("unexpected event {event:?}"),
+            Next::Ended(why) => panic!("{why} where it should stay open and quiet"),
         }
     }
 
