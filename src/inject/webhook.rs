@@ -154,21 +154,17 @@ fn review_response(request: &ReviewRequest, values: &SidecarValues) -> Value {
     let (true, "CREATE", Some(pod)) = (is_pod, request.operation.as_str(), &request.object) else {
         return json!({"uid": uid, "allowed": true});
     };
-    let mut patched = pod.clone();
+    let mut original = pod.clone();
     // An AdmissionReview's object has no apiVersion/kind of its own in
     // some API server versions: say what it is.
-    if let Some(object) = patched.as_object_mut() {
+    if let Some(object) = original.as_object_mut() {
         object.insert("apiVersion".into(), "v1".into());
         object.insert("kind".into(), "Pod".into());
     }
+    let mut patched = original.clone();
     match inject_object(&mut patched, values, Unannotated::Skip) {
         Ok(false) => json!({"uid": uid, "allowed": true}),
         Ok(true) => {
-            let mut original = pod.clone();
-            if let Some(object) = original.as_object_mut() {
-                object.insert("apiVersion".into(), "v1".into());
-                object.insert("kind".into(), "Pod".into());
-            }
             let patch = json_patch::diff(&original, &patched);
             let patch = serde_json::to_vec(&patch).unwrap_or_default();
             json!({

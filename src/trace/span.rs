@@ -85,26 +85,25 @@ impl Span {
     /// The client span of a store request (`verb`: SET, GET, ...), child
     /// of the current context when that is a span this gateway exports.
     pub fn store(verb: &'static str) -> Option<Self> {
-        let tracer = TRACER.get()?;
-        let (parent, state) = with_current(|current| {
-            current
-                .exported()
-                .then(|| (parent_of(current), current.state()))
-        })??;
-        let span = tracer
-            .span_builder(verb)
-            .with_kind(SpanKind::Client)
-            .with_attributes([
+        Self::child(
+            verb,
+            SpanKind::Client,
+            vec![
                 KeyValue::new("db.system.name", "azure.iot_operations.state_store"),
                 KeyValue::new("db.operation.name", verb),
-            ])
-            .start_with_context(tracer, &parent);
-        Self::recorded(span, state)
+            ],
+        )
     }
 
     /// An internal span (`lock wait`), child of the current context when
     /// that is a span this gateway exports.
     pub fn internal(name: &'static str) -> Option<Self> {
+        Self::child(name, SpanKind::Internal, Vec::new())
+    }
+
+    /// A span under the current context, when that is a span this gateway
+    /// exports.
+    fn child(name: &'static str, kind: SpanKind, attributes: Vec<KeyValue>) -> Option<Self> {
         let tracer = TRACER.get()?;
         let (parent, state) = with_current(|current| {
             current
@@ -113,7 +112,8 @@ impl Span {
         })??;
         let span = tracer
             .span_builder(name)
-            .with_kind(SpanKind::Internal)
+            .with_kind(kind)
+            .with_attributes(attributes)
             .start_with_context(tracer, &parent);
         Self::recorded(span, state)
     }
