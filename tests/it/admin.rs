@@ -13,6 +13,7 @@ use statestore_gateway::protocol::Request;
 
 use crate::support::Mosquitto;
 use crate::support::gateway::{Gateway, GatewayOptions, Stack, http_client};
+use crate::support::gateway_process::binary_command;
 use crate::support::scripted_store::{Script, Scripted};
 use crate::support::{free_port, wait_for_listener};
 
@@ -190,22 +191,11 @@ fn wait_for_exit(mut child: Child, within: Duration) -> (ExitStatus, String) {
     }
 }
 
-fn gateway_binary() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_statestore-gateway"));
-    // The test runner's environment must not configure the child.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("STATESTORE_GATEWAY_") || name.starts_with("AIO_") {
-            command.env_remove(name);
-        }
-    }
-    command
-}
-
 #[tokio::test]
 async fn serve_binary_starts_and_exits_zero_on_sigterm() {
     let broker = Mosquitto::start().await;
     let (api, admin) = (free_port(), free_port());
-    let child = gateway_binary()
+    let child = binary_command()
         .args(["serve", "--log-format", "json"])
         .env("STATESTORE_GATEWAY_LISTEN", format!("127.0.0.1:{api}"))
         .env(
@@ -276,7 +266,7 @@ fn serve_binary_refuses_a_bad_setting_naming_it() {
         ),
         ("AIO_MQTT_USE_TLS", "maybe", "--use-tls"),
     ] {
-        let child = gateway_binary()
+        let child = binary_command()
             .arg("serve")
             .env(name, value)
             .stdout(Stdio::null())

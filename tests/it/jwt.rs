@@ -11,7 +11,7 @@ use reqwest::{StatusCode, header};
 use serde_json::json;
 
 use crate::support::gateway::{GatewayOptions, Stack, problem};
-use crate::support::gateway_process::GatewayProcess;
+use crate::support::gateway_process::{GatewayProcess, binary_command};
 use crate::support::sse;
 use crate::support::tokens::{
     AUDIENCE, ISSUER, JwksServer, SigningKey, claims, claims_with, hmac_token, jwt_settings, now,
@@ -415,11 +415,10 @@ async fn a_jwks_file_without_issuer_and_audience_stops_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jwks.json");
     write_jwks(&path, &[&SigningKey::ec("k")]);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_statestore-gateway"))
+    let output = binary_command()
         .args(["serve", "--use-tls", "false", "--jwt-jwks-file"])
         .arg(&path)
         .args(["--jwt-issuer", ISSUER])
-        .env_remove("STATESTORE_GATEWAY_JWT_AUDIENCE")
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));

@@ -5,7 +5,7 @@
 //! unusable certificate settings.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use reqwest::Version;
@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 
 use crate::support::emulator::start_emulator;
 use crate::support::gateway::{GatewayOptions, Stack, StackBuilder};
-use crate::support::gateway_process::GatewayProcess;
+use crate::support::gateway_process::{GatewayProcess, binary_command};
 use crate::support::{Mosquitto, TestPki, sse};
 
 /// A stack whose key API serves TLS with a certificate of `pki`.
@@ -425,14 +425,7 @@ async fn bad_handshakes_and_plain_http_on_the_tls_port_close_only_their_connecti
 /// Runs `serve` with `args` and returns its exit code and standard error,
 /// or panics if it is still running after 10 s.
 fn serve_exit(args: &[&str]) -> (Option<i32>, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_statestore-gateway"));
-    // The test runner's environment must not configure the child.
-    for (name, _) in std::env::vars() {
-        if name.starts_with("STATESTORE_GATEWAY_") || name.starts_with("AIO_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command
+    let mut child = binary_command()
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--use-tls", "false"])

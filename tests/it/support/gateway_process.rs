@@ -55,9 +55,9 @@ impl GatewayProcess {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let binary = env!("CARGO_BIN_EXE_statestore-gateway");
         let mut command = match soft_limit {
-            None => Command::new(binary),
+            None => binary_command(),
             Some(limit) => {
-                let mut shell = Command::new("sh");
+                let mut shell = without_runner_settings(Command::new("sh"));
                 shell
                     .arg("-c")
                     .arg(format!("ulimit -Sn {limit} && exec \"$0\" \"$@\""))
@@ -65,15 +65,6 @@ impl GatewayProcess {
                 shell
             }
         };
-        // The test runner's environment must not configure the child.
-        for (name, _) in std::env::vars() {
-            if name.starts_with("STATESTORE_GATEWAY_")
-                || name.starts_with("AIO_")
-                || name.starts_with("OTEL_")
-            {
-                command.env_remove(name);
-            }
-        }
         let stderr = if std::env::var_os("TEST_LOG").is_some() {
             Stdio::inherit()
         } else {
@@ -264,4 +255,23 @@ impl Drop for GatewayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The binary, with none of the settings of the test runner's environment
+/// (`STATESTORE_GATEWAY_*`, `AIO_*`, `OTEL_*`): a test's own flags and
+/// variables are all that configure it.
+pub fn binary_command() -> Command {
+    without_runner_settings(Command::new(env!("CARGO_BIN_EXE_statestore-gateway")))
+}
+
+fn without_runner_settings(mut command: Command) -> Command {
+    for (name, _) in std::env::vars() {
+        if name.starts_with("STATESTORE_GATEWAY_")
+            || name.starts_with("AIO_")
+            || name.starts_with("OTEL_")
+        {
+            command.env_remove(name);
+        }
+    }
+    command
 }
