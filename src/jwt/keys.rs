@@ -238,6 +238,15 @@ mod tests {
     }
 
     #[test]
+    fn without_a_kid_a_set_of_one_has_its_key() {
+        let keys = set(&[rsa("only", serde_json::json!({}))]).unwrap();
+        assert_eq!(
+            keys.find(None).and_then(|key| key.kid.as_deref()),
+            Some("only")
+        );
+    }
+
+    #[test]
     fn without_a_kid_a_set_of_two_has_no_key() {
         let keys = set(&[
             rsa("a", serde_json::json!({})),
