@@ -124,6 +124,14 @@ impl ReloadingCertificate {
 
 impl ResolvesServerCert for ReloadingCertificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.key())
+    }
+}
+
+impl ReloadingCertificate {
+    /// The pair to serve: read again when the files changed (looked at
+    /// once per [`RELOAD_CHECK_INTERVAL`]), else the one loaded last.
+    fn key(&self) -> Arc<CertifiedKey> {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if current.checked.elapsed() >= RELOAD_CHECK_INTERVAL {
             current.checked = Instant::now();
@@ -144,7 +152,7 @@ impl ResolvesServerCert for ReloadingCertificate {
                 }
             }
         }
-        Some(current.key.clone())
+        current.key.clone()
     }
 }
 
@@ -223,6 +231,33 @@ mod tests {
         )
         .unwrap()
         .unwrap()
+    }
+
+    #[test]
+    fn a_pair_that_does_not_load_keeps_the_one_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = pem_pair(dir.path(), "first");
+        let reloading = ReloadingCertificate::load(files(&cert, &key), provider()).unwrap();
+        let first = reloading.key();
+        let look_again = || {
+            let mut current = reloading.current.lock().unwrap();
+            current.modified = (None, None);
+            current.checked = Instant::now()
+                .checked_sub(RELOAD_CHECK_INTERVAL)
+                .unwrap_or(current.checked);
+        };
+        // Half written: the key file holds no key.
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        look_again();
+        assert!(Arc::ptr_eq(&reloading.key(), &first));
+        // Whole again (a new pair): served from the next look on.
+        let (new_cert, new_key) = pem_pair(dir.path(), "second");
+        std::fs::copy(&new_cert, &cert).unwrap();
+        std::fs::copy(&new_key, &key).unwrap();
+        look_again();
+        let second = reloading.key();
+        assert!(!Arc::ptr_eq(&second, &first));
+        assert_ne!(second.cert, first.cert);
     }
 
     #[test]
