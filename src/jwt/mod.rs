@@ -246,7 +246,7 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, JwksError> {
 /// and the previous keys kept); a URL is fetched at once, then every
 /// refresh interval (sooner again after a failure).
 async fn keep_fresh(inner: Weak<Inner>) {
-    let mut last_file: Option<[u8; 32]> = None;
+    let mut last_error = None;
     let mut first = true;
     loop {
         let wait = {
@@ -255,10 +255,9 @@ async fn keep_fresh(inner: Weak<Inner>) {
             };
             match (&inner.settings.keys, &inner.fetcher) {
                 (KeySource::File(path), _) => {
-                    if first {
-                        last_file = Some(inner.current().fingerprint);
-                    } else {
-                        reload_file(&inner, path, &mut last_file);
+                    // Read at start already (the verifier's first keys).
+                    if !first {
+                        reload_file(&inner, path, &mut last_error);
                     }
                     inner.settings.file_check_interval
                 }
@@ -280,26 +279,23 @@ async fn keep_fresh(inner: Weak<Inner>) {
     }
 }
 
-fn reload_file(inner: &Inner, path: &std::path::Path, last: &mut Option<[u8; 32]>) {
-    let outcome = read(path).and_then(|document| {
-        let digest: [u8; 32] = Sha256::digest(&document).into();
-        if *last == Some(digest) {
-            return Ok(());
-        }
-        *last = Some(digest);
-        inner.install(&document).map(drop)
-    });
-    if let Err(error) = outcome {
-        // Logged once per distinct failure, not every check.
-        let digest: [u8; 32] = Sha256::digest(error.to_string().as_bytes()).into();
-        if *last != Some(digest) {
-            *last = Some(digest);
-            inner
-                .metrics
-                .jwks_updates
-                .with_label_values(&["failed"])
-                .inc();
-            tracing::warn!(%error, "JWT key set file not loaded; the previous keys stay");
+/// Installs the file's keys if they changed (see [`Inner::install`]); a
+/// failure is logged and counted once until the file loads again or fails
+/// otherwise.
+fn reload_file(inner: &Inner, path: &std::path::Path, last_error: &mut Option<String>) {
+    match read(path).and_then(|document| inner.install(&document)) {
+        Ok(_) => *last_error = None,
+        Err(error) => {
+            let error = error.to_string();
+            if last_error.as_deref() != Some(error.as_str()) {
+                inner
+                    .metrics
+                    .jwks_updates
+                    .with_label_values(&["failed"])
+                    .inc();
+                tracing::warn!(%error, "JWT key set file not loaded; the previous keys stay");
+                *last_error = Some(error);
+            }
         }
     }
 }
