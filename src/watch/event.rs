@@ -121,6 +121,19 @@ impl KeyEvent {
         value + 2 * (value + value.div_ceil(3) * 4) + 2 * self.key.len() + error + 256
     }
 
+    /// A `delete` of `key` with this version and event id.
+    pub(super) fn delete(key: &Bytes, version: Option<Hlc>, id: Option<Hlc>) -> Self {
+        Self {
+            kind: EventKind::Delete,
+            key: key.clone(),
+            value: None,
+            version,
+            id,
+            error: None,
+            rendered: OnceLock::new(),
+        }
+    }
+
     pub(super) fn sync(key: &Bytes, snapshot: &Snapshot, resync: bool, lagged: bool) -> Self {
         Self {
             kind: EventKind::Sync { resync, lagged },

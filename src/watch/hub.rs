@@ -557,15 +557,7 @@ impl Watcher {
                 && let Some(snapshot) = cursor.watch.state().snapshot.clone()
                 && snapshot.value.is_none()
             {
-                let event = KeyEvent {
-                    kind: EventKind::Delete,
-                    key: key.clone(),
-                    value: None,
-                    version: snapshot.version,
-                    id: snapshot.id,
-                    error: None,
-                    rendered: OnceLock::new(),
-                };
+                let event = KeyEvent::delete(key, snapshot.version, snapshot.id);
                 if is_news(cursor.delivered.as_ref(), &event) {
                     self.pending.push_back(Arc::new(event));
                 }

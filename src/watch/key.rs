@@ -175,15 +175,7 @@ impl KeyWatch {
         state.snapshot = Some(current.clone());
         state.changes += 1;
         let event = if tell_delete && current.value.is_none() {
-            KeyEvent {
-                kind: EventKind::Delete,
-                key: self.key.clone(),
-                value: None,
-                version: None,
-                id: current.id,
-                error: None,
-                rendered: OnceLock::new(),
-            }
+            KeyEvent::delete(&self.key, None, current.id)
         } else {
             KeyEvent::sync(&self.key, &current, true, false)
         };
