@@ -18,6 +18,7 @@ mod authz;
 mod batch;
 mod browser;
 mod dapr;
+mod docs;
 mod emulator;
 mod faults;
 mod hostile;
