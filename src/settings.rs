@@ -327,14 +327,14 @@ pub const DAPR_STATE_STORE: Setting = Setting {
     flag: "--dapr-state-store",
     env: "STATESTORE_GATEWAY_DAPR_STATE_STORE",
     default: "statestore",
-    helm: Helm::Default("dapr.stateStore"),
+    helm: Helm::Default("gateway.daprStateStore"),
 };
 
 pub const DAPR_LOCK_STORE: Setting = Setting {
     flag: "--dapr-lock-store",
     env: "STATESTORE_GATEWAY_DAPR_LOCK_STORE",
     default: "lockstore",
-    helm: Helm::Default("dapr.lockStore"),
+    helm: Helm::Default("gateway.daprLockStore"),
 };
 
 /// The app id Dapr's metadata names, and the key prefix `app-id` uses.
@@ -342,7 +342,7 @@ pub const DAPR_APP_ID: Setting = Setting {
     flag: "--dapr-app-id",
     env: "STATESTORE_GATEWAY_DAPR_APP_ID",
     default: "statestore-gateway",
-    helm: Helm::Default("dapr.appId"),
+    helm: Helm::Default("gateway.daprAppId"),
 };
 
 /// `none` (keys as given) or `app-id` (`<app-id>||<key>`, Dapr's default).
@@ -350,7 +350,7 @@ pub const DAPR_KEY_PREFIX: Setting = Setting {
     flag: "--dapr-key-prefix",
     env: "STATESTORE_GATEWAY_DAPR_KEY_PREFIX",
     default: "none",
-    helm: Helm::Default("dapr.keyPrefix"),
+    helm: Helm::Default("gateway.daprKeyPrefix"),
 };
 
 pub const DAPR_ETAG_LEASE: Setting = Setting {

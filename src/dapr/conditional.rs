@@ -35,7 +35,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{DaprError, DaprSettings};
+use super::error::DaprError;
+use super::settings::DaprSettings;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};

@@ -13,20 +13,22 @@
 //!   keys, so Dapr locks, `/locks` and SDK lock clients exclude each other.
 
 mod conditional;
+mod error;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
-use thiserror::Error;
 
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
-use crate::settings;
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use conditional::LEASE_PREFIX;
+pub use error::DaprError;
+pub use settings::{DaprSettings, KeyPrefix};
 
 /// The state store's component type in Dapr's metadata.
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
@@ -39,48 +41,6 @@ pub const STATE_CAPABILITIES: [&str; 2] = ["ETAG", "TTL"];
 /// Why transactions are refused: the store has no multi-key command, and
 /// one applied key by key could be left half-applied by a crash.
 pub const TRANSACTIONS_UNSUPPORTED: &str = "this state store does not support transactions: the AIO state store has no multi-key command, and a transaction applied key by key could be left half-applied";
-
-/// How state keys are named in the store.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum KeyPrefix {
-    /// Keys as given, shared with `/keys`, watches and the SDKs.
-    #[default]
-    None,
-    /// `<app-id>||<key>`: Dapr's default, so the gateway reads and writes
-    /// the data an app wrote through Dapr and the AIO state component.
-    AppId,
-}
-
-/// The Dapr API's settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaprSettings {
-    /// The state store's name (`/v1.0/state/{store}`).
-    pub state_store: String,
-    /// The lock store's name (`/v1.0-alpha1/lock/{lockstore}`).
-    pub lock_store: String,
-    /// The app id the metadata names (and the key prefix uses).
-    pub app_id: String,
-    /// How state keys are named in the store.
-    pub key_prefix: KeyPrefix,
-    /// How long a conditional write's per-key lease lasts: a gateway that
-    /// dies holding one delays other etag writes of that key this long.
-    pub etag_lease: Duration,
-    /// How long an etag write waits for another's lease before failing.
-    pub lease_wait: Duration,
-}
-
-impl Default for DaprSettings {
-    fn default() -> Self {
-        Self {
-            state_store: settings::DAPR_STATE_STORE.default.to_owned(),
-            lock_store: settings::DAPR_LOCK_STORE.default.to_owned(),
-            app_id: settings::DAPR_APP_ID.default.to_owned(),
-            key_prefix: KeyPrefix::None,
-            etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
-            lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
-        }
-    }
-}
 
 /// Dapr's concurrency option of a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,25 +87,6 @@ pub enum UnlockStatus {
     LockDoesNotExist = 1,
     /// Someone else holds it.
     LockBelongsToOthers = 2,
-}
-
-/// Why a Dapr operation failed; the HTTP and gRPC sides each map these
-/// onto Dapr's codes in one place.
-#[derive(Debug, Clone, Error)]
-pub enum DaprError {
-    /// The etag is not the key's current version (or the key is absent),
-    /// or `first-write` found the key present: nothing changed.
-    #[error("possible etag mismatch: the key was changed or does not exist")]
-    EtagMismatch,
-    /// An etag that cannot be one of the store's versions.
-    #[error("invalid etag {0:?}: etags are the store's versions")]
-    MalformedEtag(String),
-    /// Another etag write of the key held its lease for the whole wait.
-    #[error("another conditional write of this key held it for {0:?}")]
-    LeaseBusy(Duration),
-    /// The store refused the request or could not be reached.
-    #[error(transparent)]
-    Store(#[from] RequestError),
 }
 
 /// Dapr's operations over the store. Cheap to clone.
