@@ -595,3 +595,52 @@ async fn two_gateways_never_both_win_with_one_etag_even_when_one_is_paused_mid_w
     // Some rounds froze A while it held its lease (B had to wait for it).
     assert!(b_waited > 0, "no round froze A while it held its lease");
 }
+
+/// The fenced code blocks of `docs/dapr.md` in `language`.
+fn doc_examples(language: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dapr.md"))
+        .expect("docs/dapr.md");
+    let fence = format!("```{language}\n");
+    text.split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_moving_from_dapr_examples_run_as_written() {
+    require_sdks();
+    let stack = stack_with_token().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The JS example imports @dapr/dapr from beside itself.
+    std::os::unix::fs::symlink(dapr_dir().join("node_modules"), dir.path().join("node_modules")).unwrap();
+    let [js] = doc_examples("js").try_into().expect("one JS example");
+    let [py] = doc_examples("python").try_into().expect("one Python example");
+    std::fs::write(dir.path().join("example.mjs"), js).unwrap();
+    std::fs::write(dir.path().join("example.py"), py).unwrap();
+    for (program, script, expected) in [
+        (PathBuf::from("node"), "example.mjs", "widget x2"),
+        (python(), "example.py", "{\"item\": \"gadget\", \"qty\": 3} etag "),
+    ] {
+        let mut command = tokio::process::Command::new(&program);
+        command
+            .arg(dir.path().join(script))
+            .current_dir(dir.path())
+            .env("DAPR_RUNTIME_HOST", "127.0.0.1")
+            .env("DAPR_HTTP_PORT", stack.gateway.api.port().to_string())
+            .env("DAPR_GRPC_PORT", stack.gateway.api.port().to_string())
+            .env("DAPR_API_TOKEN", TOKEN)
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(SCRIPT_TIMEOUT, command.output())
+            .await
+            .expect("the example finishes")
+            .expect("the example runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains(expected),
+            "{script}: {}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
