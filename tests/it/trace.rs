@@ -231,6 +231,50 @@ async fn without_a_valid_traceparent_store_requests_carry_none() {
     }
 }
 
+/// The binary's own JSON logs (`--log-format json`, in its own process: the
+/// log subscriber is process-wide): a traced request's failure line sits in
+/// a span with the caller's trace and span ids, an untraced one's in none.
+#[tokio::test]
+async fn json_log_lines_of_a_traced_request_carry_its_trace_and_span_ids() {
+    let broker = Mosquitto::start().await;
+    let gateway = GatewayProcess::start_keeping_stderr(
+        broker.port(),
+        &["--log-format", "json"],
+        &[("RUST_LOG", "info")],
+    )
+    .await;
+    for traceparent in [
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        None,
+    ] {
+        let mut request = gateway.http.get(gateway.url("/nothing"));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 404);
+    }
+    let failures = |lines: &[String]| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|line: &serde_json::Value| line["message"] == "request failed")
+            .collect()
+    };
+    let lines = gateway
+        .stderr()
+        .until(|lines| failures(lines).len() >= 2, WAIT)
+        .await;
+    let failures = failures(&lines);
+    assert_eq!(failures.len(), 2, "{lines:#?}");
+    assert_eq!(
+        failures[0]["span"]["trace_id"], "0af7651916cd43dd8448eb211c80319c",
+        "{}",
+        failures[0]
+    );
+    assert_eq!(failures[0]["span"]["span_id"], "b7ad6b7169203331");
+    assert!(failures[1].get("span").is_none(), "{}", failures[1]);
+}
+
 /// Span export settings for a test: batches go out within 100 ms.
 fn export_env(endpoint: &str) -> Vec<(&str, &str)> {
     vec![
