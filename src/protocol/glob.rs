@@ -1,7 +1,7 @@
 //! The glob of `SCAN` patterns (the emulator lists with it, the watch hub
 //! follows patterns with it): Redis's `SCAN MATCH` (its `stringmatchlen`,
 //! case-sensitive) on raw bytes. The service only calls its syntax
-//! "glob-style"; Redis's rules are the assumption, stated in the README.
+//! "glob-style"; Redis's rules are the assumption, stated in docs/emulator.md.
 //!
 //! - `*` any run of bytes, `?` any one byte;
 //! - `[abc]` one of the bytes, `[a-z]` a range (ends in either order),
@@ -16,7 +16,9 @@
 //! that nests `*` more than 1,000 deep matches nothing, and after a `*` whose
 //! rest matched nowhere, earlier `*`s stop retrying: matching takes at most
 //! about pattern length times key length steps. [`matches_counting`] says
-//! how many it took, so that a SCAN page can stop once it spent its share.
+//! how many it took, so that a SCAN page can stop once it spent its share;
+//! [`matches_within`] gives up past a number of steps, so that a caller can
+//! hold matching to time linear in the lengths.
 
 /// Redis gives up on patterns with more `*` levels than this.
 const MAX_NESTING: usize = 1000;
@@ -29,25 +31,51 @@ pub fn matches(pattern: &[u8], key: &[u8]) -> bool {
 /// Whether `key` matches the glob `pattern`, adding the steps the match
 /// took (bytes compared, `*` positions tried) to `steps`.
 pub fn matches_counting(pattern: &[u8], key: &[u8], steps: &mut u64) -> bool {
-    let mut skip_longer_matches = false;
-    match_from(pattern, key, &mut skip_longer_matches, 0, steps)
+    let mut state = Matching {
+        steps: *steps,
+        budget: u64::MAX,
+        skip_longer_matches: false,
+    };
+    let matched = match_from(pattern, key, &mut state, 0);
+    *steps = state.steps;
+    matched
+}
+
+/// Whether `key` matches the glob `pattern`, or `None` when that takes
+/// more than `budget` steps (as [`matches_counting`] counts them).
+pub fn matches_within(pattern: &[u8], key: &[u8], budget: u64) -> Option<bool> {
+    let mut state = Matching {
+        steps: 0,
+        budget,
+        skip_longer_matches: false,
+    };
+    let matched = match_from(pattern, key, &mut state, 0);
+    (state.steps <= budget).then_some(matched)
+}
+
+/// One match's progress.
+struct Matching {
+    steps: u64,
+    /// Past this many steps the match gives up (answers no match).
+    budget: u64,
+    /// After a `*` whose rest matched nowhere, earlier `*`s stop retrying.
+    skip_longer_matches: bool,
 }
 
 /// Redis's `stringmatchlen_impl`. `pattern` always ends where the whole
 /// pattern ends, so reading one byte past it reads C's terminating NUL.
-fn match_from(
-    pattern: &[u8],
-    key: &[u8],
-    skip_longer_matches: &mut bool,
-    nesting: usize,
-    steps: &mut u64,
-) -> bool {
+fn match_from(pattern: &[u8], key: &[u8], state: &mut Matching, nesting: usize) -> bool {
     if nesting > MAX_NESTING {
         return false;
     }
     let (mut p, mut k) = (0, 0);
     while p < pattern.len() && k < key.len() {
-        *steps += 1;
+        state.steps += 1;
+        if state.steps > state.budget {
+            // Past the budget: every caller up the stack stops too.
+            state.skip_longer_matches = true;
+            return false;
+        }
         match pattern[p] {
             b'*' => {
                 while p + 1 < pattern.len() && pattern[p + 1] == b'*' {
@@ -57,23 +85,17 @@ fn match_from(
                     return true;
                 }
                 while k < key.len() {
-                    if match_from(
-                        &pattern[p + 1..],
-                        &key[k..],
-                        skip_longer_matches,
-                        nesting + 1,
-                        steps,
-                    ) {
+                    if match_from(&pattern[p + 1..], &key[k..], state, nesting + 1) {
                         return true;
                     }
-                    if *skip_longer_matches {
+                    if state.skip_longer_matches {
                         return false;
                     }
                     k += 1;
                 }
                 // The rest matched nowhere in this key: a longer match of
                 // an earlier `*` cannot help either.
-                *skip_longer_matches = true;
+                state.skip_longer_matches = true;
                 return false;
             }
             b'?' => k += 1,
@@ -182,6 +204,34 @@ mod tests {
         let mut few = 0;
         assert!(matches_counting(b"a*", key.as_bytes(), &mut few));
         assert!(few <= 2, "{few}");
+    }
+
+    #[test]
+    fn a_match_gives_up_past_its_budget_and_answers_within_it() {
+        let key = "a".repeat(1_000);
+        let costly = format!("*{}b", "a".repeat(500));
+        assert_eq!(
+            matches_within(costly.as_bytes(), key.as_bytes(), 10_000),
+            None
+        );
+        let mut steps = 0;
+        assert!(!matches_counting(
+            costly.as_bytes(),
+            key.as_bytes(),
+            &mut steps
+        ));
+        assert_eq!(
+            matches_within(costly.as_bytes(), key.as_bytes(), steps),
+            Some(false)
+        );
+        assert_eq!(matches_within(b"a*", key.as_bytes(), 2), Some(true));
+        assert_eq!(matches_within(b"b*", key.as_bytes(), 1), Some(false));
+        let cheap = format!("{}*", "a".repeat(500));
+        assert_eq!(matches_within(cheap.as_bytes(), key.as_bytes(), 500), None);
+        assert_eq!(
+            matches_within(cheap.as_bytes(), key.as_bytes(), 501),
+            Some(true)
+        );
     }
 
     #[test]
@@ -421,6 +471,14 @@ mod proptests {
             if matches(&pattern, &key) {
                 prop_assert!(key.starts_with(&literal_prefix(&pattern)));
             }
+        }
+
+        #[test]
+        fn a_match_within_its_budget_agrees(pattern in pattern_bytes(), key in key_bytes(), budget in 0u64..64) {
+            let mut steps = 0;
+            let matched = matches_counting(&pattern, &key, &mut steps);
+            let within = matches_within(&pattern, &key, budget);
+            prop_assert_eq!(within, (steps <= budget).then_some(matched));
         }
 
         #[test]

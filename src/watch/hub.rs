@@ -203,6 +203,11 @@ impl WatchHub {
         }
         for pattern in &watcher.patterns {
             wait_listed(pattern, deadline, settings.register_timeout).await?;
+            // Past its limit the pattern follows only some of its keys: a
+            // stream joining it is refused, as a first stream would be.
+            if let Some(why) = pattern.state().over_limit.clone() {
+                return Err(why);
+            }
         }
         // One id cannot say what a stream of several keys saw of each (events
         // of different keys are not in version order): resume single keys.

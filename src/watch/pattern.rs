@@ -4,7 +4,11 @@
 //! set of keys matching it: listed (SCAN) when its first stream arrives,
 //! listed again every `rescan_interval` to find keys other clients
 //! created, and told at once of keys this gateway writes (PUT, locks) that
-//! match ([`Patterns::wrote`]). Each followed key is an ordinary hub key: the
+//! match ([`Patterns::wrote`]). A written key is matched off the request
+//! path, by one task, and against each pattern for at most
+//! [`MATCH_STEPS_PER_BYTE`] steps per byte of pattern and key: a pattern
+//! costlier to match than that, or a key written while the task is
+//! [`WRITTEN_QUEUE`] keys behind, waits for the pattern's next rescan. Each followed key is an ordinary hub key: the
 //! pattern holds one watcher reference on it, so a key has one KEYNOTIFY
 //! whatever mix of key watchers, pattern streams and lock waiters follow
 //! it. A key deleted and absent from the next rescan stops being followed;
@@ -17,7 +21,7 @@
 //! a stream's first event for it can be a `sync` with its value.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
@@ -39,6 +43,19 @@ use crate::protocol::glob;
 /// 40 bytes per key, whether used or not, and a pattern follows thousands
 /// of keys; a stream further behind on one key skips to its latest state.
 const PATTERN_KEY_BUFFER: usize = 8;
+
+/// Steps (see [`glob::matches_counting`]) a written key may take to match
+/// one pattern, per byte of the two: matching stays linear in their
+/// lengths. A glob of literals and `*`s at its ends (`sensor/*`, `*/temp`)
+/// takes about one step per byte.
+pub(super) const MATCH_STEPS_PER_BYTE: u64 = 4;
+
+/// Written keys waiting to be matched; past this a write is left to the
+/// rescans, so that writes never wait on matching.
+pub(super) const WRITTEN_QUEUE: usize = 1024;
+
+/// Steps the matching task takes between two yields to the runtime.
+const MATCH_STEPS_PER_YIELD: u64 = 1 << 16;
 
 /// Membership changes a pattern's channel holds before a slow stream
 /// lags (it then re-reads the whole membership, which is always right).
@@ -83,9 +100,10 @@ pub(super) struct PatternState {
     streams: usize,
     /// Counts rescans, for [`Followed::generation`].
     generation: u64,
-    /// The pattern matched too many keys at its last count; streams were
-    /// told once.
-    over_limit: bool,
+    /// Why the pattern takes no new keys (it matched too many at its last
+    /// count); its streams were told once, and a stream joining it is
+    /// refused with this error, as a first stream would be.
+    pub(super) over_limit: Option<WatchError>,
 }
 
 /// One followed pattern, shared by every stream on it.
@@ -141,27 +159,42 @@ impl PatternWatch {
     }
 }
 
+/// The hub's followed patterns, by glob.
+type PatternMap = Mutex<HashMap<Bytes, Arc<PatternWatch>>>;
+
+fn lock(patterns: &PatternMap) -> MutexGuard<'_, HashMap<Bytes, Arc<PatternWatch>>> {
+    patterns.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The followed patterns of the hub, by glob.
 #[derive(Debug)]
 pub(super) struct Patterns {
     inner: Arc<Inner>,
-    patterns: Mutex<HashMap<Bytes, Arc<PatternWatch>>>,
+    patterns: Arc<PatternMap>,
     /// How many patterns `patterns` holds, read without its lock on every
     /// key write.
     followed: AtomicUsize,
+    /// Keys this gateway wrote, for the task that matches them.
+    written: mpsc::Sender<Bytes>,
 }
 
 impl Patterns {
+    /// The hub's patterns, and the task that matches written keys against
+    /// them (it ends with them).
     pub(super) fn new(inner: Arc<Inner>) -> Self {
+        let patterns = Arc::new(Mutex::new(HashMap::new()));
+        let (written, written_keys) = mpsc::channel(WRITTEN_QUEUE);
+        tokio::spawn(match_written(Arc::clone(&patterns), written_keys));
         Self {
             inner,
-            patterns: Mutex::new(HashMap::new()),
+            patterns,
             followed: AtomicUsize::new(0),
+            written,
         }
     }
 
     fn patterns(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<PatternWatch>>> {
-        self.patterns.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.patterns)
     }
 
     /// Adds a stream to `glob`, creating the pattern (and starting its
@@ -222,16 +255,40 @@ impl Patterns {
             .release(keys.values().map(|followed| &followed.watch));
     }
 
-    /// Tells the patterns that match `key` that this gateway just wrote
-    /// it, so that they follow it without waiting for a rescan. Costs an
-    /// atomic load when no pattern is followed.
+    /// Hands `key`, which this gateway just wrote, to the task that tells
+    /// the patterns matching it, so that they follow it without waiting
+    /// for a rescan. Costs an atomic load when no pattern is followed, and
+    /// never waits: a key the task has no room for is left to the rescans.
     pub(super) fn wrote(&self, key: &Bytes) {
         if self.followed.load(Ordering::Relaxed) == 0 {
             return;
         }
-        for pattern in self.patterns().values() {
-            if glob::matches(&pattern.glob, key) && !pattern.state().keys.contains_key(key) {
+        if self.written.try_send(key.clone()).is_err() {
+            tracing::debug!("written keys wait to be matched; the next rescans find this one");
+        }
+    }
+}
+
+/// The task that matches keys this gateway wrote against the followed
+/// patterns, each for at most [`MATCH_STEPS_PER_BYTE`] steps per byte, and
+/// hands each pattern the keys that match and it does not follow yet.
+/// Yields between patterns after [`MATCH_STEPS_PER_YIELD`] steps. Ends
+/// when the hub's patterns are dropped.
+async fn match_written(patterns: Arc<PatternMap>, mut written: mpsc::Receiver<Bytes>) {
+    let mut steps = 0;
+    while let Some(key) = written.recv().await {
+        let followed: Vec<Arc<PatternWatch>> = lock(&patterns).values().cloned().collect();
+        for pattern in followed {
+            let budget = MATCH_STEPS_PER_BYTE * (pattern.glob.len() + key.len()) as u64;
+            // Past the budget: left to the pattern's rescans.
+            let matched = glob::matches_within(&pattern.glob, &key, budget);
+            steps += matched.map_or(budget, |_| pattern.glob.len() as u64);
+            if matched == Some(true) && !pattern.state().keys.contains_key(&key) {
                 let _ = pattern.written.send(key.clone());
+            }
+            if steps >= MATCH_STEPS_PER_YIELD {
+                steps = 0;
+                tokio::task::yield_now().await;
             }
         }
     }
@@ -321,8 +378,8 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         }
         // Keeps what it follows; tells its streams once per crossing.
         let mut state = pattern.state();
-        if !state.over_limit {
-            state.over_limit = true;
+        if state.over_limit.is_none() {
+            state.over_limit = Some(why.clone());
             tracing::warn!(
                 limit,
                 "a followed pattern matches more keys than allowed; it takes no new keys"
@@ -334,15 +391,16 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         observe(inner, started);
         return Ok(());
     }
-    // Not listed, though followed since before this rescan: released if
-    // the hub knows it deleted; read again if it thinks it exists.
-    let (gone, unlisted): (Vec<Followed>, Vec<Arc<KeyWatch>>) = {
+    // Followed since before this rescan and not listed: released if the
+    // hub knows it deleted; read again if it thinks it exists. Listed
+    // while the hub thinks it deleted: read again too.
+    let (gone, misread): (Vec<Followed>, Vec<Arc<KeyWatch>>) = {
         let mut state = pattern.state();
-        state.over_limit = false;
+        state.over_limit = None;
         let mut gone = Vec::new();
-        let mut unlisted = Vec::new();
+        let mut misread = Vec::new();
         for (key, followed) in &state.keys {
-            if found.contains(key) || followed.generation >= generation {
+            if followed.generation >= generation {
                 continue;
             }
             let exists = followed
@@ -351,11 +409,13 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
                 .snapshot
                 .as_ref()
                 .map(|snapshot| snapshot.value.is_some());
-            match exists {
-                Some(false) => gone.push(key.clone()),
+            match (found.contains(key), exists) {
+                (false, Some(false)) => gone.push(key.clone()),
                 // Announced: registered and read, so not racing its first GET.
-                Some(true) if followed.announced => unlisted.push(Arc::clone(&followed.watch)),
-                Some(true) | None => {}
+                (false, Some(true)) | (true, Some(false)) if followed.announced => {
+                    misread.push(Arc::clone(&followed.watch));
+                }
+                _ => {}
             }
         }
         found.retain(|key| !state.keys.contains_key(key));
@@ -363,7 +423,7 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
             .iter()
             .filter_map(|key| state.keys.remove(key))
             .collect();
-        (gone, unlisted)
+        (gone, misread)
     };
     if !gone.is_empty() {
         inner.metrics.watch_pattern_keys.sub(gone.len() as i64);
@@ -374,19 +434,28 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         }
         inner.release(gone.iter().map(|followed| &followed.watch));
     }
-    reread(inner, unlisted).await;
+    if reread(inner, misread).await {
+        // The store lost notifications: it may have lost the registrations
+        // too (a store restarted empty keeps no KEYNOTIFY), so that the
+        // key's next write would go unheard. Register every key again.
+        inner.resync_requested.store(true, Ordering::Release);
+        inner.reconcile.notify_one();
+    }
     let added = add(inner, pattern, found, generation, initial).await;
     observe(inner, started);
     added
 }
 
-/// Reads again keys a rescan no longer lists that the hub thinks exist:
-/// their delete notification was lost (a broker dropping a burst of them,
-/// a store that restarted empty), or the listing raced a write. One found
-/// gone gets its `delete` now and is released by the next rescan, so that
-/// streams take the event before the key leaves them; one that moved gets
-/// a resync `sync`. A failed read is left for the next rescan.
-async fn reread(inner: &Inner, keys: Vec<Arc<KeyWatch>>) {
+/// Reads again keys a rescan no longer lists that the hub thinks exist,
+/// and keys it lists that the hub thinks deleted: a notification was lost
+/// (a broker dropping a burst of them, a store that restarted empty), or
+/// the listing raced a write. One found gone gets its `delete` now and is
+/// released by the next rescan, so that streams take the event before the
+/// key leaves them; one that moved gets a resync `sync`. A failed read is
+/// left for the next rescan. Returns whether any key had moved.
+async fn reread(inner: &Inner, keys: Vec<Arc<KeyWatch>>) -> bool {
+    let moved = AtomicBool::new(false);
+    let moved_ref = &moved;
     stream::iter(keys)
         .map(|key_watch| async move {
             let changes_before = key_watch.state().changes;
@@ -399,6 +468,7 @@ async fn reread(inner: &Inner, keys: Vec<Arc<KeyWatch>>) {
                 Ok(read) => {
                     if key_watch.reread(read, changes_before, true) {
                         inner.metrics.resyncs.inc();
+                        moved_ref.store(true, Ordering::Relaxed);
                     }
                 }
                 Err(error) => {
@@ -407,6 +477,7 @@ async fn reread(inner: &Inner, keys: Vec<Arc<KeyWatch>>) {
             }
         })
         .await;
+    moved.into_inner()
 }
 
 fn observe(inner: &Inner, started: Instant) {
@@ -455,8 +526,8 @@ async fn add(
             if initial {
                 return Err(why);
             }
-            if !state.over_limit {
-                state.over_limit = true;
+            if state.over_limit.is_none() {
+                state.over_limit = Some(why.clone());
                 tracing::warn!(%why, "a followed pattern takes no new keys");
                 let _ = pattern
                     .changes

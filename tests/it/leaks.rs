@@ -215,9 +215,9 @@ async fn hundred_thousand_random_key_requests_leave_no_pending_reply_or_memory_b
 const LARGE_VALUE: usize = 16_000_000;
 
 /// How far the gateway's peak memory may grow over its baseline, in values
-/// in flight (the README's bound): a read holds its value once, whatever
-/// the form; a write also has it in the MQTT connection's write buffer, and
-/// a watched key once more as the notification arrives.
+/// in flight (the bound docs/api.md states): a read holds its value once,
+/// whatever the form; a write also has it in the MQTT connection's write
+/// buffer, and a watched key once more as the notification arrives.
 const READ_MULTIPLE: f64 = 1.5;
 const WATCHED_WRITE_MULTIPLE: f64 = 4.0;
 

@@ -447,3 +447,140 @@ async fn bad_pattern_watches_are_400() {
         assert_eq!(status, 400, "{query}: {body}");
     }
 }
+
+#[tokio::test]
+async fn a_stream_joining_a_pattern_past_its_key_limit_is_refused_as_a_new_one_is() {
+    let stack = stack(Duration::from_secs(600), 3).await;
+    put(&stack, "full/1", "1").await;
+    put(&stack, "full/2", "1").await;
+    let mut first = open(&stack, "match=full/*").await;
+    assert_eq!(initial(&mut first, 1).await.0.len(), 2);
+    put(&stack, "full/3", "1").await;
+    assert_eq!(first.expect("sync").await.data["key"], "full/3");
+    put(&stack, "full/4", "1").await;
+    first.expect("error").await;
+
+    // The pattern follows 3 of its 4 keys: a stream joining it would get
+    // an incomplete picture, so it is answered as a first stream is.
+    for query in ["match=full/*", "match=full/%2A"] {
+        let (status, _, body) = sse::open(
+            &stack.gateway.http,
+            &stack.gateway.url(&format!("/watch?{query}")),
+            None,
+        )
+        .await
+        .expect_err("a stream joining a pattern past its limit is refused");
+        assert_eq!(status, 429, "{query}: {body}");
+        assert!(body.contains("/problems/too-many-pattern-keys"), "{body}");
+    }
+    // The first stream is still served the keys it follows.
+    put(&stack, "full/1", "2").await;
+    assert_eq!(first.expect("set").await.data["key"], "full/1");
+}
+
+#[tokio::test]
+async fn a_key_written_here_after_the_store_restarted_empty_is_announced_at_once() {
+    let rescan = Duration::from_secs(1);
+    let mut stack = Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: rescan,
+                // Only the rescans and the gateway's own writes may tell.
+                resync_interval: None,
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    put(&stack, "reborn/1", "1").await;
+    let mut stream = open(&stack, "match=reborn/*").await;
+    assert_eq!(initial(&mut stream, 1).await.0.len(), 1);
+
+    stack.restart_emulator().await;
+    let delete = stream
+        .next(rescan * 2 + Duration::from_secs(5))
+        .await
+        .expect("the next rescan tells the key is gone");
+    assert_eq!(
+        (delete.event.as_str(), &delete.data["key"]),
+        ("delete", &"reborn/1".into())
+    );
+
+    // Written again through this gateway, before any later rescan could
+    // release the key: the stream hears of it, and of what follows.
+    put(&stack, "reborn/1", "2").await;
+    let event = stream
+        .next(rescan * 2 + Duration::from_secs(5))
+        .await
+        .expect("the key written again is announced");
+    assert!(["sync", "set"].contains(&event.event.as_str()), "{event:?}");
+    assert_eq!(
+        (&event.data["key"], &event.data["value"]),
+        (&"reborn/1".into(), &"2".into())
+    );
+    put(&stack, "reborn/1", "3").await;
+    let set = stream.expect("set").await;
+    assert_eq!(set.data["value"], "3");
+}
+
+/// Patterns a written key costs about pattern length times key length
+/// steps to match (each is followed by its own stream's `match=`).
+fn costly_patterns(stream: usize) -> Vec<String> {
+    (0..64)
+        .map(|n| format!("*{}b", "a".repeat(890 - stream * 64 - n)))
+        .collect()
+}
+
+/// Seconds for `rounds` PUTs of `written` each followed by a GET of
+/// another key.
+async fn write_and_read(stack: &Stack, written: &[u8], rounds: usize) -> f64 {
+    let started = Instant::now();
+    for round in 0..rounds {
+        let put = tokio::time::timeout(
+            Duration::from_secs(60),
+            stack.gateway.put(written, round.to_string()),
+        )
+        .await
+        .expect("the PUT answers within 60 s");
+        assert_eq!(put.status(), 200);
+        let get = tokio::time::timeout(Duration::from_secs(60), stack.gateway.get(b"unrelated"))
+            .await
+            .expect("the GET answers within 60 s");
+        assert_eq!(get.status(), 200);
+    }
+    started.elapsed().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patterns_costly_to_match_leave_writes_and_unrelated_reads_as_fast_as_without() {
+    let stack = stack(Duration::from_secs(600), 100).await;
+    put(&stack, "unrelated", "1").await;
+    // Matches none of the patterns, at the full cost of each.
+    let written = vec![b'a'; 1024];
+    let rounds = 5;
+    write_and_read(&stack, &written, 1).await;
+    let without = write_and_read(&stack, &written, rounds).await;
+
+    let mut streams = Vec::new();
+    for stream in 0..8 {
+        let query: Vec<String> = costly_patterns(stream)
+            .iter()
+            .map(|pattern| format!("match={pattern}"))
+            .collect();
+        let mut opened = open(&stack, &query.join("&")).await;
+        assert_eq!(initial(&mut opened, 64).await.0.len(), 0);
+        streams.push(opened);
+    }
+    assert_eq!(metric(&stack, "statestore_gateway_watch_patterns"), 512.0);
+    let with = write_and_read(&stack, &written, rounds).await;
+    assert!(
+        with < without * 10.0,
+        "{rounds} writes and reads took {with:.3} s with 512 costly patterns followed, {without:.3} s without"
+    );
+    // A key that matches one of them is still followed at once.
+    let matching = format!("{}b", "a".repeat(890));
+    put(&stack, &matching, "1").await;
+    let sync = streams[0].expect("sync").await;
+    assert_eq!(sync.data["key"], matching.as_str());
+}
