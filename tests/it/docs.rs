@@ -1,7 +1,9 @@
 //! The README, BENCHMARKS.md and the pages of docs/ point at things that
 //! exist: every relative link at a file (and a heading of it, when it names
 //! one), every repository path written as code at a file or directory, and
-//! every test named as code (`faults::sigterm_...`) at a function.
+//! every test named as code (`faults::sigterm_...`) at a function. And the
+//! README and BENCHMARKS.md stay short, the reference pages open with their
+//! contents.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -198,4 +200,28 @@ fn every_test_the_docs_name_exists() {
         "tests named in the docs that do not exist:\n{}",
         missing.join("\n")
     );
+}
+
+#[test]
+fn the_front_pages_stay_short_and_long_pages_open_with_their_contents() {
+    for (page, most) in [("README.md", 300), ("BENCHMARKS.md", 350)] {
+        let lines = read(&root().join(page)).lines().count();
+        assert!(
+            lines <= most,
+            "{page} has {lines} lines, more than {most}: reference belongs in docs/"
+        );
+    }
+    // The README is the short front door; the reference pages are long.
+    for page in pages().into_iter().skip(1) {
+        let text = prose(&read(&page));
+        if text.matches("\n## ").count() < 3 {
+            continue;
+        }
+        let before_first_section = text.split("\n## ").next().unwrap();
+        assert!(
+            before_first_section.contains("](#"),
+            "{} has sections but no contents list before the first",
+            name(&page)
+        );
+    }
 }
