@@ -5,7 +5,7 @@
 //! The command line takes each flag's environment variable and default
 //! from its row; the typed settings (`PoolSettings`, `WatchSettings`, ...)
 //! take their `Default` from the `DEFAULT_*` constants below; tests check
-//! that the two agree, and that the README's configuration tables, the
+//! that the two agree, and that docs/configuration.md's tables, the
 //! chart's `values.yaml`, `values.schema.json` and named templates, and
 //! `inject`'s container say what the table says.
 //!
@@ -19,9 +19,9 @@
 //!    settings::ROW.default)]`, and its check in the typed settings it
 //!    feeds (`ServeArgs::settings` builds them; rules that hold for any
 //!    caller live in the typed settings' own `check`).
-//! 3. Its use. Then run the tests: they name the README row, the chart
-//!    value, schema entry, template line or chart README entry that is
-//!    missing (a setting the chart does not set has `helm: Helm::None`).
+//! 3. Its use, and its row in docs/configuration.md. Then run the tests:
+//!    they name the documented row, the chart value, schema entry,
+//!    template line or chart README entry that is missing (a setting the chart does not set has `helm: Helm::None`).
 //!    The checks: `cli`'s `every_flag_is_a_row_of_the_settings_table`,
 //!    `inject::values`' `the_container_gets_each_chart_value_the_table_names`
 //!    and the `settings_table` integration tests.
@@ -473,9 +473,9 @@ pub const SERVE: &[&Setting] = &[
 ];
 
 // `serve`'s span export: the OpenTelemetry SDKs' standard variables, read
-// from the environment only (no flags). The other `OTEL_*` variables the
-// README's "Tracing" names (`OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`, ...)
-// are left to the chart's `gateway.extraEnv`.
+// from the environment only (no flags). The other `OTEL_*` variables that
+// docs/configuration.md names (`OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`,
+// ...) are left to the chart's `gateway.extraEnv`.
 
 /// Where spans go (export is off without it); the signal-specific
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` wins over it.

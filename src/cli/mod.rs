@@ -3,8 +3,8 @@
 //! (`settings()`, which validates what parsing alone cannot).
 //!
 //! Every flag's environment fallback and default come from the table in
-//! [`crate::settings`], so the Helm chart, the manifests and the README can
-//! name them exactly (and tests check that they do).
+//! [`crate::settings`], so the Helm chart, the manifests and
+//! docs/configuration.md can name them exactly (and tests check that they do).
 
 use clap::{Parser, Subcommand};
 

@@ -1,7 +1,7 @@
 //! The glob of `SCAN` patterns (the emulator lists with it, the watch hub
 //! follows patterns with it): Redis's `SCAN MATCH` (its `stringmatchlen`,
 //! case-sensitive) on raw bytes. The service only calls its syntax
-//! "glob-style"; Redis's rules are the assumption, stated in the README.
+//! "glob-style"; Redis's rules are the assumption, stated in docs/emulator.md.
 //!
 //! - `*` any run of bytes, `?` any one byte;
 //! - `[abc]` one of the bytes, `[a-z]` a range (ends in either order),

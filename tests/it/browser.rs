@@ -126,6 +126,8 @@ fn spawn_node(base_url: &str, env: &[(&str, &OsStr)]) -> tokio::process::Child {
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
+        // Where the script writes a screenshot is the caller's choice only.
+        .env_remove("SCREENSHOT")
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -187,17 +189,41 @@ fn chromium_node_and_playwright_are_installed() {
 /// in the page's form lands in the store, the key browser lists keys by
 /// glob, pages, watches a clicked key and draws its numeric values, and a
 /// followed pattern shows keys created and deleted with plain HTTP arrive
-/// and leave by themselves, with a chart of a selected key. Writes the
-/// README's screenshot, docs/dashboard.png.
+/// and leave by themselves, with a chart of a selected key. Takes a
+/// screenshot of the page into a temporary directory, and copies it over
+/// the README's docs/dashboard.png only when asked ([`UPDATE_SCREENSHOT`]):
+/// a test run leaves the tree as it found it.
 #[tokio::test]
 async fn dashboard_follows_curl_changes_live_and_sets_values_through_its_form() {
     require_browser_tools();
     let stack = Stack::start().await;
     let base = format!("http://{}", stack.gateway.api);
-    let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
+    let dir = tempfile::tempdir().unwrap();
+    let screenshot = dir.path().join("dashboard.png");
     let output = run_ui_script_with(&base, None, Some(&screenshot)).await;
     assert_passed(&output);
+    let png = std::fs::read(&screenshot).expect("the script wrote its screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "the screenshot is not a PNG"
+    );
+    if update_screenshot() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
+        std::fs::write(&docs, &png).unwrap();
+        println!("wrote {}", docs.display());
+    }
     stack.gateway.shutdown().await;
+}
+
+/// The variable that asks the dashboard test to rewrite docs/dashboard.png
+/// (`scripts/refresh-screenshot` sets it).
+const UPDATE_SCREENSHOT: &str = "UPDATE_SCREENSHOT";
+
+/// Whether the user started the tests with [`UPDATE_SCREENSHOT`] set (and
+/// not empty or `0`). Read from the environment the run started with; no
+/// test sets it.
+fn update_screenshot() -> bool {
+    std::env::var_os(UPDATE_SCREENSHOT).is_some_and(|value| !value.is_empty() && value != "0")
 }
 
 /// The same behind `--api-token-file`: the page asks for the token, and
