@@ -13,8 +13,10 @@
 //! (`batch_slots`), so one-key requests always find room; an op that gets
 //! no slot before the batch's deadline never leaves the gateway (503).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::fmt;
 
 use axum::Router;
 use axum::body::Body;
@@ -27,6 +29,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use tokio::time::Instant;
@@ -94,11 +97,101 @@ fn refuse_unless_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// The body: `{"ops": [...]}` and nothing else.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchBody {
-    ops: Vec<serde_json::Value>,
+/// The body, `{"ops": [...]}` and nothing else, read with at most `max`
+/// ops held: an op past the limit ends the read (413) unparsed, so a
+/// refused body costs about its own size whatever its op count.
+fn read_ops(body: &[u8], max: usize) -> Result<Vec<serde_json::Value>, ApiError> {
+    let exceeded = Cell::new(false);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let ops = BatchBody {
+        max,
+        exceeded: &exceeded,
+    }
+    .deserialize(&mut deserializer)
+    .and_then(|ops| deserializer.end().map(|()| ops));
+    match ops {
+        Ok(ops) => Ok(ops),
+        Err(_) if exceeded.get() => Err(ApiError::TooManyOps { max }),
+        Err(error) => Err(ApiError::BadBatch(format!(
+            "the body is not a batch: {error}"
+        ))),
+    }
+}
+
+/// Reads `{"ops": [...]}`: its one field, then each op up to `max`;
+/// raises `exceeded` when there is one more.
+#[derive(Clone, Copy)]
+struct BatchBody<'a> {
+    max: usize,
+    exceeded: &'a Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for BatchBody<'_> {
+    type Value = Vec<serde_json::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BatchBody<'_> {
+    type Value = Vec<serde_json::Value>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str(r#"{"ops": [...]}"#)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut ops = None;
+        while let Some(field) = map.next_key::<String>()? {
+            if field != "ops" {
+                return Err(de::Error::unknown_field(&field, &["ops"]));
+            }
+            if ops.is_some() {
+                return Err(de::Error::duplicate_field("ops"));
+            }
+            ops = Some(map.next_value_seed(Ops(self))?);
+        }
+        ops.ok_or_else(|| de::Error::missing_field("ops"))
+    }
+}
+
+/// The `ops` array of a [`BatchBody`].
+struct Ops<'a>(BatchBody<'a>);
+
+impl<'de> DeserializeSeed<'de> for Ops<'_> {
+    type Value = Vec<serde_json::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Ops<'_> {
+    type Value = Vec<serde_json::Value>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("an array of ops")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let BatchBody { max, exceeded } = self.0;
+        let mut ops = Vec::new();
+        loop {
+            if ops.len() == max {
+                // One more op, skipped unread, is one too many.
+                if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    exceeded.set(true);
+                    return Err(de::Error::custom("too many ops"));
+                }
+                return Ok(ops);
+            }
+            match seq.next_element()? {
+                Some(op) => ops.push(op),
+                None => return Ok(ops),
+            }
+        }
+    }
 }
 
 /// One op as sent: every field any op takes (which op takes which is
@@ -180,15 +273,7 @@ impl OpKind {
 /// Every op of the body as a command, or the first op's refusal (with its
 /// index); more than `--max-batch-ops` ops is 413.
 fn parse(body: &[u8], state: &AppState) -> Result<Vec<(OpKind, KeyCommand)>, ApiError> {
-    let BatchBody { ops } = serde_json::from_slice(body)
-        .map_err(|error| ApiError::BadBatch(format!("the body is not a batch: {error}")))?;
-    let max = state.limits.max_batch_ops;
-    if ops.len() > max {
-        return Err(ApiError::TooManyOps {
-            count: ops.len(),
-            max,
-        });
-    }
+    let ops = read_ops(body, state.limits.max_batch_ops)?;
     let limits = OpLimits {
         max_key_bytes: state.limits.max_key_bytes,
         max_value_bytes: state.value_limit(),
@@ -537,6 +622,31 @@ mod tests {
             (json!({"op": "delete", "key": "k", "nex": 1}), 400),
         ] {
             assert_eq!(status(json.clone()), expected, "{json}");
+        }
+    }
+
+    #[test]
+    fn a_body_is_ops_and_nothing_else_up_to_the_limit() {
+        let ops = |body: &str| read_ops(body.as_bytes(), 2).map(|ops| ops.len());
+        assert_eq!(ops(r#"{"ops": []}"#).unwrap(), 0);
+        assert_eq!(ops(r#" {"ops": [1, {"op": "get"}]} "#).unwrap(), 2);
+        for too_many in [r#"{"ops": [1, 2, 3]}"#, r#"{"ops": [1, 2, 3, "#] {
+            assert!(
+                matches!(ops(too_many), Err(ApiError::TooManyOps { max: 2 })),
+                "{too_many}"
+            );
+        }
+        for bad in [
+            "",
+            "[]",
+            r#"{"ops": {}}"#,
+            r#"{}"#,
+            r#"{"ops": [], "more": 1}"#,
+            r#"{"ops": [], "ops": []}"#,
+            r#"{"ops": [1, 2}"#,
+            r#"{"ops": []} x"#,
+        ] {
+            assert!(matches!(ops(bad), Err(ApiError::BadBatch(_))), "{bad}");
         }
     }
 

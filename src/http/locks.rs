@@ -4,6 +4,10 @@
 //! - `PUT ?holder=&ttl=[&wait=]`: 200 `{name, holder, fencing_token}` and
 //!   `Fencing-Token`; 409 naming the holder.
 //! - `DELETE ?holder=`: 204; 409 another holds it; 404 nobody does.
+//!
+//! Taking and releasing need Write on the name; a 409 names the holder
+//! and its fencing token (the key's value and version) only to a caller
+//! that may also Read it.
 //! - `GET`: 200 `{name, holder, fencing_token}`; 404 nobody holds it.
 
 use std::time::Duration;
@@ -18,6 +22,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde_json::json;
 
+use super::authz::{Access, Need};
 use super::extract::{FENCING_TOKEN_HEADER, Key, Query, parse_ttl};
 use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
@@ -57,6 +62,7 @@ async fn empty_name() -> ApiError {
 /// `PUT /locks/{name}?holder=&ttl=[&wait=]`: acquire or renew.
 async fn put_lock(
     State(state): State<AppState>,
+    access: Access,
     Key(name): Key,
     query: Query,
 ) -> Result<Response, ApiError> {
@@ -94,26 +100,37 @@ async fn put_lock(
                 },
             ))
         }
-        Acquired::Refused(holding) => Err(ApiError::LockHeld(holding)),
+        Acquired::Refused(holding) => Err(held(&access, &name, holding)),
     }
 }
 
 /// `DELETE /locks/{name}?holder=`: release (VDEL).
 async fn delete_lock(
     State(state): State<AppState>,
+    access: Access,
     Key(name): Key,
     query: Query,
 ) -> Result<Response, ApiError> {
     let mut query = query.accept(&["holder"])?;
     let holder = holder(query.take("holder"), state.locks.settings())?;
-    match state.locks.release(name, holder).await? {
+    match state.locks.release(name.clone(), holder).await? {
         Released::Released => {
             let mut response = StatusCode::NO_CONTENT.into_response();
             set_common_headers(response.headers_mut(), "");
             Ok(response)
         }
         Released::NotHeld => Err(ApiError::LockNotHeld),
-        Released::HeldByAnother(holding) => Err(ApiError::LockHeld(holding)),
+        Released::HeldByAnother(holding) => Err(held(&access, &name, holding)),
+    }
+}
+
+/// The 409 of a lock someone else holds: naming the holder and its
+/// fencing token, the key's value and version, only to a caller that may
+/// read the key.
+fn held(access: &Access, name: &[u8], holding: Option<Holding>) -> ApiError {
+    match holding {
+        Some(_) if !access.allows(name, Need::Read) => ApiError::LockHeldUnnamed,
+        holding => ApiError::LockHeld(holding),
     }
 }
 

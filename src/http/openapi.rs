@@ -72,6 +72,7 @@ mod tests {
             ApiError::Watch(WatchError::ShuttingDown),
             ApiError::HandlerTimeout(Duration::from_secs(1)),
             ApiError::LockHeld(None),
+            ApiError::LockHeldUnnamed,
             ApiError::LockNotHeld,
             ApiError::NotALock,
             ApiError::BadHolder("x".into()),
@@ -81,7 +82,7 @@ mod tests {
                 index: 0,
                 error: Box::new(ApiError::EmptyKey),
             },
-            ApiError::TooManyOps { count: 2, max: 1 },
+            ApiError::TooManyOps { max: 1 },
             ApiError::BatchTooLarge { max: 1 },
             ApiError::UnsupportedMediaType("x".into()),
         ];

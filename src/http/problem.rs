@@ -173,6 +173,13 @@ pub enum ApiError {
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
     LockHeld(Option<Holding>),
+    /// Someone else holds the lock, and the caller may not read its key:
+    /// the holder is the key's value and the fencing token its version, so
+    /// the answer names neither.
+    #[error(
+        "the lock is held by another holder, not named: the caller may not read the lock's key"
+    )]
+    LockHeldUnnamed,
     /// Nobody holds the lock.
     #[error("nobody holds the lock")]
     LockNotHeld,
@@ -200,10 +207,8 @@ pub enum ApiError {
         error: Box<ApiError>,
     },
     /// A batch of more than `--max-batch-ops` ops.
-    #[error("the batch has {count} ops; the limit is {max}")]
+    #[error("the batch has more ops than the limit of {max}")]
     TooManyOps {
-        /// Ops in the batch.
-        count: usize,
         /// The limit.
         max: usize,
     },
@@ -477,7 +482,9 @@ impl ApiError {
                 "Unsupported media type",
                 Info,
             ),
-            Self::LockHeld(_) => (409, "/problems/lock-held", "Lock held", Info),
+            Self::LockHeld(_) | Self::LockHeldUnnamed => {
+                (409, "/problems/lock-held", "Lock held", Info)
+            }
             Self::LockNotHeld => (404, "/problems/lock-not-held", "Lock not held", Info),
             Self::NotALock => (409, "/problems/not-a-lock", "Not a lock", Info),
             Self::BadHolder(_) => (400, "/problems/invalid-holder", "Invalid holder", Info),

@@ -446,57 +446,6 @@ mod tests {
         }
     }
 
-    /// Log lines written as the JSON format writes them.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[tokio::test]
-    async fn json_log_lines_of_a_traced_request_carry_its_trace_and_span_ids() {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
-            .with_writer(move || writer.clone())
-            .finish();
-        let _default = tracing::subscriber::set_default(subscriber);
-        let state = state(None);
-        let mut traced = request("GET", "/nothing");
-        traced.headers_mut().insert(
-            "traceparent",
-            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        );
-        assert_eq!(send(&state, traced).await.0, StatusCode::NOT_FOUND);
-        assert_eq!(
-            send(&state, request("GET", "/nothing")).await.0,
-            StatusCode::NOT_FOUND
-        );
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        let failures: Vec<serde_json::Value> = text
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .filter(|line: &serde_json::Value| line["message"] == "request failed")
-            .collect();
-        assert_eq!(failures.len(), 2, "{text}");
-        assert_eq!(
-            failures[0]["span"]["trace_id"],
-            "0af7651916cd43dd8448eb211c80319c"
-        );
-        assert_eq!(failures[0]["span"]["span_id"], "b7ad6b7169203331");
-        assert!(failures[1].get("span").is_none(), "{}", failures[1]);
-    }
-
     #[tokio::test]
     async fn other_methods_get_405_with_allow() {
         let state = state(None);

@@ -25,6 +25,12 @@ const MAX_STATE_BYTES: usize = 512;
 /// Members longer than this go first when a `tracestate` must shrink.
 const LARGE_STATE_MEMBER: usize = 128;
 
+/// The longest `tracestate` read, over all its lines: 32 members of the
+/// longest key and value (256 bytes each) with their `=` and `,`. A longer
+/// one has too many members or padding no sender needs, and is dropped
+/// unread, so that reading it costs what reading any header costs.
+const MAX_STATE_READ: usize = MAX_STATE_MEMBERS * (256 + 1 + 256 + 1);
+
 /// A caller's trace context: the trace, its parent span, the trace flags
 /// (bit 0: sampled) and the vendors' `tracestate`, if any.
 #[derive(Clone, PartialEq, Eq)]
@@ -211,25 +217,35 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 
 /// The members of `tracestate` lines, joined by `,` without blanks; `None`
 /// when there are none or any is malformed, duplicated or one too many.
+/// Reading stops at the limits: past [`MAX_STATE_READ`] bytes or at the
+/// 33rd member, the rest is not looked at.
 fn parse_state<'a>(lines: impl Iterator<Item = &'a [u8]>) -> Option<Arc<str>> {
-    let mut members: Vec<&[u8]> = Vec::new();
+    // With their keys, so that the duplicate check compares at most 32
+    // keys, each parsed once.
+    let mut members: Vec<(&[u8], &[u8])> = Vec::new();
+    let mut read = 0;
     for line in lines {
+        read += line.len() + 1;
+        if read > MAX_STATE_READ {
+            return None;
+        }
         for member in line.split(|&byte| byte == b',') {
             let member = member.trim_ascii();
             if member.is_empty() {
                 continue;
             }
-            let key = state_member_key(member)?;
-            if members
-                .iter()
-                .any(|seen| state_member_key(seen) == Some(key))
-            {
+            if members.len() == MAX_STATE_MEMBERS {
                 return None;
             }
-            members.push(member);
+            let key = state_member_key(member)?;
+            if members.iter().any(|&(_, seen)| seen == key) {
+                return None;
+            }
+            members.push((member, key));
         }
     }
-    if members.is_empty() || members.len() > MAX_STATE_MEMBERS {
+    let mut members: Vec<&[u8]> = members.into_iter().map(|(member, _)| member).collect();
+    if members.is_empty() {
         return None;
     }
     let joined_len = |members: &[&[u8]]| {
@@ -368,6 +384,28 @@ mod tests {
         let too_many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
         let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
         assert_eq!(parse(PARENT, &too_many).unwrap().tracestate(), None);
+    }
+
+    #[test]
+    fn thirty_two_members_of_the_longest_size_are_read_and_anything_longer_dropped() {
+        // Keys and values of 256 bytes: the largest valid tracestate.
+        let longest: Vec<String> = (0..32)
+            .map(|i| format!("k{i:02}{}={}", "k".repeat(253), "v".repeat(256)))
+            .collect();
+        let line = longest.join(",");
+        assert_eq!(line.len(), MAX_STATE_READ - 1);
+        // Valid (too large to pass on whole, so it shrinks to nothing).
+        assert_eq!(parse(PARENT, &[&line]).unwrap().tracestate(), None);
+        let with_small = format!("{line},a=1");
+        assert_eq!(parse(PARENT, &[&with_small]).unwrap().tracestate(), None);
+        let small_first = format!("a=1,{}", longest[1..].join(","));
+        assert_eq!(
+            parse(PARENT, &[&small_first]).unwrap().tracestate(),
+            Some("a=1")
+        );
+        // One byte of padding more than the longest is dropped unread.
+        let padded = format!("a=1{}", " ".repeat(MAX_STATE_READ));
+        assert_eq!(parse(PARENT, &[&padded]).unwrap().tracestate(), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use statestore_gateway::jwt::JwtSettings;
 use statestore_gateway::watch::WatchSettings;
 
 use crate::support::TestPki;
-use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, json as body_json};
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, etag, json as body_json};
 use crate::support::sse::{self, SseStream};
 use crate::support::tokens::{
     SigningKey, claims, jwt_settings, service_account_claims, write_jwks,
@@ -430,6 +430,134 @@ async fn locks_need_write_to_take_or_release_and_read_to_look() {
 
     forbidden(client.get(lock("job-c", "")), "Read").await;
     forbidden(client.put(lock("job-c", "?holder=w&ttl=30s")), "Write").await;
+}
+
+/// Every answer a Write-only caller can get about a key, each with the
+/// headers and body as text, leaves out the key's value and version: lock
+/// conflicts do not name the holder, failed conditions do not say what the
+/// key holds, listings and watches leave the key out.
+#[tokio::test]
+async fn a_write_only_caller_learns_no_value_or_version_of_a_key() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"secret/*\"], method: Write}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"secret/k"]).await;
+    let version = etag(owner.get(b"secret/k").await.headers());
+    let taken = owner
+        .http
+        .put(owner.url("/locks/secret/lock?holder=the-holder&ttl=30s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), 200);
+    let token = taken.headers()["fencing-token"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let client = caller();
+    let leaks = |text: &str| {
+        ["seeded", &version, "the-holder", &token]
+            .into_iter()
+            .find(|secret| text.contains(secret))
+            .map(str::to_owned)
+    };
+    let answer_text = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        let headers = format!("{:?}", response.headers());
+        (
+            status,
+            format!("{headers}\n{}", response.text().await.unwrap()),
+        )
+    };
+
+    forbidden(client.get(gw.key(b"secret/k")), "Read").await;
+    for (what, request, expected) in [
+        (
+            "take a plain key as a lock",
+            client.put(gw.url("/locks/secret/k?holder=w&ttl=5s")),
+            409,
+        ),
+        (
+            "release a plain key as a lock",
+            client.delete(gw.url("/locks/secret/k?holder=w")),
+            409,
+        ),
+        (
+            "take a held lock",
+            client.put(gw.url("/locks/secret/lock?holder=w&ttl=5s")),
+            409,
+        ),
+        (
+            "wait for a held lock",
+            client.put(gw.url("/locks/secret/lock?holder=w&ttl=5s&wait=300ms")),
+            409,
+        ),
+        (
+            "release a held lock",
+            client.delete(gw.url("/locks/secret/lock?holder=w")),
+            409,
+        ),
+        (
+            "write only if absent",
+            client
+                .put(gw.key(b"secret/k"))
+                .header("if-none-match", "*")
+                .body("x"),
+            412,
+        ),
+        (
+            "write only if absent or equal",
+            client.put(gw.url("/keys/secret/k?nex=true")).body("x"),
+            412,
+        ),
+        (
+            "delete if equal",
+            client.delete(gw.url("/keys/secret/k?value=x")),
+            412,
+        ),
+        (
+            "a batch of conditional writes",
+            client
+                .post(gw.url("/batch"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(
+                    json!({"ops": [
+                        {"op": "set", "key": "secret/k", "value": "x", "if_none_match": true},
+                        {"op": "set", "key": "secret/lock", "value": "x", "nex": true},
+                        {"op": "delete", "key": "secret/k", "value": "x"},
+                        {"op": "get", "key": "secret/k"},
+                    ]})
+                    .to_string(),
+                ),
+            200,
+        ),
+        (
+            "a listing with values",
+            client.get(gw.url("/keys?match=secret/*&values=true")),
+            200,
+        ),
+    ] {
+        let (status, text) = answer_text(request.send().await.unwrap()).await;
+        assert_eq!(status, expected, "{what}: {text}");
+        assert_eq!(leaks(&text), None, "{what} tells: {text}");
+    }
+    // The lock conflict still says what happened, without naming anyone.
+    let conflict = client
+        .put(gw.url("/locks/secret/lock?holder=w&ttl=5s"))
+        .send()
+        .await
+        .unwrap();
+    let problem = body_json(conflict).await;
+    assert_eq!(problem["type"], "/problems/lock-held", "{problem}");
+    for field in ["holder", "holder_base64", "fencing_token"] {
+        assert!(problem.get(field).is_none(), "{problem}");
+    }
+    forbidden(client.get(gw.url("/watch/secret/k")), "Read").await;
+    // The store kept what its owners wrote.
+    let kept = owner.get(b"secret/k").await.bytes().await.unwrap();
+    assert_eq!(kept.as_ref(), b"seeded");
 }
 
 #[tokio::test]

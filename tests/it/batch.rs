@@ -332,7 +332,7 @@ async fn batch_limits_are_413_and_other_requests_are_refused() {
         "/problems/too-many-ops",
     )
     .await;
-    assert!(body["detail"].as_str().unwrap().contains("limit is 3"));
+    assert!(body["detail"].as_str().unwrap().contains("limit of 3"));
     problem(
         gw.batch(&json!({"ops": [set("a", 100), set("b", 101)]}))
             .await,

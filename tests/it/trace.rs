@@ -231,6 +231,117 @@ async fn without_a_valid_traceparent_store_requests_carry_none() {
     }
 }
 
+/// The binary's own JSON logs (`--log-format json`, in its own process: the
+/// log subscriber is process-wide): a traced request's failure line sits in
+/// a span with the caller's trace and span ids, an untraced one's in none.
+#[tokio::test]
+async fn json_log_lines_of_a_traced_request_carry_its_trace_and_span_ids() {
+    let broker = Mosquitto::start().await;
+    let gateway = GatewayProcess::start_keeping_stderr(
+        broker.port(),
+        &["--log-format", "json"],
+        &[("RUST_LOG", "info")],
+    )
+    .await;
+    for traceparent in [
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        None,
+    ] {
+        let mut request = gateway.http.get(gateway.url("/nothing"));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 404);
+    }
+    let failures = |lines: &[String]| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|line: &serde_json::Value| line["message"] == "request failed")
+            .collect()
+    };
+    let lines = gateway
+        .stderr()
+        .until(|lines| failures(lines).len() >= 2, WAIT)
+        .await;
+    let failures = failures(&lines);
+    assert_eq!(failures.len(), 2, "{lines:#?}");
+    assert_eq!(
+        failures[0]["span"]["trace_id"], "0af7651916cd43dd8448eb211c80319c",
+        "{}",
+        failures[0]
+    );
+    assert_eq!(failures[0]["span"]["span_id"], "b7ad6b7169203331");
+    assert!(failures[1].get("span").is_none(), "{}", failures[1]);
+}
+
+/// `count` distinct valid `tracestate` members (`abc=0`), joined: 6 bytes
+/// each.
+fn many_state_members(count: usize) -> String {
+    const FIRST: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+    const REST: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..count)
+        .map(|n| {
+            let key = [FIRST[n / (36 * 36) % 26], REST[n / 36 % 36], REST[n % 36]];
+            format!("{}=0", String::from_utf8_lossy(&key))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A `tracestate` of 10,000 distinct members (60 KB) costs the gateway
+/// about what any other header of that size costs: it stops reading at
+/// the limits. Measured as the gateway's CPU time for requests refused
+/// before authentication (401), against the same requests with the bytes
+/// in another header.
+#[tokio::test]
+async fn a_huge_tracestate_costs_what_any_header_of_its_size_costs() {
+    let broker = Mosquitto::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t0ken").unwrap();
+    let gateway = GatewayProcess::start(
+        broker.port(),
+        &["--api-token-file", token_file.to_str().unwrap()],
+    )
+    .await;
+    let members = many_state_members(10_000);
+    assert!(members.len() >= 59_000, "{}", members.len());
+    const REQUESTS: usize = 3;
+    let cpu_of = |header: &'static str| {
+        let gateway = &gateway;
+        let members = members.clone();
+        async move {
+            let before = gateway.cpu_time();
+            for _ in 0..REQUESTS {
+                let response = gateway
+                    .http
+                    .get(gateway.url("/keys/k"))
+                    .header("traceparent", traceparent(1))
+                    .header(header, &members)
+                    .timeout(Duration::from_secs(120))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 401);
+            }
+            gateway.cpu_time() - before
+        }
+    };
+    // Warm-up: the connection and the gateway's buffers.
+    cpu_of("x-filler").await;
+    let baseline = cpu_of("x-filler").await;
+    let hostile = cpu_of("tracestate").await;
+    eprintln!(
+        "gateway CPU for {REQUESTS} requests: {baseline:?} with 60 KB in x-filler, {hostile:?} in tracestate"
+    );
+    assert!(
+        hostile <= baseline * 2 + Duration::from_millis(150),
+        "{REQUESTS} requests with a 60 KB tracestate took {hostile:?} of CPU, \
+         against {baseline:?} with the bytes in another header"
+    );
+}
+
 /// Span export settings for a test: batches go out within 100 ms.
 fn export_env(endpoint: &str) -> Vec<(&str, &str)> {
     vec![

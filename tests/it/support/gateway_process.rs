@@ -1,8 +1,10 @@
 //! The `statestore-gateway serve` binary as a child process, for what only
 //! a real process shows: its memory (VmRSS), its exit on SIGTERM.
 
+use std::io::BufRead as _;
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::free_port;
@@ -18,6 +20,48 @@ pub struct GatewayProcess {
     pub admin: SocketAddr,
     /// A client with a timeout.
     pub http: reqwest::Client,
+    /// What it wrote to stderr, when started to keep it.
+    stderr: Option<StderrLines>,
+}
+
+/// Where the child's stderr goes.
+enum Stderr {
+    /// Nowhere, or the test's own with `TEST_LOG` set.
+    Default,
+    /// Into [`StderrLines`], line by line as it is written.
+    Kept,
+}
+
+/// The lines a gateway wrote to stderr so far, read by a thread as it
+/// writes them.
+#[derive(Debug, Clone, Default)]
+pub struct StderrLines(Arc<Mutex<Vec<String>>>);
+
+impl StderrLines {
+    fn read_from(pipe: impl std::io::Read + Send + 'static) -> Self {
+        let lines = Self::default();
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                kept.0.lock().unwrap().push(line);
+            }
+        });
+        lines
+    }
+
+    /// The lines so far once `done` holds for them, or after `within`
+    /// (for the caller's assertion to show what was there).
+    pub async fn until(&self, done: impl Fn(&[String]) -> bool, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let lines = self.0.lock().unwrap().clone();
+            if done(&lines) || Instant::now() >= deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl GatewayProcess {
@@ -36,13 +80,23 @@ impl GatewayProcess {
         args: &[&str],
         soft_limit: Option<u64>,
     ) -> Self {
-        Self::spawn(broker_port, args, soft_limit, &[]).await
+        Self::spawn(broker_port, args, soft_limit, &[], Stderr::Default).await
     }
 
     /// As [`start`](Self::start), with these environment variables (the
     /// `OTEL_*` ones of span export, which have no flags).
     pub async fn start_with_env(broker_port: u16, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn(broker_port, args, None, env).await
+        Self::spawn(broker_port, args, None, env, Stderr::Default).await
+    }
+
+    /// As [`start_with_env`](Self::start_with_env), keeping what it writes
+    /// to stderr ([`stderr`](Self::stderr)).
+    pub async fn start_keeping_stderr(
+        broker_port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn(broker_port, args, None, env, Stderr::Kept).await
     }
 
     async fn spawn(
@@ -50,6 +104,7 @@ impl GatewayProcess {
         args: &[&str],
         soft_limit: Option<u64>,
         env: &[(&str, &str)],
+        keep: Stderr,
     ) -> Self {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -65,12 +120,12 @@ impl GatewayProcess {
                 shell
             }
         };
-        let stderr = if std::env::var_os("TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
+        let stderr = match keep {
+            Stderr::Kept => Stdio::piped(),
+            Stderr::Default if std::env::var_os("TEST_LOG").is_some() => Stdio::inherit(),
+            Stderr::Default => Stdio::null(),
         };
-        let child = command
+        let mut child = command
             .arg("serve")
             .args(["--listen", &api.to_string()])
             .args(["--admin-listen", &admin.to_string()])
@@ -86,14 +141,24 @@ impl GatewayProcess {
             .stderr(stderr)
             .spawn()
             .expect("start the gateway binary");
+        let stderr = child.stderr.take().map(StderrLines::read_from);
         let gateway = Self {
             child,
             api,
             admin,
             http: http_client(),
+            stderr,
         };
         gateway.wait_readyz(200, Duration::from_secs(20)).await;
         gateway
+    }
+
+    /// What it wrote to stderr; panics unless started by
+    /// [`start_keeping_stderr`](Self::start_keeping_stderr).
+    pub fn stderr(&self) -> &StderrLines {
+        self.stderr
+            .as_ref()
+            .expect("started with start_keeping_stderr")
     }
 
     /// Its process id.
