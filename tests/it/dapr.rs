@@ -613,14 +613,24 @@ async fn the_moving_from_dapr_examples_run_as_written() {
     let stack = stack_with_token().await;
     let dir = tempfile::tempdir().unwrap();
     // The JS example imports @dapr/dapr from beside itself.
-    std::os::unix::fs::symlink(dapr_dir().join("node_modules"), dir.path().join("node_modules")).unwrap();
+    std::os::unix::fs::symlink(
+        dapr_dir().join("node_modules"),
+        dir.path().join("node_modules"),
+    )
+    .unwrap();
     let [js] = doc_examples("js").try_into().expect("one JS example");
-    let [py] = doc_examples("python").try_into().expect("one Python example");
+    let [py] = doc_examples("python")
+        .try_into()
+        .expect("one Python example");
     std::fs::write(dir.path().join("example.mjs"), js).unwrap();
     std::fs::write(dir.path().join("example.py"), py).unwrap();
     for (program, script, expected) in [
         (PathBuf::from("node"), "example.mjs", "widget x2"),
-        (python(), "example.py", "{\"item\": \"gadget\", \"qty\": 3} etag "),
+        (
+            python(),
+            "example.py",
+            "{\"item\": \"gadget\", \"qty\": 3} etag ",
+        ),
     ] {
         let mut command = tokio::process::Command::new(&program);
         command
