@@ -157,17 +157,6 @@ pub(super) fn next_id(last: Option<&Hlc>, version: Option<&Hlc>) -> Option<Hlc> 
     }
 }
 
-/// Whether a watcher that was last told `delivered` gets `event`: errors
-/// always, anything else only if its id is newer, so no watcher ever goes
-/// back (a resync older than a lagged sync is skipped like any event).
-pub(super) fn is_news(delivered: Option<&Hlc>, event: &KeyEvent) -> bool {
-    match (event.kind, delivered, &event.id) {
-        (EventKind::Error | EventKind::PatternError | EventKind::Listed { .. }, _, _) => true,
-        (_, Some(delivered), Some(id)) => id > delivered,
-        _ => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,18 +169,6 @@ mod tests {
         }
     }
 
-    fn event(kind: EventKind, id: Option<Hlc>) -> KeyEvent {
-        KeyEvent {
-            kind,
-            key: Bytes::from_static(b"k"),
-            value: None,
-            version: id.clone(),
-            id,
-            error: None,
-            rendered: OnceLock::new(),
-        }
-    }
-
     #[test]
     fn ids_follow_the_store_and_never_go_back() {
         assert_eq!(next_id(None, None), None);
@@ -201,26 +178,5 @@ mod tests {
         assert_eq!(next_id(Some(&hlc(5, 0)), None), Some(hlc(5, 1)));
         // A store that went back: still after the last id.
         assert_eq!(next_id(Some(&hlc(5, 3)), Some(&hlc(2, 0))), Some(hlc(5, 4)));
-    }
-
-    #[test]
-    fn a_resync_older_than_what_a_watcher_saw_is_skipped() {
-        // A lagged watcher skipped to the sync of id 9, then reads an older
-        // resync still in its buffer: it must not go back to id 7.
-        let resync = event(
-            EventKind::Sync {
-                resync: true,
-                lagged: false,
-            },
-            Some(hlc(7, 0)),
-        );
-        assert!(!is_news(Some(&hlc(9, 0)), &resync));
-        assert!(is_news(Some(&hlc(6, 0)), &resync));
-        assert!(!is_news(
-            Some(&hlc(7, 0)),
-            &event(EventKind::Set, Some(hlc(7, 0)))
-        ));
-        assert!(is_news(Some(&hlc(9, 0)), &event(EventKind::Error, None)));
-        assert!(is_news(None, &event(EventKind::Delete, Some(hlc(1, 0)))));
     }
 }

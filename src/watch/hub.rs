@@ -15,7 +15,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::error::WatchError;
-use super::event::{EventKind, KeyEvent, is_news};
+use super::event::{EventKind, KeyEvent};
 use super::key::{KeyWatch, Slot, wait_registered};
 use super::pattern::{Listing, Membership, PatternWatch, Patterns};
 use super::reconciler::{dispatch, reconcile};
@@ -160,6 +160,7 @@ impl WatchHub {
             events: StreamMap::with_capacity(keys.len()),
             patterns: Vec::with_capacity(patterns.len()),
             membership: StreamMap::with_capacity(patterns.len()),
+            pattern_events: StreamMap::with_capacity(patterns.len()),
             pending: VecDeque::new(),
             shutdown: {
                 let mut shutdown = self.inner.shutdown.subscribe();
@@ -173,15 +174,14 @@ impl WatchHub {
         };
         for key in &keys {
             let key_watch = self.inner.attach(key, settings.buffer);
-            let receiver = key_watch.events.subscribe();
+            let (receiver, _, _) = key_watch.subscribe();
             watcher
                 .events
                 .insert(key.clone(), BroadcastStream::new(receiver));
             watcher.cursors.insert(
-                key.clone(),
+                WatchedKey(key_watch),
                 Cursor {
-                    watch: key_watch,
-                    delivered: None,
+                    delivered: 0,
                     named: true,
                     patterns: 0,
                     announced: true,
@@ -194,12 +194,9 @@ impl WatchHub {
         self.inner.reconcile.notify_one();
         let deadline = tokio::time::Instant::now() + settings.register_timeout;
         for key in &keys {
-            wait_registered(
-                &watcher.cursors[key].watch,
-                deadline,
-                settings.register_timeout,
-            )
-            .await?;
+            if let Some((watched, _)) = watcher.cursors.get_key_value(&key[..]) {
+                wait_registered(&watched.0, deadline, settings.register_timeout).await?;
+            }
         }
         for pattern in &watcher.patterns {
             wait_listed(pattern, deadline, settings.register_timeout).await?;
@@ -213,38 +210,50 @@ impl WatchHub {
         // of different keys are not in version order): resume single keys.
         let last_version = last_version.filter(|_| keys.len() == 1 && patterns.is_empty());
         for key in &keys {
-            let Some(cursor) = watcher.cursors.get_mut(key) else {
+            let Some((watched, cursor)) = watcher.cursors.get_key_value(&key[..]) else {
                 continue;
             };
-            let snapshot = cursor.watch.state().snapshot.clone();
+            let (snapshot, seq) = watched.0.snapshot();
             let Some(snapshot) = snapshot else { continue };
+            let cursor = Cursor {
+                delivered: seq,
+                ..*cursor
+            };
+            let key_watch = Arc::clone(&watched.0);
+            watcher
+                .cursors
+                .insert(WatchedKey(Arc::clone(&key_watch)), cursor);
             // Only the very state the client saw is skipped: an id the hub
             // never gave this state (an older one, or a newer one from before
             // a store restart) gets the sync.
             let seen = last_version.is_some() && last_version == snapshot.id;
-            cursor.delivered = snapshot.id.clone();
             if !seen {
-                watcher.pending.push_back(Arc::new(KeyEvent::sync(
-                    &cursor.watch.key,
-                    &snapshot,
-                    false,
-                    false,
-                )));
+                watcher
+                    .pending
+                    .push_back(Pending::Event(Arc::new(KeyEvent::sync(
+                        &key_watch.key,
+                        &snapshot,
+                        false,
+                        false,
+                    ))));
             }
         }
         for index in 0..watcher.patterns.len() {
             let pattern = Arc::clone(&watcher.patterns[index]);
-            let (members, changes) = pattern.subscribe();
+            let subscription = pattern.subscribe();
             watcher
                 .membership
-                .insert(index, BroadcastStream::new(changes));
+                .insert(index, BroadcastStream::new(subscription.changes));
+            watcher
+                .pattern_events
+                .insert(index, BroadcastStream::new(subscription.events));
             let mut existing = 0;
-            for key_watch in members {
+            for key_watch in subscription.keys {
                 if watcher.add_to_pattern(index, key_watch) {
                     existing += 1;
                 }
             }
-            watcher.pending.push_back(Arc::new(KeyEvent {
+            watcher.pending.push_back(Pending::Event(Arc::new(KeyEvent {
                 kind: EventKind::Listed { keys: existing },
                 key: pattern.glob.clone(),
                 value: None,
@@ -252,7 +261,7 @@ impl WatchHub {
                 id: None,
                 error: None,
                 rendered: OnceLock::new(),
-            }));
+            })));
         }
         Ok(watcher)
     }
@@ -305,11 +314,37 @@ async fn wait_listed(
     }
 }
 
+/// A key a stream follows, by its bytes: the key of the stream's map of
+/// cursors, so that an entry costs a pointer more than its cursor.
 #[derive(Debug)]
+struct WatchedKey(Arc<KeyWatch>);
+
+impl std::hash::Hash for WatchedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        <[u8] as std::hash::Hash>::hash(&self.0.key, state);
+    }
+}
+
+impl PartialEq for WatchedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for WatchedKey {}
+
+impl std::borrow::Borrow<[u8]> for WatchedKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0.key
+    }
+}
+
+/// What a stream knows of one key it follows.
+#[derive(Debug, Clone, Copy)]
 struct Cursor {
-    watch: Arc<KeyWatch>,
-    /// The newest version this watcher was told about.
-    delivered: Option<Hlc>,
+    /// The sequence number ([`Slot::seq`]) of the key's newest event this
+    /// watcher was told about, or of the snapshot it was synced from.
+    delivered: u64,
     /// The stream named the key: it holds one of the key's watcher
     /// references (a pattern's keys are held by the pattern).
     named: bool,
@@ -321,18 +356,29 @@ struct Cursor {
     announced: bool,
 }
 
+/// What a stream sends before reading its channels again.
+#[derive(Debug)]
+enum Pending {
+    Event(Arc<KeyEvent>),
+    /// A key's `sync`, read from the key's state when it is sent, so that
+    /// a stream's initial picture is not a copy of every key's value.
+    Sync(Arc<KeyWatch>),
+}
+
 /// One open stream of events for a set of keys and patterns.
 pub struct Watcher {
     hub: Arc<Inner>,
     /// The hub's patterns, which the stream's patterns are released to.
     registry: Arc<Patterns>,
-    cursors: HashMap<Bytes, Cursor>,
+    cursors: HashMap<WatchedKey, Cursor>,
     /// Each key's events, by key.
     events: StreamMap<Bytes, BroadcastStream<Arc<Slot>>>,
-    /// The patterns followed, and their membership changes by index.
+    /// The patterns followed, and their membership changes and their keys'
+    /// events by index.
     patterns: Vec<Arc<PatternWatch>>,
     membership: StreamMap<usize, BroadcastStream<Membership>>,
-    pending: VecDeque<Arc<KeyEvent>>,
+    pattern_events: StreamMap<usize, BroadcastStream<Arc<Slot>>>,
+    pending: VecDeque<Pending>,
     /// Resolves when the gateway shuts down. One future for the watcher's
     /// life: making a new one per event registered and unregistered
     /// 10,000 waiters on one lock for every event of a fan-out.
@@ -354,11 +400,18 @@ impl std::fmt::Debug for Watcher {
 impl Watcher {
     /// The next event for this watcher; `None` when the gateway shuts down.
     ///
-    /// Events whose version is not newer than what this watcher was already
-    /// told are skipped: no duplicates, no going back.
+    /// Events this watcher was already told of (by the event or by a sync
+    /// from a newer state) are skipped: no duplicates, no going back.
     pub async fn next(&mut self) -> Option<Arc<KeyEvent>> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
+            if let Some(pending) = self.pending.pop_front() {
+                let event = match pending {
+                    Pending::Event(event) => event,
+                    Pending::Sync(key_watch) => match self.initial_sync(&key_watch) {
+                        Some(event) => event,
+                        None => continue,
+                    },
+                };
                 // A pattern's own events name the pattern, not a key.
                 let of_key = !matches!(
                     event.kind,
@@ -383,71 +436,85 @@ impl Watcher {
                     self.follow_change(index, change);
                     continue;
                 }
-                item = self.events.next() => match item {
-                    Some(item) => item,
-                    // Only patterns, none of whose keys exist yet.
-                    None if !self.membership.is_empty() => {
-                        let (index, change) = self.membership.next().await?;
-                        self.follow_change(index, change);
+                Some((index, item)) = self.pattern_events.next() => match item {
+                    Ok(slot) => (slot.key.clone(), Ok(slot)),
+                    Err(BroadcastStreamRecvError::Lagged(skipped)) => {
+                        self.hub.metrics.events_dropped.inc_by(skipped);
+                        self.catch_up(index);
                         continue;
                     }
-                    None => return None,
                 },
+                Some((key, item)) = self.events.next() => match item {
+                    Ok(slot) => (key, Ok(slot)),
+                    Err(BroadcastStreamRecvError::Lagged(skipped)) => (key, Err(skipped)),
+                },
+                else => return None,
             };
             if !self.may_read(&key) {
                 continue;
             }
-            let Some(cursor) = self.cursors.get_mut(&key) else {
-                continue;
-            };
             // An emptied slot was dropped for the key's byte budget: this
             // watcher is behind, exactly as when the channel overran it.
-            let skipped = match item {
-                Ok(slot) => match slot.event() {
-                    Some(event) => Ok(event),
-                    None => Err(1),
-                },
-                Err(BroadcastStreamRecvError::Lagged(skipped)) => Err(skipped),
+            let received = match item {
+                Ok(slot) => slot.event().map(|event| (event, slot.seq)).ok_or(1),
+                Err(skipped) => Err(skipped),
             };
-            let mut event = match skipped {
-                Ok(event) => event,
+            let (event, seq) = match received {
+                Ok(received) => received,
                 Err(skipped) => {
+                    let Some((watched, _)) = self.cursors.get_key_value(&key[..]) else {
+                        continue;
+                    };
                     self.hub.metrics.events_dropped.inc_by(skipped);
-                    let snapshot = cursor.watch.state().snapshot.clone();
+                    let (snapshot, seq) = watched.0.snapshot();
                     let Some(snapshot) = snapshot else { continue };
-                    Arc::new(KeyEvent::sync(&cursor.watch.key, &snapshot, false, true))
+                    (Arc::new(KeyEvent::sync(&key, &snapshot, false, true)), seq)
                 }
             };
-            if !is_news(cursor.delivered.as_ref(), &event) {
+            let Some(cursor) = self.cursors.get_mut(&key[..]) else {
+                continue;
+            };
+            if let Some(event) = admit(cursor, event, seq) {
+                self.hub.metrics.events_delivered.inc();
+                return Some(event);
+            }
+        }
+    }
+
+    /// A key's initial `sync`, from its state now; `None` if the stream no
+    /// longer follows it or already has that state.
+    fn initial_sync(&mut self, key_watch: &KeyWatch) -> Option<Arc<KeyEvent>> {
+        let (snapshot, seq) = key_watch.snapshot();
+        let cursor = self.cursors.get_mut(&key_watch.key[..])?;
+        let snapshot = snapshot?;
+        if seq < cursor.delivered {
+            return None;
+        }
+        cursor.delivered = seq;
+        cursor.announced = true;
+        Some(Arc::new(KeyEvent::sync(
+            &key_watch.key,
+            &snapshot,
+            false,
+            false,
+        )))
+    }
+
+    /// After the stream fell behind the channel of the pattern at `index`:
+    /// a lagged `sync` of each of its keys that moved since the stream was
+    /// last told of it.
+    fn catch_up(&mut self, index: usize) {
+        let bit = 1 << index;
+        for (watched, cursor) in &mut self.cursors {
+            if cursor.patterns & bit == 0 {
                 continue;
             }
-            if !cursor.announced {
-                // A pattern's key the stream has not heard of: not until it
-                // exists, and then first as a sync.
-                if event.kind == EventKind::Error || event.value.is_none() {
-                    continue;
-                }
-                if !matches!(event.kind, EventKind::Sync { .. }) {
-                    event = Arc::new(KeyEvent {
-                        kind: EventKind::Sync {
-                            resync: false,
-                            lagged: false,
-                        },
-                        key: event.key.clone(),
-                        value: event.value.clone(),
-                        version: event.version.clone(),
-                        id: event.id.clone(),
-                        error: None,
-                        rendered: OnceLock::new(),
-                    });
-                }
-                cursor.announced = true;
+            let (snapshot, seq) = watched.0.snapshot();
+            let Some(snapshot) = snapshot else { continue };
+            let sync = Arc::new(KeyEvent::sync(&watched.0.key, &snapshot, false, true));
+            if let Some(event) = admit(cursor, sync, seq) {
+                self.pending.push_back(Pending::Event(event));
             }
-            if event.kind != EventKind::Error && event.id.is_some() {
-                cursor.delivered.clone_from(&event.id);
-            }
-            self.hub.metrics.events_delivered.inc();
-            return Some(event);
         }
     }
 
@@ -462,7 +529,7 @@ impl Watcher {
                 self.add_to_pattern(index, key_watch);
             }
             Ok(Membership::Removed(key)) => self.remove_from_pattern(index, &key),
-            Ok(Membership::Refused(event)) => self.pending.push_back(event),
+            Ok(Membership::Refused(event)) => self.pending.push_back(Pending::Event(event)),
             Err(BroadcastStreamRecvError::Lagged(_)) => {
                 // Changes were lost: the pattern's membership now is the
                 // word. Adding is idempotent; keys it left are dropped.
@@ -471,14 +538,15 @@ impl Watcher {
                 let gone: Vec<Bytes> = self
                     .cursors
                     .iter()
-                    .filter(|(key, cursor)| cursor.patterns & bit != 0 && !pattern.follows(key))
-                    .map(|(key, _)| key.clone())
+                    .filter(|(watched, cursor)| {
+                        cursor.patterns & bit != 0 && !pattern.follows(&watched.0.key)
+                    })
+                    .map(|(watched, _)| watched.0.key.clone())
                     .collect();
                 for key in gone {
                     self.remove_from_pattern(index, &key);
                 }
-                let (members, _) = pattern.subscribe();
-                for key_watch in members {
+                for key_watch in pattern.subscribe().keys {
                     self.add_to_pattern(index, key_watch);
                 }
             }
@@ -491,85 +559,101 @@ impl Watcher {
     }
 
     /// Follows `key_watch` for the pattern at `index` if the stream may see
-    /// it; a key new to the stream that exists gets its `sync` now. Returns
-    /// whether it was followed and exists.
+    /// it; a key new to the stream that exists gets its `sync` (read when
+    /// it is sent). Returns whether it was followed and exists.
     fn add_to_pattern(&mut self, index: usize, key_watch: Arc<KeyWatch>) -> bool {
         if !self.may_read(&key_watch.key) {
             return false;
         }
         let bit = 1 << index;
-        if let Some(cursor) = self.cursors.get_mut(&key_watch.key) {
+        if let Some(cursor) = self.cursors.get_mut(&key_watch.key[..]) {
             cursor.patterns |= bit;
-            let snapshot = cursor.watch.state().snapshot.clone();
-            let exists = snapshot.as_ref().is_some_and(|s| s.value.is_some());
-            if !cursor.announced
-                && let Some(snapshot) = snapshot.filter(|_| exists)
-            {
+            let exists = key_watch
+                .state()
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| s.value.is_some());
+            if !cursor.announced && exists {
                 cursor.announced = true;
-                cursor.delivered.clone_from(&snapshot.id);
-                self.pending.push_back(Arc::new(KeyEvent::sync(
-                    &cursor.watch.key,
-                    &snapshot,
-                    false,
-                    false,
-                )));
+                self.pending.push_back(Pending::Sync(key_watch));
             }
             return exists;
         }
-        // Subscribed under the key's lock, which changes are sent under:
-        // each change is in the snapshot or in the channel.
-        let (receiver, snapshot) = {
-            let state = key_watch.state();
-            (key_watch.events.subscribe(), state.snapshot.clone())
-        };
-        let key = key_watch.key.clone();
-        let mut cursor = Cursor {
-            watch: key_watch,
-            delivered: None,
-            named: false,
-            patterns: bit,
-            announced: false,
-        };
-        let exists = match snapshot {
-            Some(snapshot) if snapshot.value.is_some() => {
-                cursor.announced = true;
-                cursor.delivered.clone_from(&snapshot.id);
-                self.pending
-                    .push_back(Arc::new(KeyEvent::sync(&key, &snapshot, false, false)));
-                true
-            }
-            _ => false,
-        };
-        self.events
-            .insert(key.clone(), BroadcastStream::new(receiver));
-        self.cursors.insert(key, cursor);
+        // The stream took the pattern's channel before any key's state:
+        // what the channel holds up to `seq` is in that state.
+        let (snapshot, seq) = key_watch.snapshot();
+        let exists = snapshot.is_some_and(|s| s.value.is_some());
+        if exists {
+            self.pending
+                .push_back(Pending::Sync(Arc::clone(&key_watch)));
+        }
+        self.cursors.insert(
+            WatchedKey(key_watch),
+            Cursor {
+                delivered: seq,
+                named: false,
+                patterns: bit,
+                announced: exists,
+            },
+        );
         exists
     }
 
     /// The pattern at `index` no longer follows `key`; neither does the
     /// stream unless it named it or another of its patterns follows it.
     fn remove_from_pattern(&mut self, index: usize, key: &Bytes) {
-        let Some(cursor) = self.cursors.get_mut(key) else {
+        let Some(cursor) = self.cursors.get_mut(&key[..]) else {
             return;
         };
         cursor.patterns &= !(1 << index);
         if cursor.patterns == 0 && !cursor.named {
             // A key leaves a pattern once it is gone; its `delete` may still
-            // sit unread in the key's channel, which goes with it: a stream
-            // told of the key hears of the delete before it leaves.
-            if let Some(cursor) = self.cursors.remove(key)
+            // sit unread in the channel: a stream told of the key hears of
+            // the delete before it leaves.
+            if let Some((watched, cursor)) = self.cursors.remove_entry(&key[..])
                 && cursor.announced
-                && let Some(snapshot) = cursor.watch.state().snapshot.clone()
+                && let (Some(snapshot), seq) = watched.0.snapshot()
                 && snapshot.value.is_none()
+                && seq > cursor.delivered
             {
                 let event = KeyEvent::delete(key, snapshot.version, snapshot.id);
-                if is_news(cursor.delivered.as_ref(), &event) {
-                    self.pending.push_back(Arc::new(event));
-                }
+                self.pending.push_back(Pending::Event(Arc::new(event)));
             }
             self.events.remove(key);
         }
     }
+}
+
+/// What the stream is told of `event`, the key's event number `seq`:
+/// nothing if it was already told of it or of a newer state, and nothing
+/// of a pattern's key it has not heard of until the key exists (then a
+/// `sync`).
+fn admit(cursor: &mut Cursor, mut event: Arc<KeyEvent>, seq: u64) -> Option<Arc<KeyEvent>> {
+    if seq <= cursor.delivered {
+        return None;
+    }
+    if !cursor.announced {
+        if event.kind == EventKind::Error || event.value.is_none() {
+            return None;
+        }
+        if !matches!(event.kind, EventKind::Sync { .. }) {
+            event = Arc::new(KeyEvent {
+                kind: EventKind::Sync {
+                    resync: false,
+                    lagged: false,
+                },
+                key: event.key.clone(),
+                value: event.value.clone(),
+                version: event.version.clone(),
+                id: event.id.clone(),
+                error: None,
+                rendered: OnceLock::new(),
+            });
+        }
+        cursor.announced = true;
+    }
+    cursor.delivered = seq;
+    Some(event)
 }
 
 impl Drop for Watcher {
@@ -579,12 +663,65 @@ impl Drop for Watcher {
         hub.metrics.watchers.dec();
         hub.release(
             self.cursors
-                .values()
-                .filter(|cursor| cursor.named)
-                .map(|cursor| &cursor.watch),
+                .iter()
+                .filter(|(_, cursor)| cursor.named)
+                .map(|(watched, _)| &watched.0),
         );
         for pattern in &self.patterns {
             self.registry.unfollow(pattern);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(delivered: u64, announced: bool) -> Cursor {
+        Cursor {
+            delivered,
+            named: false,
+            patterns: 1,
+            announced,
+        }
+    }
+
+    fn event(kind: EventKind, value: Option<&'static [u8]>) -> Arc<KeyEvent> {
+        Arc::new(KeyEvent {
+            kind,
+            key: Bytes::from_static(b"k"),
+            value: value.map(|v| Bytes::from_static(v).into()),
+            version: None,
+            id: None,
+            error: None,
+            rendered: OnceLock::new(),
+        })
+    }
+
+    #[test]
+    fn an_event_older_than_what_a_watcher_was_told_is_skipped() {
+        // A lagged watcher skipped to the sync of event 9, then reads an
+        // older resync still in its channel: it must not go back to 7.
+        let resync = EventKind::Sync {
+            resync: true,
+            lagged: false,
+        };
+        let mut lagged = cursor(9, true);
+        assert!(admit(&mut lagged, event(resync, Some(b"old")), 7).is_none());
+        assert!(admit(&mut lagged, event(EventKind::Set, Some(b"v")), 9).is_none());
+        assert!(admit(&mut lagged, event(EventKind::Error, None), 10).is_some());
+        assert!(admit(&mut lagged, event(EventKind::Set, Some(b"v")), 11).is_some());
+        assert_eq!(lagged.delivered, 11);
+    }
+
+    #[test]
+    fn a_patterns_key_is_told_of_once_it_exists_and_first_as_a_sync() {
+        let mut unheard = cursor(3, false);
+        assert!(admit(&mut unheard, event(EventKind::Delete, None), 4).is_none());
+        assert!(admit(&mut unheard, event(EventKind::Error, None), 5).is_none());
+        let first = admit(&mut unheard, event(EventKind::Set, Some(b"v")), 6).unwrap();
+        assert!(matches!(first.kind, EventKind::Sync { .. }));
+        let next = admit(&mut unheard, event(EventKind::Set, Some(b"w")), 7).unwrap();
+        assert_eq!(next.kind, EventKind::Set);
     }
 }

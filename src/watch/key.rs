@@ -1,5 +1,7 @@
 //! One watched key: what the hub knows of it, its registration, and the
-//! bounded channel that fans its events out to watchers.
+//! bounded channels that fan its events out: its own, for the streams that
+//! name it (made when the first one does), and the channel of each pattern
+//! that follows it, which the pattern's streams share.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -28,6 +30,11 @@ pub(super) struct KeyState {
     /// Bumped by every applied change, so that a GET racing with a
     /// notification can tell its answer may be stale.
     pub(super) changes: u64,
+    /// The sequence number of the last event sent (see [`Slot::seq`]);
+    /// the snapshot includes every event up to it.
+    pub(super) seq: u64,
+    /// The channels of the patterns that follow the key.
+    pub(super) followers: Vec<broadcast::Sender<Arc<Slot>>>,
     /// The slots still in the key's channel, oldest first, with their
     /// events' weights, and the sum of those weights.
     pub(super) retained: VecDeque<(Arc<Slot>, usize)>,
@@ -37,23 +44,34 @@ pub(super) struct KeyState {
     pub(super) cause: Option<TraceContext>,
 }
 
-/// One event in a key's channel. The channel holds at most `buffer`
-/// slots, and the events in them weigh at most `buffer_bytes`: past that
-/// the oldest slots are emptied. A watcher that reaches an empty slot has
-/// fallen behind, as when the channel overran it, and skips to a sync.
+/// One event in a key's channels. A key keeps at most `buffer` slots, and
+/// the events in them weigh at most `buffer_bytes`: past that the oldest
+/// slots are emptied. A watcher that reaches an empty slot has fallen
+/// behind, as when the channel overran it, and skips to a sync.
 #[derive(Debug)]
-pub(super) struct Slot(pub(super) Mutex<Option<Arc<KeyEvent>>>);
+pub(super) struct Slot {
+    /// The key, so that a pattern's stream that finds the slot empty knows
+    /// which key to sync.
+    pub(super) key: Bytes,
+    /// The event's place in the key's order: 1 for its first event, one
+    /// more for each next. A stream tells what it already has by it.
+    pub(super) seq: u64,
+    event: Mutex<Option<Arc<KeyEvent>>>,
+}
 
 impl Slot {
     pub(super) fn event(&self) -> Option<Arc<KeyEvent>> {
-        self.0
+        self.event
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
     pub(super) fn empty(&self) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.event
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 }
 
@@ -62,7 +80,9 @@ impl Slot {
 pub(super) struct KeyWatch {
     pub(super) key: Bytes,
     pub(super) state: Mutex<KeyState>,
-    pub(super) events: broadcast::Sender<Arc<Slot>>,
+    /// The key's own channel, for the streams that name it; made when the
+    /// first one subscribes (a pattern's streams use the pattern's).
+    events: OnceLock<broadcast::Sender<Arc<Slot>>>,
     pub(super) registration: watch::Sender<Registration>,
     /// The channel's capacity in events, and the bytes it may hold.
     pub(super) buffer: usize,
@@ -70,8 +90,64 @@ pub(super) struct KeyWatch {
 }
 
 impl KeyWatch {
+    /// A key's entry, not yet registered, with channels of `buffer` events
+    /// and `buffer_bytes`.
+    pub(super) fn new(
+        key: Bytes,
+        buffer: usize,
+        buffer_bytes: usize,
+        cause: Option<TraceContext>,
+    ) -> Self {
+        Self {
+            key,
+            state: Mutex::new(KeyState {
+                watchers: 0,
+                snapshot: None,
+                changes: 0,
+                seq: 0,
+                followers: Vec::new(),
+                retained: VecDeque::new(),
+                retained_bytes: 0,
+                cause,
+            }),
+            events: OnceLock::new(),
+            registration: watch::Sender::new(Registration::Pending),
+            buffer,
+            buffer_bytes,
+        }
+    }
+
     pub(super) fn state(&self) -> MutexGuard<'_, KeyState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A subscription to the key's own channel, with the snapshot and its
+    /// sequence number taken together: every later event is in the channel.
+    pub(super) fn subscribe(&self) -> (broadcast::Receiver<Arc<Slot>>, Option<Snapshot>, u64) {
+        let state = self.state();
+        let receiver = self
+            .events
+            .get_or_init(|| broadcast::channel(self.buffer).0)
+            .subscribe();
+        (receiver, state.snapshot.clone(), state.seq)
+    }
+
+    /// The snapshot and its sequence number.
+    pub(super) fn snapshot(&self) -> (Option<Snapshot>, u64) {
+        let state = self.state();
+        (state.snapshot.clone(), state.seq)
+    }
+
+    /// Sends the key's events to `pattern` too, from now on.
+    pub(super) fn add_follower(&self, pattern: &broadcast::Sender<Arc<Slot>>) {
+        self.state().followers.push(pattern.clone());
+    }
+
+    /// Stops sending the key's events to `pattern`.
+    pub(super) fn remove_follower(&self, pattern: &broadcast::Sender<Arc<Slot>>) {
+        self.state()
+            .followers
+            .retain(|follower| !follower.same_channel(pattern));
     }
 
     /// Applies a change if it is newer than what the hub knows and tells
@@ -183,11 +259,16 @@ impl KeyWatch {
         true
     }
 
-    /// Tells the watchers, keeping the channel within its bytes: the
+    /// Tells the watchers, keeping the key's slots within their bytes: the
     /// oldest events are dropped (their slots emptied) first.
     pub(super) fn send(&self, state: &mut KeyState, event: KeyEvent) {
         let weight = event.weight();
-        let slot = Arc::new(Slot(Mutex::new(Some(Arc::new(event)))));
+        state.seq += 1;
+        let slot = Arc::new(Slot {
+            key: self.key.clone(),
+            seq: state.seq,
+            event: Mutex::new(Some(Arc::new(event))),
+        });
         state.retained.push_back((Arc::clone(&slot), weight));
         state.retained_bytes += weight;
         while state.retained.len() > self.buffer
@@ -199,7 +280,12 @@ impl KeyWatch {
             state.retained_bytes -= weight;
             old.empty();
         }
-        let _ = self.events.send(slot);
+        for follower in &state.followers {
+            let _ = follower.send(Arc::clone(&slot));
+        }
+        if let Some(events) = self.events.get() {
+            let _ = events.send(slot);
+        }
     }
 }
 

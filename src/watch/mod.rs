@@ -10,18 +10,24 @@
 //! reconciler registers every key again, GETs each and tells watchers whose
 //! key moved with a `resync` sync event.
 //!
-//! Each key has a bounded broadcast channel: dispatch never waits on a
+//! Fan-out uses bounded broadcast channels: dispatch never waits on a
 //! watcher; a watcher that falls behind skips to the latest state (kept in
-//! the key's snapshot) instead of growing memory.
+//! the key's snapshot) instead of growing memory. Each event carries its
+//! number in the key's order, so a stream tells what it already has by one
+//! number per key.
 //!
 //! A stream may also follow patterns (`match=`): the keys matching a glob,
-//! each an ordinary hub key the pattern holds a watcher reference on.
+//! each an ordinary hub key the pattern holds a watcher reference on. The
+//! events of a pattern's keys go through one channel per pattern, shared by
+//! its streams: a stream holds one subscription per pattern, not one per
+//! key, and reads each key's initial `sync` from the key's state as it
+//! sends it.
 //!
 //! - `settings`: [`WatchSettings`], the hub's limits.
 //! - `error`: [`WatchError`], why a watch could not start.
 //! - `event`: [`KeyEvent`] and [`Snapshot`], what watchers are told, and
 //!   the ids that never go back.
-//! - `key`: one watched key: its snapshot, registration and bounded channel.
+//! - `key`: one watched key: its snapshot, registration and channels.
 //! - `shared`: what the hub's handles, watchers and tasks share.
 //! - `hub`: [`WatchHub`] (admission) and [`Watcher`] (one stream's events).
 //! - `pattern`: the patterns streams follow: their listing, rescans and

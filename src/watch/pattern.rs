@@ -33,15 +33,15 @@ use tokio::time::Instant;
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent};
-use super::key::{KeyWatch, wait_registered};
+use super::key::{KeyWatch, Slot, wait_registered};
 use super::reconciler::CONCURRENT_REQUESTS;
 use super::shared::Inner;
 use crate::protocol::glob;
 
-/// Events buffered per key a pattern creates the entry of (a key watcher
-/// that comes first gets `--watch-buffer`): each buffered slot costs about
-/// 40 bytes per key, whether used or not, and a pattern follows thousands
-/// of keys; a stream further behind on one key skips to its latest state.
+/// Events kept per key a pattern creates the entry of (a key watcher that
+/// comes first gets `--watch-buffer`), for streams behind on it: a pattern
+/// follows thousands of keys; a stream further behind on one key skips to
+/// its latest state.
 const PATTERN_KEY_BUFFER: usize = 8;
 
 /// Steps (see [`glob::matches_counting`]) a written key may take to match
@@ -57,6 +57,10 @@ pub(super) const WRITTEN_QUEUE: usize = 1024;
 /// Steps the matching task takes between two yields to the runtime.
 const MATCH_STEPS_PER_YIELD: u64 = 1 << 16;
 
+/// Events of its keys a pattern's channel holds before a slow stream lags
+/// (it then syncs each of its keys that moved).
+const PATTERN_EVENTS_BUFFER: usize = 1024;
+
 /// Membership changes a pattern's channel holds before a slow stream
 /// lags (it then re-reads the whole membership, which is always right).
 const MEMBERSHIP_BUFFER: usize = 1024;
@@ -71,6 +75,13 @@ pub(super) enum Membership {
     Removed(Bytes),
     /// The pattern takes no new keys (an `error` event naming the limit).
     Refused(Arc<KeyEvent>),
+}
+
+/// A stream's start on a pattern: see [`PatternWatch::subscribe`].
+pub(super) struct Subscription {
+    pub(super) keys: Vec<Arc<KeyWatch>>,
+    pub(super) changes: broadcast::Receiver<Membership>,
+    pub(super) events: broadcast::Receiver<Arc<Slot>>,
 }
 
 /// Where a pattern's initial listing stands.
@@ -112,6 +123,8 @@ pub(super) struct PatternWatch {
     pub(super) glob: Bytes,
     state: Mutex<PatternState>,
     changes: broadcast::Sender<Membership>,
+    /// The events of its keys, in each key's order, shared by its streams.
+    pub(super) events: broadcast::Sender<Arc<Slot>>,
     pub(super) listing: watch::Sender<Listing>,
     /// Keys this gateway wrote that match, for the pattern's task.
     written: mpsc::UnboundedSender<Bytes>,
@@ -123,18 +136,33 @@ impl PatternWatch {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The announced keys and a subscription to later changes, taken
-    /// together: every change after the list is in the channel.
-    pub(super) fn subscribe(&self) -> (Vec<Arc<KeyWatch>>, broadcast::Receiver<Membership>) {
+    /// The announced keys and subscriptions to later changes and to the
+    /// keys' events, taken together: every change after the list is in the
+    /// channel, and every event after a key's snapshot is read.
+    pub(super) fn subscribe(&self) -> Subscription {
         let state = self.state();
-        let receiver = self.changes.subscribe();
+        let changes = self.changes.subscribe();
+        let events = self.events.subscribe();
         let keys = state
             .keys
             .values()
             .filter(|followed| followed.announced)
             .map(|followed| Arc::clone(&followed.watch))
             .collect();
-        (keys, receiver)
+        Subscription {
+            keys,
+            changes,
+            events,
+        }
+    }
+
+    /// Stops following `followed` (whose entries are already out of the
+    /// pattern's state) and releases them in the hub.
+    fn release<'a>(&self, inner: &Inner, followed: impl Iterator<Item = &'a Followed> + Clone) {
+        for key in followed.clone() {
+            key.watch.remove_follower(&self.events);
+        }
+        inner.release(followed.map(|key| &key.watch));
     }
 
     /// Whether the pattern follows `key` and told its streams so.
@@ -209,6 +237,7 @@ impl Patterns {
                 glob: glob.clone(),
                 state: Mutex::new(PatternState::default()),
                 changes: broadcast::channel(MEMBERSHIP_BUFFER).0,
+                events: broadcast::channel(PATTERN_EVENTS_BUFFER).0,
                 listing: watch::Sender::new(Listing::Pending),
                 written,
                 task: Mutex::new(None),
@@ -251,8 +280,7 @@ impl Patterns {
             task.abort();
         }
         self.inner.metrics.watch_pattern_keys.sub(keys.len() as i64);
-        self.inner
-            .release(keys.values().map(|followed| &followed.watch));
+        pattern.release(&self.inner, keys.values());
     }
 
     /// Hands `key`, which this gateway just wrote, to the task that tells
@@ -432,7 +460,7 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
                 .changes
                 .send(Membership::Removed(followed.watch.key.clone()));
         }
-        inner.release(gone.iter().map(|followed| &followed.watch));
+        pattern.release(inner, gone.iter());
     }
     if reread(inner, misread).await {
         // The store lost notifications: it may have lost the registrations
@@ -540,6 +568,7 @@ async fn add(
         keys.into_iter()
             .map(|key| {
                 let watch = inner.attach(&key, PATTERN_KEY_BUFFER);
+                watch.add_follower(&pattern.events);
                 state.keys.insert(
                     key,
                     Followed {
@@ -569,7 +598,7 @@ async fn add(
                 let removed = pattern.state().keys.remove(&watch.key);
                 if let Some(followed) = removed {
                     inner.metrics.watch_pattern_keys.dec();
-                    inner.release(std::iter::once(&followed.watch));
+                    pattern.release(inner, std::iter::once(&followed));
                 }
                 first_error.get_or_insert(error);
             }

@@ -1,13 +1,13 @@
 //! What the hub's handles, its watchers and its tasks share.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, watch};
 
-use super::key::{KeyState, KeyWatch, Registration};
+use super::key::KeyWatch;
 use super::settings::WatchSettings;
 use crate::metrics::Metrics;
 use crate::store::StoreClient;
@@ -44,21 +44,12 @@ impl Inner {
         let mut keys = self.keys();
         let key_watch = keys.entry(key.clone()).or_insert_with(|| {
             self.metrics.watched_keys.inc();
-            Arc::new(KeyWatch {
-                key: key.clone(),
-                state: Mutex::new(KeyState {
-                    watchers: 0,
-                    snapshot: None,
-                    changes: 0,
-                    retained: VecDeque::new(),
-                    retained_bytes: 0,
-                    cause: trace::current(),
-                }),
-                events: broadcast::channel(buffer).0,
-                registration: watch::Sender::new(Registration::Pending),
+            Arc::new(KeyWatch::new(
+                key.clone(),
                 buffer,
-                buffer_bytes: self.settings.buffer_bytes,
-            })
+                self.settings.buffer_bytes,
+                trace::current(),
+            ))
         });
         key_watch.state().watchers += 1;
         Arc::clone(key_watch)

@@ -636,3 +636,83 @@ async fn a_low_soft_open_file_limit_is_raised_and_more_watchers_than_it_fit() {
         (SOFT + 100) as f64
     );
 }
+
+/// Reads a pattern stream's initial picture: its `sync`s up to `listed`.
+async fn read_initial(stream: &mut sse::SseStream) -> usize {
+    let mut synced = 0;
+    loop {
+        let event = stream
+            .next(Duration::from_secs(60))
+            .await
+            .expect("the initial listing ends within 60 s");
+        match event.event.as_str() {
+            "sync" => synced += 1,
+            "listed" => return synced,
+            other => panic!("only syncs before listed, got {other}: {event:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_on_one_pattern_share_its_keys_and_each_adds_a_small_part_of_their_memory() {
+    const KEYS: usize = 5_000;
+    const STREAMS: usize = 20;
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    let value = "v".repeat(32);
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+        let ops: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|n| serde_json::json!({"op": "set", "key": format!("ks/{n:05}"), "value": value}))
+            .collect();
+        let response = gateway
+            .http
+            .post(gateway.url("/batch"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "ops": ops }).to_string())
+            .send()
+            .await
+            .expect("the batch is answered");
+        assert_eq!(response.status(), 200);
+    }
+    // Warm-up: a stream on another pattern brings buffers and allocator
+    // arenas to their working size.
+    let mut warm = sse::open(&gateway.http, &gateway.url("/watch?match=none/*"), None)
+        .await
+        .expect("the warm-up stream opens");
+    read_initial(&mut warm).await;
+    let before = gateway.rss_kib();
+
+    let open = || async {
+        let mut stream = sse::open(&gateway.http, &gateway.url("/watch?match=ks/*"), None)
+            .await
+            .expect("the pattern stream opens");
+        assert_eq!(read_initial(&mut stream).await, KEYS);
+        stream
+    };
+    let mut streams = vec![open().await];
+    let first = gateway.rss_kib();
+    for _ in 1..STREAMS {
+        streams.push(open().await);
+    }
+    let all = gateway.rss_kib();
+    let shared = first.saturating_sub(before) as f64;
+    let per_stream = all.saturating_sub(first) as f64 / (STREAMS - 1) as f64;
+    eprintln!(
+        "{KEYS} keys followed: VmRSS {before} KiB before, {first} KiB with one stream, \
+         {all} KiB with {STREAMS}: {shared:.0} KiB for the first, {per_stream:.0} KiB for each other"
+    );
+    assert!(
+        per_stream <= shared * PER_STREAM_SHARE,
+        "each stream after the first took {per_stream:.0} KiB, the first {shared:.0} KiB"
+    );
+    assert_eq!(
+        gateway.metric("statestore_gateway_watched_keys").await,
+        KEYS as f64
+    );
+}
+
+/// What a stream on a followed pattern may add, after the first, as a
+/// share of the memory the first one took (the pattern's keys).
+const PER_STREAM_SHARE: f64 = 0.08;
