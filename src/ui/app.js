@@ -515,7 +515,7 @@
     kind.textContent = entry.kind === null ? '—' : [entry.kind, ...entry.flags].join(', ');
     if (entry.at) {
       time.dateTime = entry.at.toISOString();
-      time.textContent = entry.at.toLocaleTimeString();
+      time.textContent = formatTime(entry.at);
     }
     const error = row.querySelector('.event .event-error');
     error.textContent = entry.error ? entry.error : '';
@@ -700,8 +700,8 @@
     ui.follow.hidden = false;
     saveFollowed();
     openFollowStream();
+    // The section's heading names the pattern: no notice repeats it.
     renderFollowStatus();
-    showNotice(`Following every key matching ${pattern}`);
   }
 
   function stopFollowing() {
@@ -1019,6 +1019,24 @@
   }
 
   /**
+   * Round ticks over [low, high]: a step of 1, 2 or 5 times a power of ten
+   * giving at most six ticks, each written with the step's decimals.
+   */
+  function valueTicks(low, high) {
+    if (low === high) return [{ value: low, label: formatNumber(low) }];
+    const rough = (high - low) / 5;
+    const power = 10 ** Math.floor(Math.log10(rough));
+    const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= rough);
+    const decimals = Math.max(0, -Math.floor(Math.log10(step)));
+    const ticks = [];
+    for (let i = Math.ceil(low / step); i * step <= high; i += 1) {
+      const value = i * step;
+      ticks.push({ value, label: (Object.is(value, -0) ? 0 : value).toFixed(decimals) });
+    }
+    return ticks;
+  }
+
+  /**
    * The selected key's numeric values against time, as steps (a value holds
    * until the next change), from when following began (or its first value
    * since) to now.
@@ -1050,10 +1068,9 @@
 
     const gridLines = [];
     const yLabels = [];
-    for (const value of [low0, (low0 + high0) / 2, high0]) {
-      if (value === low0 && value === high0 && yLabels.length > 0) break;
+    for (const { value, label } of valueTicks(low, high)) {
       gridLines.push(svgElement('line', { x1: left, x2: width - right, y1: y(value), y2: y(value) }));
-      yLabels.push(svgElement('text', { x: left - 6, y: y(value), 'text-anchor': 'end', 'dominant-baseline': 'middle' }, formatNumber(value)));
+      yLabels.push(svgElement('text', { x: left - 6, y: y(value), 'text-anchor': 'end', 'dominant-baseline': 'middle' }, label));
     }
     const span = (now - start) / 1000;
     const stepS = TIME_STEPS_S.find((s) => span / s <= 6) ?? 86400;
