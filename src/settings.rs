@@ -53,10 +53,12 @@ pub enum Helm {
     None,
     /// This value, as it is, with the row's default (`gateway.poolSize`).
     Default(&'static str),
-    /// This value, as it is, with a default of the chart's own: the AIO
-    /// broker's address, JSON logs; or empty, and then the chart leaves
-    /// the variable out.
+    /// This value, as it is, with a default of the chart's own (the AIO
+    /// broker's address, JSON logs).
     Own(&'static str),
+    /// This value when it is set: empty (or 0) by default, and then the
+    /// chart leaves the variable out.
+    IfSet(&'static str),
     /// A value the chart derives it from (`gateway.port` makes `--listen`,
     /// a Secret's name makes a file).
     Derived(&'static str),
@@ -67,7 +69,9 @@ impl Helm {
     pub fn path(self) -> Option<&'static str> {
         match self {
             Helm::None => None,
-            Helm::Default(path) | Helm::Own(path) | Helm::Derived(path) => Some(path),
+            Helm::Default(path) | Helm::Own(path) | Helm::IfSet(path) | Helm::Derived(path) => {
+                Some(path)
+            }
         }
     }
 }
@@ -124,7 +128,7 @@ pub const MAX_VALUE_BYTES: Setting = Setting {
     flag: "--max-value-bytes",
     env: "STATESTORE_GATEWAY_MAX_VALUE_BYTES",
     default: "",
-    helm: Helm::Own("gateway.maxValueBytes"),
+    helm: Helm::IfSet("gateway.maxValueBytes"),
 };
 
 pub const API_TOKEN_FILE: Setting = Setting {
@@ -148,7 +152,7 @@ pub const JWT_JWKS_URL: Setting = Setting {
     flag: "--jwt-jwks-url",
     env: "STATESTORE_GATEWAY_JWT_JWKS_URL",
     default: "",
-    helm: Helm::Own("gateway.jwt.jwksUrl"),
+    helm: Helm::IfSet("gateway.jwt.jwksUrl"),
 };
 
 /// PEM CA bundle for an `https` JWKS URL.
@@ -172,7 +176,7 @@ pub const JWT_ISSUER: Setting = Setting {
     flag: "--jwt-issuer",
     env: "STATESTORE_GATEWAY_JWT_ISSUER",
     default: "",
-    helm: Helm::Own("gateway.jwt.issuer"),
+    helm: Helm::IfSet("gateway.jwt.issuer"),
 };
 
 /// An `aud` a JWT must carry.
@@ -180,7 +184,7 @@ pub const JWT_AUDIENCE: Setting = Setting {
     flag: "--jwt-audience",
     env: "STATESTORE_GATEWAY_JWT_AUDIENCE",
     default: "",
-    helm: Helm::Own("gateway.jwt.audience"),
+    helm: Helm::IfSet("gateway.jwt.audience"),
 };
 
 /// The key API's serving certificate (TLS, with HTTP/2 by ALPN); the
@@ -292,7 +296,7 @@ pub const CORS_ALLOW_ORIGIN: Setting = Setting {
     flag: "--cors-allow-origin",
     env: "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN",
     default: "",
-    helm: Helm::Own("gateway.corsAllowOrigin"),
+    helm: Helm::IfSet("gateway.corsAllowOrigin"),
 };
 
 pub const HEADER_READ_TIMEOUT: Setting = Setting {
@@ -427,7 +431,7 @@ pub const MQTT_USERNAME: Setting = Setting {
     flag: "--mqtt-username",
     env: "AIO_MQTT_USERNAME",
     default: "",
-    helm: Helm::Own("broker.username"),
+    helm: Helm::IfSet("broker.username"),
 };
 
 pub const MQTT_PASSWORD_FILE: Setting = Setting {
@@ -441,7 +445,7 @@ pub const MQTT_CLIENT_ID: Setting = Setting {
     flag: "--client-id",
     env: "AIO_MQTT_CLIENT_ID",
     default: "",
-    helm: Helm::Own("broker.clientId"),
+    helm: Helm::IfSet("broker.clientId"),
 };
 
 pub const MQTT_KEEP_ALIVE: Setting = Setting {
@@ -525,7 +529,7 @@ pub const OTEL_EXPORTER_OTLP_ENDPOINT: Setting = Setting {
     flag: "",
     env: "OTEL_EXPORTER_OTLP_ENDPOINT",
     default: "",
-    helm: Helm::Own("tracing.otlpEndpoint"),
+    helm: Helm::IfSet("tracing.otlpEndpoint"),
 };
 
 /// Which traces are sampled.
@@ -541,7 +545,7 @@ pub const OTEL_TRACES_SAMPLER_ARG: Setting = Setting {
     flag: "",
     env: "OTEL_TRACES_SAMPLER_ARG",
     default: "",
-    helm: Helm::Own("tracing.samplerArg"),
+    helm: Helm::IfSet("tracing.samplerArg"),
 };
 
 /// The service name of the spans' resource.

@@ -6,7 +6,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::values::{SECRETS_DIR, Sidecar, container_env};
+use super::secrets::{self, is_sidecar_volume};
+use super::values::{Sidecar, container_env};
 
 /// The gateway container's name. A container of this name that is the
 /// sidecar (`args: [serve]`, the admin port) is replaced on every
@@ -17,18 +18,6 @@ pub const CONTAINER_NAME: &str = "statestore-gateway";
 /// The name of the sidecar's admin port (probes).
 const ADMIN_PORT_NAME: &str = "gateway-admin";
 
-/// Names of the volumes the sidecar may add.
-pub const VOLUME_NAMES: [&str; 8] = [
-    "statestore-gateway-sat",
-    "statestore-gateway-ca",
-    "statestore-gateway-client-cert",
-    "statestore-gateway-mqtt-password",
-    "statestore-gateway-api-token",
-    "statestore-gateway-jwks",
-    "statestore-gateway-jwks-ca",
-    "statestore-gateway-jwks-token",
-];
-
 /// Why a pod spec cannot take the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -36,7 +25,7 @@ pub struct PodError(String);
 
 /// Adds the sidecar to `spec` (a PodSpec), replacing one added before.
 /// A container named [`CONTAINER_NAME`] that is not the sidecar, or a
-/// volume with one of [`VOLUME_NAMES`] that is not the sidecar's alone, is
+/// volume with one of the sidecar's names that is not the sidecar's alone, is
 /// refused rather than replaced: it is the pod's own.
 ///
 /// The container goes under `initContainers` (first, with
@@ -69,7 +58,7 @@ pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> 
     } else if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
         containers.push(container);
     }
-    let volumes = volumes(sidecar);
+    let volumes = secrets::volumes(sidecar);
     if !volumes.is_empty() {
         let list = spec
             .entry("volumes")
@@ -154,7 +143,7 @@ fn remove_sidecar(spec: &mut Map<String, Value>) -> Result<(), PodError> {
         .filter_map(|volume| volume.get("name").and_then(Value::as_str));
     for name in volume_names {
         let theirs = !sidecar_mounts.contains(&name) || other_mounts.contains(&name);
-        if VOLUME_NAMES.contains(&name) && theirs {
+        if is_sidecar_volume(name) && theirs {
             return Err(PodError(format!(
                 "the pod already has a volume {name} that is not the gateway sidecar's \
                  (mounted by the sidecar alone); rename it: the name is the sidecar's"
@@ -177,7 +166,7 @@ fn remove_sidecar(spec: &mut Map<String, Value>) -> Result<(), PodError> {
         volumes.retain(|v| {
             !v.get("name")
                 .and_then(Value::as_str)
-                .is_some_and(|name| VOLUME_NAMES.contains(&name))
+                .is_some_and(is_sidecar_volume)
         });
         if volumes.is_empty() {
             spec.remove("volumes");
@@ -189,14 +178,6 @@ fn remove_sidecar(spec: &mut Map<String, Value>) -> Result<(), PodError> {
 /// The chart's `statestore-gateway.terminationGracePeriodSeconds`.
 pub fn termination_grace_period_seconds(sidecar: &Sidecar) -> u64 {
     sidecar.gateway.shutdown_grace_seconds + 10
-}
-
-fn use_tls(sidecar: &Sidecar) -> bool {
-    sidecar.broker.tls.enabled
-}
-
-fn use_sat(sidecar: &Sidecar) -> bool {
-    sidecar.broker.sat.enabled
 }
 
 /// A probe on the admin port, with the chart's timing fields.
@@ -212,10 +193,6 @@ fn probe(path: &str, fields: &Map<String, Value>) -> Value {
         }
     }
     Value::Object(probe)
-}
-
-fn mount(name: &str, dir: &str) -> Value {
-    json!({"name": name, "mountPath": format!("{SECRETS_DIR}/{dir}"), "readOnly": true})
 }
 
 /// The chart's `statestore-gateway.sidecar.container` (not standalone).
@@ -247,115 +224,11 @@ pub fn container(sidecar: &Sidecar, native: bool) -> Value {
     }
     c.insert("resources".into(), sidecar.resources.clone());
     c.insert("securityContext".into(), sidecar.security_context.clone());
-    let mut mounts = Vec::new();
-    if use_sat(sidecar) {
-        mounts.push(mount("statestore-gateway-sat", "sat"));
-    }
-    if use_tls(sidecar) {
-        mounts.push(mount("statestore-gateway-ca", "ca"));
-        if !sidecar.broker.tls.client_cert_secret.is_empty() {
-            mounts.push(mount("statestore-gateway-client-cert", "client-cert"));
-        }
-    }
-    if !sidecar.broker.password_secret.name.is_empty() {
-        mounts.push(mount("statestore-gateway-mqtt-password", "mqtt-password"));
-    }
-    if !sidecar.gateway.api_token.name.is_empty() {
-        mounts.push(mount("statestore-gateway-api-token", "api-token"));
-    }
-    let jwt = &sidecar.gateway.jwt;
-    if !jwt.jwks_config_map.is_empty() {
-        mounts.push(mount("statestore-gateway-jwks", "jwks"));
-    }
-    if !jwt.jwks_url.is_empty() && !jwt.jwks_ca_config_map.is_empty() {
-        mounts.push(mount("statestore-gateway-jwks-ca", "jwks-ca"));
-    }
-    if !jwt.jwks_url.is_empty() && jwt.jwks_service_account_token {
-        mounts.push(mount("statestore-gateway-jwks-token", "jwks-token"));
-    }
+    let mounts = secrets::mounts(sidecar);
     if !mounts.is_empty() {
         c.insert("volumeMounts".into(), Value::Array(mounts));
     }
     Value::Object(c)
-}
-
-/// The chart's `statestore-gateway.sidecar.volumes`.
-pub fn volumes(sidecar: &Sidecar) -> Vec<Value> {
-    let b = &sidecar.broker;
-    let mut volumes = Vec::new();
-    if use_sat(sidecar) {
-        volumes.push(json!({
-            "name": "statestore-gateway-sat",
-            "projected": {"sources": [{"serviceAccountToken": {
-                "audience": b.sat.audience,
-                "expirationSeconds": b.sat.expiration_seconds,
-                "path": "token",
-            }}]},
-        }));
-    }
-    if use_tls(sidecar) {
-        volumes.push(json!({
-            "name": "statestore-gateway-ca",
-            "configMap": {
-                "name": b.tls.ca_config_map,
-                "items": [{"key": b.tls.ca_key, "path": "ca.crt"}],
-            },
-        }));
-        if !b.tls.client_cert_secret.is_empty() {
-            volumes.push(json!({
-                "name": "statestore-gateway-client-cert",
-                "secret": {"secretName": b.tls.client_cert_secret},
-            }));
-        }
-    }
-    if !b.password_secret.name.is_empty() {
-        volumes.push(json!({
-            "name": "statestore-gateway-mqtt-password",
-            "secret": {
-                "secretName": b.password_secret.name,
-                "items": [{"key": b.password_secret.key, "path": "password"}],
-            },
-        }));
-    }
-    let token = &sidecar.gateway.api_token;
-    if !token.name.is_empty() {
-        volumes.push(json!({
-            "name": "statestore-gateway-api-token",
-            "secret": {
-                "secretName": token.name,
-                "items": [{"key": token.key, "path": "token"}],
-            },
-        }));
-    }
-    let jwt = &sidecar.gateway.jwt;
-    if !jwt.jwks_config_map.is_empty() {
-        volumes.push(json!({
-            "name": "statestore-gateway-jwks",
-            "configMap": {
-                "name": jwt.jwks_config_map,
-                "items": [{"key": jwt.jwks_key, "path": "jwks.json"}],
-            },
-        }));
-    }
-    if !jwt.jwks_url.is_empty() && !jwt.jwks_ca_config_map.is_empty() {
-        volumes.push(json!({
-            "name": "statestore-gateway-jwks-ca",
-            "configMap": {
-                "name": jwt.jwks_ca_config_map,
-                "items": [{"key": "ca.crt", "path": "ca.crt"}],
-            },
-        }));
-    }
-    if !jwt.jwks_url.is_empty() && jwt.jwks_service_account_token {
-        volumes.push(json!({
-            "name": "statestore-gateway-jwks-token",
-            "projected": {"sources": [{"serviceAccountToken": {
-                "expirationSeconds": 3600,
-                "path": "token",
-            }}]},
-        }));
-    }
-    volumes
 }
 
 #[cfg(test)]

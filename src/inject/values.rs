@@ -12,7 +12,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use crate::settings::{self as env, SettingError};
+use super::secrets;
+use crate::settings::{self as env, Helm, Setting, SettingError};
 
 /// The chart's defaults: one source for the chart and for `inject`.
 const CHART_VALUES: &str = include_str!("../../helm/statestore-gateway/values.yaml");
@@ -262,8 +263,9 @@ impl SidecarValues {
     /// The typed sidecar, after the checks the chart makes with `fail` and
     /// the ones `statestore-gateway serve` makes at start.
     pub fn sidecar(&self) -> Result<Sidecar, ValuesError> {
-        let sidecar: Sidecar = serde_json::from_value(Value::Object(self.tree.clone()))
+        let mut sidecar: Sidecar = serde_json::from_value(Value::Object(self.tree.clone()))
             .map_err(|error| ValuesError::Unusable(format!("the sidecar values: {error}")))?;
+        sidecar.tree = self.tree.clone();
         sidecar.check(self.serve_check)?;
         Ok(sidecar)
     }
@@ -319,6 +321,9 @@ pub struct Sidecar {
     pub security_context: Value,
     /// `podSecurityContext`: its `fsGroup` is given to pods without one.
     pub pod_security_context: Value,
+    /// The values these were read from, for the settings table's rows.
+    #[serde(skip)]
+    tree: Map<String, Value>,
 }
 
 /// `image.*`
@@ -507,150 +512,132 @@ impl Sidecar {
     }
 }
 
-/// Where the gateway's secrets and tokens are mounted.
-pub const SECRETS_DIR: &str = "/var/run/secrets/statestore-gateway";
+/// One variable of the sidecar's container.
+enum Var {
+    /// The row's chart value, as it is; for `Helm::IfSet`, only when set.
+    Chart(&'static Setting),
+    /// A value the chart works out from the row's chart value.
+    Derived(&'static Setting, fn(&Sidecar) -> String),
+    /// The path of the row's file, when the sidecar has its volume
+    /// ([`secrets`]).
+    File(&'static Setting),
+    /// A variable that is no setting of the gateway's (`RUST_LOG`), and
+    /// the chart value it gets as it is.
+    Other(&'static str, &'static str),
+}
 
-fn var(name: &str, value: impl Into<String>) -> Value {
-    json!({"name": name, "value": value.into()})
+/// The container's variables, in the order of the chart's template (its
+/// `extraEnv` follows). Serve's settings that are missing here are the
+/// standalone gateway's (`--api-tls-*`, `--authz-file`) or not the chart's
+/// (`Helm::None`).
+const CONTAINER_ENV: &[Var] = &[
+    Var::Derived(&env::LISTEN, |s| format!("127.0.0.1:{}", s.gateway.port)),
+    Var::Derived(&env::ADMIN_LISTEN, |s| {
+        format!("0.0.0.0:{}", s.gateway.admin_port)
+    }),
+    Var::Chart(&env::POOL_SIZE),
+    Var::Chart(&env::REQUEST_TIMEOUT),
+    Var::Chart(&env::MAX_IN_FLIGHT),
+    Var::Chart(&env::MAX_KEY_BYTES),
+    Var::Chart(&env::MAX_VALUE_BYTES),
+    Var::Chart(&env::MAX_WATCHERS),
+    Var::Chart(&env::MAX_KEYS_PER_WATCH),
+    Var::Chart(&env::MAX_WATCHED_KEYS),
+    Var::Chart(&env::WATCH_KEEPALIVE),
+    Var::Chart(&env::WATCH_BUFFER),
+    Var::Chart(&env::WATCH_RESYNC_INTERVAL),
+    Var::Chart(&env::WATCH_RESCAN_INTERVAL),
+    Var::Chart(&env::MAX_KEYS_PER_PATTERN),
+    Var::Chart(&env::HEADER_READ_TIMEOUT),
+    Var::Chart(&env::MAX_CONNECTIONS),
+    Var::Chart(&env::MAX_BATCH_OPS),
+    Var::Chart(&env::MAX_BATCH_BYTES),
+    Var::Chart(&env::DAPR_STATE_STORE),
+    Var::Chart(&env::DAPR_LOCK_STORE),
+    Var::Chart(&env::DAPR_APP_ID),
+    Var::Chart(&env::DAPR_KEY_PREFIX),
+    Var::Chart(&env::CORS_ALLOW_ORIGIN),
+    Var::Derived(&env::SHUTDOWN_GRACE, |s| {
+        format!("{}s", s.gateway.shutdown_grace_seconds)
+    }),
+    Var::Chart(&env::LOG_FORMAT),
+    Var::Other("RUST_LOG", "gateway.logLevel"),
+    Var::File(&env::API_TOKEN_FILE),
+    Var::File(&env::JWT_JWKS_FILE),
+    Var::Chart(&env::JWT_JWKS_URL),
+    Var::File(&env::JWT_JWKS_CA_FILE),
+    Var::File(&env::JWT_JWKS_TOKEN_FILE),
+    Var::Chart(&env::JWT_ISSUER),
+    Var::Chart(&env::JWT_AUDIENCE),
+    Var::Chart(&env::BROKER_HOSTNAME),
+    Var::Chart(&env::BROKER_TCP_PORT),
+    Var::Chart(&env::MQTT_USE_TLS),
+    Var::File(&env::TLS_CA_FILE),
+    Var::File(&env::TLS_CERT_FILE),
+    Var::File(&env::TLS_KEY_FILE),
+    Var::File(&env::SAT_FILE),
+    Var::Chart(&env::MQTT_USERNAME),
+    Var::File(&env::MQTT_PASSWORD_FILE),
+    Var::Chart(&env::MQTT_CLIENT_ID),
+    Var::Chart(&env::MQTT_KEEP_ALIVE),
+    Var::Chart(&env::MQTT_SESSION_EXPIRY),
+    Var::Chart(&env::OTEL_EXPORTER_OTLP_ENDPOINT),
+    Var::Chart(&env::OTEL_TRACES_SAMPLER),
+    Var::Chart(&env::OTEL_TRACES_SAMPLER_ARG),
+];
+
+/// The chart value at `path`, when it is a scalar.
+fn chart_value<'a>(tree: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let first = tree.get(parts.next()?)?;
+    parts
+        .try_fold(first, |node, key| node.get(key))
+        .filter(|value| matches!(value, Value::String(_) | Value::Number(_) | Value::Bool(_)))
+}
+
+/// A scalar as a variable's text.
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether a `Helm::IfSet` value is unset: empty, or 0.
+fn is_unset(value: &Value) -> bool {
+    value.as_str().is_some_and(str::is_empty) || value.as_u64() == Some(0)
+}
+
+impl Var {
+    /// The variable's name and value, or `None` when the container has
+    /// no such variable.
+    fn resolve(&self, sidecar: &Sidecar) -> Option<(&'static str, String)> {
+        match self {
+            Var::Chart(row) => {
+                let value = chart_value(&sidecar.tree, row.helm.path()?)?;
+                match row.helm {
+                    Helm::IfSet(_) if is_unset(value) => None,
+                    Helm::Default(_) | Helm::Own(_) | Helm::IfSet(_) => {
+                        Some((row.env, text(value)))
+                    }
+                    Helm::Derived(_) | Helm::None => None,
+                }
+            }
+            Var::Derived(row, value) => Some((row.env, value(sidecar))),
+            Var::File(row) => secrets::path(row, sidecar).map(|path| (row.env, path)),
+            Var::Other(name, path) => Some((name, text(chart_value(&sidecar.tree, path)?))),
+        }
+    }
 }
 
 /// The container's environment, in the template's order.
 pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
-    let g = &sidecar.gateway;
-    let b = &sidecar.broker;
-    let mut vars = vec![
-        var(env::LISTEN.env, format!("127.0.0.1:{}", g.port)),
-        var(env::ADMIN_LISTEN.env, format!("0.0.0.0:{}", g.admin_port)),
-        var(env::POOL_SIZE.env, g.pool_size.to_string()),
-        var(env::REQUEST_TIMEOUT.env, &g.request_timeout),
-        var(env::MAX_IN_FLIGHT.env, g.max_in_flight.to_string()),
-        var(env::MAX_KEY_BYTES.env, g.max_key_bytes.to_string()),
-    ];
-    if g.max_value_bytes > 0 {
-        vars.push(var(env::MAX_VALUE_BYTES.env, g.max_value_bytes.to_string()));
-    }
-    vars.extend([
-        var(env::MAX_WATCHERS.env, g.max_watchers.to_string()),
-        var(
-            env::MAX_KEYS_PER_WATCH.env,
-            g.max_keys_per_watch.to_string(),
-        ),
-        var(env::MAX_WATCHED_KEYS.env, g.max_watched_keys.to_string()),
-        var(env::WATCH_KEEPALIVE.env, &g.watch_keepalive),
-        var(env::WATCH_BUFFER.env, g.watch_buffer.to_string()),
-        var(env::WATCH_RESYNC_INTERVAL.env, &g.watch_resync_interval),
-        var(env::WATCH_RESCAN_INTERVAL.env, &g.watch_rescan_interval),
-        var(
-            env::MAX_KEYS_PER_PATTERN.env,
-            g.max_keys_per_pattern.to_string(),
-        ),
-        var(env::HEADER_READ_TIMEOUT.env, &g.header_read_timeout),
-        var(env::MAX_CONNECTIONS.env, g.max_connections.to_string()),
-        var(env::MAX_BATCH_OPS.env, g.max_batch_ops.to_string()),
-        var(env::MAX_BATCH_BYTES.env, g.max_batch_bytes.to_string()),
-        var(env::DAPR_STATE_STORE.env, &g.dapr_state_store),
-        var(env::DAPR_LOCK_STORE.env, &g.dapr_lock_store),
-        var(env::DAPR_APP_ID.env, &g.dapr_app_id),
-        var(env::DAPR_KEY_PREFIX.env, &g.dapr_key_prefix),
-    ]);
-    if !g.cors_allow_origin.is_empty() {
-        vars.push(var(env::CORS_ALLOW_ORIGIN.env, &g.cors_allow_origin));
-    }
-    vars.extend([
-        var(
-            env::SHUTDOWN_GRACE.env,
-            format!("{}s", g.shutdown_grace_seconds),
-        ),
-        var(env::LOG_FORMAT.env, &g.log_format),
-        var("RUST_LOG", &g.log_level),
-    ]);
-    if !g.api_token.name.is_empty() {
-        vars.push(var(
-            env::API_TOKEN_FILE.env,
-            format!("{SECRETS_DIR}/api-token/token"),
-        ));
-    }
-    let jwt = &g.jwt;
-    if !jwt.jwks_config_map.is_empty() {
-        vars.push(var(
-            env::JWT_JWKS_FILE.env,
-            format!("{SECRETS_DIR}/jwks/jwks.json"),
-        ));
-    }
-    if !jwt.jwks_url.is_empty() {
-        vars.push(var(env::JWT_JWKS_URL.env, &jwt.jwks_url));
-        if !jwt.jwks_ca_config_map.is_empty() {
-            vars.push(var(
-                env::JWT_JWKS_CA_FILE.env,
-                format!("{SECRETS_DIR}/jwks-ca/ca.crt"),
-            ));
-        }
-        if jwt.jwks_service_account_token {
-            vars.push(var(
-                env::JWT_JWKS_TOKEN_FILE.env,
-                format!("{SECRETS_DIR}/jwks-token/token"),
-            ));
-        }
-    }
-    if !jwt.issuer.is_empty() {
-        vars.push(var(env::JWT_ISSUER.env, &jwt.issuer));
-    }
-    if !jwt.audience.is_empty() {
-        vars.push(var(env::JWT_AUDIENCE.env, &jwt.audience));
-    }
-    vars.extend([
-        var(env::BROKER_HOSTNAME.env, &b.host),
-        var(env::BROKER_TCP_PORT.env, b.port.to_string()),
-        var(
-            env::MQTT_USE_TLS.env,
-            sidecar.broker.tls.enabled.to_string(),
-        ),
-    ]);
-    if sidecar.broker.tls.enabled {
-        vars.push(var(
-            env::TLS_CA_FILE.env,
-            format!("{SECRETS_DIR}/ca/ca.crt"),
-        ));
-        if !b.tls.client_cert_secret.is_empty() {
-            vars.push(var(
-                env::TLS_CERT_FILE.env,
-                format!("{SECRETS_DIR}/client-cert/tls.crt"),
-            ));
-            vars.push(var(
-                env::TLS_KEY_FILE.env,
-                format!("{SECRETS_DIR}/client-cert/tls.key"),
-            ));
-        }
-    }
-    if sidecar.broker.sat.enabled {
-        vars.push(var(env::SAT_FILE.env, format!("{SECRETS_DIR}/sat/token")));
-    }
-    if !b.username.is_empty() {
-        vars.push(var(env::MQTT_USERNAME.env, &b.username));
-    }
-    if !b.password_secret.name.is_empty() {
-        vars.push(var(
-            env::MQTT_PASSWORD_FILE.env,
-            format!("{SECRETS_DIR}/mqtt-password/password"),
-        ));
-    }
-    if !b.client_id.is_empty() {
-        vars.push(var(env::MQTT_CLIENT_ID.env, &b.client_id));
-    }
-    vars.extend([
-        var(env::MQTT_KEEP_ALIVE.env, b.keep_alive.to_string()),
-        var(env::MQTT_SESSION_EXPIRY.env, b.session_expiry.to_string()),
-    ]);
-    let t = &sidecar.tracing;
-    if !t.otlp_endpoint.is_empty() {
-        vars.push(var(env::OTEL_EXPORTER_OTLP_ENDPOINT.env, &t.otlp_endpoint));
-    }
-    vars.push(var(env::OTEL_TRACES_SAMPLER.env, &t.sampler));
-    if !t.sampler_arg.is_empty() {
-        vars.push(var(env::OTEL_TRACES_SAMPLER_ARG.env, &t.sampler_arg));
-    }
-    vars.extend(g.extra_env.iter().cloned());
-    vars
+    CONTAINER_ENV
+        .iter()
+        .filter_map(|var| var.resolve(sidecar))
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .chain(sidecar.gateway.extra_env.iter().cloned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -681,7 +668,7 @@ mod tests {
         let rendered = container_env(&sidecar);
         let tree = Value::Object(values.tree().clone());
         for row in table::SERVE.iter().chain(table::SERVE_ENV) {
-            let (Helm::Default(path) | Helm::Own(path)) = row.helm else {
+            let (Helm::Default(path) | Helm::Own(path) | Helm::IfSet(path)) = row.helm else {
                 continue;
             };
             let chart = path
@@ -700,7 +687,7 @@ mod tests {
                 Some(value) => assert_eq!(value, chart, "{}: not {path}", row.env),
                 // The chart leaves empty (or 0: from the broker) values out.
                 None => assert!(
-                    matches!(row.helm, Helm::Own(_)) && (chart.is_empty() || chart == "0"),
+                    matches!(row.helm, Helm::IfSet(_)) && (chart.is_empty() || chart == "0"),
                     "the container has no {} ({path} = {chart:?})",
                     row.env
                 ),
@@ -711,6 +698,51 @@ mod tests {
                     "{path}: the chart's default is not serve's"
                 );
             }
+        }
+    }
+
+    /// Every setting the chart gives the sidecar has its place in the
+    /// container, taken from the row the way its `Helm` kind says.
+    #[test]
+    fn the_container_names_each_sidecar_row_of_the_table_once() {
+        use crate::settings::{self as table, Helm};
+        let standalone = [
+            &table::API_TLS_CERT_FILE,
+            &table::API_TLS_KEY_FILE,
+            &table::AUTHZ_FILE,
+        ];
+        let named: Vec<&Setting> = CONTAINER_ENV
+            .iter()
+            .filter_map(|var| match var {
+                Var::Chart(row) => {
+                    assert!(
+                        matches!(row.helm, Helm::Default(_) | Helm::Own(_) | Helm::IfSet(_)),
+                        "{}: not a chart value as it is",
+                        row.env
+                    );
+                    Some(*row)
+                }
+                Var::Derived(row, _) => {
+                    assert!(matches!(row.helm, Helm::Derived(_)), "{}", row.env);
+                    Some(*row)
+                }
+                Var::File(row) => {
+                    assert!(
+                        secrets::SECRET_VOLUMES
+                            .iter()
+                            .any(|volume| volume.files.iter().any(|(_, r)| r == row)),
+                        "{}: no secret volume holds it",
+                        row.env
+                    );
+                    Some(*row)
+                }
+                Var::Other(..) => None,
+            })
+            .collect();
+        for row in table::SERVE.iter().chain(table::SERVE_ENV) {
+            let times = named.iter().filter(|named| **named == *row).count();
+            let expected = usize::from(row.helm.path().is_some() && !standalone.contains(row));
+            assert_eq!(times, expected, "{} in the container", row.env);
         }
     }
 
@@ -742,7 +774,7 @@ mod tests {
             Some("/var/run/secrets/statestore-gateway/jwks-token/token")
         );
         assert_eq!(value("STATESTORE_GATEWAY_JWT_JWKS_FILE"), None);
-        let volumes = crate::inject::pod::volumes(&sidecar);
+        let volumes = crate::inject::secrets::volumes(&sidecar);
         let names: Vec<&str> = volumes.iter().filter_map(|v| v["name"].as_str()).collect();
         assert!(names.contains(&"statestore-gateway-jwks-ca"), "{names:?}");
         assert!(
