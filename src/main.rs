@@ -1,6 +1,8 @@
 //! The `statestore-gateway` binary: parse the command line, turn the
 //! subcommand's arguments into its settings, run it.
 
+use std::time::Instant;
+
 use anyhow::Context as _;
 use clap::Parser;
 use statestore_gateway::cli::dev::DevArgs;
@@ -59,14 +61,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     // Span export, when the OTEL_* variables ask for it.
     let exporter = trace::start_export(|name| std::env::var(name).ok(), &metrics)?;
-    let served = serve_runtime()?.block_on(async move {
-        let server = Server::start(settings, metrics).await?;
-        server.run_until(termination_signal()).await?;
-        anyhow::Ok(())
+    let grace = settings.shutdown_grace;
+    // When the shutdown began: the spans still queued may take what is
+    // left of its grace period, not the exporter's own longer wait.
+    let stopping = std::sync::Arc::new(std::sync::OnceLock::new());
+    let served = serve_runtime()?.block_on({
+        let stopping = stopping.clone();
+        async move {
+            let server = Server::start(settings, metrics).await?;
+            server
+                .run_until(async move {
+                    termination_signal().await;
+                    let _ = stopping.set(Instant::now());
+                })
+                .await?;
+            anyhow::Ok(())
+        }
     });
-    // Off the runtime: sends the spans still queued, bounded by a timeout.
+    // Off the runtime: sends the spans still queued, within the grace.
     if let Some(exporter) = exporter {
-        exporter.shutdown();
+        let began = stopping.get().copied().unwrap_or_else(Instant::now);
+        exporter.shutdown((began + grace).saturating_duration_since(Instant::now()));
     }
     served
 }

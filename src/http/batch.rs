@@ -11,7 +11,8 @@
 //!
 //! All batches together hold at most half of the pool's in-flight slots
 //! (`batch_slots`), so one-key requests always find room; an op that gets
-//! no slot before the batch's deadline never leaves the gateway (503).
+//! no slot, or whose turn on its key comes, after the batch's deadline
+//! never leaves the gateway (503).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -61,9 +62,10 @@ async fn batch(
     DeclaredLength(declared): DeclaredLength,
     mut body: Body,
 ) -> Result<Response, ApiError> {
-    // Reading the body and waiting for slots share one request timeout;
-    // each op then has its own, as a single request does, which keeps the
-    // whole batch within the backstop.
+    // Reading the body, waiting for slots and the turns of ops on one key
+    // share one request timeout: no op is sent after it. Each op then has
+    // its own, as a single request does, which keeps the whole batch
+    // within the backstop.
     let deadline = Instant::now() + state.limits.request_timeout;
     query.accept(&[])?;
     refuse_unless_json(&headers)?;
@@ -438,9 +440,11 @@ async fn run(
     results.into_iter().flatten().collect()
 }
 
-/// One op: allowed to the caller (else 403, as its one-key request), a
-/// batch slot (waiting at most until the batch's deadline), then the
-/// one-key path.
+/// One op: allowed to the caller (else 403, as its one-key request), not
+/// past the batch's deadline (else 503, not sent), a batch slot (waiting at
+/// most until that deadline), then the one-key path. An op sent by the
+/// deadline ends within one request timeout after it, so a batch answers
+/// within twice the request timeout, inside the backstop.
 async fn run_op(
     state: &AppState,
     access: &Access,
@@ -451,6 +455,12 @@ async fn run_op(
     let started = std::time::Instant::now();
     let answer = match access.require(command.key(), kind.need()) {
         Err(denied) => Err(denied),
+        // The ops before it on its key took the batch's time: sending it
+        // now could outlast the backstop, and the batch would answer one
+        // 504 for all its ops.
+        Ok(()) if Instant::now() >= deadline => {
+            Err(ApiError::BatchOutOfTime(state.limits.request_timeout))
+        }
         Ok(()) => match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
             Ok(Ok(_slot)) => match command.send(state).await {
                 Ok(outcome) => respond(outcome),

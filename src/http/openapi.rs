@@ -84,6 +84,7 @@ mod tests {
             },
             ApiError::TooManyOps { max: 1 },
             ApiError::BatchTooLarge { max: 1 },
+            ApiError::BatchOutOfTime(Duration::from_secs(1)),
             ApiError::UnsupportedMediaType("x".into()),
         ];
         for error in StoreError::KNOWN

@@ -212,6 +212,10 @@ pub enum ApiError {
         /// The limit.
         max: usize,
     },
+    /// A batch op not sent: the ops before it on its key used up the
+    /// batch's time (`--request-timeout` from its start).
+    #[error("the batch's {0:?} ran out before this op's turn: it was not sent")]
+    BatchOutOfTime(Duration),
     /// A batch body larger than `--max-batch-bytes`.
     #[error("the batch body is larger than the limit of {max} bytes")]
     BatchTooLarge {
@@ -472,6 +476,7 @@ impl ApiError {
             Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
             // Answered above, with the op's own problem.
             Self::BatchOp { .. } => (400, "/problems/invalid-batch", "Invalid batch", Info),
+            Self::BatchOutOfTime(_) => UNAVAILABLE,
             Self::TooManyOps { .. } => (413, "/problems/too-many-ops", "Too many ops", Info),
             Self::BatchTooLarge { .. } => {
                 (413, "/problems/batch-too-large", "Batch too large", Info)

@@ -289,11 +289,12 @@ impl Exporter {
         Ok((Self { provider }, tracer))
     }
 
-    /// Exports the spans still queued (bounded by the export timeout) and
-    /// stops the processor's thread. Blocks: call it off the runtime's
-    /// threads.
-    pub fn shutdown(self) {
-        if let Err(error) = self.provider.shutdown() {
+    /// Exports the spans still queued and stops the processor's thread,
+    /// waiting at most `within` (what is left of the shutdown grace
+    /// period): a collector that has not answered by then loses them.
+    /// Blocks: call it off the runtime's threads.
+    pub fn shutdown(self, within: Duration) {
+        if let Err(error) = self.provider.shutdown_with_timeout(within) {
             tracing::warn!(%error, "span export did not shut down cleanly");
         }
     }

@@ -11,6 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use statestore_gateway::protocol::Hlc;
 
+use crate::support::Mosquitto;
+use crate::support::emulator::EmulatorProcess;
 use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, etag, json, problem};
 
 /// The results of a batch that must be answered 200.
@@ -460,4 +462,71 @@ async fn batches_leave_single_requests_their_share_of_the_pool() {
         slowest < Duration::from_millis(500),
         "a single request took {slowest:?} while batches ran"
     );
+}
+
+/// With the store frozen (SIGSTOP) and `--request-timeout 1s`, four ops on
+/// one key cannot all run within the batch's time: the batch is still 200
+/// with a result per op, the first 504 (it was sent, its outcome unknown),
+/// the others 503 (never sent), and only the first is applied once the
+/// store resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_out_of_time_answers_each_op_and_sends_none_after_its_deadline() {
+    let broker = Mosquitto::start().await;
+    let store = EmulatorProcess::start(&broker, &[]).await;
+    let gw = Gateway::start(
+        broker.port(),
+        GatewayOptions {
+            request_timeout: Duration::from_secs(1),
+            ..GatewayOptions::default()
+        },
+    )
+    .await;
+    gw.wait_ready().await;
+    let set = |value: &str| json!({"op": "set", "key": "frozen", "value": value});
+
+    store.pause();
+    let started = Instant::now();
+    let response = gw
+        .http
+        .post(gw.url("/batch"))
+        .header("content-type", "application/json")
+        .body(json!({"ops": [set("1"), set("2"), set("3"), set("4")]}).to_string())
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(response.status(), StatusCode::OK, "{response:?}");
+    let body = json(response).await;
+    let statuses: Vec<u64> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|result| result["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [504, 503, 503, 503], "after {took:?}: {body}");
+    for result in &body["results"].as_array().unwrap()[1..] {
+        assert!(
+            result["problem"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("not sent"),
+            "{result}"
+        );
+    }
+    store.resume();
+    // The first SET reaches the store now; nothing after it was sent.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let read = gw.get(b"frozen").await;
+        if read.status() == StatusCode::OK {
+            assert_eq!(read.bytes().await.unwrap().as_ref(), b"1");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first SET never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let read = gw.get(b"frozen").await;
+    assert_eq!(read.bytes().await.unwrap().as_ref(), b"1");
 }

@@ -583,6 +583,56 @@ async fn a_stuck_or_dead_collector_slows_no_request_and_its_lost_spans_are_count
     held.abort();
 }
 
+/// A collector that takes connections and never answers holds an export
+/// for its 10 s timeout; SIGTERM with `--shutdown-grace 2s` still ends the
+/// process within the grace period and a second, spans left unsent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_stuck_collector_no_longer_than_the_grace_period() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", stuck.local_addr().unwrap());
+    let (accepted, mut connections) = tokio::sync::mpsc::unbounded_channel();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = stuck.accept().await {
+            open.push(socket);
+            let _ = accepted.send(());
+        }
+    });
+    let grace = Duration::from_secs(2);
+    let mut gateway = GatewayProcess::start_with_env(
+        broker.port(),
+        &["--shutdown-grace", "2s"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    )
+    .await;
+    let put = gateway
+        .http
+        .put(gateway.url("/keys/stuck"))
+        .header("traceparent", traceparent(6))
+        .body("v");
+    assert_eq!(put.send().await.unwrap().status(), 200);
+    // An export is out, and its collector will never answer.
+    tokio::time::timeout(WAIT, connections.recv())
+        .await
+        .expect("the gateway connects to the collector");
+    let started = Instant::now();
+    gateway.terminate();
+    let exited = gateway.wait_exit(Duration::from_secs(15)).await;
+    let took = started.elapsed();
+    eprintln!("exited {took:?} after SIGTERM");
+    assert!(exited.is_some_and(|status| status.success()), "{exited:?}");
+    assert!(
+        took <= grace + Duration::from_secs(1),
+        "exited {took:?} after SIGTERM with a grace period of {grace:?}"
+    );
+    held.abort();
+}
+
 #[tokio::test]
 async fn an_unsupported_export_protocol_stops_the_gateway_at_start() {
     let binary = env!("CARGO_BIN_EXE_statestore-gateway");
