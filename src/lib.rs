@@ -9,6 +9,9 @@
 //! - [`http`]: router and state, request parsing as extractors, the key
 //!   API and its batches, listing, locks and watch routes, problem+json errors, the admin
 //!   listener, `serve`.
+//! - [`dapr`]: Dapr's state and lock building blocks as store commands
+//!   (the HTTP and gRPC routes in [`http`] translate shapes only), with
+//!   etag writes made safe across gateways by per-key leases and fencing.
 //! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
 //!   share one hub watch per lock.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
@@ -28,6 +31,7 @@
 //! Kubernetes YAML by `inject` and by the `injector` admission webhook).
 
 pub mod cli;
+pub mod dapr;
 pub mod dev;
 pub mod emulator;
 pub mod http;
