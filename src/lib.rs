@@ -9,6 +9,9 @@
 //! - [`http`]: router and state, request parsing as extractors, the key
 //!   API and its batches, listing, locks and watch routes, problem+json errors, the admin
 //!   listener, `serve`.
+//! - [`dapr`]: Dapr's state and lock building blocks as store commands
+//!   (the HTTP and gRPC routes in [`http`] translate shapes only), with
+//!   etag writes made safe across gateways by per-key leases and fencing.
 //! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
 //!   share one hub watch per lock.
 //! - [`watch`]: the watch hub: one KEYNOTIFY per key, fanned out to SSE watchers.
@@ -19,7 +22,7 @@
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
 //!
 //! Beside it: [`settings`] (a leaf: environment names, defaults, the
-//! duration syntax), [`metrics`] (the Prometheus registry), [`jwt`] (the
+//! duration syntax), [`files`] (a leaf: secret files, read by one rule), [`metrics`] (the Prometheus registry), [`jwt`] (the
 //! signed tokens callers may identify with: key sets, checks, cache), [`trace`] (the
 //! caller's W3C Trace Context, carried onto store requests), [`emulator`]
 //! (the state store protocol served over any MQTT5 broker), [`dev`]
@@ -28,8 +31,10 @@
 //! Kubernetes YAML by `inject` and by the `injector` admission webhook).
 
 pub mod cli;
+pub mod dapr;
 pub mod dev;
 pub mod emulator;
+pub mod files;
 pub mod http;
 pub mod inject;
 pub mod jwt;

@@ -323,6 +323,43 @@ pub const MAX_LOCK_HOLDER_BYTES: Setting = Setting {
     helm: Helm::None,
 };
 
+pub const DAPR_STATE_STORE: Setting = Setting {
+    flag: "--dapr-state-store",
+    env: "STATESTORE_GATEWAY_DAPR_STATE_STORE",
+    default: "statestore",
+    helm: Helm::Default("gateway.daprStateStore"),
+};
+
+pub const DAPR_LOCK_STORE: Setting = Setting {
+    flag: "--dapr-lock-store",
+    env: "STATESTORE_GATEWAY_DAPR_LOCK_STORE",
+    default: "lockstore",
+    helm: Helm::Default("gateway.daprLockStore"),
+};
+
+/// The app id Dapr's metadata names, and the key prefix `app-id` uses.
+pub const DAPR_APP_ID: Setting = Setting {
+    flag: "--dapr-app-id",
+    env: "STATESTORE_GATEWAY_DAPR_APP_ID",
+    default: "statestore-gateway",
+    helm: Helm::Default("gateway.daprAppId"),
+};
+
+/// `none` (keys as given) or `app-id` (`<app-id>||<key>`, Dapr's default).
+pub const DAPR_KEY_PREFIX: Setting = Setting {
+    flag: "--dapr-key-prefix",
+    env: "STATESTORE_GATEWAY_DAPR_KEY_PREFIX",
+    default: "none",
+    helm: Helm::Default("gateway.daprKeyPrefix"),
+};
+
+pub const DAPR_ETAG_LEASE: Setting = Setting {
+    flag: "--dapr-etag-lease",
+    env: "STATESTORE_GATEWAY_DAPR_ETAG_LEASE",
+    default: "5s",
+    helm: Helm::None,
+};
+
 pub const MAX_BATCH_OPS: Setting = Setting {
     flag: "--max-batch-ops",
     env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
@@ -458,6 +495,11 @@ pub const SERVE: &[&Setting] = &[
     &MAX_LOCK_HOLDER_BYTES,
     &MAX_BATCH_OPS,
     &MAX_BATCH_BYTES,
+    &DAPR_STATE_STORE,
+    &DAPR_LOCK_STORE,
+    &DAPR_APP_ID,
+    &DAPR_KEY_PREFIX,
+    &DAPR_ETAG_LEASE,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,
@@ -700,6 +742,7 @@ pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
 pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_DAPR_ETAG_LEASE: Duration = Duration::from_secs(5);
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";
 pub const DEFAULT_BROKER_TCP_PORT: u16 = 8883;
 pub const DEFAULT_MQTT_USE_TLS: bool = true;

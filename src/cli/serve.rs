@@ -8,6 +8,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::dapr::{DaprSettings, KeyPrefix};
 use crate::http::authz::{AuthzSettings, Rules};
 use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
@@ -146,9 +147,43 @@ pub struct ServeArgs {
     /// Largest `POST /batch` body, in bytes (larger: 413).
     #[arg(long, env = settings::MAX_BATCH_BYTES.env, default_value = settings::MAX_BATCH_BYTES.default, value_parser = parse_positive_usize)]
     pub max_batch_bytes: usize,
+    /// The Dapr state store's name (`/v1.0/state/{name}`, gRPC `store_name`).
+    #[arg(long, env = settings::DAPR_STATE_STORE.env, default_value = settings::DAPR_STATE_STORE.default, value_parser = parse_store_name)]
+    pub dapr_state_store: String,
+    /// The Dapr lock store's name (`/v1.0-alpha1/lock/{name}`).
+    #[arg(long, env = settings::DAPR_LOCK_STORE.env, default_value = settings::DAPR_LOCK_STORE.default, value_parser = parse_store_name)]
+    pub dapr_lock_store: String,
+    /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
+    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_store_name)]
+    pub dapr_app_id: String,
+    /// How Dapr state keys are named in the store: `none` (as given, shared
+    /// with `/keys`) or `app-id` (`<app-id>||<key>`, as Dapr and the AIO
+    /// state component store them).
+    #[arg(long, env = settings::DAPR_KEY_PREFIX.env, default_value = settings::DAPR_KEY_PREFIX.default, value_parser = parse_key_prefix)]
+    pub dapr_key_prefix: KeyPrefix,
+    /// How long the per-key lease of a Dapr etag write lasts (a gateway that
+    /// dies holding one delays other etag writes of that key this long).
+    #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
+    pub dapr_etag_lease: Duration,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
+}
+
+/// A Dapr store name or app id: not empty, no `/` (it is a path segment).
+fn parse_store_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains('/') {
+        return Err("must be non-empty, without '/'".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+fn parse_key_prefix(text: &str) -> Result<KeyPrefix, String> {
+    match text {
+        "none" => Ok(KeyPrefix::None),
+        "app-id" => Ok(KeyPrefix::AppId),
+        _ => Err("expected `none` or `app-id`".to_owned()),
+    }
 }
 
 /// How to reach the MQTT broker, with the AIO SDKs' environment variables.
@@ -275,6 +310,14 @@ impl ServeArgs {
             locks: LockSettings {
                 max_wait: self.max_lock_wait,
                 max_holder_bytes: self.max_lock_holder_bytes,
+            },
+            dapr: DaprSettings {
+                state_store: self.dapr_state_store.clone(),
+                lock_store: self.dapr_lock_store.clone(),
+                app_id: self.dapr_app_id.clone(),
+                key_prefix: self.dapr_key_prefix.clone(),
+                etag_lease: self.dapr_etag_lease,
+                ..DaprSettings::default()
             },
         }
         .with_request_timeout(self.request_timeout);
@@ -454,22 +497,11 @@ pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
         .map_err(|error| error.to_string())
 }
 
-/// Reads a token file: trailing line breaks are dropped (editors and
-/// `kubectl create secret --from-file` leave one), an empty token is refused.
+/// Reads the API token file by the secret files' rule.
 fn read_api_token(path: &Path) -> Result<ApiToken, String> {
-    let bytes =
-        std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let mut token = bytes.as_slice();
-    while let Some(rest) = token
-        .strip_suffix(b"\n")
-        .or_else(|| token.strip_suffix(b"\r"))
-    {
-        token = rest;
-    }
-    if token.is_empty() {
-        return Err(format!("{} holds an empty token", path.display()));
-    }
-    Ok(ApiToken::new(token.to_vec()))
+    crate::files::secret::read_token(path)
+        .map(ApiToken::new)
+        .map_err(|error| error.to_string())
 }
 
 #[cfg(test)]

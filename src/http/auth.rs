@@ -12,12 +12,16 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tonic::Code;
 
 use super::authz::Principal;
 use super::problem::{ApiError, AuthFailure};
 use super::state::CallerChecks;
-use super::{extract, locks, watch};
+use super::{extract, grpc, locks, watch};
 use crate::metrics::Metrics;
+
+/// The header Dapr's SDKs send the API token in.
+pub const DAPR_API_TOKEN: &str = "dapr-api-token";
 
 /// Who a request comes from, as the guard established it (a request
 /// extension when the key API requires authentication).
@@ -66,6 +70,9 @@ pub(super) async fn guard(
                     .auth_failures
                     .with_label_values(&[failure.reason()])
                     .inc();
+                if grpc::is_grpc(request.headers()) {
+                    return grpc::status_response(Code::Unauthenticated, failure.to_string());
+                }
                 return ApiError::Unauthorized(failure).into_response();
             }
         }
@@ -84,8 +91,13 @@ pub(super) async fn guard(
     } else {
         guard.backstop
     };
+    let grpc = grpc::is_grpc(request.headers());
     match tokio::time::timeout(backstop, next.run(request)).await {
         Ok(response) => response,
+        Err(_) if grpc => grpc::status_response(
+            Code::DeadlineExceeded,
+            ApiError::HandlerTimeout(backstop).to_string(),
+        ),
         Err(_) => ApiError::HandlerTimeout(backstop).into_response(),
     }
 }
@@ -103,6 +115,8 @@ async fn authenticate(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| bearer_token(value.as_bytes()))
+        // Dapr's SDKs send the token as `dapr-api-token` (HTTP and gRPC).
+        .or_else(|| headers.get(DAPR_API_TOKEN).map(|value| value.as_bytes()))
         .map(Cow::Borrowed)
         .or_else(|| query_token(method, uri).map(Cow::Owned))
         .ok_or(AuthFailure::Missing)?;

@@ -14,6 +14,8 @@
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
 //! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
+//! - [`dapr`], [`grpc`]: Dapr's state and lock API over HTTP (`/v1.0/...`)
+//!   and gRPC (`dapr.proto.runtime.v1.Dapr`), on the same listener.
 //! - [`listener`], [`event_stream`]: the accept loop; watch streams are
 //!   written straight to their sockets.
 //! - [`tls`]: a listener's serving certificate, read again when its files
@@ -32,8 +34,10 @@ pub mod admin;
 mod auth;
 pub mod authz;
 pub mod batch;
+pub mod dapr;
 pub mod event_stream;
 pub mod extract;
+pub mod grpc;
 mod headers;
 pub mod keys;
 pub mod listener;

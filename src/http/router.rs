@@ -21,7 +21,7 @@ use tracing::Instrument as _;
 use super::auth::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{batch, extract, keys, listing, locks, openapi, watch};
+use super::{batch, dapr, extract, grpc, keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
 use crate::trace::{self, TraceContext};
 
@@ -30,7 +30,7 @@ use crate::trace::{self, TraceContext};
 /// then a backstop timeout.
 pub fn router(state: AppState) -> Router {
     let backstop = state.limits.backstop();
-    api_routes()
+    api_routes(&state)
         .fallback(route_not_found)
         .layer(from_fn_with_state(
             // Cloned for every request: one reference count, not one per field.
@@ -46,6 +46,7 @@ pub fn router(state: AppState) -> Router {
         // are not (it asks for the token; its stream sends it as
         // `access_token`, see `query_token`).
         .merge(crate::ui::router())
+        .merge(dapr::health_routes())
         .layer(from_fn_with_state(state.metrics.clone(), observe))
         // Bodies are read by the handlers against the value limit.
         .layer(DefaultBodyLimit::disable())
@@ -53,8 +54,10 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// The API's routes; the watch routes merge in here.
-fn api_routes() -> Router<AppState> {
+fn api_routes(state: &AppState) -> Router<AppState> {
     Router::new()
+        .merge(dapr::routes())
+        .merge(grpc::routes(state))
         .merge(keys::routes())
         .merge(batch::routes())
         .merge(listing::routes())
@@ -388,6 +391,7 @@ mod tests {
             },
             WatchSettings::default(),
             LockSettings::default(),
+            crate::dapr::DaprSettings::default(),
         )
     }
 

@@ -18,6 +18,7 @@ use super::state::ApiToken;
 use super::state::{AppState, CallerChecks, Limits};
 use super::tls::{ALPN_H2, ALPN_HTTP1, CertificateFiles};
 use super::{admin, listener};
+use crate::dapr::DaprSettings;
 use crate::jwt::{JwtSettings, Verifier};
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
@@ -53,6 +54,8 @@ pub struct ServeSettings {
     pub watch: WatchSettings,
     /// Lock request limits.
     pub locks: LockSettings,
+    /// Dapr's state and lock API: store names, key prefix, etag leases.
+    pub dapr: DaprSettings,
     /// Origins allowed to call the API from a browser (CORS); empty: none.
     pub cors_allow_origins: Vec<String>,
     /// How long a client may take to send a request's headers; also how
@@ -77,6 +80,7 @@ impl Default for ServeSettings {
             shutdown_grace: settings::DEFAULT_SHUTDOWN_GRACE,
             watch: WatchSettings::default(),
             locks: LockSettings::default(),
+            dapr: DaprSettings::default(),
             cors_allow_origins: Vec::new(),
             header_read_timeout: settings::DEFAULT_HEADER_READ_TIMEOUT,
             max_connections: usize::try_from(settings::DEFAULT_MAX_CONNECTIONS)
@@ -97,6 +101,7 @@ impl ServeSettings {
         self.pool.slot_wait = settings::slot_wait(timeout);
         self.limits.request_timeout = timeout;
         self.watch.register_timeout = timeout;
+        self.dapr.lease_wait = timeout;
         self
     }
 }
@@ -179,6 +184,7 @@ impl Server {
             },
             settings.watch,
             settings.locks,
+            settings.dapr,
         );
         let api = cors(router(state.clone()), &settings.cors_allow_origins);
         let limits = ConnectionLimits {

@@ -9,6 +9,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 use super::authz::Authz;
+use crate::dapr::{DaprSettings, DaprStore};
 use crate::jwt::Verifier;
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
@@ -114,6 +115,8 @@ pub struct Shared {
     pub hub: WatchHub,
     /// Locks and their waiters (who follow keys through `hub`).
     pub locks: Locks,
+    /// Dapr's state and lock operations over `store`.
+    pub dapr: DaprStore,
     /// In-flight slots every batch together may hold: half the pool's,
     /// so that batches never starve one-key requests.
     pub batch_slots: Semaphore,
@@ -142,6 +145,7 @@ impl AppState {
         callers: CallerChecks,
         watch: WatchSettings,
         locks: LockSettings,
+        dapr: DaprSettings,
     ) -> Self {
         let batch_slots = Semaphore::new((pool.capacity() / 2).max(1));
         let store = StoreClient::new(pool);
@@ -149,6 +153,7 @@ impl AppState {
         Self(Arc::new(Shared {
             locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
             hub,
+            dapr: DaprStore::new(store.clone(), dapr),
             store,
             metrics,
             limits,

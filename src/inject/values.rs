@@ -359,6 +359,10 @@ pub struct Gateway {
     pub max_connections: u64,
     pub max_batch_ops: u64,
     pub max_batch_bytes: u64,
+    pub dapr_state_store: String,
+    pub dapr_lock_store: String,
+    pub dapr_app_id: String,
+    pub dapr_key_prefix: String,
     pub cors_allow_origin: String,
     pub shutdown_grace_seconds: u64,
     pub log_format: String,
@@ -544,6 +548,10 @@ pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
         var(env::MAX_CONNECTIONS.env, g.max_connections.to_string()),
         var(env::MAX_BATCH_OPS.env, g.max_batch_ops.to_string()),
         var(env::MAX_BATCH_BYTES.env, g.max_batch_bytes.to_string()),
+        var(env::DAPR_STATE_STORE.env, &g.dapr_state_store),
+        var(env::DAPR_LOCK_STORE.env, &g.dapr_lock_store),
+        var(env::DAPR_APP_ID.env, &g.dapr_app_id),
+        var(env::DAPR_KEY_PREFIX.env, &g.dapr_key_prefix),
     ]);
     if !g.cors_allow_origin.is_empty() {
         vars.push(var(env::CORS_ALLOW_ORIGIN.env, &g.cors_allow_origin));

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 /// The data path, top to bottom: a module may import the ones after it,
 /// never one before it.
-const LAYERS: [&str; 7] = ["cli", "http", "locks", "watch", "store", "mqtt", "protocol"];
+const LAYERS: [&str; 8] = [
+    "cli", "http", "dapr", "locks", "watch", "store", "mqtt", "protocol",
+];
 
 /// A module: its path (`http::keys`; the crate root is empty) and code.
 struct Module {

@@ -165,6 +165,14 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ int64 $g.maxBatchOps | quote }}
     - name: STATESTORE_GATEWAY_MAX_BATCH_BYTES
       value: {{ int64 $g.maxBatchBytes | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_STATE_STORE
+      value: {{ $g.daprStateStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_LOCK_STORE
+      value: {{ $g.daprLockStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_ID
+      value: {{ $g.daprAppId | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_KEY_PREFIX
+      value: {{ $g.daprKeyPrefix | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
+use statestore_gateway::dapr::DaprSettings;
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
 use statestore_gateway::http::authz::AuthzSettings;
 use statestore_gateway::http::tls::CertificateFiles;
@@ -62,6 +63,8 @@ pub struct GatewayOptions {
     pub header_read_timeout: Duration,
     /// `--authz-file`, and how often it is read again.
     pub authz: Option<AuthzSettings>,
+    /// Dapr's API: store names, key prefix, etag leases.
+    pub dapr: DaprSettings,
 }
 
 impl Default for GatewayOptions {
@@ -85,6 +88,7 @@ impl Default for GatewayOptions {
             api_tls: None,
             header_read_timeout: statestore_gateway::settings::DEFAULT_HEADER_READ_TIMEOUT,
             authz: None,
+            dapr: DaprSettings::default(),
         }
     }
 }
@@ -162,6 +166,7 @@ impl Gateway {
                     key_setting: &statestore_gateway::settings::API_TLS_KEY_FILE,
                 }),
             header_read_timeout: options.header_read_timeout,
+            dapr: options.dapr.clone(),
         }
         // Every timeout that follows the request timeout, as `serve` has them.
         .with_request_timeout(options.request_timeout);

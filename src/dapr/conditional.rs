@@ -1,0 +1,205 @@
+//! Writes conditional on an etag, correct across any number of gateways.
+//!
+//! The store compares no versions, so a conditional write serializes
+//! itself on a lease key per key, and fences its writes with the lease's
+//! version (the store keeps the newest fencing token a key was written
+//! with and refuses older ones):
+//!
+//! 1. `SET lease holder NX PX ttl` (waiting while another holds it): the
+//!    reply's version is this write's fencing token `T`.
+//! 2. `GET key`: its version must be the etag (an absent key never matches).
+//! 3. A save first **claims** the key: `SET key <the value read> NEX` with
+//!    `__ft=T`. It lands only if the key still holds what was read, and
+//!    from then on the store refuses every write fenced with an older
+//!    token: a gateway that was paused past its lease between its own
+//!    steps 2 and 4 is refused, whatever order the two writes reach the
+//!    store in.
+//! 4. The write, fenced with `T`: `SET key value` (a save) or
+//!    `VDEL key <the value read>` (a delete: it lands only if the value is
+//!    still the one read).
+//! 5. `VDEL lease holder`, or the lease expires.
+//!
+//! A store refusal for an older token at 3 or 4 means a newer holder
+//! wrote first: the etag no longer matches. Writes without an etag to a
+//! key that carries a token take the same lease (without 2 and 3), since
+//! the store refuses them without one.
+//!
+//! What fencing cannot cover (documented in docs/dapr.md): the store
+//! forgets a deleted key's token, so a save whose gateway was paused past
+//! its lease after step 3 lands if another gateway deleted the key with
+//! the same etag meanwhile; and a write outside the Dapr API of the very
+//! bytes the key holds is not seen as a change.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::error::DaprError;
+use super::settings::DaprSettings;
+use crate::mqtt::RequestOptions;
+use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
+use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
+
+/// The prefix of the lease keys of conditional writes: `<prefix><key>`.
+pub const LEASE_PREFIX: &str = "dapr-etag-lease||";
+
+/// The first pause before trying a held lease again; it doubles up to
+/// [`LONGEST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+
+/// What a conditional write does once the etag matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Write {
+    /// `SET key value` with these options.
+    Set {
+        /// The new value.
+        value: Bytes,
+        /// Its expiry (the condition is always `Always`).
+        options: SetOptions,
+    },
+    /// Delete the key.
+    Delete,
+}
+
+/// Runs `write` on `key` under the key's lease, if `expected` (when given)
+/// is the key's version.
+pub(super) async fn run(
+    store: &StoreClient,
+    settings: &DaprSettings,
+    key: Bytes,
+    expected: Option<Hlc>,
+    write: Write,
+) -> Result<(), DaprError> {
+    let lease = lease_key(&key);
+    let holder = Bytes::from(format!("{:032x}", rand::random::<u128>()));
+    let token = acquire(store, settings, &lease, &holder).await?;
+    let result = apply(store, key, expected, write, token).await;
+    // A failed release is no error: the lease expires.
+    if let Err(error) = store.vdel(lease, holder, None).await {
+        tracing::debug!(%error, "releasing an etag lease failed; it expires");
+    }
+    result
+}
+
+fn lease_key(key: &[u8]) -> Bytes {
+    let mut lease = Vec::with_capacity(LEASE_PREFIX.len() + key.len());
+    lease.extend_from_slice(LEASE_PREFIX.as_bytes());
+    lease.extend_from_slice(key);
+    Bytes::from(lease)
+}
+
+/// Takes the lease, waiting up to the settings' `lease_wait` while another
+/// holds it; its version is the fencing token.
+async fn acquire(
+    store: &StoreClient,
+    settings: &DaprSettings,
+    lease: &Bytes,
+    holder: &Bytes,
+) -> Result<Hlc, DaprError> {
+    let deadline = Instant::now() + settings.lease_wait;
+    let options = SetOptions {
+        condition: SetCondition::OnlyIfMissing,
+        expires_in_ms: Some(u64::try_from(settings.etag_lease.as_millis()).unwrap_or(u64::MAX)),
+    };
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let set = store
+            .set(
+                lease.clone(),
+                holder.clone(),
+                options,
+                &RequestOptions::default(),
+            )
+            .await?;
+        match set {
+            SetOutcome::Applied(Some(token)) => return Ok(token),
+            SetOutcome::Applied(None) => {
+                return Err(RequestError::UnexpectedReply {
+                    verb: "SET",
+                    reply: "+OK without the key's version".to_owned(),
+                }
+                .into());
+            }
+            SetOutcome::NotApplied if Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LONGEST_PAUSE);
+            }
+            SetOutcome::NotApplied => return Err(DaprError::LeaseBusy(settings.lease_wait)),
+        }
+    }
+}
+
+/// Steps 2 to 4 under the lease whose version is `token`.
+async fn apply(
+    store: &StoreClient,
+    key: Bytes,
+    expected: Option<Hlc>,
+    write: Write,
+    token: Hlc,
+) -> Result<(), DaprError> {
+    let fenced = RequestOptions {
+        fencing_token: Some(token.clone()),
+        persist: false,
+    };
+    let Some(expected) = expected else {
+        // No etag: the write wins; a refusal for an older token means a
+        // newer holder's write came after it, which is as good.
+        let written = match write {
+            Write::Set { value, options } => {
+                store.set(key, value, options, &fenced).await.map(drop)
+            }
+            Write::Delete => store.del(key, Some(token)).await.map(drop),
+        };
+        return match written {
+            Err(error) if is_outdated(&error) => Ok(()),
+            other => other.map_err(DaprError::from),
+        };
+    };
+    let read = match store.get(key.clone()).await? {
+        Some(Versioned {
+            value,
+            version: Some(version),
+        }) if version == expected => value,
+        _ => return Err(DaprError::EtagMismatch),
+    };
+    match write {
+        Write::Set { value, options } => {
+            let claim = SetOptions {
+                condition: SetCondition::OnlyIfMissingOrEqual,
+                expires_in_ms: None,
+            };
+            match fenced_outcome(store.set(key.clone(), read, claim, &fenced).await)? {
+                SetOutcome::Applied(_) => {}
+                SetOutcome::NotApplied => return Err(DaprError::EtagMismatch),
+            }
+            fenced_outcome(store.set(key, value, options, &fenced).await)?;
+            Ok(())
+        }
+        Write::Delete => match fenced_outcome(store.vdel(key, read, Some(token)).await)? {
+            VdelOutcome::Deleted(_) => Ok(()),
+            VdelOutcome::Missing | VdelOutcome::ValueDiffers => Err(DaprError::EtagMismatch),
+        },
+    }
+}
+
+/// A fenced request's result, with a refusal for an older token read as
+/// the etag mismatch it is.
+fn fenced_outcome<T>(result: Result<T, RequestError>) -> Result<T, DaprError> {
+    match result {
+        Err(error) if is_outdated(&error) => Err(DaprError::EtagMismatch),
+        other => other.map_err(DaprError::from),
+    }
+}
+
+/// The store refused a token older than the key's: a newer holder wrote.
+fn is_outdated(error: &RequestError) -> bool {
+    matches!(
+        error,
+        RequestError::Refused {
+            error: StoreError::FencingTokenLowerVersion,
+            ..
+        }
+    )
+}

@@ -1,0 +1,335 @@
+//! Dapr's state and lock building blocks over the store: what each Dapr
+//! operation does in store commands, shared by the HTTP routes and the
+//! gRPC service (`http::dapr`, `http::grpc`), which only translate shapes.
+//!
+//! - A read is `GET`; the etag is the key's version (its HLC).
+//! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
+//!   without an etag is `SET NX` ("only if absent").
+//! - A write or delete **with** an etag is a [`conditional`] write: the
+//!   store has no compare-and-set on versions, so it is built from a lease
+//!   per key and fencing tokens, correct across any number of gateways.
+//! - `tryLock` is `SET resource owner NX PX` (not re-entrant, as Dapr's);
+//!   `unlock` is `VDEL resource owner`. These are the SDKs' lease/lock
+//!   keys, so Dapr locks, `/locks` and SDK lock clients exclude each other.
+
+mod conditional;
+mod error;
+mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt as _};
+
+use crate::mqtt::RequestOptions;
+use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
+use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
+
+pub use conditional::LEASE_PREFIX;
+pub use error::DaprError;
+pub use settings::{DaprSettings, KeyPrefix};
+
+/// The state store's component type in Dapr's metadata.
+pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
+/// The lock store's component type.
+pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
+/// The state store's capabilities, only those that hold: etags (as the
+/// store's versions, see [`conditional`]) and TTLs. Not `TRANSACTIONAL`:
+/// see [`TRANSACTIONS_UNSUPPORTED`].
+pub const STATE_CAPABILITIES: [&str; 2] = ["ETAG", "TTL"];
+/// Why transactions are refused: the store has no multi-key command, and
+/// one applied key by key could be left half-applied by a crash.
+pub const TRANSACTIONS_UNSUPPORTED: &str = "this state store does not support transactions: the AIO state store has no multi-key command, and a transaction applied key by key could be left half-applied";
+
+/// Dapr's concurrency option of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Concurrency {
+    /// `last-write` (or unspecified): without an etag, the write wins.
+    #[default]
+    LastWrite,
+    /// `first-write`: without an etag, only if the key is absent.
+    FirstWrite,
+}
+
+/// One state item to save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Save {
+    /// The key as the app names it.
+    pub key: String,
+    /// The bytes to store.
+    pub value: Bytes,
+    /// The etag the write is conditional on.
+    pub etag: Option<String>,
+    /// The item's concurrency option.
+    pub concurrency: Concurrency,
+    /// `metadata.ttlInSeconds` > 0, in milliseconds.
+    pub ttl_ms: Option<u64>,
+}
+
+/// One key to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delete {
+    /// The key as the app names it.
+    pub key: String,
+    /// The etag the delete is conditional on.
+    pub etag: Option<String>,
+    /// The concurrency option (a delete without an etag ignores it).
+    pub concurrency: Concurrency,
+}
+
+/// What `unlock` came to, numbered as Dapr's `UnlockResponse.Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnlockStatus {
+    /// The owner held the lock and released it.
+    Success = 0,
+    /// Nobody holds the lock.
+    LockDoesNotExist = 1,
+    /// Someone else holds it.
+    LockBelongsToOthers = 2,
+}
+
+/// Dapr's operations over the store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DaprStore {
+    store: StoreClient,
+    settings: Arc<DaprSettings>,
+}
+
+/// How many keys of a bulk get are read at once when the app leaves it to
+/// the gateway.
+const DEFAULT_BULK_PARALLELISM: usize = 16;
+
+impl DaprStore {
+    /// The operations over `store`.
+    pub fn new(store: StoreClient, settings: DaprSettings) -> Self {
+        Self {
+            store,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &DaprSettings {
+        &self.settings
+    }
+
+    /// The store key of the app's state key.
+    pub fn store_key(&self, key: &str) -> Bytes {
+        match self.settings.key_prefix {
+            KeyPrefix::None => Bytes::copy_from_slice(key.as_bytes()),
+            KeyPrefix::AppId => Bytes::from(format!("{}||{key}", self.settings.app_id)),
+        }
+    }
+
+    /// The value and etag of `key`, or `None` when it is absent.
+    pub async fn get(&self, key: &str) -> Result<Option<Versioned<Bytes>>, DaprError> {
+        Ok(self.store.get(self.store_key(key)).await?)
+    }
+
+    /// Each key's value and etag, in the order asked, at most
+    /// `parallelism` reads at once (0: the gateway's choice).
+    pub async fn get_bulk(
+        &self,
+        keys: Vec<String>,
+        parallelism: usize,
+    ) -> Vec<(String, Result<Option<Versioned<Bytes>>, DaprError>)> {
+        let parallelism = if parallelism == 0 {
+            DEFAULT_BULK_PARALLELISM
+        } else {
+            parallelism.min(DEFAULT_BULK_PARALLELISM * 4)
+        };
+        stream::iter(keys)
+            .map(|key| async move {
+                let read = self.get(&key).await;
+                (key, read)
+            })
+            .buffered(parallelism)
+            .collect()
+            .await
+    }
+
+    /// Saves one item: see the module's summary for the commands.
+    pub async fn save(&self, save: Save) -> Result<(), DaprError> {
+        let key = self.store_key(&save.key);
+        let options = SetOptions {
+            condition: SetCondition::Always,
+            expires_in_ms: save.ttl_ms,
+        };
+        if let Some(etag) = &save.etag {
+            let expected = parse_etag(etag)?;
+            let write = conditional::Write::Set {
+                value: save.value,
+                options,
+            };
+            return self.conditional(key, Some(expected), write).await;
+        }
+        let options = SetOptions {
+            condition: match save.concurrency {
+                Concurrency::FirstWrite => SetCondition::OnlyIfMissing,
+                Concurrency::LastWrite => SetCondition::Always,
+            },
+            ..options
+        };
+        let set = self
+            .store
+            .set(
+                key.clone(),
+                save.value.clone(),
+                options,
+                &RequestOptions::default(),
+            )
+            .await;
+        match set {
+            Ok(SetOutcome::Applied(_)) => Ok(()),
+            Ok(SetOutcome::NotApplied) => Err(DaprError::EtagMismatch),
+            // The key carries a fencing token: an etag write left it. A
+            // first-write finds it present; a last-write takes the lease.
+            Err(error) if requires_token(&error) => match save.concurrency {
+                Concurrency::FirstWrite => Err(DaprError::EtagMismatch),
+                Concurrency::LastWrite => {
+                    let write = conditional::Write::Set {
+                        value: save.value,
+                        options,
+                    };
+                    self.conditional(key, None, write).await
+                }
+            },
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Deletes one key (an absent key without an etag is no error).
+    pub async fn delete(&self, delete: Delete) -> Result<(), DaprError> {
+        let key = self.store_key(&delete.key);
+        if let Some(etag) = &delete.etag {
+            let expected = parse_etag(etag)?;
+            return self
+                .conditional(key, Some(expected), conditional::Write::Delete)
+                .await;
+        }
+        match self.store.del(key.clone(), None).await {
+            Ok(DelOutcome::Deleted(_) | DelOutcome::Missing) => Ok(()),
+            Err(error) if requires_token(&error) => {
+                self.conditional(key, None, conditional::Write::Delete)
+                    .await
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// `tryLock`: true when `owner` now holds `resource` for `expiry`;
+    /// false when anyone (the owner too) already holds it.
+    pub async fn try_lock(
+        &self,
+        resource: &str,
+        owner: &str,
+        expiry: Duration,
+    ) -> Result<bool, DaprError> {
+        let options = SetOptions {
+            condition: SetCondition::OnlyIfMissing,
+            expires_in_ms: Some(u64::try_from(expiry.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let set = self
+            .store
+            .set(
+                Bytes::copy_from_slice(resource.as_bytes()),
+                Bytes::copy_from_slice(owner.as_bytes()),
+                options,
+                &RequestOptions::default(),
+            )
+            .await;
+        match set {
+            Ok(SetOutcome::Applied(_)) => Ok(true),
+            Ok(SetOutcome::NotApplied) => Ok(false),
+            // A key with a fencing token exists, so the lock is taken.
+            Err(error) if requires_token(&error) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// `unlock`: releases `resource` if `owner` holds it.
+    pub async fn unlock(&self, resource: &str, owner: &str) -> Result<UnlockStatus, DaprError> {
+        let vdel = self
+            .store
+            .vdel(
+                Bytes::copy_from_slice(resource.as_bytes()),
+                Bytes::copy_from_slice(owner.as_bytes()),
+                None,
+            )
+            .await;
+        match vdel {
+            Ok(VdelOutcome::Deleted(_)) => Ok(UnlockStatus::Success),
+            Ok(VdelOutcome::Missing) => Ok(UnlockStatus::LockDoesNotExist),
+            Ok(VdelOutcome::ValueDiffers) => Ok(UnlockStatus::LockBelongsToOthers),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn conditional(
+        &self,
+        key: Bytes,
+        expected: Option<Hlc>,
+        write: conditional::Write,
+    ) -> Result<(), DaprError> {
+        conditional::run(&self.store, &self.settings, key, expected, write).await
+    }
+}
+
+/// An etag as the store's version it must be.
+fn parse_etag(etag: &str) -> Result<Hlc, DaprError> {
+    Hlc::parse(etag).map_err(|_| DaprError::MalformedEtag(etag.to_owned()))
+}
+
+/// Whether the store refused a request because the key carries a fencing
+/// token and the request had none.
+fn requires_token(error: &RequestError) -> bool {
+    matches!(
+        error,
+        RequestError::Refused {
+            error: StoreError::FencingTokenRequired,
+            ..
+        }
+    )
+}
+
+/// Dapr's `metadata.ttlInSeconds`: whole seconds; zero or less means no
+/// expiry, as Dapr reads it.
+pub fn ttl_from_metadata(value: Option<&str>) -> Result<Option<u64>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let seconds: i64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("metadata.ttlInSeconds must be a whole number, not {value:?}"))?;
+    Ok(u64::try_from(seconds)
+        .ok()
+        .filter(|&s| s > 0)
+        .map(|s| s.saturating_mul(1000)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_in_seconds_is_milliseconds_and_zero_or_less_is_none() {
+        assert_eq!(ttl_from_metadata(None), Ok(None));
+        assert_eq!(ttl_from_metadata(Some("5")), Ok(Some(5000)));
+        assert_eq!(ttl_from_metadata(Some("0")), Ok(None));
+        assert_eq!(ttl_from_metadata(Some("-1")), Ok(None));
+        assert!(ttl_from_metadata(Some("1.5")).is_err());
+        assert!(ttl_from_metadata(Some("ten")).is_err());
+    }
+
+    #[test]
+    fn an_etag_must_be_a_version() {
+        assert!(matches!(
+            parse_etag("not-a-version"),
+            Err(DaprError::MalformedEtag(_))
+        ));
+        let version = Hlc::new(1_700_000_000_000, "node");
+        assert_eq!(parse_etag(&version.encode()).ok(), Some(version));
+    }
+}

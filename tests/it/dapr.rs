@@ -1,0 +1,656 @@
+//! Dapr's state and lock API over the real stack: the real SDKs (`@dapr/dapr`
+//! over HTTP, `dapr` for Python over gRPC) run their own client code against
+//! a gateway, raw HTTP checks hold the statuses and bodies the SDKs hide,
+//! and two gateways on one store show that etag writes stay correct when
+//! one of them is paused past its lease in the middle of a write.
+//!
+//! Needs Node.js 20+ with `tests/dapr`'s npm packages and a Python virtual
+//! environment with the `dapr` package: `scripts/install-dapr-sdks`
+//! installs them (`scripts/test` calls it). When they are missing these
+//! tests fail and say so; they never skip.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use statestore_gateway::dapr::{DaprSettings, KeyPrefix};
+use statestore_gateway::http::authz::AuthzSettings;
+
+use crate::support::fault_proxy::FaultProxy;
+use crate::support::gateway::{GatewayOptions, Stack, http_client};
+use crate::support::gateway_process::GatewayProcess;
+use crate::support::{freeze, thaw};
+
+const TOKEN: &str = "dapr-api-t0ken";
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn dapr_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr")
+}
+
+fn python() -> PathBuf {
+    dapr_dir().join(".venv/bin/python")
+}
+
+/// Panics, naming what is missing, unless both SDKs are installed.
+fn require_sdks() {
+    let mut missing = Vec::new();
+    if !dapr_dir()
+        .join("node_modules/@dapr/dapr/package.json")
+        .is_file()
+    {
+        missing.push("the npm packages of tests/dapr (@dapr/dapr)");
+    }
+    if !python().is_file() {
+        missing.push("the Python environment tests/dapr/.venv (dapr)");
+    }
+    assert!(
+        missing.is_empty(),
+        "the Dapr SDK tests cannot run: missing {}. Run scripts/install-dapr-sdks",
+        missing.join(", ")
+    );
+}
+
+/// Runs one SDK script against the gateway at `api` (bounded), with the
+/// environment variables a Dapr app gets from its sidecar.
+async fn run_sdk(program: &Path, script: &str, api: std::net::SocketAddr, prefix: &str) -> Output {
+    require_sdks();
+    let mut command = tokio::process::Command::new(program);
+    command
+        .arg(dapr_dir().join(script))
+        .current_dir(dapr_dir())
+        .env("DAPR_RUNTIME_HOST", "127.0.0.1")
+        .env("DAPR_HTTP_PORT", api.port().to_string())
+        .env("DAPR_GRPC_PORT", api.port().to_string())
+        .env("DAPR_API_TOKEN", TOKEN)
+        .env("DAPR_HEALTH_TIMEOUT", "30")
+        .env("KEY_PREFIX", prefix)
+        .kill_on_drop(true);
+    tokio::time::timeout(SCRIPT_TIMEOUT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within {SCRIPT_TIMEOUT:?}"))
+        .unwrap_or_else(|error| panic!("cannot run {}: {error}", program.display()))
+}
+
+fn assert_script_ok(script: &str, output: &Output) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.lines().last() == Some("ok"),
+        "{script} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+}
+
+async fn stack_with_token() -> Stack {
+    Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(TOKEN.into()),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await
+}
+
+#[tokio::test]
+async fn the_js_sdk_runs_unchanged_over_http() {
+    let stack = stack_with_token().await;
+    let node = PathBuf::from("node");
+    let output = run_sdk(&node, "sdk.mjs", stack.gateway.api, "js").await;
+    assert_script_ok("sdk.mjs", &output);
+}
+
+#[tokio::test]
+async fn the_python_sdk_runs_unchanged_over_grpc() {
+    let stack = stack_with_token().await;
+    let output = run_sdk(&python(), "sdk.py", stack.gateway.api, "py").await;
+    assert_script_ok("sdk.py", &output);
+}
+
+/// A client that sends the API token as Dapr's SDKs do.
+fn dapr_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("dapr-api-token", TOKEN.parse().unwrap());
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
+async fn error_code(response: reqwest::Response, status: u16) -> String {
+    assert_eq!(response.status().as_u16(), status);
+    let body: Value = response.json().await.unwrap();
+    assert!(body["message"].is_string(), "{body}");
+    body["errorCode"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn http_answers_with_daprs_statuses_and_bodies() {
+    let stack = stack_with_token().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let url = |path: &str| gw.url(path);
+
+    // Health is public, as Dapr's is; everything else needs the token.
+    let health = http_client()
+        .get(url("/v1.0/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 204);
+    let outbound = http_client()
+        .get(url("/v1.0/healthz/outbound"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(outbound.status(), 204);
+    let anonymous = http_client()
+        .get(url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    // Metadata: id and both components, only true capabilities.
+    let metadata: Value = client
+        .get(url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metadata["id"], "statestore-gateway");
+    let components = metadata["components"].as_array().unwrap();
+    assert_eq!(components[0]["name"], "statestore");
+    assert_eq!(components[0]["capabilities"], json!(["ETAG", "TTL"]));
+    assert_eq!(components[1]["name"], "lockstore");
+    assert!(components[1]["type"].as_str().unwrap().starts_with("lock."));
+
+    // A string value is stored as its JSON: the same key over /keys.
+    let save = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&json!([{"key": "d/text", "value": "hello"}, {"key": "d/obj", "value": {"b": 1, "a": [true]}}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(save.status(), 204);
+    let raw = gw
+        .http
+        .get(gw.key(b"d/text"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.bytes().await.unwrap().as_ref(), b"\"hello\"");
+    let got = client
+        .get(url("/v1.0/state/statestore/d/obj?"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.headers()["content-type"], "application/json");
+    let etag = got.headers()["etag"].to_str().unwrap().to_owned();
+    assert_eq!(
+        got.bytes().await.unwrap().as_ref(),
+        br#"{"a":[true],"b":1}"#
+    );
+
+    // An absent key is 204 without a body.
+    let absent = client
+        .get(url("/v1.0/state/statestore/d/none"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(absent.status(), 204);
+    assert!(absent.bytes().await.unwrap().is_empty());
+
+    // Bulk: `data` and `etag`, an absent key alone.
+    let bulk: Value = client
+        .post(url("/v1.0/state/statestore/bulk"))
+        .json(&json!({"keys": ["d/obj", "d/none"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        bulk,
+        json!([{"key": "d/obj", "data": {"a": [true], "b": 1}, "etag": etag}, {"key": "d/none"}])
+    );
+
+    // Etags: a stale one is 409, a malformed one 400, the current one wins.
+    let with_etag = |etag: &str, value: &str| json!([{"key": "d/obj", "value": value, "etag": etag, "options": {"concurrency": "first-write"}}]);
+    let ok = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&with_etag(&etag, "v2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 204);
+    let stale = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&with_etag(&etag, "v3"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(stale, 409).await, "ERR_STATE_SAVE");
+    let malformed = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&with_etag("nope", "v3"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(malformed, 400).await, "ERR_STATE_SAVE");
+    let stale_delete = client
+        .delete(url("/v1.0/state/statestore/d/obj"))
+        .header("If-Match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(stale_delete, 409).await, "ERR_STATE_DELETE");
+    // An etag on an absent key never matches.
+    let absent_etag = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&json!([{"key": "d/none", "value": 1, "etag": etag}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(absent_etag, 409).await, "ERR_STATE_SAVE");
+
+    // Unknown stores, bad bodies, transactions.
+    let unknown = client.get(url("/v1.0/state/other/k")).send().await.unwrap();
+    assert_eq!(error_code(unknown, 400).await, "ERR_STATE_STORE_NOT_FOUND");
+    let bad_json = client
+        .post(url("/v1.0/state/statestore"))
+        .body("[{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(bad_json, 400).await, "ERR_MALFORMED_REQUEST");
+    let empty_key = client
+        .post(url("/v1.0/state/statestore"))
+        .json(&json!([{"key": "", "value": 1}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(empty_key, 400).await, "ERR_MALFORMED_REQUEST");
+    let transaction = json!({"operations": [{"operation": "upsert", "request": {"key": "d/tx", "value": 1}}], "metadata": null});
+    let refused = client
+        .post(url("/v1.0/state/statestore/transaction"))
+        .json(&transaction)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(refused, 500).await, "ERR_STATE_TRANSACTION");
+    let nothing = client
+        .get(url("/v1.0/state/statestore/d/tx"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        nothing.status(),
+        204,
+        "a refused transaction applies nothing"
+    );
+    let unknown_op = json!({"operations": [{"operation": "merge", "request": {"key": "d/tx"}}]});
+    let bad_op = client
+        .put(url("/v1.0/state/statestore/transaction"))
+        .json(&unknown_op)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(bad_op, 400).await, "ERR_MALFORMED_REQUEST");
+
+    // Locks: `false` and `0` written out; snake_case accepted.
+    let lock = |body: Value| {
+        client
+            .post(url("/v1.0-alpha1/lock/lockstore"))
+            .json(&body)
+            .send()
+    };
+    let first = lock(json!({"resourceId": "d/res", "lockOwner": "a", "expiryInSeconds": 10}))
+        .await
+        .unwrap();
+    assert_eq!(first.text().await.unwrap(), r#"{"success":true}"#);
+    let again = lock(json!({"resource_id": "d/res", "lock_owner": "a", "expiry_in_seconds": 10}))
+        .await
+        .unwrap();
+    assert_eq!(again.text().await.unwrap(), r#"{"success":false}"#);
+    let zero = lock(json!({"resourceId": "d/res", "lockOwner": "a", "expiryInSeconds": 0}))
+        .await
+        .unwrap();
+    assert_eq!(error_code(zero, 400).await, "ERR_MALFORMED_REQUEST");
+    let unlock = client
+        .post(url("/v1.0-alpha1/unlock/lockstore"))
+        .json(&json!({"resourceId": "d/res", "lockOwner": "a"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unlock.text().await.unwrap(), r#"{"status":0}"#);
+    let other_store = client
+        .post(url("/v1.0-alpha1/lock/other"))
+        .json(&json!({"resourceId": "d/res", "lockOwner": "a", "expiryInSeconds": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(other_store, 400).await,
+        "ERR_LOCK_STORE_NOT_FOUND"
+    );
+
+    // The operations are named in the metrics, by route.
+    let metrics = http_client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"route="/v1.0/state/{store}""#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn dapr_locks_and_the_locks_routes_exclude_each_other() {
+    let stack = stack_with_token().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let lock = json!({"resourceId": "shared/lock", "lockOwner": "dapr-app", "expiryInSeconds": 30});
+    let taken: Value = client
+        .post(gw.url("/v1.0-alpha1/lock/lockstore"))
+        .json(&lock)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(taken["success"], true);
+    let http = gw
+        .http
+        .put(gw.url("/locks/shared/lock?holder=http-app&ttl=5s"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http.status(), 409, "/locks sees the Dapr lock held");
+    let unlock = json!({"resourceId": "shared/lock", "lockOwner": "dapr-app"});
+    client
+        .post(gw.url("/v1.0-alpha1/unlock/lockstore"))
+        .json(&unlock)
+        .send()
+        .await
+        .unwrap();
+    let http = gw
+        .http
+        .put(gw.url("/locks/shared/lock?holder=http-app&ttl=5s"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(http.status(), 200);
+    let refused: Value = client
+        .post(gw.url("/v1.0-alpha1/lock/lockstore"))
+        .json(&lock)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(refused["success"], false, "Dapr sees the /locks hold");
+    let status: Value = client
+        .post(gw.url("/v1.0-alpha1/unlock/lockstore"))
+        .json(&unlock)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["status"], 2, "the lock belongs to the /locks holder");
+}
+
+#[tokio::test]
+async fn per_key_rules_apply_to_the_dapr_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - principals:\n      apiToken: true\n    stateStoreResources:\n      - {keyType: Pattern, keys: [\"open/*\"], method: ReadWrite}\n",
+    )
+    .unwrap();
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(TOKEN.into()),
+            authz: Some(AuthzSettings::new(rules)),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let save = |key: &str| {
+        client
+            .post(gw.url("/v1.0/state/statestore"))
+            .json(&json!([{"key": key, "value": 1}]))
+            .send()
+    };
+    assert_eq!(save("open/a").await.unwrap().status(), 204);
+    assert_eq!(
+        error_code(save("closed/a").await.unwrap(), 403).await,
+        "ERR_PERMISSION_DENIED"
+    );
+    let read = client
+        .get(gw.url("/v1.0/state/statestore/closed/a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(read, 403).await, "ERR_PERMISSION_DENIED");
+    let lock = json!({"resourceId": "closed/lock", "lockOwner": "a", "expiryInSeconds": 5});
+    let locked = client
+        .post(gw.url("/v1.0-alpha1/lock/lockstore"))
+        .json(&lock)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(locked, 403).await, "ERR_PERMISSION_DENIED");
+}
+
+#[tokio::test]
+async fn the_app_id_prefix_names_keys_as_dapr_does() {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            dapr: DaprSettings {
+                app_id: "myapp".into(),
+                key_prefix: KeyPrefix::AppId,
+                ..DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let save = gw
+        .http
+        .post(gw.url("/v1.0/state/statestore"))
+        .json(&json!([{"key": "order-1", "value": "x"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(save.status(), 204);
+    let raw = gw.get(b"myapp||order-1").await;
+    assert_eq!(raw.status(), 200);
+    assert_eq!(raw.bytes().await.unwrap().as_ref(), b"\"x\"");
+    assert_eq!(gw.get(b"order-1").await.status(), 404);
+}
+
+/// One etag save through `gateway` (`url` is its API), as a status code.
+async fn save_with_etag(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    value: &str,
+    etag: &str,
+) -> u16 {
+    client
+        .post(format!("{url}/v1.0/state/statestore"))
+        .json(&json!([{"key": key, "value": value, "etag": etag, "options": {"concurrency": "first-write"}}]))
+        .send()
+        .await
+        .expect("an answer")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn two_gateways_never_both_win_with_one_etag_even_when_one_is_paused_mid_write() {
+    // Gateway A is a process reaching the broker through a proxy that
+    // delays each packet, so its five round trips take long enough to be
+    // frozen in the middle; gateway B shares the store directly.
+    let lease = Duration::from_millis(800);
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            dapr: DaprSettings {
+                etag_lease: lease,
+                ..DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let proxy = FaultProxy::start(stack.broker.addr).await;
+    let a = GatewayProcess::start(proxy.port(), &["--dapr-etag-lease", "800ms"]).await;
+    proxy.set_delay(Duration::from_millis(10));
+    let b = &stack.gateway;
+    let client = http_client();
+    let a_url = format!("http://{}", a.api);
+    let b_url = format!("http://{}", b.api);
+    let mut b_waited = 0;
+    for round in 0..12 {
+        let key = format!("race/{round}");
+        let saved = client
+            .post(format!("{b_url}/v1.0/state/statestore"))
+            .json(&json!([{"key": key, "value": "initial"}]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(saved.status(), 204);
+        let read = client
+            .get(format!("{b_url}/v1.0/state/statestore/{key}"))
+            .send()
+            .await
+            .unwrap();
+        let etag = read.headers()["etag"].to_str().unwrap().to_owned();
+
+        let a_save = tokio::spawn({
+            let (client, a_url, key, etag) =
+                (client.clone(), a_url.clone(), key.clone(), etag.clone());
+            async move { save_with_etag(&client, &a_url, &key, "from-a", &etag).await }
+        });
+        // Freeze A somewhere in its write: before, during or after.
+        tokio::time::sleep(Duration::from_millis(20 + 15 * (round % 8))).await;
+        freeze(a.pid());
+        let started = Instant::now();
+        let b_status = save_with_etag(&client, &b_url, &key, "from-b", &etag).await;
+        if started.elapsed() > lease / 2 {
+            b_waited += 1;
+        }
+        // Past A's lease, then let it finish.
+        tokio::time::sleep(lease + Duration::from_millis(200)).await;
+        thaw(a.pid());
+        let a_status = tokio::time::timeout(Duration::from_secs(30), a_save)
+            .await
+            .expect("A answers once thawed")
+            .unwrap();
+        assert!(
+            [204, 409].contains(&a_status) && [204, 409].contains(&b_status),
+            "round {round}: A {a_status}, B {b_status}"
+        );
+        assert!(
+            !(a_status == 204 && b_status == 204),
+            "round {round}: both writers won with one etag"
+        );
+        let value = client
+            .get(format!("{b_url}/v1.0/state/statestore/{key}"))
+            .send()
+            .await
+            .unwrap();
+        let value = value.text().await.unwrap();
+        let expected = match (a_status, b_status) {
+            (204, _) => "\"from-a\"",
+            (_, 204) => "\"from-b\"",
+            _ => "\"initial\"",
+        };
+        assert_eq!(value, expected, "round {round}: A {a_status}, B {b_status}");
+    }
+    // Some rounds froze A while it held its lease (B had to wait for it).
+    assert!(b_waited > 0, "no round froze A while it held its lease");
+}
+
+/// The fenced code blocks of `docs/dapr.md` in `language`.
+fn doc_examples(language: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dapr.md"))
+        .expect("docs/dapr.md");
+    let fence = format!("```{language}\n");
+    text.split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_moving_from_dapr_examples_run_as_written() {
+    require_sdks();
+    let stack = stack_with_token().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The JS example imports @dapr/dapr from beside itself.
+    std::os::unix::fs::symlink(
+        dapr_dir().join("node_modules"),
+        dir.path().join("node_modules"),
+    )
+    .unwrap();
+    let [js] = doc_examples("js").try_into().expect("one JS example");
+    let [py] = doc_examples("python")
+        .try_into()
+        .expect("one Python example");
+    std::fs::write(dir.path().join("example.mjs"), js).unwrap();
+    std::fs::write(dir.path().join("example.py"), py).unwrap();
+    for (program, script, expected) in [
+        (PathBuf::from("node"), "example.mjs", "widget x2"),
+        (
+            python(),
+            "example.py",
+            "{\"item\": \"gadget\", \"qty\": 3} etag ",
+        ),
+    ] {
+        let mut command = tokio::process::Command::new(&program);
+        command
+            .arg(dir.path().join(script))
+            .current_dir(dir.path())
+            .env("DAPR_RUNTIME_HOST", "127.0.0.1")
+            .env("DAPR_HTTP_PORT", stack.gateway.api.port().to_string())
+            .env("DAPR_GRPC_PORT", stack.gateway.api.port().to_string())
+            .env("DAPR_API_TOKEN", TOKEN)
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(SCRIPT_TIMEOUT, command.output())
+            .await
+            .expect("the example finishes")
+            .expect("the example runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains(expected),
+            "{script}: {}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
