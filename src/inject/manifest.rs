@@ -259,6 +259,18 @@ mod tests {
             out[0].pointer("/spec/template/spec/initContainers/0/name"),
             Some(&Value::from(pod::CONTAINER_NAME))
         );
+        let dapr = DEPLOYMENT.replace(
+            "metadata: {labels: {app: web}}",
+            "metadata: {labels: {app: web}, annotations: {statestore-gateway/sidecar.daprPorts: 'true'}}",
+        );
+        let out = inject(&dapr).unwrap();
+        assert_eq!(
+            out[0].pointer("/spec/template/spec/containers/0/env"),
+            Some(&serde_json::json!([
+                {"name": "DAPR_HTTP_PORT", "value": "8080"},
+                {"name": "DAPR_GRPC_PORT", "value": "8080"},
+            ]))
+        );
         for (bad, says) in [
             (
                 DEPLOYMENT.replace(

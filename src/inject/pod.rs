@@ -41,6 +41,9 @@ pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> 
         return Err(PodError("the pod spec has no containers list".into()));
     }
     remove_sidecar(spec)?;
+    if sidecar.sidecar.dapr_ports {
+        set_dapr_ports(spec, sidecar.gateway.port)?;
+    }
     let runs_to_completion = matches!(
         spec.get("restartPolicy").and_then(Value::as_str),
         Some("Never" | "OnFailure")
@@ -84,6 +87,35 @@ pub fn add_sidecar(spec: &mut Value, sidecar: &Sidecar) -> Result<(), PodError> 
             .or_insert_with(|| Value::Object(Map::new()));
         if let Some(context) = context.as_object_mut() {
             context.entry("fsGroup").or_insert_with(|| fs_group.clone());
+        }
+    }
+    Ok(())
+}
+
+/// The variables the Dapr SDKs read their sidecar's HTTP and gRPC ports
+/// from.
+pub const DAPR_PORT_VARIABLES: [&str; 2] = ["DAPR_HTTP_PORT", "DAPR_GRPC_PORT"];
+
+/// Points the Dapr SDKs in the pod's containers at the gateway, which
+/// serves Dapr's API over HTTP and gRPC on its key API's `port`: each of
+/// [`DAPR_PORT_VARIABLES`] that a container does not set itself.
+fn set_dapr_ports(spec: &mut Map<String, Value>, port: u16) -> Result<(), PodError> {
+    let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) else {
+        return Ok(());
+    };
+    for container in containers.iter_mut().filter_map(Value::as_object_mut) {
+        let env = container
+            .entry("env")
+            .or_insert_with(|| Value::Array(Vec::new()))
+            .as_array_mut()
+            .ok_or_else(|| PodError("a container's env is not a list".into()))?;
+        for name in DAPR_PORT_VARIABLES {
+            if !env
+                .iter()
+                .any(|var| var.get("name").and_then(Value::as_str) == Some(name))
+            {
+                env.push(json!({"name": name, "value": port.to_string()}));
+            }
         }
     }
     Ok(())
@@ -336,6 +368,63 @@ mod tests {
                 "statestore-gateway-ca"
             ]
         );
+    }
+
+    fn env_of<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+        container["env"]
+            .as_array()?
+            .iter()
+            .find(|var| var["name"] == name)
+            .map(|var| &var["value"])
+    }
+
+    #[test]
+    fn dapr_ports_point_the_apps_containers_at_the_gateways_port() {
+        let mut spec = json!({"containers": [
+            {"name": "app"},
+            {"name": "own", "env": [{"name": "DAPR_GRPC_PORT", "value": "50001"}]},
+        ]});
+        add_sidecar(
+            &mut spec,
+            &sidecar(&["sidecar.daprPorts=true", "gateway.port=9080"]),
+        )
+        .unwrap();
+        let containers = &spec["containers"];
+        assert_eq!(names(containers), ["app", "own", CONTAINER_NAME]);
+        assert_eq!(
+            env_of(&containers[0], "DAPR_HTTP_PORT"),
+            Some(&json!("9080"))
+        );
+        assert_eq!(
+            env_of(&containers[0], "DAPR_GRPC_PORT"),
+            Some(&json!("9080"))
+        );
+        // A container's own value stays; the other variable is added.
+        assert_eq!(
+            env_of(&containers[1], "DAPR_GRPC_PORT"),
+            Some(&json!("50001"))
+        );
+        assert_eq!(
+            env_of(&containers[1], "DAPR_HTTP_PORT"),
+            Some(&json!("9080"))
+        );
+        assert_eq!(containers[1]["env"].as_array().unwrap().len(), 2);
+        // Not the gateway's own container, and idempotent.
+        assert_eq!(env_of(&containers[2], "DAPR_HTTP_PORT"), None);
+        let once = spec.clone();
+        add_sidecar(
+            &mut spec,
+            &sidecar(&["sidecar.daprPorts=true", "gateway.port=9080"]),
+        )
+        .unwrap();
+        assert_eq!(spec, once);
+    }
+
+    #[test]
+    fn without_dapr_ports_the_apps_containers_are_left_alone() {
+        let mut spec = json!({"containers": [{"name": "app"}]});
+        add_sidecar(&mut spec, &sidecar(&[])).unwrap();
+        assert!(spec["containers"][0].get("env").is_none(), "{spec}");
     }
 
     #[test]

@@ -457,6 +457,8 @@ pub struct Sat {
 pub struct Placement {
     /// Native sidecar (an init container with restartPolicy Always).
     pub native: bool,
+    /// `DAPR_HTTP_PORT` and `DAPR_GRPC_PORT` on the app's containers.
+    pub dapr_ports: bool,
 }
 
 /// `probes.*`: the probe fields besides the fixed path and port.

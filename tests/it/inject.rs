@@ -179,7 +179,11 @@ fn client_trusting(ca: &Path) -> reqwest::Client {
 
 #[tokio::test]
 async fn the_webhooks_patch_gives_each_pod_what_inject_gives_it() {
-    let sets = ["gateway.port=9080", "gateway.adminPort=9081"];
+    let sets = [
+        "gateway.port=9080",
+        "gateway.adminPort=9081",
+        "sidecar.daprPorts=true",
+    ];
     let injector = Injector::start(&sets).await;
     let set_args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
     let pods = sample_pods();
@@ -213,6 +217,14 @@ async fn the_webhooks_patch_gives_each_pod_what_inject_gives_it() {
         assert_eq!(injected.len(), 1);
         assert_eq!(patched, injected[0], "{}", pod["metadata"]["name"]);
         assert_ne!(patched, pod);
+        // The app's containers reach the gateway as their Dapr sidecar.
+        let app = &patched["spec"]["containers"][0];
+        for name in ["DAPR_HTTP_PORT", "DAPR_GRPC_PORT"] {
+            let var = app["env"]
+                .as_array()
+                .and_then(|env| env.iter().find(|v| v["name"] == name));
+            assert_eq!(var.map(|v| &v["value"]), Some(&json!("9080")), "{app}");
+        }
     }
 }
 
@@ -544,6 +556,28 @@ fn inject_output_means_to_a_yaml_1_1_reader_what_its_input_meant() {
     let (code, again, stderr) = inject(&[], &injected);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(again, injected);
+}
+
+#[test]
+fn the_dapr_ports_annotation_points_the_apps_dapr_sdk_at_the_sidecar() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: orders\n  annotations:\n    \
+               statestore-gateway/sidecar.daprPorts: \"true\"\n    \
+               statestore-gateway/gateway.port: \"9080\"\n    statestore-gateway/gateway.adminPort: \"9081\"\n\
+               spec:\n  containers:\n  - name: app\n    image: app\n    env:\n    \
+               - {name: DAPR_HTTP_PORT, value: \"3500\"}\n";
+    let (code, out, stderr) = inject(&[], pod);
+    assert_eq!(code, 0, "{stderr}");
+    let out = documents(&out);
+    assert_eq!(
+        out[0]["spec"]["containers"][0]["env"],
+        json!([
+            {"name": "DAPR_HTTP_PORT", "value": "3500"},
+            {"name": "DAPR_GRPC_PORT", "value": "9080"},
+        ])
+    );
+    let (code, plain, stderr) = inject(&[], &pod.replace("\"true\"", "\"false\""));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!plain.contains("DAPR_GRPC_PORT"), "{plain}");
 }
 
 #[test]

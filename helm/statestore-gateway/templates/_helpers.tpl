@@ -365,6 +365,21 @@ declares its port; used by this chart's standalone Deployment.
 {{- end -}}
 
 {{/*
+statestore-gateway.sidecar.appEnv: env items for the app's containers, next
+to the sidecar: DAPR_HTTP_PORT and DAPR_GRPC_PORT (gateway.port, where the
+gateway serves Dapr's API) when values.sidecar.daprPorts is true; nothing
+otherwise.
+*/}}
+{{- define "statestore-gateway.sidecar.appEnv" -}}
+{{- if .values.sidecar.daprPorts -}}
+- name: DAPR_HTTP_PORT
+  value: {{ int .values.gateway.port | quote }}
+- name: DAPR_GRPC_PORT
+  value: {{ int .values.gateway.port | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
 statestore-gateway.sidecar.volumes: the volumes the gateway container mounts,
 rendered as list items for the pod's `volumes`. Renders nothing when the
 gateway needs none (emulator, no secrets).
