@@ -83,7 +83,8 @@ pub(super) async fn run(
     result
 }
 
-fn lease_key(key: &[u8]) -> Bytes {
+/// The lease key of `key`.
+pub(super) fn lease_key(key: &[u8]) -> Bytes {
     let mut lease = Vec::with_capacity(LEASE_PREFIX.len() + key.len());
     lease.extend_from_slice(LEASE_PREFIX.as_bytes());
     lease.extend_from_slice(key);
@@ -122,6 +123,9 @@ async fn acquire(
                 }
                 .into());
             }
+            // A transaction's lease is resolved (applied or aborted), not
+            // waited for: its gateway may be gone.
+            SetOutcome::NotApplied if super::transaction::resolve(store, lease).await? => {}
             SetOutcome::NotApplied if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LONGEST_PAUSE);
