@@ -14,7 +14,12 @@
 //!   `sync`, bounded by the rescan interval), and changes of followed keys
 //!   (SET reply to `set`);
 //! - `--streams` streams on one pattern: the rescans the gateway makes
-//!   meanwhile (one loop per pattern, whatever the streams).
+//!   meanwhile (one loop per pattern, whatever the streams);
+//! - memory against streams: a fresh gateway's RSS with 1, 10, 50, 100 and
+//!   500 streams (up to `--curve-streams`) on the followed pattern, each read
+//!   up to its `listed`, and the time from a change of a followed key to its
+//!   `set` on every stream; beside etcd (when installed) holding the same
+//!   keys with as many clients, each reading the prefix then watching it.
 //!
 //! `scripts/bench --keyspace` runs it on the release build; `scripts/bench
 //! --smoke` runs a small version on the debug build that checks every
@@ -31,6 +36,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use statestore_gateway::mqtt::{Pool, RequestOptions};
@@ -60,6 +67,8 @@ struct Options {
     writes: usize,
     outside_writes: usize,
     streams: usize,
+    /// The most streams of the memory curve (0: no curve).
+    curve_streams: usize,
     smoke: bool,
     report: Option<PathBuf>,
 }
@@ -78,6 +87,7 @@ impl Options {
             writes: if smoke { 20 } else { 500 },
             outside_writes: if smoke { 3 } else { 20 },
             streams: if smoke { 50 } else { 1_000 },
+            curve_streams: if smoke { 3 } else { 500 },
             smoke,
             report: None,
         };
@@ -91,6 +101,7 @@ impl Options {
                 ("--writes", &mut options.writes),
                 ("--outside-writes", &mut options.outside_writes),
                 ("--streams", &mut options.streams),
+                ("--curve-streams", &mut options.curve_streams),
             ],
             &mut options.report,
         )?;
@@ -284,6 +295,39 @@ async fn run(options: Options) -> Result<()> {
     let shared_rescans = shared_after.rescans - shared_before.rescans;
     let watchers = gateway.metric("statestore_gateway_watchers").await?;
     drop(streams);
+    drop(gateway);
+
+    let steps: Vec<usize> = [1, 10, 50, 100, 500]
+        .into_iter()
+        .filter(|&n| n < options.curve_streams)
+        .chain((options.curve_streams > 0).then_some(options.curve_streams))
+        .collect();
+    let mut curve = String::new();
+    if !steps.is_empty() {
+        let launch = GatewayLaunch {
+            binary: &binary,
+            dir: dir.path(),
+            broker_port: port,
+            pool_size: 4,
+            max_watchers: options.curve_streams + 100,
+            env: &env,
+        };
+        let gateway = launch.start("gateway-curve").await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let gateway_rows = gateway_curve(&gateway, &pool, &steps).await?;
+        drop(gateway);
+        let etcd_rows = match support::procs::find_program(&["etcd"]) {
+            Some(program) => {
+                let etcd = support::locks::start_etcd(&program, dir.path())?;
+                Some(etcd_curve(&etcd, options.pattern_keys, &steps).await?)
+            }
+            None => {
+                println!("keyspace benchmark: etcd is not installed; the etcd curve is SKIPPED");
+                None
+            }
+        };
+        curve = curve_report(&gateway_rows, etcd_rows.as_deref());
+    }
 
     let through_gateway = Percentiles::of(&mut through_gateway);
     let changes = Percentiles::of(&mut changes);
@@ -356,6 +400,7 @@ async fn run(options: Options) -> Result<()> {
         window.as_secs_f64(),
         shared_rescans / options.rescan_rounds as f64
     )?;
+    report.push_str(&curve);
     println!("\n{report}");
     if let Some(path) = &options.report {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
@@ -492,4 +537,257 @@ impl SseReader {
             }
         }
     }
+}
+
+/// One point of a memory curve: streams (clients) open, RSS with them,
+/// and the time from sending a change of a followed key to its event on
+/// each.
+struct CurvePoint {
+    streams: usize,
+    rss_kib: u64,
+    delivery: Percentiles,
+}
+
+/// The gateway's RSS before any stream, then with each number of `steps`
+/// streams on [`PATTERN`], each read up to its `listed`; at each, one
+/// followed key changed by the other client and timed to its `set` on
+/// every stream.
+async fn gateway_curve(
+    gateway: &GatewayProc,
+    pool: &Pool,
+    steps: &[usize],
+) -> Result<Vec<CurvePoint>> {
+    let mut points = vec![CurvePoint {
+        streams: 0,
+        rss_kib: gateway.proc.rss_kib()?,
+        delivery: Percentiles::default(),
+    }];
+    let mut streams: Vec<SseReader> = Vec::new();
+    for (round, &count) in steps.iter().enumerate() {
+        while streams.len() < count {
+            let mut stream = SseReader::open(gateway.api, PATTERN).await?;
+            stream.until_listed(Duration::from_secs(120)).await?;
+            streams.push(stream);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_kib = gateway.proc.rss_kib()?;
+        let key = format!("space/{round:06}");
+        let sent = Instant::now();
+        set(pool, key.clone(), b"23.5").await?;
+        let arrivals = futures_util::future::join_all(
+            streams
+                .iter_mut()
+                .map(|stream| stream.until_event("set", &key, Duration::from_secs(30))),
+        )
+        .await;
+        let mut delivery = arrivals
+            .into_iter()
+            .map(|at| Ok(at?.saturating_duration_since(sent)))
+            .collect::<Result<Vec<_>>>()?;
+        println!("keyspace benchmark: {count} streams on {PATTERN}: gateway RSS {rss_kib} KiB");
+        points.push(CurvePoint {
+            streams: count,
+            rss_kib,
+            delivery: Percentiles::of(&mut delivery),
+        });
+    }
+    Ok(points)
+}
+
+/// The same curve for etcd: `keys` keys under `space/`, then clients that
+/// each read the prefix (a range read) and watch it.
+async fn etcd_curve(
+    etcd: &support::locks::Etcd,
+    keys: usize,
+    steps: &[usize],
+) -> Result<Vec<CurvePoint>> {
+    let mut writes = futures_util::stream::iter(
+        (0..keys)
+            .collect::<Vec<_>>()
+            .chunks(keys.div_ceil(16))
+            .map(<[usize]>::to_vec)
+            .collect::<Vec<_>>(),
+    )
+    .map(|chunk| async move {
+        let mut conn = HttpConn::connect(etcd.client).await?;
+        for i in chunk {
+            etcd_put(&mut conn, &format!("space/{i:06}"), "21.5").await?;
+        }
+        anyhow::Ok(())
+    })
+    .buffer_unordered(16);
+    while let Some(written) = writes.next().await {
+        written?;
+    }
+    drop(writes);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut points = vec![CurvePoint {
+        streams: 0,
+        rss_kib: etcd.proc.rss_kib()?,
+        delivery: Percentiles::default(),
+    }];
+    let mut writer = HttpConn::connect(etcd.client).await?;
+    let mut watchers: Vec<EtcdWatcher> = Vec::new();
+    for (round, &count) in steps.iter().enumerate() {
+        while watchers.len() < count {
+            watchers.push(EtcdWatcher::open(etcd.client, keys).await?);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_kib = etcd.proc.rss_kib()?;
+        let key = format!("space/{round:06}");
+        let sent = Instant::now();
+        etcd_put(&mut writer, &key, "23.5").await?;
+        let needle = BASE64.encode(&key);
+        let arrivals = futures_util::future::join_all(
+            watchers
+                .iter_mut()
+                .map(|watcher| watcher.until_line_with(&needle, Duration::from_secs(30))),
+        )
+        .await;
+        let mut delivery = arrivals
+            .into_iter()
+            .map(|at| Ok(at?.saturating_duration_since(sent)))
+            .collect::<Result<Vec<_>>>()?;
+        println!(
+            "keyspace benchmark: {count} etcd clients watching space/: etcd RSS {rss_kib} KiB"
+        );
+        points.push(CurvePoint {
+            streams: count,
+            rss_kib,
+            delivery: Percentiles::of(&mut delivery),
+        });
+    }
+    Ok(points)
+}
+
+async fn etcd_put(conn: &mut HttpConn, key: &str, value: &str) -> Result<()> {
+    let body = serde_json::json!({"key": BASE64.encode(key), "value": BASE64.encode(value)});
+    let response = conn
+        .request("POST", "/v3/kv/put", body.to_string().as_bytes())
+        .await?;
+    if response.status != 200 {
+        bail!("etcd put {key}: {}", response.status);
+    }
+    Ok(())
+}
+
+/// One etcd client: a range read of `space/`, then a watch of it over
+/// etcd's HTTP/JSON gateway, read on its own task; lines arrive with the
+/// instant they were read.
+struct EtcdWatcher {
+    lines: mpsc::UnboundedReceiver<(String, Instant)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EtcdWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl EtcdWatcher {
+    async fn open(addr: SocketAddr, keys: usize) -> Result<EtcdWatcher> {
+        let range = serde_json::json!({"key": BASE64.encode("space/"), "range_end": BASE64.encode("space0")});
+        let mut conn = HttpConn::connect(addr).await?;
+        let response = conn
+            .request("POST", "/v3/kv/range", range.to_string().as_bytes())
+            .await?;
+        let listed: serde_json::Value = serde_json::from_slice(&response.body)?;
+        let count: usize = listed["count"]
+            .as_str()
+            .and_then(|count| count.parse().ok())
+            .context("a range answer without count")?;
+        if response.status != 200 || count < keys {
+            bail!("etcd range: {} with {count} keys", response.status);
+        }
+        drop(conn);
+        let body = serde_json::json!({"create_request": range}).to_string();
+        let mut tcp = TcpStream::connect(addr).await?;
+        tcp.write_all(
+            format!(
+                "POST /v3/watch HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let (tx, mut lines) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut reader = BufReader::new(tcp).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if tx.send((line, Instant::now())).is_err() {
+                    return;
+                }
+            }
+        });
+        // The watch is set once etcd says it was created.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (line, _) = tokio::time::timeout_at(deadline.into(), lines.recv())
+                .await
+                .context("no watch creation in time")?
+                .context("the watch ended")?;
+            if line.contains("\"created\":true") {
+                break;
+            }
+        }
+        Ok(EtcdWatcher { lines, task })
+    }
+
+    /// The instant a line containing `needle` was read.
+    async fn until_line_with(&mut self, needle: &str, within: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + within;
+        loop {
+            let (line, at) = tokio::time::timeout_at(deadline.into(), self.lines.recv())
+                .await
+                .with_context(|| format!("no etcd event with {needle} in time"))?
+                .context("the etcd watch ended")?;
+            if line.contains(needle) {
+                return Ok(at);
+            }
+        }
+    }
+}
+
+/// The report's table of memory against streams.
+fn curve_report(gateway: &[CurvePoint], etcd: Option<&[CurvePoint]>) -> String {
+    let mut out = format!(
+        "\n### Memory against streams on `{PATTERN}`\n\n\
+         | streams (etcd: clients) | gateway RSS | each stream after the first | write to event on all, p99 | etcd RSS | write to event on all, p99 | gateway / etcd |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let first = gateway.iter().find(|point| point.streams == 1);
+    for (index, point) in gateway.iter().enumerate() {
+        let per_stream = match first {
+            Some(first) if point.streams > 1 => format!(
+                "{:.0} KiB",
+                point.rss_kib.saturating_sub(first.rss_kib) as f64 / (point.streams - 1) as f64
+            ),
+            _ => "—".to_owned(),
+        };
+        let ms = |p: &Percentiles, streams: usize| {
+            if streams == 0 {
+                "—".to_owned()
+            } else {
+                format!("{:.1} ms", p.p99 / 1e3)
+            }
+        };
+        let (etcd_rss, etcd_delivery, ratio) = match etcd.and_then(|rows| rows.get(index)) {
+            Some(row) => (
+                format!("{:.1} MiB", mib(row.rss_kib)),
+                ms(&row.delivery, row.streams),
+                format!("{:.2}x", point.rss_kib as f64 / row.rss_kib as f64),
+            ),
+            None => ("—".to_owned(), "—".to_owned(), "—".to_owned()),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} MiB | {per_stream} | {} | {etcd_rss} | {etcd_delivery} | {ratio} |",
+            point.streams,
+            mib(point.rss_kib),
+            ms(&point.delivery, point.streams),
+        );
+    }
+    out
 }

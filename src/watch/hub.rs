@@ -356,6 +356,9 @@ struct Cursor {
     announced: bool,
 }
 
+/// Room a stream's queue of events to send keeps once empty.
+const PENDING_KEPT: usize = 16;
+
 /// What a stream sends before reading its channels again.
 #[derive(Debug)]
 enum Pending {
@@ -422,6 +425,11 @@ impl Watcher {
                 }
                 self.hub.metrics.events_delivered.inc();
                 return Some(event);
+            }
+            // The initial syncs of a large pattern grew the queue: give the
+            // room back once they are out.
+            if self.pending.capacity() > PENDING_KEPT {
+                self.pending.shrink_to(PENDING_KEPT);
             }
             if self.shut_down {
                 return None;
