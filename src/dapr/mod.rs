@@ -17,6 +17,7 @@
 
 mod conditional;
 mod error;
+mod keys;
 mod settings;
 mod transaction;
 
@@ -30,10 +31,10 @@ use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
-pub use conditional::LEASE_PREFIX;
 pub use error::DaprError;
+pub use keys::{INTENT_PREFIX, LEASE_PREFIX};
 pub use settings::{DaprSettings, KeyPrefix};
-pub use transaction::{INTENT_PREFIX, TxOp};
+pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";

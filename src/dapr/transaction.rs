@@ -35,15 +35,12 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::conditional::lease_key;
 use super::error::DaprError;
+use super::keys::{intent_key, lease_key};
 use super::settings::DaprSettings;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError, hlc};
 use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
-
-/// The prefix of intent records: `<prefix><transaction id>`.
-pub const INTENT_PREFIX: &str = "dapr-txn||";
 
 /// A lease held by a transaction: `txn:<id>:<deadline ms>`.
 const TXN_LEASE: &str = "txn:";
@@ -90,10 +87,6 @@ struct IntentOp {
     v: Option<String>,
     /// Its expiry in milliseconds.
     px: Option<u64>,
-}
-
-fn intent_key(id: &str) -> Bytes {
-    Bytes::from(format!("{INTENT_PREFIX}{id}"))
 }
 
 /// The transaction a lease value names, and its deadline.
