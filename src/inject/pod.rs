@@ -266,14 +266,9 @@ pub fn container(sidecar: &Sidecar, native: bool) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::values::SidecarValues;
 
     fn sidecar(sets: &[&str]) -> Sidecar {
-        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
-        SidecarValues::from_sources(&[] as &[&str], &sets)
-            .unwrap()
-            .sidecar()
-            .unwrap()
+        Sidecar::with_sets(sets)
     }
 
     fn names(list: &Value) -> Vec<&str> {

@@ -184,14 +184,10 @@ pub fn path(setting: &Setting, sidecar: &Sidecar) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::values::{SidecarValues, container_env};
+    use crate::inject::values::container_env;
 
     fn sidecar(sets: &[&str]) -> Sidecar {
-        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
-        SidecarValues::from_sources(&[] as &[&str], &sets)
-            .unwrap()
-            .sidecar()
-            .unwrap()
+        Sidecar::with_sets(sets)
     }
 
     /// For any values, a volume, its mount and its files' variables come

@@ -471,6 +471,16 @@ pub struct Probes {
     pub readiness: Map<String, Value>,
 }
 
+#[cfg(test)]
+impl Sidecar {
+    /// The chart's defaults with `--set` `sets` (`gateway.port=9080`).
+    pub(crate) fn with_sets(sets: &[&str]) -> Self {
+        let sets: Vec<String> = sets.iter().map(|s| (*s).to_owned()).collect();
+        let values = SidecarValues::from_sources(&[] as &[&str], &sets);
+        values.and_then(|values| values.sidecar()).unwrap()
+    }
+}
+
 impl Sidecar {
     /// The chart's `fail` checks, then the gateway's own command-line
     /// parser on the environment the container will get, so that a value
