@@ -48,13 +48,13 @@ pub struct EmulatorArgs {
 /// address already in use, the process exits with code 1).
 #[derive(Debug, Error)]
 pub enum EmulatorFileError {
-    /// `--password-file` cannot be read.
-    #[error("reading the password file {}: {source}", path.display())]
+    /// `--password-file` cannot be read or is not UTF-8 text.
+    #[error("the password file: {problem}")]
     Password {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        problem: String,
     },
     /// `--acl` cannot be read or is not an access list.
     #[error(transparent)]
@@ -68,12 +68,16 @@ impl EmulatorArgs {
         config.client_id = self.client_id.clone();
         config.username = self.username.clone();
         if let Some(path) = &self.password_file {
-            let password =
-                std::fs::read_to_string(path).map_err(|source| EmulatorFileError::Password {
-                    path: path.clone(),
-                    source,
-                })?;
-            config.password = Some(password.trim_end_matches(['\r', '\n']).to_owned());
+            // Byte for byte, as the gateway and the AIO SDK read it.
+            let unusable = |problem: String| EmulatorFileError::Password {
+                path: path.clone(),
+                problem,
+            };
+            let password = crate::files::secret::read_mqtt_credential(path)
+                .map_err(|error| unusable(error.to_string()))?;
+            let password = String::from_utf8(password)
+                .map_err(|_| unusable(format!("{} is not UTF-8 text", path.display())))?;
+            config.password = Some(password);
         }
         config.data_dir = self.data_dir.clone();
         config.max_keys = self.max_keys;

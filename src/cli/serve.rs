@@ -497,22 +497,11 @@ pub fn check_environment(vars: &[(String, String)]) -> Result<(), String> {
         .map_err(|error| error.to_string())
 }
 
-/// Reads a token file: trailing line breaks are dropped (editors and
-/// `kubectl create secret --from-file` leave one), an empty token is refused.
+/// Reads the API token file by the secret files' rule.
 fn read_api_token(path: &Path) -> Result<ApiToken, String> {
-    let bytes =
-        std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let mut token = bytes.as_slice();
-    while let Some(rest) = token
-        .strip_suffix(b"\n")
-        .or_else(|| token.strip_suffix(b"\r"))
-    {
-        token = rest;
-    }
-    if token.is_empty() {
-        return Err(format!("{} holds an empty token", path.display()));
-    }
-    Ok(ApiToken::new(token.to_vec()))
+    crate::files::secret::read_token(path)
+        .map(ApiToken::new)
+        .map_err(|error| error.to_string())
 }
 
 #[cfg(test)]

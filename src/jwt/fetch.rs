@@ -139,13 +139,12 @@ where
     outcome
 }
 
-/// `Bearer <token>` from a token file (a trailing line break dropped).
+/// `Bearer <token>` from a token file, read by the secret files' rule.
 fn bearer(path: &Path) -> Result<HeaderValue, String> {
-    let token = std::fs::read(path)
-        .map_err(|error| format!("cannot read the token file {}: {error}", path.display()))?;
-    let token = token.trim_ascii_end();
+    let token = crate::files::secret::read_token(path)
+        .map_err(|error| format!("the token file: {error}"))?;
     let mut value = b"Bearer ".to_vec();
-    value.extend_from_slice(token);
+    value.extend_from_slice(&token);
     let mut value = HeaderValue::from_bytes(&value)
         .map_err(|_| format!("the token file {} holds no usable token", path.display()))?;
     value.set_sensitive(true);

@@ -111,7 +111,7 @@ pub(crate) fn connect_options(
 
 /// The service-account token, byte for byte (the SDK sends the file as is).
 pub(crate) fn read_sat(path: &Path) -> Result<Bytes, SettingError> {
-    let token = read(&settings::SAT_FILE, path)?;
+    let token = read_mqtt_credential(&settings::SAT_FILE, path)?;
     if token.is_empty() {
         return Err(unusable(&settings::SAT_FILE, path, "is empty"));
     }
@@ -122,7 +122,7 @@ pub(crate) fn read_sat(path: &Path) -> Result<Bytes, SettingError> {
 /// of the password).
 fn read_password(path: &Path) -> Result<String, SettingError> {
     let setting = &settings::MQTT_PASSWORD_FILE;
-    let bytes = read(setting, path)?;
+    let bytes = read_mqtt_credential(setting, path)?;
     String::from_utf8(bytes).map_err(|_| unusable(setting, path, "is not UTF-8 text"))
 }
 
@@ -235,6 +235,11 @@ fn read(setting: &Setting, path: &Path) -> Result<Vec<u8>, SettingError> {
     std::fs::read(path).map_err(|error| {
         SettingError::new(setting, format!("cannot read {}: {error}", path.display()))
     })
+}
+
+fn read_mqtt_credential(setting: &Setting, path: &Path) -> Result<Vec<u8>, SettingError> {
+    crate::files::secret::read_mqtt_credential(path)
+        .map_err(|error| SettingError::new(setting, error.to_string()))
 }
 
 fn unusable(setting: &Setting, path: &Path, problem: &str) -> SettingError {

@@ -342,3 +342,61 @@ async fn start_refuses_a_keep_alive_under_five_seconds() {
     let error = Pool::start(PoolSettings::new(broker, "gw"), Metrics::new()).unwrap_err();
     assert!(error.to_string().contains("AIO_MQTT_KEEP_ALIVE"), "{error}");
 }
+
+/// The gateway and the emulator read a password file alike: byte for byte,
+/// as the AIO SDK does, so a trailing newline is part of the password for
+/// both (a broker given the file's text accepts them both).
+#[tokio::test]
+async fn a_password_file_ending_in_a_newline_is_read_alike_by_the_gateway_and_the_emulator() {
+    use clap::Parser as _;
+    use statestore_gateway::cli::{Cli, Command};
+    use statestore_gateway::emulator::Emulator;
+
+    init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let passwords = dir.path().join("passwd");
+    std::fs::write(&passwords, "").unwrap();
+    let status = std::process::Command::new("mosquitto_passwd")
+        .args(["-b"])
+        .arg(&passwords)
+        .args(["store", "s3cret\n"])
+        .status()
+        .expect("mosquitto_passwd runs (package mosquitto)");
+    assert!(status.success());
+    let broker = Mosquitto::start_with(MosquittoConfig {
+        extra: format!("password_file {}\n", passwords.display()),
+        deny_anonymous: true,
+    })
+    .await;
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, "s3cret\n").unwrap();
+
+    let argv = [
+        "statestore-gateway".to_owned(),
+        "emulator".to_owned(),
+        "--broker".to_owned(),
+        broker.addr.to_string(),
+        "--username".to_owned(),
+        "store".to_owned(),
+        "--password-file".to_owned(),
+        password_file.display().to_string(),
+    ];
+    let Command::Emulator(args) = Cli::try_parse_from(argv).unwrap().command else {
+        panic!("not the emulator's arguments");
+    };
+    let mut config = args.settings().unwrap();
+    config.startup_timeout = Duration::from_secs(5);
+    let emulator = Emulator::start(config).await;
+    assert!(emulator.is_ok(), "the emulator: {:?}", emulator.err());
+
+    let mut settings = pool_settings(broker.addr, "user");
+    settings.broker.username = Some("store".into());
+    settings.broker.password_file = Some(password_file);
+    let (pool, _) = start_pool(settings).await;
+    let response = pool
+        .request(&get("k"), &RequestOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(response.reply, Reply::NotFound);
+    pool.shutdown().await;
+}

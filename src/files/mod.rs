@@ -1,0 +1,3 @@
+//! Files named by the settings: secret files, read by one rule.
+
+pub mod secret;
