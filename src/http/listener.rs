@@ -343,7 +343,10 @@ async fn serve_http2<I>(
                     Err(never) => match never {},
                 };
                 // The stream counts as open until its body ends or is dropped.
-                Ok::<_, Infallible>(response.map(|body| CountedBody { body, _open: open }))
+                // Event streams keep their frames whole: their watchers
+                // skip ahead on their own when a client does not read.
+                let paced = !is_event_stream(response.headers());
+                Ok::<_, Infallible>(response.map(|body| Http2Body::new(body, open, paced)))
             }
         })
     };
@@ -423,14 +426,129 @@ impl Drop for OpenStream {
     }
 }
 
-/// A response body that keeps its stream counted as open.
+/// The most of a response body h2 is handed at once: a larger frame goes
+/// out in copies of this size, so that a stream whose client does not read
+/// pins this much in h2's send buffer, not the whole value.
+const HTTP2_PIECE_BYTES: usize = 16 * 1024;
+
+/// A response body on an HTTP/2 stream. It keeps its stream counted as
+/// open and, but for event streams, hands h2 at most [`HTTP2_PIECE_BYTES`]
+/// at a time, and gives up
+/// when h2 has not asked for more within
+/// [`WRITE_STALL_TIMEOUT`](event_stream::WRITE_STALL_TIMEOUT) of the last
+/// piece: what is unsent is dropped at once, and the stream fails (is
+/// reset) if h2 asks again. h2 asks only when the client's flow-control
+/// window has room, so a client that never reads (window 0, pings
+/// answered) would otherwise pin its responses for as long as it likes.
 #[derive(Debug)]
-struct CountedBody {
-    body: Body,
+struct Http2Body {
+    unsent: Arc<Mutex<Unsent>>,
+    watchdog: Option<tokio::task::AbortHandle>,
+    /// Whether frames go out in pieces, watched for progress.
+    paced: bool,
     _open: OpenStream,
 }
 
-impl HttpBody for CountedBody {
+/// Whether a response is an SSE stream.
+fn is_event_stream(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// What an [`Http2Body`] has not handed to h2 yet.
+#[derive(Debug)]
+struct Unsent {
+    /// `None` once it ended or was given up.
+    body: Option<Body>,
+    /// The rest of a frame larger than a piece.
+    rest: Bytes,
+    /// When a piece was handed out with more to come, until h2 asks again.
+    waiting_since: Option<Instant>,
+    stalled: bool,
+}
+
+impl Unsent {
+    fn is_end(&self) -> bool {
+        self.rest.is_empty() && self.body.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+
+    /// Drops what is unsent if h2 has waited `stall` for the client since
+    /// the last piece; otherwise how long until it would have.
+    fn give_up_after(&mut self, stall: Duration) -> Option<Duration> {
+        let left = match self.waiting_since {
+            Some(since) => stall.saturating_sub(since.elapsed()),
+            None => stall,
+        };
+        if !left.is_zero() {
+            return Some(left);
+        }
+        tracing::debug!(
+            ?stall,
+            "an HTTP/2 client read nothing of a response; giving it up"
+        );
+        self.body = None;
+        self.rest = Bytes::new();
+        self.stalled = true;
+        None
+    }
+}
+
+impl Http2Body {
+    fn new(body: Body, open: OpenStream, paced: bool) -> Self {
+        Self {
+            unsent: Arc::new(Mutex::new(Unsent {
+                body: Some(body),
+                rest: Bytes::new(),
+                waiting_since: None,
+                stalled: false,
+            })),
+            watchdog: None,
+            paced,
+            _open: open,
+        }
+    }
+
+    fn unsent(&self) -> std::sync::MutexGuard<'_, Unsent> {
+        self.unsent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the task that gives the body up when h2 stops asking; one
+    /// per body, only for bodies of more than one piece or frame.
+    fn watch_progress(&mut self) {
+        if self.watchdog.is_some() {
+            return;
+        }
+        let unsent = Arc::downgrade(&self.unsent);
+        let stall = event_stream::WRITE_STALL_TIMEOUT;
+        let task = tokio::spawn(async move {
+            loop {
+                let left = {
+                    let Some(unsent) = unsent.upgrade() else {
+                        return;
+                    };
+                    let mut unsent = unsent.lock().unwrap_or_else(|e| e.into_inner());
+                    unsent.give_up_after(stall)
+                };
+                match left {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => return,
+                }
+            }
+        });
+        self.watchdog = Some(task.abort_handle());
+    }
+}
+
+impl Drop for Http2Body {
+    fn drop(&mut self) {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.abort();
+        }
+    }
+}
+
+impl HttpBody for Http2Body {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -438,15 +556,79 @@ impl HttpBody for CountedBody {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        use std::task::Poll;
+        let this = self.get_mut();
+        let mut unsent = this.unsent();
+        if !this.paced {
+            return match unsent.body.as_mut() {
+                Some(body) => std::pin::Pin::new(body).poll_frame(cx),
+                None => Poll::Ready(None),
+            };
+        }
+        if unsent.stalled {
+            return Poll::Ready(Some(Err(axum::Error::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of the response for too long",
+            )))));
+        }
+        unsent.waiting_since = None;
+        if unsent.rest.is_empty() {
+            let Some(body) = unsent.body.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let data = match std::pin::Pin::new(body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    unsent.body = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+            };
+            if data.len() <= HTTP2_PIECE_BYTES {
+                let more = !unsent.is_end();
+                if more {
+                    unsent.waiting_since = Some(Instant::now());
+                    drop(unsent);
+                    this.watch_progress();
+                }
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            unsent.rest = data;
+        }
+        // A copy: a slice would keep the whole frame's memory alive.
+        let length = unsent.rest.len().min(HTTP2_PIECE_BYTES);
+        let piece = Bytes::copy_from_slice(&unsent.rest[..length]);
+        bytes::Buf::advance(&mut unsent.rest, length);
+        if !unsent.is_end() {
+            unsent.waiting_since = Some(Instant::now());
+            drop(unsent);
+            this.watch_progress();
+        }
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        let unsent = self.unsent();
+        !unsent.stalled && unsent.is_end()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let unsent = self.unsent();
+        let rest = unsent.rest.len() as u64;
+        let mut hint = unsent
+            .body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), HttpBody::size_hint);
+        // Upper first: a lower bound above the upper one panics.
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint.set_lower(hint.lower() + rest);
+        hint
     }
 }
 
@@ -486,6 +668,48 @@ mod tests {
             let _ = stopped.wait_for(|stop| *stop).await;
         }));
         (addr, stop)
+    }
+
+    #[tokio::test]
+    async fn an_http2_body_goes_out_in_copied_pieces_with_its_length_known() {
+        use http_body_util::BodyExt as _;
+        let value: Vec<u8> = (0..40_000u32).map(|n| n as u8).collect();
+        let body = Http2Body::new(
+            Body::from(value.clone()),
+            OpenStream::new(Arc::new(OpenStreams::new())),
+            true,
+        );
+        assert_eq!(body.size_hint().exact(), Some(40_000));
+        let mut body = std::pin::pin!(body);
+        let mut sizes = Vec::new();
+        let mut received = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            sizes.push(data.len());
+            received.extend_from_slice(&data);
+        }
+        assert_eq!(sizes, [16_384, 16_384, 7_232]);
+        assert_eq!(received, value);
+        assert!(body.is_end_stream());
+    }
+
+    #[test]
+    fn an_http2_body_waited_on_for_the_stall_timeout_drops_what_is_unsent() {
+        let stall = Duration::from_secs(60);
+        let mut unsent = Unsent {
+            body: Some(Body::from(vec![0u8; 100])),
+            rest: Bytes::from(vec![0u8; 100]),
+            waiting_since: None,
+            stalled: false,
+        };
+        // Not waiting for the client: nothing to give up.
+        assert_eq!(unsent.give_up_after(stall), Some(stall));
+        unsent.waiting_since = Some(Instant::now());
+        assert!(unsent.give_up_after(stall).is_some());
+        assert!(unsent.body.is_some());
+        unsent.waiting_since = Instant::now().checked_sub(stall);
+        assert_eq!(unsent.give_up_after(stall), None);
+        assert!(unsent.stalled && unsent.body.is_none() && unsent.rest.is_empty());
     }
 
     const LIMITS: ConnectionLimits = ConnectionLimits {

@@ -420,6 +420,96 @@ async fn a_batch_refused_for_its_op_count_costs_about_its_own_size() {
     );
 }
 
+/// An HTTP/2 client that never reads (its stream window 0, pings answered
+/// by its connection) asks for 50 values of 2 MB: the gateway holds them
+/// while it waits, and gives each stream up once it has made no progress
+/// for the stall timeout (60 s), its memory returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_a_client_never_reads_are_given_up_and_their_memory_freed() {
+    use http_body_util::BodyExt as _;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    const VALUES: usize = 50;
+    const VALUE_BYTES: usize = 2_000_000;
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    let written = gateway
+        .http
+        .put(gateway.key(b"two-mb"))
+        .body(vec![b'v'; VALUE_BYTES])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(written.status(), 200);
+    let connect = |window: Option<u32>| async move {
+        let tcp = TcpStream::connect(gateway.api).await.unwrap();
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        if let Some(window) = window {
+            builder
+                .initial_stream_window_size(window)
+                .adaptive_window(false);
+        }
+        let (sender, connection) = builder.handshake(TokioIo::new(tcp)).await.unwrap();
+        // Drives the connection: frames in and out, pings answered.
+        let driven = tokio::spawn(connection);
+        (sender, driven)
+    };
+    let get = || {
+        hyper::Request::get(format!("http://{}/keys/two-mb", gateway.api))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    // Warm-up: one value read whole over HTTP/2.
+    let (mut reader, reading) = connect(None).await;
+    let response = reader.send_request(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), VALUE_BYTES);
+    drop((reader, reading));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+
+    let (stuck, connection) = connect(Some(0)).await;
+    let mut held = Vec::new();
+    for _ in 0..VALUES {
+        let mut sender = stuck.clone();
+        let response = tokio::time::timeout(Duration::from_secs(30), async move {
+            sender.ready().await.unwrap();
+            sender.send_request(get()).await.unwrap()
+        })
+        .await
+        .expect("the response head, which flow control does not hold");
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let holding = gateway.rss_kib();
+    eprintln!("VmRSS {baseline} KiB before, {holding} KiB holding {VALUES} unread values");
+    assert!(
+        (holding.saturating_sub(baseline) * 1024) as usize >= VALUES * VALUE_BYTES / 2,
+        "the unread values are held while the client may still read them"
+    );
+    let started = Instant::now();
+    loop {
+        let now = gateway.rss_kib();
+        if (now.saturating_sub(baseline) * 1024) as usize <= VALUES * VALUE_BYTES / 10 {
+            eprintln!("VmRSS {now} KiB {:?} later", started.elapsed());
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(80),
+            "VmRSS still {now} KiB after {:?} (before: {baseline} KiB): the stalled streams are kept",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        !connection.is_finished(),
+        "the client's connection stays open"
+    );
+    drop(held);
+}
+
 /// Reads a response head (status line and headers) or until the server
 /// closes; `None` if neither happens within `within`.
 async fn read_head(stream: &mut TcpStream, within: Duration) -> Option<String> {
