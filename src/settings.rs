@@ -353,6 +353,14 @@ pub const DAPR_KEY_PREFIX: Setting = Setting {
     helm: Helm::Default("gateway.daprKeyPrefix"),
 };
 
+/// Dapr transactions: on, every Dapr read and write checks its key's lease.
+pub const DAPR_TRANSACTIONS: Setting = Setting {
+    flag: "--dapr-transactions",
+    env: "STATESTORE_GATEWAY_DAPR_TRANSACTIONS",
+    default: "false",
+    helm: Helm::None,
+};
+
 pub const DAPR_ETAG_LEASE: Setting = Setting {
     flag: "--dapr-etag-lease",
     env: "STATESTORE_GATEWAY_DAPR_ETAG_LEASE",
@@ -500,6 +508,7 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
+    &DAPR_TRANSACTIONS,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,

@@ -165,6 +165,13 @@ pub struct ServeArgs {
     /// dies holding one delays other etag writes of that key this long).
     #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
     pub dapr_etag_lease: Duration,
+    /// Dapr transactions (`true`/`false`): on, the state store is
+    /// TRANSACTIONAL, and every Dapr read and write checks its key's lease
+    /// (a read costs two store round trips instead of one). Every gateway
+    /// writing the same keys through Dapr must agree.
+    #[arg(long, env = settings::DAPR_TRANSACTIONS.env, default_value = settings::DAPR_TRANSACTIONS.default, action = ArgAction::Set,
+          value_parser = BoolishValueParser::new())]
+    pub dapr_transactions: bool,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -317,6 +324,7 @@ impl ServeArgs {
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
+                transactions: self.dapr_transactions,
                 ..DaprSettings::default()
             },
         }

@@ -36,13 +36,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::error::DaprError;
+use super::keys::lease_key;
 use super::settings::DaprSettings;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
-
-/// The prefix of the lease keys of conditional writes: `<prefix><key>`.
-pub const LEASE_PREFIX: &str = "dapr-etag-lease||";
 
 /// The first pause before trying a held lease again; it doubles up to
 /// [`LONGEST_PAUSE`].
@@ -83,13 +81,6 @@ pub(super) async fn run(
     result
 }
 
-fn lease_key(key: &[u8]) -> Bytes {
-    let mut lease = Vec::with_capacity(LEASE_PREFIX.len() + key.len());
-    lease.extend_from_slice(LEASE_PREFIX.as_bytes());
-    lease.extend_from_slice(key);
-    Bytes::from(lease)
-}
-
 /// Takes the lease, waiting up to the settings' `lease_wait` while another
 /// holds it; its version is the fencing token.
 async fn acquire(
@@ -122,6 +113,9 @@ async fn acquire(
                 }
                 .into());
             }
+            // A transaction's lease is resolved (applied or aborted), not
+            // waited for: its gateway may be gone.
+            SetOutcome::NotApplied if super::transaction::resolve(store, lease).await? => {}
             SetOutcome::NotApplied if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LONGEST_PAUSE);

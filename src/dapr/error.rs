@@ -18,6 +18,14 @@ pub enum DaprError {
     /// An etag that cannot be one of the store's versions.
     #[error("invalid etag {0:?}: etags are the store's versions")]
     MalformedEtag(String),
+    /// A transaction on a gateway without `--dapr-transactions`.
+    #[error(
+        "this state store does not support transactions: turn them on with --dapr-transactions (every Dapr read and write then checks its key's lease)"
+    )]
+    TransactionsOff,
+    /// A transaction names one key twice.
+    #[error("a transaction may name each key once")]
+    DuplicateKey,
     /// Another etag write of the key held its lease for the whole wait.
     #[error("another conditional write of this key held it for {0:?}")]
     LeaseBusy(Duration),

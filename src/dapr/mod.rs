@@ -8,13 +8,18 @@
 //! - A write or delete **with** an etag is a [`conditional`] write: the
 //!   store has no compare-and-set on versions, so it is built from a lease
 //!   per key and fencing tokens, correct across any number of gateways.
+//! - A transaction (with `--dapr-transactions`) takes every key's lease,
+//!   checks every etag, commits by one intent record and applies it; see
+//!   [`transaction`], which a reader of a key resolves before reading it.
 //! - `tryLock` is `SET resource owner NX PX` (not re-entrant, as Dapr's);
 //!   `unlock` is `VDEL resource owner`. These are the SDKs' lease/lock
 //!   keys, so Dapr locks, `/locks` and SDK lock clients exclude each other.
 
 mod conditional;
 mod error;
+mod keys;
 mod settings;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,21 +31,15 @@ use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
-pub use conditional::LEASE_PREFIX;
 pub use error::DaprError;
+pub use keys::{INTENT_PREFIX, LEASE_PREFIX};
 pub use settings::{DaprSettings, KeyPrefix};
+pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
 /// The lock store's component type.
 pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
-/// The state store's capabilities, only those that hold: etags (as the
-/// store's versions, see [`conditional`]) and TTLs. Not `TRANSACTIONAL`:
-/// see [`TRANSACTIONS_UNSUPPORTED`].
-pub const STATE_CAPABILITIES: [&str; 2] = ["ETAG", "TTL"];
-/// Why transactions are refused: the store has no multi-key command, and
-/// one applied key by key could be left half-applied by a crash.
-pub const TRANSACTIONS_UNSUPPORTED: &str = "this state store does not support transactions: the AIO state store has no multi-key command, and a transaction applied key by key could be left half-applied";
 
 /// Dapr's concurrency option of a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,7 +123,29 @@ impl DaprStore {
 
     /// The value and etag of `key`, or `None` when it is absent.
     pub async fn get(&self, key: &str) -> Result<Option<Versioned<Bytes>>, DaprError> {
-        Ok(self.store.get(self.store_key(key)).await?)
+        let key = self.store_key(key);
+        if self.settings.transactions {
+            return transaction::read(&self.store, key).await;
+        }
+        Ok(self.store.get(key).await?)
+    }
+
+    /// The state store's capabilities: those that hold with these settings.
+    pub fn capabilities(&self) -> &'static [&'static str] {
+        if self.settings.transactions {
+            &["ETAG", "TRANSACTIONAL", "TTL"]
+        } else {
+            &["ETAG", "TTL"]
+        }
+    }
+
+    /// Runs a transaction (see [`transaction`]); refused unless the
+    /// settings turn transactions on.
+    pub async fn transaction(&self, ops: Vec<TxOp>) -> Result<(), DaprError> {
+        if !self.settings.transactions {
+            return Err(DaprError::TransactionsOff);
+        }
+        transaction::execute(&self.store, &self.settings, ops).await
     }
 
     /// Each key's value and etag, in the order asked, at most
@@ -163,6 +184,14 @@ impl DaprStore {
                 options,
             };
             return self.conditional(key, Some(expected), write).await;
+        }
+        if self.settings.transactions && save.concurrency == Concurrency::LastWrite {
+            // A transaction may hold the key: take its lease like it.
+            let write = conditional::Write::Set {
+                value: save.value,
+                options,
+            };
+            return self.conditional(key, None, write).await;
         }
         let options = SetOptions {
             condition: match save.concurrency {
@@ -206,6 +235,11 @@ impl DaprStore {
             let expected = parse_etag(etag)?;
             return self
                 .conditional(key, Some(expected), conditional::Write::Delete)
+                .await;
+        }
+        if self.settings.transactions {
+            return self
+                .conditional(key, None, conditional::Write::Delete)
                 .await;
         }
         match self.store.del(key.clone(), None).await {

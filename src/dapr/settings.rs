@@ -30,6 +30,9 @@ pub struct DaprSettings {
     /// How long a conditional write's per-key lease lasts: a gateway that
     /// dies holding one delays other etag writes of that key this long.
     pub etag_lease: Duration,
+    /// Transactions: on, the state store is `TRANSACTIONAL`, every Dapr
+    /// write takes its key's lease and every read checks it first.
+    pub transactions: bool,
     /// How long an etag write waits for another's lease before failing.
     pub lease_wait: Duration,
 }
@@ -42,6 +45,7 @@ impl Default for DaprSettings {
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
             etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
+            transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
         }
     }

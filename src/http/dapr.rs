@@ -21,7 +21,7 @@ use super::authz::{Access, Need};
 use super::extract;
 use super::problem::{FailureLog, Severity};
 use super::state::AppState;
-use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
+use crate::dapr::{Concurrency, DaprError, Delete, Save, TxOp, UnlockStatus, ttl_from_metadata};
 use crate::store::Versioned;
 
 /// The Dapr routes that need a caller (behind the guard).
@@ -84,7 +84,10 @@ impl DaprHttpError {
         let status = match error {
             DaprError::EtagMismatch => StatusCode::CONFLICT,
             DaprError::MalformedEtag(_) => StatusCode::BAD_REQUEST,
-            DaprError::LeaseBusy(_) | DaprError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            DaprError::DuplicateKey => StatusCode::BAD_REQUEST,
+            DaprError::LeaseBusy(_) | DaprError::TransactionsOff | DaprError::Store(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         Self::new(status, code, error.to_string())
     }
@@ -234,7 +237,7 @@ async fn metadata(State(state): State<AppState>) -> Answer {
                 "name": settings.state_store,
                 "type": crate::dapr::STATE_COMPONENT_TYPE,
                 "version": "v1",
-                "capabilities": crate::dapr::STATE_CAPABILITIES,
+                "capabilities": state.dapr.capabilities(),
             },
             {
                 "name": settings.lock_store,
@@ -523,37 +526,74 @@ struct TransactionRequest {
 #[derive(Debug, Deserialize)]
 struct TransactionOperation {
     operation: String,
-    #[allow(dead_code)]
-    request: Option<serde_json::Value>,
+    request: StateItem,
 }
 
-/// `POST|PUT /v1.0/state/{store}/transaction`: refused. The store has no
-/// multi-key command, and a transaction applied key by key could be left
-/// half-applied by a crash, so the state store does not advertise
-/// `TRANSACTIONAL` and answers as Dapr does for a store without it.
+/// `POST|PUT /v1.0/state/{store}/transaction`: every op or none (see
+/// [`crate::dapr`]); any failure is 500 `ERR_STATE_TRANSACTION`, as Dapr
+/// answers.
 async fn transaction(
     State(state): State<AppState>,
     Path(store): Path<String>,
+    access: Access,
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
     state_store(&state, &store)?;
     let request: TransactionRequest = json_body(&state, &headers, body).await?;
-    if let Some(unknown) = request
-        .operations
-        .iter()
-        .find(|op| op.operation != "upsert" && op.operation != "delete")
-    {
-        return Err(DaprHttpError::malformed(format!(
-            "unknown operation {:?}: expected upsert or delete",
-            unknown.operation
-        )));
+    if request.operations.len() > state.limits.max_batch_ops {
+        return Err(DaprHttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "ERR_MALFORMED_REQUEST",
+            format!(
+                "at most {} operations per transaction",
+                state.limits.max_batch_ops
+            ),
+        ));
     }
-    Err(DaprHttpError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "ERR_STATE_TRANSACTION",
-        crate::dapr::TRANSACTIONS_UNSUPPORTED,
-    ))
+    let mut ops = Vec::with_capacity(request.operations.len());
+    for operation in request.operations {
+        let delete = match operation.operation.as_str() {
+            "upsert" => false,
+            "delete" => true,
+            other => {
+                return Err(DaprHttpError::malformed(format!(
+                    "unknown operation {other:?}: expected upsert or delete"
+                )));
+            }
+        };
+        let save = save_of(&state, &access, operation.request, None)?;
+        ops.push(tx_op(&state, save, delete)?);
+    }
+    state.dapr.transaction(ops).await.map_err(|error| {
+        let status = match error {
+            DaprError::DuplicateKey | DaprError::MalformedEtag(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        DaprHttpError::new(status, "ERR_STATE_TRANSACTION", error.to_string())
+    })?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A checked save as a transaction's op (`delete`: the key is deleted).
+fn tx_op(state: &AppState, save: Save, delete: bool) -> Result<TxOp, DaprHttpError> {
+    let etag = match &save.etag {
+        None => None,
+        Some(etag) => Some(crate::protocol::Hlc::parse(etag).map_err(|_| {
+            DaprHttpError::new(
+                StatusCode::BAD_REQUEST,
+                "ERR_STATE_TRANSACTION",
+                format!("invalid etag {etag:?}: etags are the store's versions"),
+            )
+        })?),
+    };
+    Ok(TxOp {
+        key: state.dapr.store_key(&save.key),
+        value: (!delete).then_some(save.value),
+        ttl_ms: save.ttl_ms,
+        only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
+        etag,
+    })
 }
 
 #[derive(Debug, Deserialize)]

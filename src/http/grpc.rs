@@ -15,7 +15,7 @@ use tonic::{Code, Request, Status};
 
 use super::authz::{Access, Need, Principal};
 use super::state::AppState;
-use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
+use crate::dapr::{Concurrency, DaprError, Delete, Save, TxOp, UnlockStatus, ttl_from_metadata};
 use crate::store::Versioned;
 
 /// The code generated from `proto/dapr/` (Dapr's package layout, which the
@@ -104,7 +104,10 @@ fn state_status(error: DaprError) -> Status {
     let code = match error {
         DaprError::EtagMismatch => Code::Aborted,
         DaprError::MalformedEtag(_) => Code::InvalidArgument,
-        DaprError::LeaseBusy(_) | DaprError::Store(_) => Code::Internal,
+        DaprError::DuplicateKey => Code::InvalidArgument,
+        DaprError::LeaseBusy(_) | DaprError::TransactionsOff | DaprError::Store(_) => {
+            Code::Internal
+        }
     };
     Status::new(code, error.to_string())
 }
@@ -331,9 +334,55 @@ impl Dapr for DaprGrpc {
         &self,
         request: Request<ExecuteStateTransactionRequest>,
     ) -> Answer<()> {
+        let access = self.access(&request);
         let request = request.into_inner();
         self.state_store(&request.store_name)?;
-        Err(Status::internal(crate::dapr::TRANSACTIONS_UNSUPPORTED))
+        if request.operations.len() > self.state.limits.max_batch_ops {
+            return Err(Status::invalid_argument(format!(
+                "at most {} operations per transaction",
+                self.state.limits.max_batch_ops
+            )));
+        }
+        let mut ops = Vec::with_capacity(request.operations.len());
+        for operation in request.operations {
+            let delete = match operation.operation_type.as_str() {
+                "upsert" => false,
+                "delete" => true,
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown operation {other:?}: expected upsert or delete"
+                    )));
+                }
+            };
+            let item = operation
+                .request
+                .ok_or_else(|| Status::invalid_argument("an operation without its request"))?;
+            let save = self.save_of(&access, item)?;
+            let etag = match &save.etag {
+                None => None,
+                Some(etag) => Some(
+                    crate::protocol::Hlc::parse(etag)
+                        .map_err(|_| Status::invalid_argument(format!("invalid etag {etag:?}")))?,
+                ),
+            };
+            ops.push(TxOp {
+                key: self.state.dapr.store_key(&save.key),
+                value: (!delete).then_some(save.value),
+                ttl_ms: save.ttl_ms,
+                only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
+                etag,
+            });
+        }
+        // Any failure is INTERNAL, as Dapr answers a failed transaction.
+        self.state
+            .dapr
+            .transaction(ops)
+            .await
+            .map_err(|error| match error {
+                DaprError::DuplicateKey => Status::invalid_argument(error.to_string()),
+                error => Status::internal(error.to_string()),
+            })?;
+        Ok(tonic::Response::new(()))
     }
 
     async fn get_metadata(
@@ -348,7 +397,10 @@ impl Dapr for DaprGrpc {
                     name: settings.state_store.clone(),
                     r#type: crate::dapr::STATE_COMPONENT_TYPE.to_owned(),
                     version: "v1".to_owned(),
-                    capabilities: crate::dapr::STATE_CAPABILITIES
+                    capabilities: self
+                        .state
+                        .dapr
+                        .capabilities()
                         .iter()
                         .map(|&capability| capability.to_owned())
                         .collect(),

@@ -152,7 +152,7 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 15] = [
+        let expected: [(&str, &[&str]); 24] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/batch", &["post"]),
@@ -168,6 +168,15 @@ mod tests {
             ("/livez", &["get"]),
             ("/readyz", &["get"]),
             ("/metrics", &["get"]),
+            ("/v1.0/healthz", &["get"]),
+            ("/v1.0/healthz/outbound", &["get"]),
+            ("/v1.0/metadata", &["get"]),
+            ("/v1.0/state/{store}", &["post"]),
+            ("/v1.0/state/{store}/{key}", &["get", "delete"]),
+            ("/v1.0/state/{store}/bulk", &["post", "put"]),
+            ("/v1.0/state/{store}/transaction", &["post", "put"]),
+            ("/v1.0-alpha1/lock/{store}", &["post"]),
+            ("/v1.0-alpha1/unlock/{store}", &["post"]),
         ];
         assert_eq!(paths.len(), expected.len(), "{:?}", paths.keys());
         for (path, methods) in expected {

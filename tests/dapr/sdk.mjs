@@ -67,12 +67,24 @@ assert.equal(await client.state.get(store, key("ttl")), "brief");
 await new Promise((resolve) => setTimeout(resolve, 2500));
 assert.equal(await client.state.get(store, key("ttl")), "", "the key expired");
 
-// Transactions are refused (the store does not advertise TRANSACTIONAL),
-// and nothing of one is applied.
+// Transactions: every op or none.
+await client.state.save(store, [{ key: key("tx-old"), value: "old" }]);
+const [old] = await client.state.getBulk(store, [key("tx-old")]);
+await client.state.transaction(store, [
+  { operation: "upsert", request: { key: key("tx-a"), value: { n: 1 } } },
+  { operation: "delete", request: { key: key("tx-old"), etag: old.etag } },
+]);
+assert.deepEqual(await client.state.get(store, key("tx-a")), { n: 1 });
+assert.equal(await client.state.get(store, key("tx-old")), "");
+// A stale etag fails the whole transaction: nothing applied.
 await assert.rejects(
-  client.state.transaction(store, [{ operation: "upsert", request: { key: key("tx"), value: 1 } }]),
+  client.state.transaction(store, [
+    { operation: "upsert", request: { key: key("tx-b"), value: 2 } },
+    { operation: "upsert", request: { key: key("tx-a"), value: 3, etag: old.etag } },
+  ]),
 );
-assert.equal(await client.state.get(store, key("tx")), "");
+assert.equal(await client.state.get(store, key("tx-b")), "");
+assert.deepEqual(await client.state.get(store, key("tx-a")), { n: 1 });
 
 // Locks: not re-entrant; unlock tells who holds it.
 const lockstore = "lockstore";
@@ -89,7 +101,7 @@ const metadata = await client.metadata.get();
 const state = metadata.components.find((component) => component.name === store);
 assert.ok(state.type.startsWith("state."));
 assert.ok(state.capabilities.includes("ETAG"));
-assert.ok(!state.capabilities.includes("TRANSACTIONAL"));
+assert.ok(state.capabilities.includes("TRANSACTIONAL"));
 
 await client.stop();
 console.log("ok");

@@ -11,7 +11,7 @@ import urllib.request
 
 import grpc
 from dapr.clients import DaprClient
-from dapr.clients.grpc._request import TransactionalStateOperation
+from dapr.clients.grpc._request import TransactionalStateOperation, TransactionOperationType
 from dapr.clients.grpc._response import UnlockResponseStatus
 from dapr.clients.grpc._state import Concurrency, StateItem, StateOptions
 from dapr.proto import api_service_v1, api_v1
@@ -112,15 +112,33 @@ with DaprClient() as client:
     time.sleep(2.5)
     assert client.get_state(STORE, key("ttl")).data == b""
 
-    # Transactions are refused (INTERNAL), nothing applied.
+    # Transactions: every op or none.
+    client.save_state(STORE, key("tx-old"), "old")
+    old = client.get_state(STORE, key("tx-old"))
+    client.execute_state_transaction(
+        STORE,
+        [
+            TransactionalStateOperation(key=key("tx-a"), data="a"),
+            TransactionalStateOperation(key=key("tx-old"), etag=old.etag, operation_type=TransactionOperationType.delete),
+        ],
+    )
+    assert client.get_state(STORE, key("tx-a")).data == b"a"
+    assert client.get_state(STORE, key("tx-old")).data == b""
+    # A stale etag fails the whole transaction (INTERNAL), nothing applied.
+    stale = client.get_state(STORE, key("tx-a")).etag
+    client.save_state(STORE, key("tx-a"), "a2")
     expect_code(
         grpc.StatusCode.INTERNAL,
         lambda: client.execute_state_transaction(
             STORE,
-            [TransactionalStateOperation(key=key("tx"), data="1")],
+            [
+                TransactionalStateOperation(key=key("tx-b"), data="b"),
+                TransactionalStateOperation(key=key("tx-a"), data="lost", etag=stale),
+            ],
         ),
     )
-    assert client.get_state(STORE, key("tx")).data == b""
+    assert client.get_state(STORE, key("tx-b")).data == b""
+    assert client.get_state(STORE, key("tx-a")).data == b"a2"
 
     # Locks: not re-entrant; unlock says who holds it.
     resource = key("lock")
@@ -146,7 +164,7 @@ expect_code(
 )
 metadata = stub.GetMetadata(api_v1.GetMetadataRequest(), metadata=auth, timeout=10)
 state = next(c for c in metadata.registered_components if c.name == STORE)
-assert "ETAG" in state.capabilities and "TRANSACTIONAL" not in state.capabilities
+assert "ETAG" in state.capabilities and "TRANSACTIONAL" in state.capabilities
 if token:
     # Without the token: UNAUTHENTICATED.
     expect_code(

@@ -93,9 +93,24 @@ async fn stack_with_token() -> Stack {
         .await
 }
 
+/// [`stack_with_token`] with Dapr transactions on.
+async fn transactional_stack() -> Stack {
+    Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(TOKEN.into()),
+            dapr: DaprSettings {
+                transactions: true,
+                ..DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await
+}
+
 #[tokio::test]
 async fn the_js_sdk_runs_unchanged_over_http() {
-    let stack = stack_with_token().await;
+    let stack = transactional_stack().await;
     let node = PathBuf::from("node");
     let output = run_sdk(&node, "sdk.mjs", stack.gateway.api, "js").await;
     assert_script_ok("sdk.mjs", &output);
@@ -103,7 +118,7 @@ async fn the_js_sdk_runs_unchanged_over_http() {
 
 #[tokio::test]
 async fn the_python_sdk_runs_unchanged_over_grpc() {
-    let stack = stack_with_token().await;
+    let stack = transactional_stack().await;
     let output = run_sdk(&python(), "sdk.py", stack.gateway.api, "py").await;
     assert_script_ok("sdk.py", &output);
 }
@@ -653,4 +668,132 @@ async fn the_moving_from_dapr_examples_run_as_written() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+#[tokio::test]
+async fn a_transaction_cut_by_a_gateway_crash_is_never_seen_half_applied() {
+    // Gateway A runs transactions through a proxy that delays each packet,
+    // and is killed (SIGKILL) at a different point of each; gateway B then
+    // reads the keys through the Dapr API: all of a transaction or none.
+    let lease = Duration::from_millis(500);
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            dapr: DaprSettings {
+                transactions: true,
+                etag_lease: lease,
+                ..DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let b = &stack.gateway;
+    let client = http_client();
+    let b_url = format!("http://{}", b.api);
+    let proxy = FaultProxy::start(stack.broker.addr).await;
+    proxy.set_delay(Duration::from_millis(8));
+    let keys = ["t/1", "t/2", "t/3", "t/4"];
+    // How long a whole transaction takes through the proxy.
+    let full = {
+        let a = GatewayProcess::start(proxy.port(), &["--dapr-transactions", "true"]).await;
+        let operations: Vec<Value> = keys
+            .iter()
+            .map(|key| json!({"operation": "upsert", "request": {"key": key, "value": "first"}}))
+            .collect();
+        let started = Instant::now();
+        let answer = client
+            .post(format!(
+                "http://{}/v1.0/state/statestore/transaction",
+                a.api
+            ))
+            .json(&json!({"operations": operations}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 204);
+        started.elapsed()
+    };
+    let (mut all, mut none, mut half_on_the_store) = (0, 0, 0);
+    for round in 0..16u32 {
+        let a = GatewayProcess::start(
+            proxy.port(),
+            &["--dapr-transactions", "true", "--dapr-etag-lease", "500ms"],
+        )
+        .await;
+        let value = format!("round-{round}");
+        let operations: Vec<Value> = keys
+            .iter()
+            .map(|key| json!({"operation": "upsert", "request": {"key": key, "value": value}}))
+            .collect();
+        let a_url = format!("http://{}/v1.0/state/statestore/transaction", a.api);
+        let transaction = tokio::spawn({
+            let client = client.clone();
+            async move {
+                let _ = client
+                    .post(a_url)
+                    .json(&json!({"operations": operations}))
+                    .send()
+                    .await;
+            }
+        });
+        // Kill A at a different point of its transaction each round:
+        // leases, checks, commit, or part way through applying.
+        // From 30% to 120% of a whole one: the last third or so applies.
+        tokio::time::sleep(full * (30 + 6 * round) / 100).await;
+        drop(a);
+        transaction.abort();
+
+        // What the store holds right now, key by key (not through Dapr).
+        let mut raw = Vec::new();
+        for key in keys {
+            let response = b.get(key.as_bytes()).await;
+            raw.push(response.status() == 200 && response.text().await.unwrap().contains(&value));
+        }
+        if raw.iter().any(|&written| written) && !raw.iter().all(|&written| written) {
+            half_on_the_store += 1;
+        }
+        // Past A's deadline, so an unfinished transaction is resolved.
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        let bulk: Value = client
+            .post(format!("{b_url}/v1.0/state/statestore/bulk"))
+            .json(&json!({"keys": keys}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let seen: Vec<bool> = bulk
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["data"] == json!(value))
+            .collect();
+        assert!(
+            seen.iter().all(|&s| s) || seen.iter().all(|&s| !s),
+            "round {round}: a reader saw half a transaction: {bulk}"
+        );
+        if seen[0] {
+            all += 1;
+        } else {
+            none += 1;
+        }
+        // B can write every key again: no lease is left behind.
+        let save = client
+            .post(format!("{b_url}/v1.0/state/statestore"))
+            .json(
+                &keys
+                    .iter()
+                    .map(|key| json!({"key": key, "value": "reset"}))
+                    .collect::<Vec<_>>(),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(save.status(), 204, "round {round}");
+    }
+    // The rounds covered both outcomes, and some crashes left the store
+    // itself half written, which the readers did not see.
+    assert!(all > 0 && none > 0, "all {all}, none {none}");
+    assert!(half_on_the_store > 0, "no crash landed while applying");
 }

@@ -1,0 +1,348 @@
+//! Dapr transactions: every etag checked before anything is applied, and
+//! never left half-applied for a reader of the Dapr API, whichever gateway
+//! crashes or loses the broker in the middle.
+//!
+//! A transaction `X` on keys `k1 < k2 < ...`:
+//!
+//! 1. **Leases**, in key order (so two transactions cannot deadlock): the
+//!    keys' lease keys (the ones conditional writes take) are set to
+//!    `txn:X:<deadline>` with `NX` and no expiry; each lease's version is
+//!    the fencing token of that key.
+//! 2. **Checks**: each key is read and its etag (or `first-write`) checked.
+//!    A mismatch releases the leases: nothing was written.
+//! 3. **Commit**: the intent record `dapr-txn||X` (every op, its value and
+//!    its key's token) is written with `NX`. This one write decides: once
+//!    it exists the transaction happened, whoever applies it.
+//! 4. **Apply**: each op, fenced with its key's token.
+//! 5. **Clean up**: the intent record, then the leases, are deleted.
+//!
+//! Whoever finds a key's lease held by a transaction resolves it
+//! ([`resolve`]): a committed one (its intent record exists) is applied
+//! again by the finder, with the same tokens (a second apply of the same
+//! op with the same token is the same write), then cleaned up; one past
+//! its deadline without a record is aborted by writing `aborted` to its
+//! record's key with `NX`, so its own gateway, if it is only paused,
+//! cannot commit afterwards. Readers of the Dapr API read a key's lease
+//! before the key, and resolve a transaction they find, so a read never
+//! sees a committed transaction's keys half applied. Writers of the Dapr
+//! API take the same lease, so they resolve it too.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::error::DaprError;
+use super::keys::{intent_key, lease_key};
+use super::settings::DaprSettings;
+use crate::mqtt::RequestOptions;
+use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError, hlc};
+use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
+
+/// A lease held by a transaction: `txn:<id>:<deadline ms>`.
+const TXN_LEASE: &str = "txn:";
+
+/// An abort marker outlives any pause its transaction's gateway could
+/// plausibly come back from.
+const ABORTED_FOR: Duration = Duration::from_secs(24 * 3600);
+const ABORTED: &[u8] = b"aborted";
+
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+
+/// One operation of a transaction, on a store key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxOp {
+    /// The store key.
+    pub key: Bytes,
+    /// The new value (`None`: delete the key).
+    pub value: Option<Bytes>,
+    /// The value's expiry.
+    pub ttl_ms: Option<u64>,
+    /// The etag the op is conditional on.
+    pub etag: Option<Hlc>,
+    /// `first-write` without an etag: the key must be absent.
+    pub only_if_absent: bool,
+}
+
+/// The intent record: what a committed transaction does, with each key's
+/// fencing token, so that anyone can apply it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Intent {
+    /// The value every lease of the transaction holds.
+    lease: String,
+    ops: Vec<IntentOp>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IntentOp {
+    /// The key, base64.
+    k: String,
+    /// The key's fencing token.
+    t: String,
+    /// The new value, base64; absent: delete.
+    v: Option<String>,
+    /// Its expiry in milliseconds.
+    px: Option<u64>,
+}
+
+/// The transaction a lease value names, and its deadline.
+fn txn_of(lease_value: &[u8]) -> Option<(String, u64)> {
+    let text = std::str::from_utf8(lease_value).ok()?;
+    let (id, deadline) = text.strip_prefix(TXN_LEASE)?.split_once(':')?;
+    Some((id.to_owned(), deadline.parse().ok()?))
+}
+
+/// Runs a transaction: see the module's summary.
+pub(super) async fn execute(
+    store: &StoreClient,
+    settings: &DaprSettings,
+    mut ops: Vec<TxOp>,
+) -> Result<(), DaprError> {
+    ops.sort_by(|a, b| a.key.cmp(&b.key));
+    if ops.windows(2).any(|pair| pair[0].key == pair[1].key) {
+        return Err(DaprError::DuplicateKey);
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    let deadline =
+        hlc::now_ms() + u64::try_from(settings.etag_lease.as_millis()).unwrap_or(u64::MAX);
+    let lease_value = Bytes::from(format!("{TXN_LEASE}{id}:{deadline}"));
+    let mut tokens = Vec::with_capacity(ops.len());
+    let held = async {
+        for op in &ops {
+            tokens.push(acquire(store, settings, &op.key, &lease_value).await?);
+        }
+        check(store, &ops).await
+    }
+    .await;
+    if let Err(error) = held {
+        release(store, ops.iter().map(|op| &op.key), &lease_value).await;
+        return Err(error);
+    }
+    let intent = Intent {
+        lease: String::from_utf8_lossy(&lease_value).into_owned(),
+        ops: ops
+            .iter()
+            .zip(&tokens)
+            .map(|(op, token)| IntentOp {
+                k: BASE64.encode(&op.key),
+                t: token.encode(),
+                v: op.value.as_ref().map(|value| BASE64.encode(value)),
+                px: op.ttl_ms,
+            })
+            .collect(),
+    };
+    let record = Bytes::from(serde_json::to_vec(&intent).map_err(|error| {
+        DaprError::Store(RequestError::UnexpectedReply {
+            verb: "SET",
+            reply: error.to_string(),
+        })
+    })?);
+    let committed = store
+        .set(
+            intent_key(&id),
+            record,
+            SetOptions {
+                condition: SetCondition::OnlyIfMissing,
+                expires_in_ms: None,
+            },
+            &RequestOptions::default(),
+        )
+        .await;
+    match committed {
+        Ok(SetOutcome::Applied(_)) => {}
+        // Aborted by another gateway: this one passed its deadline.
+        Ok(SetOutcome::NotApplied) => {
+            release(store, ops.iter().map(|op| &op.key), &lease_value).await;
+            return Err(DaprError::LeaseBusy(settings.etag_lease));
+        }
+        // Unknown whether the record landed: whoever finds the leases
+        // resolves it either way, so the keys are never half applied.
+        Err(error) => return Err(error.into()),
+    }
+    finish(store, &id, &intent).await
+}
+
+/// Takes `key`'s lease for the transaction, resolving transactions that
+/// hold it and waiting for conditional writes that do.
+async fn acquire(
+    store: &StoreClient,
+    settings: &DaprSettings,
+    key: &Bytes,
+    lease_value: &Bytes,
+) -> Result<Hlc, DaprError> {
+    let lease = lease_key(key);
+    let deadline = Instant::now() + settings.lease_wait;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let set = store
+            .set(
+                lease.clone(),
+                lease_value.clone(),
+                SetOptions {
+                    condition: SetCondition::OnlyIfMissing,
+                    expires_in_ms: None,
+                },
+                &RequestOptions::default(),
+            )
+            .await?;
+        match set {
+            SetOutcome::Applied(Some(token)) => return Ok(token),
+            SetOutcome::Applied(None) => {
+                return Err(RequestError::UnexpectedReply {
+                    verb: "SET",
+                    reply: "+OK without the key's version".to_owned(),
+                }
+                .into());
+            }
+            SetOutcome::NotApplied => {
+                if resolve(store, &lease).await? {
+                    continue;
+                }
+                if Instant::now() + pause >= deadline {
+                    return Err(DaprError::LeaseBusy(settings.lease_wait));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LONGEST_PAUSE);
+            }
+        }
+    }
+}
+
+/// Every op's etag or condition against the keys as they are now.
+async fn check(store: &StoreClient, ops: &[TxOp]) -> Result<(), DaprError> {
+    for op in ops {
+        let current = store.get(op.key.clone()).await?;
+        let matches = match (&op.etag, &current) {
+            (Some(etag), Some(Versioned { version, .. })) => version.as_ref() == Some(etag),
+            (Some(_), None) => false,
+            (None, current) => !(op.only_if_absent && current.is_some()),
+        };
+        if !matches {
+            return Err(DaprError::EtagMismatch);
+        }
+    }
+    Ok(())
+}
+
+/// Applies a committed transaction's ops and cleans up after it.
+async fn finish(store: &StoreClient, id: &str, intent: &Intent) -> Result<(), DaprError> {
+    for op in &intent.ops {
+        let (Ok(key), Ok(token)) = (BASE64.decode(&op.k), Hlc::parse(&op.t)) else {
+            continue;
+        };
+        let key = Bytes::from(key);
+        let fenced = RequestOptions {
+            fencing_token: Some(token.clone()),
+            persist: false,
+        };
+        let written = match op.v.as_ref().and_then(|v| BASE64.decode(v).ok()) {
+            Some(value) => {
+                let options = SetOptions {
+                    condition: SetCondition::Always,
+                    expires_in_ms: op.px,
+                };
+                store
+                    .set(key, Bytes::from(value), options, &fenced)
+                    .await
+                    .map(drop)
+            }
+            None => store.del(key, Some(token)).await.map(drop),
+        };
+        match written {
+            // A newer holder already wrote after this transaction.
+            Err(RequestError::Refused {
+                error: StoreError::FencingTokenLowerVersion,
+                ..
+            }) => {}
+            other => other?,
+        }
+    }
+    let record = Bytes::from(serde_json::to_vec(intent).unwrap_or_default());
+    store.vdel(intent_key(id), record, None).await?;
+    let keys: Vec<Bytes> = intent
+        .ops
+        .iter()
+        .filter_map(|op| BASE64.decode(&op.k).ok().map(Bytes::from))
+        .collect();
+    release(store, keys.iter(), &Bytes::from(intent.lease.clone())).await;
+    Ok(())
+}
+
+/// Releases the leases the transaction holds (failures are left for the
+/// next finder to resolve).
+async fn release<'a>(
+    store: &StoreClient,
+    keys: impl Iterator<Item = &'a Bytes>,
+    lease_value: &Bytes,
+) {
+    for key in keys {
+        if let Err(error) = store.vdel(lease_key(key), lease_value.clone(), None).await {
+            tracing::debug!(%error, "releasing a transaction's lease failed");
+        }
+    }
+}
+
+/// Resolves the transaction holding `lease`, if one does: applies a
+/// committed one, aborts one past its deadline. True when the lease may
+/// now be free (try again at once).
+pub(super) async fn resolve(store: &StoreClient, lease: &Bytes) -> Result<bool, DaprError> {
+    let Some(held) = store.get(lease.clone()).await? else {
+        return Ok(true);
+    };
+    let Some((id, deadline)) = txn_of(&held.value) else {
+        return Ok(false);
+    };
+    let record = store.get(intent_key(&id)).await?;
+    match record {
+        Some(record) if record.value.as_ref() == ABORTED => {
+            store.vdel(lease.clone(), held.value, None).await?;
+            Ok(true)
+        }
+        Some(record) => match serde_json::from_slice::<Intent>(&record.value) {
+            Ok(intent) => {
+                finish(store, &id, &intent).await?;
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        },
+        None if hlc::now_ms() > deadline => {
+            let abort = store
+                .set(
+                    intent_key(&id),
+                    Bytes::from_static(ABORTED),
+                    SetOptions {
+                        condition: SetCondition::OnlyIfMissing,
+                        expires_in_ms: Some(ABORTED_FOR.as_millis() as u64),
+                    },
+                    &RequestOptions::default(),
+                )
+                .await?;
+            if abort == SetOutcome::NotApplied {
+                // It committed meanwhile: apply it.
+                return Box::pin(resolve(store, lease)).await;
+            }
+            store.vdel(lease.clone(), held.value, None).await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// A Dapr read of `key`: the key's lease first, resolving a transaction
+/// that holds it, then the key.
+pub(super) async fn read(
+    store: &StoreClient,
+    key: Bytes,
+) -> Result<Option<Versioned<Bytes>>, DaprError> {
+    let lease = lease_key(&key);
+    if let Some(held) = store.get(lease.clone()).await?
+        && txn_of(&held.value).is_some()
+    {
+        resolve(store, &lease).await?;
+    }
+    Ok(store.get(key).await?)
+}
