@@ -315,6 +315,10 @@ async fn run(options: Options) -> Result<()> {
         let gateway = launch.start("gateway-curve").await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let gateway_rows = gateway_curve(&gateway, &pool, &steps).await?;
+        // The curve's streams are gone: let their keys' STOPs settle.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let put_count = if options.smoke { 200 } else { 2_000 };
+        let puts = puts_beside_patterns(&gateway, put_count).await?;
         drop(gateway);
         let etcd_rows = match support::procs::find_program(&["etcd"]) {
             Some(program) => {
@@ -327,6 +331,18 @@ async fn run(options: Options) -> Result<()> {
             }
         };
         curve = curve_report(&gateway_rows, etcd_rows.as_deref());
+        let _ = writeln!(
+            curve,
+            "\nPUT of a key no pattern matches, one connection, {} PUTs each: p50 {:.2} ms, p99 {:.2} ms \
+             with no pattern followed; p50 {:.2} ms, p99 {:.2} ms with {PUT_PATTERNS} patterns followed \
+             ({:.2}x the p50).",
+            put_count,
+            puts.0.p50 / 1e3,
+            puts.0.p99 / 1e3,
+            puts.1.p50 / 1e3,
+            puts.1.p99 / 1e3,
+            puts.1.p50 / puts.0.p50
+        );
     }
 
     let through_gateway = Percentiles::of(&mut through_gateway);
@@ -790,4 +806,42 @@ fn curve_report(gateway: &[CurvePoint], etcd: Option<&[CurvePoint]>) -> String {
         );
     }
     out
+}
+
+/// Patterns followed while [`puts_beside_patterns`] times PUTs.
+const PUT_PATTERNS: usize = 100;
+
+/// `count` PUTs of keys no pattern matches, on one connection, timed
+/// with no pattern followed and then with [`PUT_PATTERNS`] followed (one
+/// stream each, on patterns without keys).
+async fn puts_beside_patterns(
+    gateway: &GatewayProc,
+    count: usize,
+) -> Result<(Percentiles, Percentiles)> {
+    async fn timed(gateway: &GatewayProc, count: usize, round: usize) -> Result<Percentiles> {
+        let mut http = HttpConn::connect(gateway.api).await?;
+        let mut took = Vec::with_capacity(count);
+        for n in 0..count {
+            let path = format!("/keys/plain/{round}-{n:05}");
+            let started = Instant::now();
+            let response = http.request("PUT", &path, b"1").await?;
+            took.push(started.elapsed());
+            if response.status != 200 {
+                bail!("PUT {path}: {}", response.status);
+            }
+        }
+        Ok(Percentiles::of(&mut took))
+    }
+    // Warm-up: connections, buffers.
+    timed(gateway, count / 4, 0).await?;
+    let without = timed(gateway, count, 1).await?;
+    let mut streams = Vec::with_capacity(PUT_PATTERNS);
+    for n in 0..PUT_PATTERNS {
+        let mut stream = SseReader::open(gateway.api, &format!("idle{n}/*")).await?;
+        stream.until_listed(Duration::from_secs(30)).await?;
+        streams.push(stream);
+    }
+    let with = timed(gateway, count, 2).await?;
+    drop(streams);
+    Ok((without, with))
 }

@@ -22,7 +22,7 @@
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
 //!
 //! Beside it: [`settings`] (a leaf: environment names, defaults, the
-//! duration syntax), [`files`] (a leaf: secret files, read by one rule), [`metrics`] (the Prometheus registry), [`jwt`] (the
+//! duration syntax), [`files`] (a leaf: secret files, read by one rule, and files read again when they change), [`metrics`] (the Prometheus registry), [`jwt`] (the
 //! signed tokens callers may identify with: key sets, checks, cache), [`trace`] (the
 //! caller's W3C Trace Context, carried onto store requests), [`emulator`]
 //! (the state store protocol served over any MQTT5 broker), [`dev`]

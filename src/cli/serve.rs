@@ -9,7 +9,7 @@ use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
 use crate::dapr::{DaprSettings, KeyPrefix};
-use crate::http::authz::{AuthzSettings, Rules};
+use crate::http::authz::AuthzSettings;
 use crate::http::tls::CertificateFiles;
 use crate::http::{ApiToken, Limits, ServeSettings};
 use crate::jwt::{JwksUrl, JwtSettings, KeySource};
@@ -259,9 +259,6 @@ impl ServeArgs {
             &settings::API_TLS_CERT_FILE,
             &settings::API_TLS_KEY_FILE,
         )?;
-        if let Some(files) = &api_tls {
-            files.check()?;
-        }
         let authz = self
             .authz_file
             .as_ref()
@@ -335,8 +332,9 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
-    /// `--authz-file`: rules need callers to tell apart, and the file must
-    /// read (the server reads it again at start and then every few seconds).
+    /// `--authz-file`: rules need callers to tell apart. The file is read
+    /// when the server starts (a bad one stops it there), then every few
+    /// seconds.
     fn authz_settings(
         &self,
         file: &Path,
@@ -353,7 +351,6 @@ impl ServeArgs {
                 ),
             ));
         }
-        Rules::read(file).map_err(|message| SettingError::new(&settings::AUTHZ_FILE, message))?;
         Ok(AuthzSettings::new(file.to_owned()))
     }
 
@@ -646,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn authz_file_is_read_at_start_and_needs_callers_to_be_identified() {
+    fn authz_file_needs_callers_to_be_identified() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "s3cret").unwrap();
@@ -681,16 +678,6 @@ mod tests {
         ])
         .unwrap();
         assert!(with_jwt.settings().unwrap().authz.is_some());
-
-        std::fs::write(rules, "rules:\n  - principals: {subjects: [a]}\n").unwrap();
-        let error = args.settings().unwrap_err();
-        assert_eq!(error.setting, "--authz-file");
-        assert!(
-            error
-                .message
-                .contains("missing field `stateStoreResources`"),
-            "{error}"
-        );
     }
 
     #[test]
@@ -708,7 +695,7 @@ mod tests {
             .settings()
             .unwrap_err();
         assert_eq!(error.setting, "--tls-key-file");
-        // The key API's certificate: both or neither, and files that can be used.
+        // The key API's certificate: both or neither (the server reads them).
         let error = serve_args(&["--api-tls-cert-file", cert.to_str().unwrap()])
             .unwrap()
             .settings()
@@ -716,20 +703,6 @@ mod tests {
         assert_eq!(error.setting, "--api-tls-key-file");
         assert!(
             error.to_string().contains("give both files or neither"),
-            "{error}"
-        );
-        let error = serve_args(&[
-            "--api-tls-cert-file",
-            cert.to_str().unwrap(),
-            "--api-tls-key-file",
-            "/nonexistent/key.pem",
-        ])
-        .unwrap()
-        .settings()
-        .unwrap_err();
-        assert_eq!(error.setting, "--api-tls-cert-file");
-        assert!(
-            error.to_string().contains("holds no certificate"),
             "{error}"
         );
     }

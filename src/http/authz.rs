@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
@@ -33,6 +33,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::problem::ApiError;
+use crate::files::reloading::{Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::protocol::glob;
 use crate::settings::{self, SettingError};
@@ -208,13 +209,6 @@ impl Rules {
         })
     }
 
-    /// Reads and compiles the rules file at `path`.
-    pub fn read(path: &Path) -> Result<Rules, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-        Rules::parse(&text).map_err(|error| format!("{}: {error}", path.display()))
-    }
-
     /// The grants of `principal`.
     pub fn grants(&self, principal: &Principal) -> Arc<Grants> {
         match principal {
@@ -264,13 +258,38 @@ impl AuthzSettings {
 /// The rules in force, read again from their file when it changes; cheap
 /// to clone.
 #[derive(Debug, Clone)]
-pub struct Authz(Arc<Loaded>);
+pub struct Authz(ReloadingFile<RulesReload>);
 
+/// How the rules file parses, and what its loads record.
 #[derive(Debug)]
-struct Loaded {
-    file: PathBuf,
-    rules: RwLock<Arc<Rules>>,
+struct RulesReload {
     metrics: Metrics,
+}
+
+impl Reload for RulesReload {
+    type Value = Rules;
+
+    fn parse(&self, bytes: &[u8]) -> Result<Rules, String> {
+        let text = std::str::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned())?;
+        Rules::parse(text)
+    }
+
+    fn installed(&self, path: &Path, rules: &Rules, first: bool) {
+        self.metrics.authz_rules.set(rules.len() as i64);
+        self.metrics.authz_reload_ok.set(1);
+        let file = path.display();
+        if first {
+            tracing::info!(%file, rules = rules.len(), "authorization rules loaded");
+        } else {
+            tracing::info!(%file, rules = rules.len(), "authorization rules reloaded");
+        }
+    }
+
+    fn kept(&self, path: &Path, error: &str) {
+        self.metrics.authz_reload_failures.inc();
+        self.metrics.authz_reload_ok.set(0);
+        tracing::error!(file = %path.display(), %error, "cannot reload the authorization rules; keeping the previous ones");
+    }
 }
 
 impl Authz {
@@ -283,93 +302,14 @@ impl Authz {
         check_interval: Option<Duration>,
         metrics: Metrics,
     ) -> Result<Authz, SettingError> {
-        let text = std::fs::read(&file).map_err(|error| {
-            SettingError::new(
-                &settings::AUTHZ_FILE,
-                format!("cannot read {}: {error}", file.display()),
-            )
-        })?;
-        let rules = parse_bytes(&text).map_err(|error| {
-            SettingError::new(
-                &settings::AUTHZ_FILE,
-                format!("{}: {error}", file.display()),
-            )
-        })?;
-        metrics.authz_rules.set(rules.len() as i64);
-        metrics.authz_reload_ok.set(1);
-        tracing::info!(file = %file.display(), rules = rules.len(), "authorization rules loaded");
-        let authz = Authz(Arc::new(Loaded {
-            file,
-            rules: RwLock::new(Arc::new(rules)),
-            metrics,
-        }));
-        if let Some(interval) = check_interval {
-            tokio::spawn(watch_file(Arc::downgrade(&authz.0), text, interval));
-        }
-        Ok(authz)
+        ReloadingFile::load(file, RulesReload { metrics }, check_interval)
+            .map(Authz)
+            .map_err(|message| SettingError::new(&settings::AUTHZ_FILE, message))
     }
 
     /// The rules in force now.
     pub fn rules(&self) -> Arc<Rules> {
-        Arc::clone(&self.0.rules.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Reads the file's `text` into the rules in force; a text that does
-    /// not parse leaves them as they are, logged and counted.
-    fn apply(&self, text: &[u8]) {
-        let metrics = &self.0.metrics;
-        let file = self.0.file.display();
-        match parse_bytes(text) {
-            Ok(rules) => {
-                metrics.authz_rules.set(rules.len() as i64);
-                metrics.authz_reload_ok.set(1);
-                tracing::info!(%file, rules = rules.len(), "authorization rules reloaded");
-                *self.0.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
-            }
-            Err(error) => {
-                metrics.authz_reload_failures.inc();
-                metrics.authz_reload_ok.set(0);
-                tracing::error!(%file, %error, "cannot reload the authorization rules; keeping the previous ones");
-            }
-        }
-    }
-}
-
-fn parse_bytes(text: &[u8]) -> Result<Rules, String> {
-    let text = std::str::from_utf8(text).map_err(|_| "the file is not UTF-8".to_owned())?;
-    Rules::parse(text)
-}
-
-/// Reads the rules file every `interval` while its [`Authz`] lives, and
-/// applies it when its content changed (a ConfigMap update swaps a
-/// symlink: comparing the content catches it whatever the mtime). A
-/// file that cannot be read keeps the rules too.
-async fn watch_file(authz: Weak<Loaded>, mut last: Vec<u8>, interval: Duration) {
-    let mut unreadable = false;
-    loop {
-        tokio::time::sleep(interval).await;
-        let Some(loaded) = authz.upgrade() else {
-            return;
-        };
-        let authz = Authz(loaded);
-        let file = authz.0.file.clone();
-        match tokio::fs::read(&file).await {
-            Ok(text) => {
-                // Readable again: say how it reads, even if unchanged.
-                if text != last || std::mem::take(&mut unreadable) {
-                    authz.apply(&text);
-                    last = text;
-                }
-            }
-            // Once per outage, not every few seconds.
-            Err(error) if !unreadable => {
-                unreadable = true;
-                authz.0.metrics.authz_reload_failures.inc();
-                authz.0.metrics.authz_reload_ok.set(0);
-                tracing::error!(file = %file.display(), %error, "cannot read the authorization rules; keeping the previous ones");
-            }
-            Err(_) => {}
-        }
+        self.0.current()
     }
 }
 
@@ -461,6 +401,7 @@ impl Access {
                 checked
                     .authz
                     .0
+                    .reload()
                     .metrics
                     .authz_denials
                     .with_label_values(&[need.as_str()])

@@ -66,14 +66,10 @@ impl CertificateFiles {
         }
     }
 
-    /// Reads and checks both files now (readable, PEM, a key that matches
-    /// the certificate), so that a bad one stops the process at start.
-    pub fn check(&self) -> Result<(), SettingError> {
-        read_certified_key(self, &provider()).map(drop)
-    }
-
     /// A TLS acceptor serving this certificate (TLS 1.2 and 1.3), read
     /// again when its files change, offering `alpn` in order of preference.
+    /// The first read is the check at start: unreadable files, no PEM or a
+    /// key that does not match the certificate are refused here.
     pub fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor, SettingError> {
         let provider = provider();
         let resolver = Arc::new(ReloadingCertificate::load(self.clone(), provider.clone())?);
@@ -280,22 +276,29 @@ mod tests {
         assert_eq!(only_key.setting, settings::API_TLS_CERT_FILE.flag);
     }
 
+    fn refused(files: CertificateFiles) -> SettingError {
+        match files.acceptor(&[]) {
+            Ok(_) => panic!("{files:?} accepted"),
+            Err(error) => error,
+        }
+    }
+
     #[test]
     fn unusable_files_name_their_setting() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = pem_pair(dir.path(), "a");
         let (_, other_key) = pem_pair(dir.path(), "b");
-        files(&cert, &key).check().unwrap();
+        files(&cert, &key).acceptor(&[]).unwrap();
         let missing = dir.path().join("missing.crt");
-        let error = files(&missing, &key).check().unwrap_err();
+        let error = refused(files(&missing, &key));
         assert_eq!(error.setting, settings::API_TLS_CERT_FILE.flag);
         assert!(error.message.contains("cannot be read"), "{error}");
         // A certificate where the key should be, and a key of another pair.
-        let error = files(&cert, &cert).check().unwrap_err();
+        let error = refused(files(&cert, &cert));
         assert_eq!(error.setting, settings::API_TLS_KEY_FILE.flag);
-        let error = files(&cert, &other_key).check().unwrap_err();
+        let error = refused(files(&cert, &other_key));
         assert!(error.message.contains("does not match"), "{error}");
-        let error = files(&key, &key).check().unwrap_err();
+        let error = refused(files(&key, &key));
         assert!(error.message.contains("holds no certificate"), "{error}");
     }
 }

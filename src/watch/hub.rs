@@ -50,6 +50,7 @@ impl WatchHub {
             holder: AtomicUsize::new(NO_HOLDER),
             resync_requested: AtomicBool::new(false),
             reconcile: Notify::new(),
+            registered: Notify::new(),
             shutdown: watch::Sender::new(false),
         });
         let notifications = inner.store.pool().notifications();
@@ -195,7 +196,13 @@ impl WatchHub {
         let deadline = tokio::time::Instant::now() + settings.register_timeout;
         for key in &keys {
             if let Some((watched, _)) = watcher.cursors.get_key_value(&key[..]) {
-                wait_registered(&watched.0, deadline, settings.register_timeout).await?;
+                wait_registered(
+                    &watched.0,
+                    &self.inner.registered,
+                    deadline,
+                    settings.register_timeout,
+                )
+                .await?;
             }
         }
         for pattern in &watcher.patterns {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{Notify, broadcast};
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent, Snapshot, WatchedValue, next_id};
@@ -35,6 +35,10 @@ pub(super) struct KeyState {
     pub(super) seq: u64,
     /// The channels of the patterns that follow the key.
     pub(super) followers: Vec<broadcast::Sender<Arc<Slot>>>,
+    /// Where its registration with the store stands; a change is told
+    /// through the hub's one `Notify` (see [`wait_registered`]), not a
+    /// channel per key.
+    pub(super) registration: Registration,
     /// The slots still in the key's channel, oldest first, with their
     /// events' weights, and the sum of those weights.
     pub(super) retained: VecDeque<(Arc<Slot>, usize)>,
@@ -83,7 +87,6 @@ pub(super) struct KeyWatch {
     /// The key's own channel, for the streams that name it; made when the
     /// first one subscribes (a pattern's streams use the pattern's).
     events: OnceLock<broadcast::Sender<Arc<Slot>>>,
-    pub(super) registration: watch::Sender<Registration>,
     /// The channel's capacity in events, and the bytes it may hold.
     pub(super) buffer: usize,
     pub(super) buffer_bytes: usize,
@@ -106,12 +109,12 @@ impl KeyWatch {
                 changes: 0,
                 seq: 0,
                 followers: Vec::new(),
+                registration: Registration::Pending,
                 retained: VecDeque::new(),
                 retained_bytes: 0,
                 cause,
             }),
             events: OnceLock::new(),
-            registration: watch::Sender::new(Registration::Pending),
             buffer,
             buffer_bytes,
         }
@@ -290,23 +293,25 @@ impl KeyWatch {
 }
 
 /// Waits until `key_watch` is registered with the store (or failed to be).
+/// `registered` is the hub's `Notify`, woken whenever registrations move.
 pub(super) async fn wait_registered(
     key_watch: &KeyWatch,
+    registered: &Notify,
     deadline: tokio::time::Instant,
     timeout: Duration,
 ) -> Result<(), WatchError> {
-    let mut registration = key_watch.registration.subscribe();
-    let outcome = tokio::time::timeout_at(
-        deadline,
-        registration.wait_for(|r| !matches!(r, Registration::Pending)),
-    )
-    .await;
-    match outcome {
-        Err(_) => Err(WatchError::Timeout(timeout)),
-        Ok(Err(_)) => Err(WatchError::ShuttingDown),
-        Ok(Ok(state)) => match &*state {
-            Registration::Failed(error) => Err(error.clone()),
-            _ => Ok(()),
-        },
+    loop {
+        let notified = registered.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Waiting before looking: a change after the look wakes it.
+        notified.as_mut().enable();
+        match &key_watch.state().registration {
+            Registration::Pending => {}
+            Registration::Registered => return Ok(()),
+            Registration::Failed(error) => return Err(error.clone()),
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Err(WatchError::Timeout(timeout));
+        }
     }
 }

@@ -586,7 +586,14 @@ async fn add(
     let deadline = Instant::now() + settings.register_timeout;
     let mut first_error = None;
     for watch in attached {
-        match wait_registered(&watch, deadline, settings.register_timeout).await {
+        match wait_registered(
+            &watch,
+            &inner.registered,
+            deadline,
+            settings.register_timeout,
+        )
+        .await
+        {
             Ok(()) => {
                 let mut state = pattern.state();
                 if let Some(followed) = state.keys.get_mut(&watch.key) {

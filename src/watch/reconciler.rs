@@ -190,7 +190,7 @@ async fn sync_registrations(
         .filter(|w| {
             reread_all
                 || !registered.contains(&w.key)
-                || matches!(*w.registration.borrow(), Registration::Pending)
+                || matches!(w.state().registration, Registration::Pending)
         })
         .collect();
     let results = stream::iter(missing)
@@ -217,22 +217,19 @@ async fn sync_registrations(
         match result {
             Ok(()) => {
                 registered.insert(key_watch.key.clone());
-                key_watch
-                    .registration
-                    .send_replace(Registration::Registered);
+                key_watch.state().registration = Registration::Registered;
             }
             Err(error) => {
                 failed = true;
-                let first = matches!(*key_watch.registration.borrow(), Registration::Pending);
+                let mut state = key_watch.state();
+                let first = matches!(state.registration, Registration::Pending);
                 if first {
                     // The watcher that is waiting answers with an HTTP error.
-                    key_watch
-                        .registration
-                        .send_replace(Registration::Failed(error));
+                    state.registration = Registration::Failed(error);
                 } else if tell_watchers {
                     tracing::warn!(%error, "re-registering a watched key failed; retrying");
                     key_watch.send(
-                        &mut key_watch.state(),
+                        &mut state,
                         KeyEvent {
                             kind: EventKind::Error,
                             key: key_watch.key.clone(),
@@ -249,6 +246,8 @@ async fn sync_registrations(
             }
         }
     }
+    // The watch requests waiting on these keys look again.
+    inner.registered.notify_waiters();
     if failed { Err(()) } else { Ok(()) }
 }
 

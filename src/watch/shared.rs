@@ -28,6 +28,9 @@ pub(super) struct Inner {
     /// read again.
     pub(super) resync_requested: AtomicBool,
     pub(super) reconcile: Notify,
+    /// Woken whenever keys' registrations move (see
+    /// [`wait_registered`](super::key::wait_registered)).
+    pub(super) registered: Notify,
     pub(super) shutdown: watch::Sender<bool>,
 }
 

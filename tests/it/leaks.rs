@@ -805,4 +805,4 @@ async fn streams_on_one_pattern_share_its_keys_and_each_adds_a_small_part_of_the
 
 /// What a stream on a followed pattern may add, after the first, as a
 /// share of the memory the first one took (the pattern's keys).
-const PER_STREAM_SHARE: f64 = 0.06;
+const PER_STREAM_SHARE: f64 = 0.08;
