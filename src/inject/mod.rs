@@ -7,7 +7,7 @@
 //! - [`values`]: the chart's values (compiled-in defaults, values files,
 //!   `--set`, annotations) and their checks.
 //! - [`pod`]: the sidecar added to one pod spec.
-//! - [`secrets`]: the files the sidecar reads from volumes, one table.
+//! - [`values::secrets`]: the files the sidecar reads from volumes, one table.
 //! - [`manifest`]: YAML streams, `List`s and the workload kinds.
 //! - [`yaml`]: YAML read and written as kubectl reads it (YAML 1.1), every
 //!   unchanged scalar as the input wrote it.
@@ -15,7 +15,6 @@
 
 pub mod manifest;
 pub mod pod;
-pub mod secrets;
 pub mod values;
 pub mod webhook;
 pub mod yaml;

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::secrets::{self, is_sidecar_volume};
+use super::values::secrets::{self, is_sidecar_volume};
 use super::values::{Sidecar, container_env};
 
 /// The gateway container's name. A container of this name that is the
