@@ -30,22 +30,15 @@
 //! the same etag meanwhile; and a write outside the Dapr API of the very
 //! bytes the key holds is not seen as a change.
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use tokio::time::Instant;
 
 use super::error::DaprError;
 use super::keys::lease_key;
 use super::settings::DaprSettings;
+use super::transaction::take_lease;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
-
-/// The first pause before trying a held lease again; it doubles up to
-/// [`LONGEST_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(2);
-const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
 /// What a conditional write does once the etag matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,57 +65,21 @@ pub(super) async fn run(
 ) -> Result<(), DaprError> {
     let lease = lease_key(&key);
     let holder = Bytes::from(format!("{:032x}", rand::random::<u128>()));
-    let token = acquire(store, settings, &lease, &holder).await?;
+    let expires_in_ms = u64::try_from(settings.etag_lease.as_millis()).unwrap_or(u64::MAX);
+    let token = take_lease(
+        store,
+        &lease,
+        &holder,
+        Some(expires_in_ms),
+        settings.lease_wait,
+    )
+    .await?;
     let result = apply(store, key, expected, write, token).await;
     // A failed release is no error: the lease expires.
     if let Err(error) = store.vdel(lease, holder, None).await {
         tracing::debug!(%error, "releasing an etag lease failed; it expires");
     }
     result
-}
-
-/// Takes the lease, waiting up to the settings' `lease_wait` while another
-/// holds it; its version is the fencing token.
-async fn acquire(
-    store: &StoreClient,
-    settings: &DaprSettings,
-    lease: &Bytes,
-    holder: &Bytes,
-) -> Result<Hlc, DaprError> {
-    let deadline = Instant::now() + settings.lease_wait;
-    let options = SetOptions {
-        condition: SetCondition::OnlyIfMissing,
-        expires_in_ms: Some(u64::try_from(settings.etag_lease.as_millis()).unwrap_or(u64::MAX)),
-    };
-    let mut pause = FIRST_PAUSE;
-    loop {
-        let set = store
-            .set(
-                lease.clone(),
-                holder.clone(),
-                options,
-                &RequestOptions::default(),
-            )
-            .await?;
-        match set {
-            SetOutcome::Applied(Some(token)) => return Ok(token),
-            SetOutcome::Applied(None) => {
-                return Err(RequestError::UnexpectedReply {
-                    verb: "SET",
-                    reply: "+OK without the key's version".to_owned(),
-                }
-                .into());
-            }
-            // A transaction's lease is resolved (applied or aborted), not
-            // waited for: its gateway may be gone.
-            SetOutcome::NotApplied if super::transaction::resolve(store, lease).await? => {}
-            SetOutcome::NotApplied if Instant::now() + pause < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(LONGEST_PAUSE);
-            }
-            SetOutcome::NotApplied => return Err(DaprError::LeaseBusy(settings.lease_wait)),
-        }
-    }
 }
 
 /// Steps 2 to 4 under the lease whose version is `token`.

@@ -139,6 +139,19 @@ impl DaprStore {
         }
     }
 
+    /// A checked save as a transaction's op (`delete`: the key is deleted
+    /// instead), its etag read as a version.
+    pub fn tx_op(&self, save: Save, delete: bool) -> Result<TxOp, DaprError> {
+        let etag = save.etag.as_deref().map(parse_etag).transpose()?;
+        Ok(TxOp {
+            key: self.store_key(&save.key),
+            value: (!delete).then_some(save.value),
+            ttl_ms: save.ttl_ms,
+            only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
+            etag,
+        })
+    }
+
     /// Runs a transaction (see [`transaction`]); refused unless the
     /// settings turn transactions on.
     pub async fn transaction(&self, ops: Vec<TxOp>) -> Result<(), DaprError> {

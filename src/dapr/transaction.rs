@@ -113,7 +113,8 @@ pub(super) async fn execute(
     let mut tokens = Vec::with_capacity(ops.len());
     let held = async {
         for op in &ops {
-            tokens.push(acquire(store, settings, &op.key, &lease_value).await?);
+            let lease = lease_key(&op.key);
+            tokens.push(take_lease(store, &lease, &lease_value, None, settings.lease_wait).await?);
         }
         check(store, &ops).await
     }
@@ -144,7 +145,7 @@ pub(super) async fn execute(
     let committed = store
         .set(
             intent_key(&id),
-            record,
+            record.clone(),
             SetOptions {
                 condition: SetCondition::OnlyIfMissing,
                 expires_in_ms: None,
@@ -163,29 +164,32 @@ pub(super) async fn execute(
         // resolves it either way, so the keys are never half applied.
         Err(error) => return Err(error.into()),
     }
-    finish(store, &id, &intent).await
+    finish(store, &id, &intent, record).await
 }
 
-/// Takes `key`'s lease for the transaction, resolving transactions that
-/// hold it and waiting for conditional writes that do.
-async fn acquire(
+/// Takes the lease `lease` for `holder` (`SET NX`, expiring when given):
+/// a transaction holding it is resolved (applied or aborted, its gateway
+/// may be gone), a conditional write holding it is waited for, up to
+/// `wait`. The lease's version is the fencing token.
+pub(super) async fn take_lease(
     store: &StoreClient,
-    settings: &DaprSettings,
-    key: &Bytes,
-    lease_value: &Bytes,
+    lease: &Bytes,
+    holder: &Bytes,
+    expires_in_ms: Option<u64>,
+    wait: Duration,
 ) -> Result<Hlc, DaprError> {
-    let lease = lease_key(key);
-    let deadline = Instant::now() + settings.lease_wait;
+    let deadline = Instant::now() + wait;
+    let options = SetOptions {
+        condition: SetCondition::OnlyIfMissing,
+        expires_in_ms,
+    };
     let mut pause = FIRST_PAUSE;
     loop {
         let set = store
             .set(
                 lease.clone(),
-                lease_value.clone(),
-                SetOptions {
-                    condition: SetCondition::OnlyIfMissing,
-                    expires_in_ms: None,
-                },
+                holder.clone(),
+                options,
                 &RequestOptions::default(),
             )
             .await?;
@@ -198,16 +202,12 @@ async fn acquire(
                 }
                 .into());
             }
-            SetOutcome::NotApplied => {
-                if resolve(store, &lease).await? {
-                    continue;
-                }
-                if Instant::now() + pause >= deadline {
-                    return Err(DaprError::LeaseBusy(settings.lease_wait));
-                }
+            SetOutcome::NotApplied if resolve(store, lease).await? => {}
+            SetOutcome::NotApplied if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LONGEST_PAUSE);
             }
+            SetOutcome::NotApplied => return Err(DaprError::LeaseBusy(wait)),
         }
     }
 }
@@ -228,8 +228,14 @@ async fn check(store: &StoreClient, ops: &[TxOp]) -> Result<(), DaprError> {
     Ok(())
 }
 
-/// Applies a committed transaction's ops and cleans up after it.
-async fn finish(store: &StoreClient, id: &str, intent: &Intent) -> Result<(), DaprError> {
+/// Applies a committed transaction's ops and cleans up after it; `record`
+/// is the intent record as stored (its delete is conditional on it).
+async fn finish(
+    store: &StoreClient,
+    id: &str,
+    intent: &Intent,
+    record: Bytes,
+) -> Result<(), DaprError> {
     for op in &intent.ops {
         let (Ok(key), Ok(token)) = (BASE64.decode(&op.k), Hlc::parse(&op.t)) else {
             continue;
@@ -261,7 +267,6 @@ async fn finish(store: &StoreClient, id: &str, intent: &Intent) -> Result<(), Da
             other => other?,
         }
     }
-    let record = Bytes::from(serde_json::to_vec(intent).unwrap_or_default());
     store.vdel(intent_key(id), record, None).await?;
     let keys: Vec<Bytes> = intent
         .ops
@@ -304,7 +309,7 @@ pub(super) async fn resolve(store: &StoreClient, lease: &Bytes) -> Result<bool, 
         }
         Some(record) => match serde_json::from_slice::<Intent>(&record.value) {
             Ok(intent) => {
-                finish(store, &id, &intent).await?;
+                finish(store, &id, &intent, record.value).await?;
                 Ok(true)
             }
             Err(_) => Ok(false),

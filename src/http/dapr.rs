@@ -21,7 +21,7 @@ use super::authz::{Access, Need};
 use super::extract;
 use super::problem::{FailureLog, Severity};
 use super::state::AppState;
-use crate::dapr::{Concurrency, DaprError, Delete, Save, TxOp, UnlockStatus, ttl_from_metadata};
+use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
 use crate::store::Versioned;
 
 /// The Dapr routes that need a caller (behind the guard).
@@ -202,6 +202,18 @@ fn query_value(query: Option<&str>, wanted: &str) -> Option<String> {
         })
 }
 
+/// 413 when a request carries more than `--max-batch-ops` items.
+fn at_most_batch_ops(state: &AppState, count: usize, what: &str) -> Result<(), DaprHttpError> {
+    if count <= state.limits.max_batch_ops {
+        return Ok(());
+    }
+    Err(DaprHttpError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "ERR_MALFORMED_REQUEST",
+        format!("at most {} {what}", state.limits.max_batch_ops),
+    ))
+}
+
 fn concurrency(text: Option<&str>) -> Result<Concurrency, DaprHttpError> {
     match text {
         None | Some("" | "last-write") => Ok(Concurrency::LastWrite),
@@ -335,13 +347,7 @@ async fn save(
 ) -> Answer {
     state_store(&state, &store)?;
     let items: Vec<StateItem> = json_body(&state, &headers, body).await?;
-    if items.len() > state.limits.max_batch_ops {
-        return Err(DaprHttpError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "ERR_MALFORMED_REQUEST",
-            format!("at most {} items per request", state.limits.max_batch_ops),
-        ));
-    }
+    at_most_batch_ops(&state, items.len(), "items per request")?;
     let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
     let saves = items
         .into_iter()
@@ -444,13 +450,7 @@ async fn get_bulk(
 ) -> Answer {
     state_store(&state, &store)?;
     let request: BulkRequest = json_body(&state, &headers, body).await?;
-    if request.keys.len() > state.limits.max_batch_ops {
-        return Err(DaprHttpError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "ERR_MALFORMED_REQUEST",
-            format!("at most {} keys per request", state.limits.max_batch_ops),
-        ));
-    }
+    at_most_batch_ops(&state, request.keys.len(), "keys per request")?;
     for key in &request.keys {
         checked_key(&state, &access, key, Need::Read)?;
     }
@@ -541,16 +541,11 @@ async fn transaction(
 ) -> Answer {
     state_store(&state, &store)?;
     let request: TransactionRequest = json_body(&state, &headers, body).await?;
-    if request.operations.len() > state.limits.max_batch_ops {
-        return Err(DaprHttpError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "ERR_MALFORMED_REQUEST",
-            format!(
-                "at most {} operations per transaction",
-                state.limits.max_batch_ops
-            ),
-        ));
-    }
+    at_most_batch_ops(
+        &state,
+        request.operations.len(),
+        "operations per transaction",
+    )?;
     let mut ops = Vec::with_capacity(request.operations.len());
     for operation in request.operations {
         let delete = match operation.operation.as_str() {
@@ -563,7 +558,13 @@ async fn transaction(
             }
         };
         let save = save_of(&state, &access, operation.request, None)?;
-        ops.push(tx_op(&state, save, delete)?);
+        ops.push(state.dapr.tx_op(save, delete).map_err(|error| {
+            DaprHttpError::new(
+                StatusCode::BAD_REQUEST,
+                "ERR_STATE_TRANSACTION",
+                error.to_string(),
+            )
+        })?);
     }
     state.dapr.transaction(ops).await.map_err(|error| {
         let status = match error {
@@ -573,27 +574,6 @@ async fn transaction(
         DaprHttpError::new(status, "ERR_STATE_TRANSACTION", error.to_string())
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// A checked save as a transaction's op (`delete`: the key is deleted).
-fn tx_op(state: &AppState, save: Save, delete: bool) -> Result<TxOp, DaprHttpError> {
-    let etag = match &save.etag {
-        None => None,
-        Some(etag) => Some(crate::protocol::Hlc::parse(etag).map_err(|_| {
-            DaprHttpError::new(
-                StatusCode::BAD_REQUEST,
-                "ERR_STATE_TRANSACTION",
-                format!("invalid etag {etag:?}: etags are the store's versions"),
-            )
-        })?),
-    };
-    Ok(TxOp {
-        key: state.dapr.store_key(&save.key),
-        value: (!delete).then_some(save.value),
-        ttl_ms: save.ttl_ms,
-        only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
-        etag,
-    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -607,11 +587,11 @@ struct LockRequest {
 }
 
 /// A lock request's resource and owner, checked.
-fn lock_names<'a>(
+fn lock_names(
     state: &AppState,
     access: &Access,
-    resource: &'a str,
-    owner: &'a str,
+    resource: &str,
+    owner: &str,
 ) -> Result<(), DaprHttpError> {
     if resource.is_empty() {
         return Err(DaprHttpError::malformed("resourceId is empty"));

@@ -15,7 +15,7 @@ use tonic::{Code, Request, Status};
 
 use super::authz::{Access, Need, Principal};
 use super::state::AppState;
-use crate::dapr::{Concurrency, DaprError, Delete, Save, TxOp, UnlockStatus, ttl_from_metadata};
+use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
 use crate::store::Versioned;
 
 /// The code generated from `proto/dapr/` (Dapr's package layout, which the
@@ -130,6 +130,17 @@ impl DaprGrpc {
                 .cloned()
                 .unwrap_or_else(|| authz.access(Principal::Nobody)),
         }
+    }
+
+    /// INVALID_ARGUMENT when a request carries more than `--max-batch-ops` items.
+    fn at_most_batch_ops(&self, count: usize, what: &str) -> Result<(), Status> {
+        if count <= self.state.limits.max_batch_ops {
+            return Ok(());
+        }
+        Err(Status::invalid_argument(format!(
+            "at most {} {what}",
+            self.state.limits.max_batch_ops
+        )))
     }
 
     fn state_store(&self, name: &str) -> Result<(), Status> {
@@ -266,12 +277,7 @@ impl Dapr for DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         self.state_store(&request.store_name)?;
-        if request.keys.len() > self.state.limits.max_batch_ops {
-            return Err(Status::invalid_argument(format!(
-                "at most {} keys per request",
-                self.state.limits.max_batch_ops
-            )));
-        }
+        self.at_most_batch_ops(request.keys.len(), "keys per request")?;
         for key in &request.keys {
             self.check_key(&access, key, Need::Read)?;
         }
@@ -291,12 +297,7 @@ impl Dapr for DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         self.state_store(&request.store_name)?;
-        if request.states.len() > self.state.limits.max_batch_ops {
-            return Err(Status::invalid_argument(format!(
-                "at most {} items per request",
-                self.state.limits.max_batch_ops
-            )));
-        }
+        self.at_most_batch_ops(request.states.len(), "items per request")?;
         let saves = request
             .states
             .into_iter()
@@ -337,12 +338,7 @@ impl Dapr for DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         self.state_store(&request.store_name)?;
-        if request.operations.len() > self.state.limits.max_batch_ops {
-            return Err(Status::invalid_argument(format!(
-                "at most {} operations per transaction",
-                self.state.limits.max_batch_ops
-            )));
-        }
+        self.at_most_batch_ops(request.operations.len(), "operations per transaction")?;
         let mut ops = Vec::with_capacity(request.operations.len());
         for operation in request.operations {
             let delete = match operation.operation_type.as_str() {
@@ -358,20 +354,12 @@ impl Dapr for DaprGrpc {
                 .request
                 .ok_or_else(|| Status::invalid_argument("an operation without its request"))?;
             let save = self.save_of(&access, item)?;
-            let etag = match &save.etag {
-                None => None,
-                Some(etag) => Some(
-                    crate::protocol::Hlc::parse(etag)
-                        .map_err(|_| Status::invalid_argument(format!("invalid etag {etag:?}")))?,
-                ),
-            };
-            ops.push(TxOp {
-                key: self.state.dapr.store_key(&save.key),
-                value: (!delete).then_some(save.value),
-                ttl_ms: save.ttl_ms,
-                only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
-                etag,
-            });
+            ops.push(
+                self.state
+                    .dapr
+                    .tx_op(save, delete)
+                    .map_err(|error| Status::invalid_argument(error.to_string()))?,
+            );
         }
         // Any failure is INTERNAL, as Dapr answers a failed transaction.
         self.state
