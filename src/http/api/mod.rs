@@ -1,7 +1,7 @@
 //! The routes: each API's handlers, which parse a request into a typed
 //! command, run it, and map its outcome to a status.
 //!
-//! - [`keys`]: `/keys/{key}`.
+//! - [`keys`]: the one-key routes, `/keys/{key}`.
 //! - [`batch`]: `POST /batch`, many key requests in one, each answered as
 //!   its one-key request would be.
 //! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
