@@ -31,7 +31,7 @@ use anyhow::{Context as _, Result, bail};
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
-use statestore_gateway::jwt::{JwtSettings, KeySource, Verifier};
+use statestore_gateway::access::jwt::{JwtSettings, KeySource, Verifier};
 use statestore_gateway::metrics::Metrics;
 
 use support::gateway::GatewayLaunch;

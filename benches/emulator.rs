@@ -26,7 +26,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use statestore_gateway::emulator::{Emulator, EmulatorConfig, Envelope, Quota, Store};
+use statestore_gateway::emulator::{Emulator, EmulatorConfig, Envelope, Keyspace, Quota};
 use statestore_gateway::mqtt::base_options;
 use statestore_gateway::protocol::resp::encode_array;
 use statestore_gateway::protocol::{
@@ -125,10 +125,10 @@ fn sensor_key(i: usize) -> Vec<u8> {
     format!("sensor/{i:06}").into_bytes()
 }
 
-/// SET then GET of `keys` distinct keys on a [`Store`] in process.
+/// SET then GET of `keys` distinct keys on a [`Keyspace`] in process.
 fn store_alone(keys: usize) {
     let now = statestore_gateway::protocol::hlc::now_ms();
-    let mut store = Store::new(Quota::default(), now);
+    let mut store = Keyspace::new(Quota::default(), now);
     let clock = HybridClock::new(CLIENT_ID);
     let timestamp = clock.now().hlc.to_string();
     let envelope = Envelope {

@@ -6,9 +6,10 @@
 //!
 //! - [`cli`]: the command line (clap, with environment fallbacks), one
 //!   module per subcommand, each turning its arguments into its settings.
-//! - [`http`]: router and state, request parsing as extractors, the key
-//!   API and its batches, listing, locks and watch routes, problem+json errors, the admin
-//!   listener, `serve`.
+//! - [`http`]: the APIs' routes and request parsing, their transport
+//!   (listener, TLS, watch streams), problem+json errors, `serve`.
+//! - [`access`]: who may call (the API token, JWTs) and what each caller
+//!   may do to which keys (the per-key rules).
 //! - [`dapr`]: Dapr's state and lock building blocks as store commands
 //!   (the HTTP and gRPC routes in [`http`] translate shapes only), with
 //!   etag writes made safe across gateways by per-key leases and fencing.
@@ -22,14 +23,14 @@
 //! - [`protocol`]: the wire protocol (payload codec, topics, HLC, errors).
 //!
 //! Beside it: [`settings`] (a leaf: environment names, defaults, the
-//! duration syntax), [`files`] (a leaf: secret files, read by one rule, and files read again when they change), [`metrics`] (the Prometheus registry), [`jwt`] (the
-//! signed tokens callers may identify with: key sets, checks, cache), [`trace`] (the
+//! duration syntax), [`files`] (a leaf: secret files, read by one rule, and files read again when they change), [`metrics`] (the Prometheus registry), [`trace`] (the
 //! caller's W3C Trace Context, carried onto store requests), [`emulator`]
 //! (the state store protocol served over any MQTT5 broker), [`dev`]
 //! (embedded broker + emulator + gateway in one process), [`ui`] (the
 //! browser dashboard at `/ui/`) and [`inject`] (the sidecar added to
 //! Kubernetes YAML by `inject` and by the `injector` admission webhook).
 
+pub mod access;
 pub mod cli;
 pub mod dapr;
 pub mod dev;
@@ -37,7 +38,6 @@ pub mod emulator;
 pub mod files;
 pub mod http;
 pub mod inject;
-pub mod jwt;
 pub mod locks;
 pub mod metrics;
 pub mod mqtt;

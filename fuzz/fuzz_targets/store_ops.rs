@@ -21,7 +21,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use statestore_gateway::emulator::{
     Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, Outcome, Quota, Record,
-    ScanLimits, Store,
+    ScanLimits, Keyspace,
 };
 use statestore_gateway::protocol::{
     Hlc, Reply, Request, SetCondition, SetOptions, StoreError, glob,
@@ -214,7 +214,7 @@ impl Model {
         }
     }
 
-    fn check_quota(&self, store: &Store) {
+    fn check_quota(&self, store: &Keyspace) {
         if let Some(max) = self.max_keys {
             assert!(store.len() <= max, "{} keys, quota {max}", store.len());
         }
@@ -240,7 +240,7 @@ fn run(input: Input) {
         max_examined: usize::from(input.scan_examined % 6) + 1,
         ..ScanLimits::default()
     };
-    let mut store = Store::new(quota, now);
+    let mut store = Keyspace::new(quota, now);
     // A fixed id keeps runs reproducible (the real one is random).
     store.set_id(7);
     store.set_scan_limits(scan_limits);
@@ -358,13 +358,13 @@ fn registrations(model: &Model) -> usize {
 /// Replays the log into a new store (as the emulator does at start) and
 /// checks it holds exactly the persisted keys that have not expired.
 fn restart(
-    old: &Store,
+    old: &Keyspace,
     model: &mut Model,
     quota: Quota,
     scan_limits: ScanLimits,
     now: u64,
-) -> Store {
-    let mut store = Store::new(quota, now);
+) -> Keyspace {
+    let mut store = Keyspace::new(quota, now);
     for record in &model.log {
         match record {
             Record::Set { key, entry } => store.restore(key.clone(), entry.clone(), now),
@@ -405,7 +405,7 @@ fn check_reply(
     request: &Request,
     reply: &Reply,
     outcome: &Outcome,
-    store: &Store,
+    store: &Keyspace,
     client_id: &str,
     model: &mut Model,
 ) {
@@ -476,7 +476,7 @@ fn check_reply(
 
 /// A SCAN page lists exactly the matching keys after the token's key, in
 /// order, up to the page's token (or to the end), within the reply limit.
-fn check_page(request: &Request, page: &statestore_gateway::protocol::KeyPage, reply_limit: Option<usize>, store: &Store, model: &mut Model) {
+fn check_page(request: &Request, page: &statestore_gateway::protocol::KeyPage, reply_limit: Option<usize>, store: &Keyspace, model: &mut Model) {
     let Request::Scan { pattern, token } = request else {
         panic!("{} answered a page", request.verb());
     };

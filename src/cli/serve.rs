@@ -8,11 +8,12 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, FromArgMatches as _};
 
 use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse_positive_usize};
+use crate::access::ApiToken;
+use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
+use crate::access::rules::AuthzSettings;
 use crate::dapr::{DaprSettings, KeyPrefix};
-use crate::http::authz::AuthzSettings;
-use crate::http::tls::CertificateFiles;
-use crate::http::{ApiToken, Limits, ServeSettings};
-use crate::jwt::{JwksUrl, JwtSettings, KeySource};
+use crate::http::transport::tls::CertificateFiles;
+use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 use crate::settings::{self, SettingError};

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::acl::AccessList;
-use super::store::ScanLimits;
+use super::keyspace::ScanLimits;
 use crate::settings;
 
 /// How long [`Emulator::start`](super::Emulator::start) waits by default to be connected and subscribed.

@@ -5,7 +5,7 @@
 //! Two tasks: the *poll loop* drives the rumqttc event loop and never awaits
 //! the client (rumqttc can freeze otherwise); it forwards requests to the
 //! *worker*, which takes every request that is waiting (a batch), runs them
-//! on the [`Store`] under a mutex, makes persisted changes durable with one
+//! on the [`Keyspace`] under a mutex, makes persisted changes durable with one
 //! `fsync` for the whole batch, then publishes replies and notifications and
 //! acknowledges the requests (manual acks: a request is acked once handled).
 //!
@@ -19,26 +19,26 @@
 //!
 //! SCAN pages are sized to the broker's maximum packet size (from CONNACK)
 //! less each reply's topic and properties, so that no reply is too large to
-//! publish; see [`Store::scan`] for the rest of its rules.
+//! publish; see [`Keyspace::scan`] for the rest of its rules.
 //!
 //! - `config`: [`EmulatorConfig`] and its defaults.
 //! - `error`: [`EmulatorError`].
-//! - `broker`: the MQTT side: the connection's options and the poll loop.
+//! - `poll_loop`: the MQTT side: the connection's options and the poll loop.
 //! - `worker`: batches of requests: run, made durable, published, acked.
 //! - `request`: one request's envelope checked and run, and its outcome
 //!   turned into messages.
-//! - `store`, `entry`, `acl`, `persist`: the store itself, its entries,
+//! - `keyspace`, `entry`, `acl`, `persist`: the store itself ([`Keyspace`]), its entries,
 //!   access lists and the persistence log (key patterns are
 //!   `protocol::glob`).
 
 mod acl;
-mod broker;
 mod config;
 mod entry;
 mod error;
+mod keyspace;
 mod persist;
+mod poll_loop;
 mod request;
-mod store;
 mod worker;
 
 use std::sync::atomic::AtomicU32;
@@ -53,15 +53,15 @@ pub use acl::{Access, AccessList, AclError, Grant};
 pub use config::{EmulatorConfig, STARTUP_TIMEOUT};
 pub use entry::Entry;
 pub use error::EmulatorError;
-pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
-pub use store::{
-    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, MAX_TOPIC_BYTES, NODE_ID,
-    Outcome, Quota, ScanLimits, Store, WatcherNotice,
+pub use keyspace::{
+    Answer, Envelope, KEY_TOO_LONG_TO_LIST, KEY_TOO_LONG_TO_WATCH, Keyspace, MAX_TOPIC_BYTES,
+    NODE_ID, Outcome, Quota, ScanLimits, WatcherNotice,
 };
+pub use persist::{ID_FILE, LOG_FILE, Log, PersistError, Record};
 
 use crate::mqtt::REQUEST_CHANNEL_CAPACITY;
 use crate::protocol::{REQUEST_TOPIC, hlc};
-use broker::Status;
+use poll_loop::Status;
 use worker::{Worker, live_records};
 
 /// How long shutdown waits for the worker to finish its batch.
@@ -71,11 +71,11 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// disconnect (the dev mode's embedded broker).
 #[derive(Debug, Clone)]
 pub struct EmulatorHandle {
-    store: Arc<Mutex<Store>>,
+    store: Arc<Mutex<Keyspace>>,
 }
 
 impl EmulatorHandle {
-    fn store(&self) -> MutexGuard<'_, Store> {
+    fn store(&self) -> MutexGuard<'_, Keyspace> {
         // The store is consistent between commands, so a poisoned lock is usable.
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -115,7 +115,7 @@ impl Emulator {
             max_keys: config.max_keys,
             max_bytes: config.max_bytes,
         };
-        let mut store = Store::new(quota, hlc::now_ms());
+        let mut store = Keyspace::new(quota, hlc::now_ms());
         store.set_scan_limits(config.scan_limits);
         let log = match &config.data_dir {
             Some(dir) => Some(open_log(dir, &mut store)?),
@@ -124,7 +124,7 @@ impl Emulator {
         let store = Arc::new(Mutex::new(store));
         let broker_max_packet = Arc::new(AtomicU32::new(0));
 
-        let options = broker::options(&config);
+        let options = poll_loop::options(&config);
         let (client, eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
         let (requests_tx, requests_rx) = mpsc::channel(config.request_queue.max(1));
         let (status_tx, mut status_rx) = watch::channel(Status::Connecting {
@@ -132,7 +132,7 @@ impl Emulator {
         });
         let (stop, stop_rx) = watch::channel(false);
 
-        let poll = tokio::spawn(broker::poll_loop(
+        let poll = tokio::spawn(poll_loop::run(
             eventloop,
             client.clone(),
             requests_tx,
@@ -248,7 +248,7 @@ fn flatten(
 }
 
 /// Opens the log in `dir`, replays it into `store` and compacts it.
-fn open_log(dir: &std::path::Path, store: &mut Store) -> Result<Log, EmulatorError> {
+fn open_log(dir: &std::path::Path, store: &mut Keyspace) -> Result<Log, EmulatorError> {
     let (mut log, records) = Log::open(dir)?;
     store.set_id(log.store_id(store.id())?);
     let replayed = records.len();

@@ -6,8 +6,8 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
 use super::acl::{Access, AccessList};
+use super::keyspace::{Envelope, Keyspace, Outcome};
 use super::persist::Record;
-use super::store::{Envelope, Outcome, Store};
 use crate::mqtt::MAX_PACKET_SIZE;
 use crate::protocol::{
     CONTENT_TYPE, PROTOCOL_VERSION, Request, STATUS_OK, StoreError, is_forbidden_response_topic,
@@ -127,7 +127,7 @@ fn reply_limit(broker_max_packet: Option<u32>, reply_to: &ReplyTo) -> usize {
 
 /// Checks one request's envelope and runs it.
 pub(super) fn handle_request(
-    store: &mut Store,
+    store: &mut Keyspace,
     limits: &Limits<'_>,
     request: &mut Publish,
     now_ms: u64,
@@ -314,7 +314,7 @@ mod tests {
     }
 
     fn handle(publish: Publish, acl: Option<&AccessList>) -> Handled {
-        let mut store = Store::new(Quota::default(), NOW);
+        let mut store = Keyspace::new(Quota::default(), NOW);
         let mut publish = publish;
         let limits = Limits {
             acl,
@@ -357,7 +357,7 @@ mod tests {
                 Handled::Dropped
             ));
         }
-        let mut store = Store::new(Quota::default(), NOW);
+        let mut store = Keyspace::new(Quota::default(), NOW);
         let mut bare = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, GET.to_vec(), None);
         assert!(matches!(
             handle_request(&mut store, &Limits::default(), &mut bare, NOW),

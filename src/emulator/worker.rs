@@ -1,5 +1,5 @@
 //! The worker: takes every request that is waiting (a batch), runs them on
-//! the [`Store`] under a mutex, makes persisted changes durable with one
+//! the [`Keyspace`] under a mutex, makes persisted changes durable with one
 //! `fsync` for the whole batch, then publishes replies and notifications and
 //! acknowledges the requests.
 
@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::acl::AccessList;
 use super::error::EmulatorError;
+use super::keyspace::Keyspace;
 use super::persist::{Log, Record};
 use super::request::{Handled, Limits, collect, handle_request};
-use super::store::Store;
 use crate::protocol::hlc;
 
 /// Most requests handled (and made durable) together.
@@ -25,7 +25,7 @@ const MAX_BATCH: usize = 256;
 /// Handles batches of requests and expiries.
 pub(super) struct Worker {
     pub(super) client: AsyncClient,
-    pub(super) store: Arc<Mutex<Store>>,
+    pub(super) store: Arc<Mutex<Keyspace>>,
     pub(super) acl: Option<AccessList>,
     pub(super) log: Option<Log>,
     /// The broker's maximum packet size from the last CONNACK (0: none).
@@ -33,7 +33,7 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    fn store(&self) -> MutexGuard<'_, Store> {
+    fn store(&self) -> MutexGuard<'_, Keyspace> {
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -138,7 +138,7 @@ impl Worker {
 }
 
 /// A record for every persisted key: the content of a rewritten log.
-pub(super) fn live_records(store: &Store) -> Vec<Record> {
+pub(super) fn live_records(store: &Keyspace) -> Vec<Record> {
     store
         .persistent_entries()
         .map(|(key, entry)| Record::Set {

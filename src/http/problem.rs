@@ -17,7 +17,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::jwt::TokenError;
+use crate::access::AuthFailure;
+use crate::access::rules::Denied;
 use crate::locks::{Holding, LockError};
 use crate::mqtt::PoolError;
 use crate::protocol::{HlcError, StoreError};
@@ -40,43 +41,6 @@ pub enum Precondition {
     AbsentOrEqual,
     /// `DELETE ?value=` on a key that holds another value.
     ValueMatches,
-}
-
-/// Why the key API's guard refused a request's credentials.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-pub enum AuthFailure {
-    /// No bearer token (header or, on a watch, `access_token`).
-    #[error("a bearer token is required")]
-    Missing,
-    /// A token that is not the API token, where no JWTs are accepted.
-    #[error("the bearer token is not the API token")]
-    NotTheApiToken,
-    /// A JWT that failed a check.
-    #[error("{0}")]
-    Token(#[from] TokenError),
-}
-
-impl AuthFailure {
-    /// A short label (the failure metric).
-    pub fn reason(self) -> &'static str {
-        match self {
-            Self::Missing => "missing",
-            Self::NotTheApiToken => "api_token",
-            Self::Token(error) => error.reason(),
-        }
-    }
-
-    /// The `WWW-Authenticate` challenge (RFC 6750, section 3): without a
-    /// token no error code; with a refused one `invalid_token` and why
-    /// (the descriptions are fixed ASCII text, never the token's own).
-    fn challenge(self) -> HeaderValue {
-        const REALM: &str = "Bearer realm=\"statestore-gateway\"";
-        if self == Self::Missing {
-            return HeaderValue::from_static(REALM);
-        }
-        let value = format!("{REALM}, error=\"invalid_token\", error_description=\"{self}\"");
-        HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(REALM))
-    }
 }
 
 /// Why a request failed. Messages are the `detail` of the problem body.
@@ -162,13 +126,8 @@ pub enum ApiError {
     #[error("{0}")]
     Unauthorized(AuthFailure),
     /// The authorization rules do not let the caller do this to the key.
-    #[error("the authorization rules do not allow {caller} to {need} this key")]
-    Forbidden {
-        /// Who asked, as the 403 names it.
-        caller: String,
-        /// The rules' method the request needed (`Read`, `Write`).
-        need: &'static str,
-    },
+    #[error("{0}")]
+    Forbidden(#[from] Denied),
     /// Someone else holds the lock (`None`: it was released just after
     /// the request's last try).
     #[error("{}", lock_held_detail(.0.as_ref()))]
@@ -471,7 +430,7 @@ impl ApiError {
             Self::BodyRead(_) => (400, "/problems/bad-body", "Unreadable body", Info),
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized(_) => (401, "/problems/unauthorized", "Unauthorized", Info),
-            Self::Forbidden { .. } => FORBIDDEN,
+            Self::Forbidden(_) => FORBIDDEN,
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
             Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
             // Answered above, with the op's own problem.
@@ -645,7 +604,7 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         if let Self::Unauthorized(failure) = &self {
-            headers.insert(header::WWW_AUTHENTICATE, failure.challenge());
+            headers.insert(header::WWW_AUTHENTICATE, challenge(*failure));
         }
         response.extensions_mut().insert(FailureLog {
             severity: problem.severity,
@@ -667,9 +626,22 @@ fn problem_cause(error: &ApiError, problem: &Problem) -> String {
     }
 }
 
+/// The `WWW-Authenticate` challenge (RFC 6750, section 3): without a
+/// token no error code; with a refused one `invalid_token` and why
+/// (the descriptions are fixed ASCII text, never the token's own).
+fn challenge(failure: AuthFailure) -> HeaderValue {
+    const REALM: &str = "Bearer realm=\"statestore-gateway\"";
+    if failure == AuthFailure::Missing {
+        return HeaderValue::from_static(REALM);
+    }
+    let value = format!("{REALM}, error=\"invalid_token\", error_description=\"{failure}\"");
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(REALM))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::jwt::TokenError;
     use crate::protocol::DecodeError;
 
     fn status(error: ApiError) -> u16 {

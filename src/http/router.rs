@@ -18,10 +18,10 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tracing::Instrument as _;
 
-use super::auth::{Guard, guard};
+use super::api::{batch, dapr, extract, grpc, keys, listing, locks, openapi, watch};
+use super::guard::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
-use super::{batch, dapr, extract, grpc, keys, listing, locks, openapi, watch};
 use crate::metrics::Metrics;
 use crate::trace::{self, TraceContext};
 
@@ -348,8 +348,9 @@ pub(super) fn cors(router: Router, origins: &[String]) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::{ApiToken, CallerChecks};
+    use crate::http::Limits;
     use crate::http::problem;
-    use crate::http::{ApiToken, CallerChecks, Limits};
     use crate::locks::LockSettings;
     use crate::mqtt::{BrokerSettings, Pool, PoolSettings};
     use crate::watch::WatchSettings;

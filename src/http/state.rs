@@ -1,16 +1,13 @@
 //! What every handler shares ([`AppState`]) and the key API's limits.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
-use super::authz::Authz;
+use crate::access::CallerChecks;
 use crate::dapr::{DaprSettings, DaprStore};
-use crate::jwt::Verifier;
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
 use crate::mqtt::Pool;
@@ -59,29 +56,6 @@ impl Limits {
     }
 }
 
-/// A bearer token the key API requires. Never printed.
-#[derive(Clone)]
-pub struct ApiToken(Arc<[u8]>);
-
-impl ApiToken {
-    /// A token from its bytes (as read from the token file).
-    pub fn new(token: impl Into<Arc<[u8]>>) -> Self {
-        Self(token.into())
-    }
-
-    /// Constant-time comparison, so response timing does not reveal how
-    /// much of a guess was right.
-    pub fn matches(&self, presented: &[u8]) -> bool {
-        self.0.as_ref().ct_eq(presented).into()
-    }
-}
-
-impl fmt::Debug for ApiToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiToken(<redacted>)")
-    }
-}
-
 /// What every handler shares: one `Arc`, since axum clones the state for
 /// each extractor of each request.
 #[derive(Debug, Clone)]
@@ -120,19 +94,6 @@ pub struct Shared {
     /// In-flight slots every batch together may hold: half the pool's,
     /// so that batches never starve one-key requests.
     pub batch_slots: Semaphore,
-}
-
-/// Who may call the key API and what each caller may do: the shared
-/// token, signed tokens and the per-key rules, each optional (none: anyone
-/// may do anything).
-#[derive(Debug, Clone, Default)]
-pub struct CallerChecks {
-    /// The shared bearer token (`--api-token-file`).
-    pub api_token: Option<ApiToken>,
-    /// Checks any other bearer token as a JWT.
-    pub jwt: Option<Verifier>,
-    /// The per-key rules: without them every caller may do everything.
-    pub authz: Option<Authz>,
 }
 
 impl AppState {

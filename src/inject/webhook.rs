@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpListener;
 
-use crate::http::listener::{self, ConnectionLimits, MAX_HEADER_BYTES};
-use crate::http::tls::{ALPN_HTTP1, CertificateFiles};
+use crate::http::transport::listener::{self, ConnectionLimits, MAX_HEADER_BYTES};
+use crate::http::transport::tls::{ALPN_HTTP1, CertificateFiles};
 use crate::http::{BodyReadLimits, close_unless_body_read, read_body_first};
 
 use super::manifest::{Unannotated, inject_object};

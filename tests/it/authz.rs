@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use reqwest::header;
 use serde_json::{Value, json};
-use statestore_gateway::http::authz::AuthzSettings;
-use statestore_gateway::jwt::JwtSettings;
+use statestore_gateway::access::jwt::JwtSettings;
+use statestore_gateway::access::rules::AuthzSettings;
 use statestore_gateway::watch::WatchSettings;
 
 use crate::support::TestPki;

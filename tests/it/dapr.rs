@@ -14,8 +14,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use statestore_gateway::access::rules::AuthzSettings;
 use statestore_gateway::dapr::{DaprSettings, INTENT_PREFIX, KeyPrefix, LEASE_PREFIX};
-use statestore_gateway::http::authz::AuthzSettings;
 
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{GatewayOptions, Stack, http_client};

@@ -9,12 +9,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
+use statestore_gateway::access::ApiToken;
+use statestore_gateway::access::jwt::JwtSettings;
+use statestore_gateway::access::rules::AuthzSettings;
 use statestore_gateway::dapr::DaprSettings;
 use statestore_gateway::emulator::{Emulator, EmulatorConfig};
-use statestore_gateway::http::authz::AuthzSettings;
-use statestore_gateway::http::tls::CertificateFiles;
-use statestore_gateway::http::{ApiToken, Limits, ServeSettings, Server};
-use statestore_gateway::jwt::JwtSettings;
+use statestore_gateway::http::transport::tls::CertificateFiles;
+use statestore_gateway::http::{Limits, ServeSettings, Server};
 use statestore_gateway::locks::LockSettings;
 use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, PoolSettings};

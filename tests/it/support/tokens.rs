@@ -21,7 +21,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
-use statestore_gateway::jwt::{JwtSettings, KeySource};
+use statestore_gateway::access::jwt::{JwtSettings, KeySource};
 
 /// The issuer test tokens carry and test gateways require.
 pub const ISSUER: &str = "https://issuer.test.invalid";
@@ -326,7 +326,7 @@ impl JwksServer {
     /// Settings accepting tokens signed by the served keys, issued by
     /// [`ISSUER`] for [`AUDIENCE`]; `ca`: the test CA for `https`.
     pub fn settings(&self, ca: Option<&Path>) -> JwtSettings {
-        let url = statestore_gateway::jwt::JwksUrl {
+        let url = statestore_gateway::access::jwt::JwksUrl {
             uri: self.url.parse().unwrap(),
             ca_file: ca.map(Path::to_owned),
             token_file: None,

@@ -61,7 +61,7 @@ mod tests {
             ApiError::ConflictingConditions,
             ApiError::BodyRead("x".into()),
             ApiError::BodyTimeout(Duration::from_secs(1)),
-            ApiError::Unauthorized(crate::http::problem::AuthFailure::Missing),
+            ApiError::Unauthorized(crate::access::AuthFailure::Missing),
             ApiError::Watch(WatchError::TooManyWatchers(1)),
             ApiError::Watch(WatchError::TooManyWatchedKeys(1)),
             ApiError::Watch(WatchError::TooManyKeysPerStream(1)),

@@ -188,7 +188,7 @@ impl Outcome {
 
 /// The whole store.
 #[derive(Debug)]
-pub struct Store {
+pub struct Keyspace {
     /// In byte order, for SCAN.
     entries: BTreeMap<Bytes, Entry>,
     /// (expiry time, key) of every key with a PX, soonest first.
@@ -205,9 +205,9 @@ pub struct Store {
     scan_limits: ScanLimits,
 }
 
-impl Store {
+impl Keyspace {
     /// An empty store whose clock starts at `now_ms`, with a random id
-    /// (see [`Store::set_id`]) and the default [`ScanLimits`].
+    /// (see [`Keyspace::set_id`]) and the default [`ScanLimits`].
     pub fn new(quota: Quota, now_ms: u64) -> Self {
         Self {
             entries: BTreeMap::new(),
@@ -255,7 +255,7 @@ impl Store {
     }
 
     /// The stored entry of `key`, if any (expired keys linger until
-    /// [`Store::expire`] runs).
+    /// [`Keyspace::expire`] runs).
     pub fn entry(&self, key: &[u8]) -> Option<&Entry> {
         self.entries.get(key)
     }
@@ -675,7 +675,7 @@ impl Store {
         self.entries.insert(key, entry);
     }
 
-    /// Undoes what [`Store::insert`] counted for `entry`.
+    /// Undoes what [`Keyspace::insert`] counted for `entry`.
     fn unindex(&mut self, key: &Bytes, entry: &Entry) {
         if let Some(at) = entry.expires_at_ms {
             self.expiries.remove(&(at, key.clone()));
@@ -787,7 +787,7 @@ mod tests {
     }
 
     struct Fixture {
-        store: Store,
+        store: Keyspace,
         client_ts: String,
     }
 
@@ -798,7 +798,7 @@ mod tests {
 
         fn with_quota(quota: Quota) -> Self {
             Self {
-                store: Store::new(quota, NOW),
+                store: Keyspace::new(quota, NOW),
                 client_ts: ts(NOW),
             }
         }
@@ -906,7 +906,7 @@ mod tests {
 
     #[test]
     fn set_without_timestamp_is_missing_timestamp() {
-        let mut store = Store::new(Quota::default(), NOW);
+        let mut store = Keyspace::new(Quota::default(), NOW);
         let outcome = store.set(
             b("k"),
             b("v"),
@@ -1277,7 +1277,7 @@ mod tests {
 
     #[test]
     fn restore_moves_the_clock_past_restored_versions_and_skips_expired_keys() {
-        let mut store = Store::new(Quota::default(), NOW);
+        let mut store = Keyspace::new(Quota::default(), NOW);
         let future = Hlc {
             wall_ms: NOW + 10_000,
             counter: 3,
@@ -1325,7 +1325,7 @@ mod tests {
 
     #[test]
     fn keynotify_of_a_key_too_long_for_a_topic_is_refused() {
-        let mut store = Store::new(Quota::default(), NOW);
+        let mut store = Keyspace::new(Quota::default(), NOW);
         // HEX doubles the key: 32 KiB of key makes a topic over 64 KiB.
         let outcome = store.key_notify("client", Bytes::from(vec![b'k'; 32 * 1024]), false);
         assert_eq!(
@@ -1340,7 +1340,7 @@ mod tests {
     }
 
     /// Every page of a listing, asking until no token comes back.
-    fn list_pages(store: &mut Store, pattern: &str, envelope: &Envelope<'_>) -> Vec<KeyPage> {
+    fn list_pages(store: &mut Keyspace, pattern: &str, envelope: &Envelope<'_>) -> Vec<KeyPage> {
         let mut pages = Vec::new();
         let mut token = None;
         loop {
@@ -1366,7 +1366,7 @@ mod tests {
         pages.iter().flat_map(|page| page.keys.clone()).collect()
     }
 
-    fn small_pages(store: &mut Store, max_keys: usize, max_examined: usize) {
+    fn small_pages(store: &mut Keyspace, max_keys: usize, max_examined: usize) {
         store.set_scan_limits(ScanLimits {
             max_keys,
             max_examined,
@@ -1498,7 +1498,7 @@ mod tests {
         }
         // Its own token, also after a restart that kept the id.
         let token = format!("{id};a").into_bytes();
-        let mut restarted = Store::new(Quota::default(), NOW);
+        let mut restarted = Keyspace::new(Quota::default(), NOW);
         restarted.set_id(id);
         restarted.restore(b("k"), f.store.entry(b"k").unwrap().clone(), NOW);
         for store in [&f.store, &restarted] {
@@ -1616,8 +1616,8 @@ mod scan_proptests {
         Del(Vec<u8>),
     }
 
-    fn store_with(keys: &[Vec<u8>], limits: ScanLimits) -> Store {
-        let mut store = Store::new(Quota::default(), NOW);
+    fn store_with(keys: &[Vec<u8>], limits: ScanLimits) -> Keyspace {
+        let mut store = Keyspace::new(Quota::default(), NOW);
         store.set_scan_limits(limits);
         for key in keys {
             apply(&mut store, &Change::Set(key.clone()));
@@ -1625,7 +1625,7 @@ mod scan_proptests {
         store
     }
 
-    fn apply(store: &mut Store, change: &Change) {
+    fn apply(store: &mut Keyspace, change: &Change) {
         let ts = Hlc::new(NOW, "c").to_string();
         let envelope = Envelope {
             timestamp: Some(&ts),
@@ -1655,7 +1655,7 @@ mod scan_proptests {
 
     /// Runs a listing, applying `changes[i]` after page i.
     fn listing(
-        store: &mut Store,
+        store: &mut Keyspace,
         pattern: &[u8],
         reply_limit: Option<usize>,
         changes: &[Change],

@@ -31,13 +31,23 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde::Deserialize;
+use thiserror::Error;
 
-use super::problem::ApiError;
 use crate::files::reloading::{Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::protocol::glob;
 use crate::settings::{self, SettingError};
 use crate::watch::ReadFilter;
+
+/// The rules do not let a caller do something to a key (a 403).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the authorization rules do not allow {caller} to {need} this key")]
+pub struct Denied {
+    /// Who asked, as the 403 names it.
+    pub caller: String,
+    /// The rules' method the request needed (`Read`, `Write`).
+    pub need: &'static str,
+}
 
 /// What a request does to a key: the rules' `method` it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,7 +352,7 @@ impl Principal {
 /// extensions by the guard when rules are configured; without rules it is
 /// absent and everything is allowed. An extractor (in `extract`), so that
 /// any handler can take it; the key routes check through
-/// [`Key`](super::extract::Key).
+/// [`Key`](crate::http::api::extract::Key).
 #[derive(Debug, Clone, Default)]
 pub struct Access(Option<Checked>);
 
@@ -395,7 +405,7 @@ impl Access {
 
     /// `Ok` when the caller may do `need` to `key`, else 403 naming the
     /// caller and `need` (and counted by `need`).
-    pub fn require(&self, key: &[u8], need: Need) -> Result<(), ApiError> {
+    pub fn require(&self, key: &[u8], need: Need) -> Result<(), Denied> {
         match &self.0 {
             Some(checked) if !checked.grants.allows(key, need) => {
                 checked
@@ -406,7 +416,7 @@ impl Access {
                     .authz_denials
                     .with_label_values(&[need.as_str()])
                     .inc();
-                Err(ApiError::Forbidden {
+                Err(Denied {
                     caller: checked.principal.name(),
                     need: need.as_str(),
                 })

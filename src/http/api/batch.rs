@@ -35,14 +35,14 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use tokio::time::Instant;
 
-use super::authz::{Access, Need};
 use super::extract::{
     DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
 };
-use super::headers::set_common_headers;
 use super::keys::{Answer, KeyCommand, method_not_allowed, respond, set_condition};
-use super::problem::{ApiError, Problem};
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
+use crate::http::headers::set_common_headers;
+use crate::http::problem::{ApiError, Problem};
+use crate::http::state::AppState;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetOptions};
 use crate::store::{RequestError, Versioned};
@@ -454,7 +454,7 @@ async fn run_op(
 ) -> OpResult {
     let started = std::time::Instant::now();
     let answer = match access.require(command.key(), kind.need()) {
-        Err(denied) => Err(denied),
+        Err(denied) => Err(denied.into()),
         // The ops before it on its key took the batch's time: sending it
         // now could outlast the backstop, and the batch would answer one
         // 504 for all its ops.

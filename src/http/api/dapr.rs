@@ -17,11 +17,11 @@ use futures_util::stream::{self, StreamExt as _};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::authz::{Access, Need};
 use super::extract;
-use super::problem::{FailureLog, Severity};
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
 use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
+use crate::http::problem::{FailureLog, Severity};
+use crate::http::state::AppState;
 use crate::store::Versioned;
 
 /// The Dapr routes that need a caller (behind the guard).

@@ -24,11 +24,11 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::authz::{Access, Need};
 use super::extract::{Key, LastEventId, Query, decode_key};
 use super::keys::method_not_allowed;
-use super::problem::ApiError;
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
+use crate::http::problem::ApiError;
+use crate::http::state::AppState;
 use crate::protocol::Hlc;
 use crate::watch::{EventKind, KeyEvent, WatchError, WatchedValue, Watcher};
 

@@ -54,7 +54,7 @@ pub(super) fn options(config: &EmulatorConfig) -> MqttOptions {
 
 /// Drives the MQTT connection: (re)subscribes after every CONNACK and
 /// forwards requests to the worker. It never awaits the client.
-pub(super) async fn poll_loop(
+pub(super) async fn run(
     mut eventloop: EventLoop,
     client: AsyncClient,
     requests: mpsc::Sender<Publish>,

@@ -21,9 +21,9 @@ use serde_json::json;
 use super::extract::{
     Conditions, DeclaredLength, FencingToken, IfNoneMatch, Key, Query, parse_ttl, read_body,
 };
-use super::headers::{Representation, set_common_headers, set_etag, set_read_headers};
-use super::problem::{ApiError, Precondition};
-use super::state::AppState;
+use crate::http::headers::{Representation, set_common_headers, set_etag, set_read_headers};
+use crate::http::problem::{ApiError, Precondition};
+use crate::http::state::AppState;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
 use crate::store::{DelOutcome, SetOutcome, VdelOutcome, Versioned};
@@ -53,7 +53,7 @@ async fn empty_key() -> ApiError {
 }
 
 /// axum adds the `Allow` header to what a method router's fallback returns.
-pub(super) async fn method_not_allowed() -> ApiError {
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 

@@ -1,37 +1,23 @@
-//! Who calls the key API: the bearer token check (the shared
-//! [`ApiToken`](super::ApiToken), or a JWT through the
-//! [`Verifier`](crate::jwt::Verifier)) that makes a request's [`Caller`],
-//! in the middleware that also puts the backstop timeout on it (one layer
-//! for both).
+//! The middleware in front of every API route: who calls (the checks of
+//! [`access`]: the API token or a JWT, making the request's [`Caller`], then
+//! its access under the per-key rules) and the backstop timeout, in one
+//! layer; refusals are answered in the caller's protocol (HTTP or gRPC).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, Uri, header};
+use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
 
-use super::authz::Principal;
-use super::problem::{ApiError, AuthFailure};
-use super::state::CallerChecks;
-use super::{extract, grpc, locks, watch};
+use super::api::{extract, grpc, locks, watch};
+use super::problem::ApiError;
+use crate::access::rules::Principal;
+use crate::access::{self, AuthFailure, Caller, CallerChecks, presented_token};
 use crate::metrics::Metrics;
-
-/// The header Dapr's SDKs send the API token in.
-pub const DAPR_API_TOKEN: &str = "dapr-api-token";
-
-/// Who a request comes from, as the guard established it (a request
-/// extension when the key API requires authentication).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    /// Presented the shared `--api-token-file` token.
-    ApiToken,
-    /// Presented a valid signed token: its `sub` claim.
-    Subject(std::sync::Arc<str>),
-}
 
 /// What [`guard`] checks (one middleware for both: each layer costs a
 /// service clone and a boxed future per request).
@@ -39,7 +25,7 @@ pub enum Caller {
 pub(super) struct Guard {
     /// The shared token (`Authorization: Bearer <token>`), then any other
     /// bearer token as a JWT; each request gets its caller's
-    /// [`Access`](super::authz::Access) under the rules, when configured.
+    /// [`Access`](crate::access::rules::Access) under the rules, when configured.
     pub(super) callers: CallerChecks,
     /// Counts refusals by reason.
     pub(super) metrics: Metrics,
@@ -58,8 +44,13 @@ pub(super) async fn guard(
     next: Next,
 ) -> Response {
     if guard.callers.api_token.is_some() || guard.callers.jwt.is_some() {
-        let authenticated =
-            authenticate(&guard, request.headers(), request.method(), request.uri()).await;
+        let authenticated = authenticate(
+            &guard.callers,
+            request.headers(),
+            request.method(),
+            request.uri(),
+        )
+        .await;
         match authenticated {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
@@ -102,42 +93,21 @@ pub(super) async fn guard(
     }
 }
 
-/// The caller a request's bearer token makes: the API token as before,
-/// else the token checked as a JWT.
+/// The caller a request's token makes: from its headers, or on a watch
+/// its `access_token` query parameter.
 /// (The request's parts, not the request: its body is not `Sync`, so a
 /// reference to it cannot be held across the JWT check's await.)
 async fn authenticate(
-    guard: &Guard,
+    callers: &CallerChecks,
     headers: &HeaderMap,
     method: &Method,
     uri: &Uri,
 ) -> Result<Caller, AuthFailure> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| bearer_token(value.as_bytes()))
-        // Dapr's SDKs send the token as `dapr-api-token` (HTTP and gRPC).
-        .or_else(|| headers.get(DAPR_API_TOKEN).map(|value| value.as_bytes()))
+    let presented = presented_token(headers)
         .map(Cow::Borrowed)
         .or_else(|| query_token(method, uri).map(Cow::Owned))
         .ok_or(AuthFailure::Missing)?;
-    if guard
-        .callers
-        .api_token
-        .as_ref()
-        .is_some_and(|token| token.matches(&presented))
-    {
-        return Ok(Caller::ApiToken);
-    }
-    let Some(verifier) = &guard.callers.jwt else {
-        return Err(AuthFailure::NotTheApiToken);
-    };
-    // A JWT is base64url and dots: anything else cannot be one.
-    let token = std::str::from_utf8(&presented).map_err(|_| crate::jwt::TokenError::Malformed)?;
-    // Boxed: the check's future (a key set fetch among its states) would
-    // otherwise make every request's guard future as large, and be copied
-    // with it, token or not.
-    let subject: Arc<str> = Box::pin(verifier.verify(token)).await?;
-    Ok(Caller::Subject(subject))
+    access::authenticate(callers, &presented).await
 }
 
 /// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
@@ -155,16 +125,6 @@ fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
     (!decoded.is_empty()).then_some(decoded)
 }
 
-/// The credentials of a `Bearer` authorization header (scheme case-insensitive).
-fn bearer_token(header: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = header.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let token = rest.trim_ascii();
-    (!token.is_empty()).then_some(token)
-}
-
 #[cfg(test)]
 mod tests {
     use axum::Router;
@@ -175,8 +135,8 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::*;
-    use crate::http::ApiToken;
-    use crate::jwt::{JwtSettings, KeySource, Verifier};
+    use crate::access::ApiToken;
+    use crate::access::jwt::{JwtSettings, KeySource, Verifier};
 
     /// A route answering with the caller the guard made, behind the guard.
     fn echo(checks: Guard) -> Router {
@@ -206,7 +166,10 @@ mod tests {
     async fn caller_of(router: &Router, bearer: Option<&str>) -> (u16, String) {
         let mut request = axum::http::Request::get("/keys/k");
         if let Some(bearer) = bearer {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+            request = request.header(
+                axum::http::header::AUTHORIZATION,
+                format!("Bearer {bearer}"),
+            );
         }
         let response = router
             .clone()
@@ -257,24 +220,5 @@ mod tests {
         // Without authentication there is no caller.
         let open = echo(checks(None, None));
         assert_eq!(caller_of(&open, None).await, (200, "None".into()));
-    }
-
-    #[test]
-    fn bearer_token_is_taken_from_the_authorization_header() {
-        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_token(b"bearer   abc "), Some(&b"abc"[..]));
-        assert_eq!(bearer_token(b"Basic abc"), None);
-        assert_eq!(bearer_token(b"Bearer"), None);
-        assert_eq!(bearer_token(b"Bearer "), None);
-        assert_eq!(bearer_token(b"Bearerabc"), None);
-    }
-
-    #[test]
-    fn api_token_compares_whole_tokens_and_never_prints() {
-        let token = ApiToken::new(b"s3cret".to_vec());
-        assert!(token.matches(b"s3cret"));
-        assert!(!token.matches(b"s3cre"));
-        assert!(!token.matches(b"s3cret!"));
-        assert!(!format!("{token:?}").contains("s3cret"));
     }
 }

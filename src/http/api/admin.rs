@@ -7,7 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use super::state::AppState;
+use crate::http::state::AppState;
 
 /// The Prometheus text exposition format's content type.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";

@@ -34,12 +34,12 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::authz::{Access, Need};
 use super::extract::{PrefersText, Query};
-use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
-use super::problem::ApiError;
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
+use crate::http::headers::set_common_headers;
+use crate::http::problem::ApiError;
+use crate::http::state::AppState;
 use crate::protocol::{Hlc, StoreError};
 use crate::store::{RequestError, Versioned};
 

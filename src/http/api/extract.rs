@@ -15,10 +15,10 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use percent_encoding::percent_decode;
 
-use super::authz::{Access, Need};
-use super::headers::{Representation, accept_weight};
-use super::problem::ApiError;
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
+use crate::http::headers::{Representation, accept_weight};
+use crate::http::problem::ApiError;
+use crate::http::state::AppState;
 use crate::protocol::Hlc;
 use crate::settings::parse_duration;
 

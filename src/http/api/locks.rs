@@ -22,12 +22,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::authz::{Access, Need};
 use super::extract::{FENCING_TOKEN_HEADER, Key, Query, parse_ttl};
-use super::headers::set_common_headers;
 use super::keys::method_not_allowed;
-use super::problem::ApiError;
-use super::state::AppState;
+use crate::access::rules::{Access, Need};
+use crate::http::headers::set_common_headers;
+use crate::http::problem::ApiError;
+use crate::http::state::AppState;
 use crate::locks::{Acquire, Acquired, Holding, LockSettings, Released};
 use crate::protocol::Hlc;
 use crate::settings::parse_duration;

@@ -13,9 +13,9 @@ use axum::response::{IntoResponse as _, Response};
 use futures_util::stream::{self, StreamExt as _};
 use tonic::{Code, Request, Status};
 
-use super::authz::{Access, Need, Principal};
-use super::state::AppState;
+use crate::access::rules::{Access, Need, Principal};
 use crate::dapr::{Concurrency, DaprError, Delete, Save, UnlockStatus, ttl_from_metadata};
+use crate::http::state::AppState;
 use crate::store::Versioned;
 
 /// The code generated from `proto/dapr/` (Dapr's package layout, which the

@@ -144,7 +144,7 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
 fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let path = parsed.path?;
     let route = path.split_once('?').map_or(path, |(route, _)| route);
-    if !super::watch::is_watch_path(route) {
+    if !crate::http::api::watch::is_watch_path(route) {
         return None;
     }
     let version = match parsed.version? {
