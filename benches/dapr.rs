@@ -4,8 +4,10 @@
 //! own processes, then on one keep-alive connection, one request at a time:
 //!
 //! 1. **reads**: `GET /keys/k` against Dapr's `GET /v1.0/state/statestore/k`
-//!    of the same 16-byte value: latency percentiles and the gateway's own
-//!    CPU per request (from `/proc`), as ratios Dapr / `/keys`;
+//!    of the same 16-byte value over HTTP/1.1, and `GET /keys/k` against
+//!    Dapr's gRPC `GetState` over one HTTP/2 (h2c) connection: latency
+//!    percentiles and the gateway's own CPU per request (from `/proc`), as
+//!    ratios Dapr / `/keys` on the same protocol;
 //! 2. **saves**: a Dapr save without an etag against one with the key's
 //!    current etag (read by a bulk get before each, not timed): latency and
 //!    the store round trips each costs (the gateway's store request count).
@@ -20,9 +22,12 @@ mod support;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use prost::Message as _;
 
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::HttpConn;
@@ -84,6 +89,148 @@ async fn timed(
         samples.push(started.elapsed());
         if response.status != expect {
             bail!("{method} {path}: {} (expected {expect})", response.status);
+        }
+    }
+    let used = gateway.proc.cpu_ticks()? - ticks;
+    let cpu_us = used as f64 * 1e6 / procs::clock_ticks_per_second() as f64 / requests as f64;
+    Ok(Run {
+        latency: Percentiles::of(&mut samples),
+        cpu_us,
+    })
+}
+
+/// Every request over the HTTP/2 connection gives up after this long.
+const H2_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Dapr's `GetStateRequest` (the fields a GET sets).
+#[derive(Clone, PartialEq, prost::Message)]
+struct GetStateRequest {
+    #[prost(string, tag = "1")]
+    store_name: String,
+    #[prost(string, tag = "2")]
+    key: String,
+}
+
+/// Dapr's `GetStateResponse` (metadata left out: prost skips it).
+#[derive(Clone, PartialEq, prost::Message)]
+struct GetStateResponse {
+    #[prost(bytes = "vec", tag = "1")]
+    data: Vec<u8>,
+    #[prost(string, tag = "2")]
+    etag: String,
+}
+
+/// One HTTP/2 connection with prior knowledge: `/keys` GETs and gRPC calls
+/// on the same transport, one at a time.
+struct H2Conn {
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+}
+
+impl H2Conn {
+    async fn connect(addr: std::net::SocketAddr) -> Result<H2Conn> {
+        let stream = tokio::time::timeout(H2_TIMEOUT, tokio::net::TcpStream::connect(addr))
+            .await
+            .context("connecting: timed out")??;
+        stream.set_nodelay(true)?;
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .context("HTTP/2 handshake")?;
+        tokio::spawn(connection);
+        Ok(H2Conn { sender })
+    }
+
+    /// Sends one request; the status, body and trailers.
+    async fn send(
+        &mut self,
+        request: hyper::Request<Full<Bytes>>,
+    ) -> Result<(u16, Bytes, Option<hyper::HeaderMap>)> {
+        let exchange = async {
+            self.sender.ready().await?;
+            let response = self.sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let collected = response.into_body().collect().await?;
+            let trailers = collected.trailers().cloned();
+            anyhow::Ok((status, collected.to_bytes(), trailers))
+        };
+        tokio::time::timeout(H2_TIMEOUT, exchange)
+            .await
+            .context("HTTP/2 request: timed out")?
+    }
+
+    async fn get_keys(&mut self, key: &str) -> Result<Bytes> {
+        let request = hyper::Request::get(format!("/keys/{key}")).body(Full::new(Bytes::new()))?;
+        let (status, body, _) = self.send(request).await?;
+        if status != 200 {
+            bail!("h2c GET /keys/{key}: {status}");
+        }
+        Ok(body)
+    }
+
+    /// Dapr's `GetState`: the value's bytes.
+    async fn get_state(&mut self, key: &str) -> Result<Vec<u8>> {
+        let message = GetStateRequest {
+            store_name: "statestore".to_owned(),
+            key: key.to_owned(),
+        }
+        .encode_to_vec();
+        // gRPC's length-prefixed message: no compression, 4-byte length.
+        let mut frame = Vec::with_capacity(5 + message.len());
+        frame.push(0);
+        frame.extend_from_slice(&u32::try_from(message.len())?.to_be_bytes());
+        frame.extend_from_slice(&message);
+        let request = hyper::Request::post("/dapr.proto.runtime.v1.Dapr/GetState")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from(frame)))?;
+        let (status, body, trailers) = self.send(request).await?;
+        let grpc_status = trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("missing");
+        if status != 200 || grpc_status != "0" {
+            bail!("GetState {key}: HTTP {status}, grpc-status {grpc_status}");
+        }
+        if body.len() < 5 {
+            bail!("GetState {key}: a {}-byte body", body.len());
+        }
+        Ok(GetStateResponse::decode(&body[5..])
+            .context("GetStateResponse")?
+            .data)
+    }
+}
+
+/// The reads compared over HTTP/2.
+#[derive(Clone, Copy)]
+enum H2Read {
+    /// `GET /keys/bench`.
+    Keys,
+    /// Dapr's gRPC `GetState` of `bench`.
+    GetState,
+}
+
+/// `requests` reads on `conn`: latencies and the gateway's CPU per request.
+async fn timed_h2(
+    gateway: &GatewayProc,
+    conn: &mut H2Conn,
+    requests: usize,
+    expect: &[u8],
+    read: H2Read,
+) -> Result<Run> {
+    let mut samples = Vec::with_capacity(requests);
+    let ticks = gateway.proc.cpu_ticks()?;
+    for _ in 0..requests {
+        let started = Instant::now();
+        let body = match read {
+            H2Read::Keys => conn.get_keys("bench").await?.to_vec(),
+            H2Read::GetState => conn.get_state("bench").await?,
+        };
+        samples.push(started.elapsed());
+        if body != expect {
+            bail!("unexpected body {:?}", String::from_utf8_lossy(&body));
         }
     }
     let used = gateway.proc.cpu_ticks()? - ticks;
@@ -167,6 +314,13 @@ async fn run(options: Options) -> Result<()> {
     )
     .await?;
 
+    // The same reads over one HTTP/2 connection: `/keys` against gRPC.
+    let mut h2 = H2Conn::connect(gateway.api).await?;
+    timed_h2(&gateway, &mut h2, n / 10 + 1, value, H2Read::Keys).await?;
+    timed_h2(&gateway, &mut h2, n / 10 + 1, value, H2Read::GetState).await?;
+    let keys_h2 = timed_h2(&gateway, &mut h2, n, value, H2Read::Keys).await?;
+    let grpc = timed_h2(&gateway, &mut h2, n, value, H2Read::GetState).await?;
+
     let saves = (n / 4).max(10);
     let plain_body = br#"[{"key":"bench-save","value":"0123456789abcd"}]"#;
     let before = store_requests(&gateway).await?;
@@ -215,13 +369,15 @@ async fn run(options: Options) -> Result<()> {
     let mut report = String::new();
     writeln!(
         report,
-        "### Dapr's HTTP API beside the key API, one request at a time\n"
+        "### Dapr's HTTP and gRPC API beside the key API, one request at a time\n"
     )?;
     writeln!(report, "| request | p50 | p99 | gateway CPU per request |")?;
     writeln!(report, "|---|---:|---:|---:|")?;
     for (name, run) in [
-        ("`GET /keys/k`", &keys),
-        ("Dapr `GET /v1.0/state/statestore/k`", &dapr),
+        ("`GET /keys/k`, HTTP/1.1", &keys),
+        ("Dapr `GET /v1.0/state/statestore/k`, HTTP/1.1", &dapr),
+        ("`GET /keys/k`, HTTP/2 (h2c)", &keys_h2),
+        ("Dapr gRPC `GetState`, HTTP/2 (h2c)", &grpc),
     ] {
         writeln!(
             report,
@@ -237,6 +393,18 @@ async fn run(options: Options) -> Result<()> {
         dapr.cpu_us / keys.cpu_us,
         dapr.latency.p50 / keys.latency.p50,
         dapr.latency.p99 / keys.latency.p99
+    )?;
+    writeln!(
+        report,
+        "gRPC GetState / h2c `/keys` GET: CPU per request {:.2}x, p50 {:.2}x, p99 {:.2}x; \
+         added p50 {:+.0} µs, p99 {:+.0} µs (HTTP/1.1 Dapr GET: p50 {:+.0} µs, p99 {:+.0} µs).\n",
+        grpc.cpu_us / keys_h2.cpu_us,
+        grpc.latency.p50 / keys_h2.latency.p50,
+        grpc.latency.p99 / keys_h2.latency.p99,
+        grpc.latency.p50 - keys_h2.latency.p50,
+        grpc.latency.p99 - keys_h2.latency.p99,
+        dapr.latency.p50 - keys.latency.p50,
+        dapr.latency.p99 - keys.latency.p99,
     )?;
     writeln!(
         report,

@@ -22,7 +22,8 @@
 //! A store refusal for an older token at 3 or 4 means a newer holder
 //! wrote first: the etag no longer matches. Writes without an etag to a
 //! key that carries a token take the same lease (without 2 and 3), since
-//! the store refuses them without one.
+//! the store refuses them without one; with transactions on, every write
+//! without an etag does (a `first-write` as a fenced `SET NX`).
 //!
 //! What fencing cannot cover (documented in docs/dapr.md): the store
 //! forgets a deleted key's token, so a save whose gateway was paused past
@@ -47,7 +48,8 @@ pub(super) enum Write {
     Set {
         /// The new value.
         value: Bytes,
-        /// Its expiry (the condition is always `Always`).
+        /// Its expiry and condition: `Always`, or `OnlyIfMissing` for a
+        /// `first-write` without an etag.
         options: SetOptions,
     },
     /// Delete the key.
@@ -96,16 +98,26 @@ async fn apply(
     };
     let Some(expected) = expected else {
         // No etag: the write wins; a refusal for an older token means a
-        // newer holder's write came after it, which is as good.
-        let written = match write {
-            Write::Set { value, options } => {
-                store.set(key, value, options, &fenced).await.map(drop)
-            }
-            Write::Delete => store.del(key, Some(token)).await.map(drop),
+        // newer holder's write came after it, which is as good. A
+        // `first-write` finds the key present then, as when `NX` fails.
+        let only_if_absent = matches!(
+            &write,
+            Write::Set { options, .. } if options.condition == SetCondition::OnlyIfMissing
+        );
+        // Whether it landed (an absent key is deleted all the same).
+        let landed = match write {
+            Write::Set { value, options } => store
+                .set(key, value, options, &fenced)
+                .await
+                .map(|outcome| matches!(outcome, SetOutcome::Applied(_))),
+            Write::Delete => store.del(key, Some(token)).await.map(|_| true),
         };
-        return match written {
+        return match landed {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(DaprError::EtagMismatch),
+            Err(error) if is_outdated(&error) && only_if_absent => Err(DaprError::EtagMismatch),
             Err(error) if is_outdated(&error) => Ok(()),
-            other => other.map_err(DaprError::from),
+            Err(error) => Err(error.into()),
         };
     };
     let read = match store.get(key.clone()).await? {

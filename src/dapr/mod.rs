@@ -4,7 +4,8 @@
 //!
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
-//!   without an etag is `SET NX` ("only if absent").
+//!   without an etag is `SET NX` ("only if absent"). With transactions on,
+//!   each takes its key's lease first (see below).
 //! - A write or delete **with** an etag is a [`conditional`] write: the
 //!   store has no compare-and-set on versions, so it is built from a lease
 //!   per key and fencing tokens, correct across any number of gateways.
@@ -198,14 +199,6 @@ impl DaprStore {
             };
             return self.conditional(key, Some(expected), write).await;
         }
-        if self.settings.transactions && save.concurrency == Concurrency::LastWrite {
-            // A transaction may hold the key: take its lease like it.
-            let write = conditional::Write::Set {
-                value: save.value,
-                options,
-            };
-            return self.conditional(key, None, write).await;
-        }
         let options = SetOptions {
             condition: match save.concurrency {
                 Concurrency::FirstWrite => SetCondition::OnlyIfMissing,
@@ -213,6 +206,16 @@ impl DaprStore {
             },
             ..options
         };
+        if self.settings.transactions {
+            // A transaction may hold the key: take its lease like it (which
+            // rolls a committed one forward first), so the write, `NX` or
+            // not, is ordered before or after the whole transaction.
+            let write = conditional::Write::Set {
+                value: save.value,
+                options,
+            };
+            return self.conditional(key, None, write).await;
+        }
         let set = self
             .store
             .set(

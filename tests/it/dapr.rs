@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use statestore_gateway::access::rules::AuthzSettings;
-use statestore_gateway::dapr::{DaprSettings, KeyPrefix};
+use statestore_gateway::dapr::{DaprSettings, INTENT_PREFIX, KeyPrefix, LEASE_PREFIX};
 
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{GatewayOptions, Stack, http_client};
@@ -796,4 +796,107 @@ async fn a_transaction_cut_by_a_gateway_crash_is_never_seen_half_applied() {
     // itself half written, which the readers did not see.
     assert!(all > 0 && none > 0, "all {all}, none {none}");
     assert!(half_on_the_store > 0, "no crash landed while applying");
+}
+
+/// Leaves in the store what a gateway that crashed right after committing a
+/// one-key transaction leaves: the key's lease held by the transaction and
+/// its intent record (upsert `key` to the JSON string `value`), not applied.
+async fn committed_unapplied_transaction(
+    gw: &crate::support::gateway::Gateway,
+    key: &str,
+    value: &str,
+) {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let id = format!("{:032x}", rand::random::<u128>());
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000;
+    let lease_value = format!("txn:{id}:{deadline}");
+    let bearer = format!("Bearer {TOKEN}");
+    let lease = gw
+        .at(format!("{LEASE_PREFIX}{key}").as_bytes())
+        .header("authorization", &bearer)
+        .put(lease_value.clone())
+        .await;
+    assert_eq!(lease.status(), 200);
+    let token = lease.json::<Value>().await.unwrap()["version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let record = json!({
+        "lease": lease_value,
+        "ops": [{"k": b64(key.as_bytes()), "t": token, "v": b64(json!(value).to_string().as_bytes()), "px": null}],
+    });
+    let put = gw
+        .at(format!("{INTENT_PREFIX}{id}").as_bytes())
+        .header("authorization", &bearer)
+        .put(record.to_string())
+        .await;
+    assert_eq!(put.status(), 200);
+}
+
+#[tokio::test]
+async fn writes_without_an_etag_come_after_a_committed_transaction_holding_the_key() {
+    // A committed transaction's leftovers hold each key's lease; a Dapr
+    // write without an etag must roll it forward first, as a read does, so
+    // it is ordered after the transaction: a first-write then finds the key
+    // present, a plain save or delete wins over the transaction's value.
+    let stack = transactional_stack().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let url = format!("http://{}/v1.0/state/statestore", gw.api);
+    let read = |key: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let response = client.get(format!("{url}/{key}")).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+
+    committed_unapplied_transaction(gw, "gap/first", "from-txn").await;
+    let first_write = client
+        .post(&url)
+        .json(&json!([{"key": "gap/first", "value": "first", "options": {"concurrency": "first-write"}}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(first_write, 409).await,
+        "ERR_STATE_SAVE",
+        "a first-write save of a key a committed transaction wrote"
+    );
+    assert_eq!(read("gap/first").await, (200, "\"from-txn\"".to_owned()));
+
+    committed_unapplied_transaction(gw, "gap/plain", "from-txn").await;
+    let plain = client
+        .post(&url)
+        .json(&json!([{"key": "gap/plain", "value": "plain"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 204);
+    assert_eq!(read("gap/plain").await, (200, "\"plain\"".to_owned()));
+
+    committed_unapplied_transaction(gw, "gap/deleted", "from-txn").await;
+    let delete = client
+        .delete(format!("{url}/gap/deleted"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(delete.status(), 204);
+    assert_eq!(read("gap/deleted").await.0, 204);
+
+    // No lease or intent record is left behind.
+    for key in ["gap/first", "gap/plain", "gap/deleted"] {
+        let lease = gw
+            .at(format!("{LEASE_PREFIX}{key}").as_bytes())
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .get()
+            .await;
+        assert_eq!(lease.status(), 404, "{key}'s lease");
+    }
 }
