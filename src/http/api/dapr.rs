@@ -173,7 +173,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         &mut body,
         declared,
         state.limits.max_batch_bytes,
-        state.limits.request_timeout,
+        state.request_timeout(),
     )
     .await
     .map_err(|error| DaprHttpError::malformed(error.to_string()))?;
