@@ -236,7 +236,8 @@ async fn write_keys(port: u16, count: usize) -> Result<()> {
                     value: Bytes::from(value(i)),
                     options: SetOptions::default(),
                 };
-                pool.request(&request, &RequestOptions::default()).await
+                pool.request(&request, &RequestOptions::default(), |response| response)
+                    .await
             }
         })
         .buffer_unordered(256);

@@ -129,7 +129,9 @@ async fn set(pool: &Pool, key: String, value: &'static [u8]) -> Result<()> {
         value: Bytes::from_static(value),
         options: SetOptions::default(),
     };
-    let reply = pool.request(&request, &RequestOptions::default()).await?;
+    let reply = pool
+        .request(&request, &RequestOptions::default(), |response| response)
+        .await?;
     if reply.reply != Reply::Ok {
         bail!("SET answered {:?}", reply.reply);
     }

@@ -103,7 +103,8 @@ async fn run(options: Options) -> Result<()> {
                     value: Bytes::from_static(b"21.5"),
                     options: SetOptions::default(),
                 };
-                pool.request(&request, &RequestOptions::default()).await
+                pool.request(&request, &RequestOptions::default(), |response| response)
+                    .await
             }
         })
         .buffer_unordered(256);

@@ -51,7 +51,9 @@ pub async fn start_pool(broker_port: u16, pool_size: usize) -> Result<Pool> {
             key: Bytes::from_static(b"bench-probe"),
         };
         if pool.is_ready()
-            && let Ok(response) = pool.request(&probe, &RequestOptions::default()).await
+            && let Ok(response) = pool
+                .request(&probe, &RequestOptions::default(), |response| response)
+                .await
             && matches!(response.reply, Reply::NotFound | Reply::Value(_))
         {
             break;
@@ -81,7 +83,10 @@ pub fn request(op: Op, key: &str, value: &Bytes) -> Request {
 
 /// One request; false when it failed or the reply is not the expected one.
 async fn one(pool: &Pool, request: &Request, value_len: usize) -> bool {
-    match pool.request(request, &RequestOptions::default()).await {
+    match pool
+        .request(request, &RequestOptions::default(), |response| response)
+        .await
+    {
         Ok(response) => match (request, response.reply) {
             (Request::Set { .. }, Reply::Ok) => true,
             (Request::Get { .. }, Reply::Value(value)) => value.len() == value_len,

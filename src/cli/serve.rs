@@ -284,7 +284,6 @@ impl ServeArgs {
                 max_value_bytes: self.max_value_bytes,
                 max_batch_ops: self.max_batch_ops,
                 max_batch_bytes: self.max_batch_bytes,
-                ..Limits::default()
             },
             api_token,
             jwt,
@@ -302,7 +301,6 @@ impl ServeArgs {
                     .then_some(self.watch_resync_interval),
                 rescan_interval: self.watch_rescan_interval,
                 max_keys_per_pattern: self.max_keys_per_pattern,
-                ..WatchSettings::default()
             },
             cors_allow_origins: self
                 .cors_allow_origin

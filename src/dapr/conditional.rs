@@ -94,7 +94,7 @@ async fn apply(
 ) -> Result<(), DaprError> {
     let fenced = RequestOptions {
         fencing_token: Some(token.clone()),
-        persist: false,
+        ..RequestOptions::default()
     };
     let Some(expected) = expected else {
         // No etag: the write wins; a refusal for an older token means a

@@ -243,7 +243,7 @@ async fn finish(
         let key = Bytes::from(key);
         let fenced = RequestOptions {
             fencing_token: Some(token.clone()),
-            persist: false,
+            ..RequestOptions::default()
         };
         let written = match op.v.as_ref().and_then(|v| BASE64.decode(v).ok()) {
             Some(value) => {

@@ -29,7 +29,7 @@ pub(super) struct Guard {
     pub(super) callers: CallerChecks,
     /// Counts refusals by reason.
     pub(super) metrics: Metrics,
-    /// See [`Limits::backstop`].
+    /// See [`AppState::backstop`](super::AppState::backstop).
     pub(super) backstop: Duration,
     /// Added to the backstop of lock requests, which may wait this long.
     pub(super) lock_wait: Duration,

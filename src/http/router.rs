@@ -29,7 +29,7 @@ use crate::trace::{self, TraceContext};
 /// request metrics and failure logs outermost, then the bearer token check,
 /// then a backstop timeout.
 pub fn router(state: AppState) -> Router {
-    let backstop = state.limits.backstop();
+    let backstop = state.backstop();
     api_routes(&state)
         .fallback(route_not_found)
         .layer(from_fn_with_state(
@@ -379,7 +379,6 @@ mod tests {
         let limits = Limits {
             max_key_bytes: 8,
             max_value_bytes: Some(16),
-            request_timeout: Duration::from_millis(200),
             ..Limits::default()
         };
         AppState::new(

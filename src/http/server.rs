@@ -92,16 +92,14 @@ impl Default for ServeSettings {
 }
 
 impl ServeSettings {
-    /// These settings with `timeout` as the request timeout, and every wait
-    /// that follows from it: the pool's reply and slot waits, the key API's
-    /// limit (body reads, the backstop) and how long a new watcher waits
-    /// for its keys' registration. The one place they are derived, for the
+    /// These settings with `timeout` as the request timeout (the pool owns
+    /// it: body reads, the backstop and a new watcher's registration wait
+    /// read it from there), and the waits derived from it: the pool's slot
+    /// wait and Dapr's lease wait. The one place they are set, for the
     /// command line and the tests alike.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.pool.request_timeout = timeout;
         self.pool.slot_wait = settings::slot_wait(timeout);
-        self.limits.request_timeout = timeout;
-        self.watch.register_timeout = timeout;
         self.dapr.lease_wait = timeout;
         self
     }

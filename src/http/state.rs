@@ -24,8 +24,6 @@ pub struct Limits {
     /// Largest value when configured (capped by the broker's limit once
     /// known); see [`AppState::value_limit`] (larger: 413).
     pub max_value_bytes: Option<usize>,
-    /// How long a store request may take; bounds body reads too.
-    pub request_timeout: Duration,
     /// Most ops in one batch (more: 413).
     pub max_batch_ops: usize,
     /// Largest batch body, in bytes (larger: 413).
@@ -38,21 +36,9 @@ impl Default for Limits {
         Self {
             max_key_bytes: settings::DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: None,
-            request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
             max_batch_ops: settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: settings::DEFAULT_MAX_BATCH_BYTES,
         }
-    }
-}
-
-impl Limits {
-    /// The backstop on a whole request: body read plus a slot wait plus the
-    /// store round trip, and a second of slack, so nothing hangs even if an
-    /// inner timeout fails to fire.
-    pub fn backstop(&self) -> Duration {
-        self.request_timeout * 2
-            + crate::settings::slot_wait(self.request_timeout)
-            + Duration::from_secs(1)
     }
 }
 
@@ -97,6 +83,20 @@ pub struct Shared {
 }
 
 impl AppState {
+    /// How long a store request may take (the pool owns it); bounds body
+    /// reads too.
+    pub fn request_timeout(&self) -> Duration {
+        self.store.pool().request_timeout()
+    }
+
+    /// The backstop on a whole request: body read plus a slot wait plus the
+    /// store round trip, and a second of slack, so nothing hangs even if an
+    /// inner timeout fails to fire.
+    pub fn backstop(&self) -> Duration {
+        let request_timeout = self.request_timeout();
+        request_timeout * 2 + settings::slot_wait(request_timeout) + Duration::from_secs(1)
+    }
+
     /// State over a started pool, with the system clock; starts the watch
     /// hub's tasks (so it must run inside a Tokio runtime).
     pub fn new(

@@ -68,6 +68,23 @@ pub enum PoolError {
 }
 
 impl PoolError {
+    /// One error of each kind, for tests that go through them all.
+    #[cfg(test)]
+    pub(crate) fn one_of_each() -> [PoolError; 10] {
+        [
+            PoolError::Unavailable,
+            PoolError::Overloaded,
+            PoolError::Timeout(Duration::from_secs(1)),
+            PoolError::ConnectionLost,
+            PoolError::OutcomeUnknown,
+            PoolError::Decode(DecodeError::Incomplete),
+            PoolError::BadVersion(HlcError::TooFarInFuture),
+            PoolError::Clock(HlcError::CounterOverflow),
+            PoolError::TooLarge { size: 2, max: 1 },
+            PoolError::ShuttingDown,
+        ]
+    }
+
     /// A short stable name, used as a metric label (`store_errors{kind}`,
     /// `store_latency{outcome}`).
     pub fn kind(&self) -> &'static str {
@@ -92,18 +109,7 @@ mod tests {
 
     #[test]
     fn error_kinds_are_distinct_labels() {
-        let errors = [
-            PoolError::Unavailable,
-            PoolError::Overloaded,
-            PoolError::Timeout(Duration::from_secs(1)),
-            PoolError::ConnectionLost,
-            PoolError::OutcomeUnknown,
-            PoolError::Decode(DecodeError::Incomplete),
-            PoolError::BadVersion(HlcError::TooFarInFuture),
-            PoolError::Clock(HlcError::CounterOverflow),
-            PoolError::TooLarge { size: 2, max: 1 },
-            PoolError::ShuttingDown,
-        ];
+        let errors = PoolError::one_of_each();
         let kinds: std::collections::HashSet<&str> = errors.iter().map(PoolError::kind).collect();
         assert_eq!(kinds.len(), errors.len());
     }

@@ -71,6 +71,9 @@ pub struct RequestOptions {
     pub fencing_token: Option<Hlc>,
     /// `aio-persistence: true` (SET only)
     pub persist: bool,
+    /// Send on this member only (`None`: the least-loaded one). KEYNOTIFY
+    /// registrations belong to the member (client id) that sent them.
+    pub member: Option<usize>,
 }
 
 /// A decoded reply and the key's version from its `__ts`.
@@ -92,7 +95,6 @@ pub struct Pool {
 
 struct Inner {
     client_id: String,
-    request_timeout: Duration,
     slot_wait: Duration,
     max_in_flight: usize,
     members: Vec<Arc<Member>>,
@@ -216,7 +218,6 @@ impl Pool {
             inner: Arc::new(Inner {
                 clock: HybridClock::new(settings.client_id.clone()),
                 client_id: settings.client_id,
-                request_timeout: settings.request_timeout,
                 slot_wait: settings.slot_wait,
                 max_in_flight: settings
                     .max_in_flight_per_member
@@ -230,8 +231,12 @@ impl Pool {
         })
     }
 
-    /// Sends a request on the least-loaded subscribed member and waits for
-    /// its reply (bounded by the request timeout).
+    /// Sends a request on the least-loaded subscribed member (or on
+    /// `options.member`, waiting up to the slot wait for it to be subscribed
+    /// and to have a free slot) and waits for its reply (bounded by the
+    /// request timeout). The reply is read by `read` (the store client's
+    /// decoding; `|response| response` keeps it as is): the metrics are
+    /// labelled from what it makes of it.
     ///
     /// A reply whose `__stat` is present and not `200` (the SDK executors'
     /// way of reporting a failed invocation) becomes
@@ -247,50 +252,35 @@ impl Pool {
     ///
     /// `ConnectionLost` means the request never left the gateway;
     /// `OutcomeUnknown` and `Timeout` that it may have reached the store.
-    pub async fn request(
-        &self,
-        request: &Request,
-        options: &RequestOptions,
-    ) -> Result<StoreResponse, PoolError> {
-        self.send(None, request, options, |response| response).await
-    }
-
-    /// Sends a request on one member: KEYNOTIFY registrations belong to the
-    /// member (client id) that sent them. Waits up to the slot wait for the
-    /// member to be subscribed and to have a free slot.
-    pub async fn request_on(
-        &self,
-        member: usize,
-        request: &Request,
-        options: &RequestOptions,
-    ) -> Result<StoreResponse, PoolError> {
-        self.request_on_as(member, request, options, |response| response)
-            .await
-    }
-
-    /// [`Pool::request`], with the reply read by `read` (the store client's
-    /// decoding): the metrics are labelled from what it makes of the reply.
-    pub async fn request_as<T: Labelled>(
+    pub async fn request<T: Labelled>(
         &self,
         request: &Request,
         options: &RequestOptions,
         read: impl FnOnce(StoreResponse) -> T,
     ) -> Result<T, PoolError> {
-        self.send(None, request, options, read).await
-    }
-
-    /// [`Pool::request_on`], with the reply read by `read`.
-    pub async fn request_on_as<T: Labelled>(
-        &self,
-        member: usize,
-        request: &Request,
-        options: &RequestOptions,
-        read: impl FnOnce(StoreResponse) -> T,
-    ) -> Result<T, PoolError> {
-        if member >= self.inner.members.len() {
+        if options
+            .member
+            .is_some_and(|member| member >= self.inner.members.len())
+        {
             return Err(PoolError::Unavailable);
         }
-        self.send(Some(member), request, options, read).await
+        let started = std::time::Instant::now();
+        // With span export, the request's client span (`None` otherwise).
+        let mut span = trace::Span::store(request.verb());
+        let result = self
+            .exchange(options.member, request, options, span.as_mut())
+            .await
+            .map(read);
+        let (outcome, error_kind) = self.record(request, &result, started.elapsed());
+        if let Some(span) = span {
+            span.end_with(outcome, error_kind);
+        }
+        result
+    }
+
+    /// The request timeout: how long a request may wait for its reply.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.ctx.request_timeout
     }
 
     /// Requests the pool carries at once when every member is up: members
@@ -384,27 +374,6 @@ impl Pool {
         }
     }
 
-    async fn send<T: Labelled>(
-        &self,
-        target: Option<usize>,
-        request: &Request,
-        options: &RequestOptions,
-        read: impl FnOnce(StoreResponse) -> T,
-    ) -> Result<T, PoolError> {
-        let started = std::time::Instant::now();
-        // With span export, the request's client span (`None` otherwise).
-        let mut span = trace::Span::store(request.verb());
-        let result = self
-            .exchange(target, request, options, span.as_mut())
-            .await
-            .map(read);
-        let (outcome, error_kind) = self.record(request, &result, started.elapsed());
-        if let Some(span) = span {
-            span.end_with(outcome, error_kind);
-        }
-        result
-    }
-
     async fn exchange(
         &self,
         target: Option<usize>,
@@ -465,7 +434,7 @@ impl Pool {
         member.publish(correlation, reply_tx, REQUEST_TOPIC, payload, properties)?;
         slot.correlation = Some(correlation);
 
-        let timeout = self.inner.request_timeout;
+        let timeout = self.inner.ctx.request_timeout;
         let delivery = match tokio::time::timeout(timeout, reply_rx).await {
             Err(_) => return Err(PoolError::Timeout(timeout)),
             // The member dropped the waiter without an answer: it is gone,
@@ -609,7 +578,7 @@ impl Pool {
         PublishProperties {
             // The SDK leaves the indicator out for bytes (= 0, unspecified).
             payload_format_indicator: None,
-            message_expiry_interval: Some(message_expiry(self.inner.request_timeout)),
+            message_expiry_interval: Some(message_expiry(self.inner.ctx.request_timeout)),
             topic_alias: None,
             response_topic: Some(member.response_topic.clone()),
             correlation_data: Some(Bytes::copy_from_slice(&correlation)),

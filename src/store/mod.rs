@@ -115,7 +115,7 @@ impl StoreClient {
     /// not exist.
     pub async fn get(&self, key: Bytes) -> Result<Option<Versioned<Bytes>>, RequestError> {
         let request = Request::Get { key };
-        match self.call(&request, &RequestOptions::default()).await? {
+        match self.call(&request, RequestOptions::default()).await? {
             Decoded::Get(outcome) => Ok(outcome),
             other => Err(other.mismatch(&request)),
         }
@@ -135,7 +135,7 @@ impl StoreClient {
             value,
             options,
         };
-        match self.call(&request, envelope).await? {
+        match self.call(&request, envelope.clone()).await? {
             Decoded::Set(outcome) => Ok(outcome),
             other => Err(other.mismatch(&request)),
         }
@@ -148,7 +148,7 @@ impl StoreClient {
         fencing_token: Option<Hlc>,
     ) -> Result<DelOutcome, RequestError> {
         let request = Request::Del { key };
-        match self.call(&request, &fenced(fencing_token)).await? {
+        match self.call(&request, fenced(fencing_token)).await? {
             Decoded::Del(outcome) => Ok(outcome),
             other => Err(other.mismatch(&request)),
         }
@@ -163,7 +163,7 @@ impl StoreClient {
         fencing_token: Option<Hlc>,
     ) -> Result<VdelOutcome, RequestError> {
         let request = Request::VDel { key, value };
-        match self.call(&request, &fenced(fencing_token)).await? {
+        match self.call(&request, fenced(fencing_token)).await? {
             Decoded::Vdel(outcome) => Ok(outcome),
             other => Err(other.mismatch(&request)),
         }
@@ -173,7 +173,7 @@ impl StoreClient {
     /// change of the key (use [`StoreClient::on_member`]).
     pub async fn keynotify(&self, key: Bytes) -> Result<(), RequestError> {
         let request = Request::KeyNotify { key, stop: false };
-        self.call(&request, &RequestOptions::default()).await?;
+        self.call(&request, RequestOptions::default()).await?;
         Ok(())
     }
 
@@ -181,7 +181,7 @@ impl StoreClient {
     /// not exist is no error).
     pub async fn stop(&self, key: Bytes) -> Result<(), RequestError> {
         let request = Request::KeyNotify { key, stop: true };
-        self.call(&request, &RequestOptions::default()).await?;
+        self.call(&request, RequestOptions::default()).await?;
         Ok(())
     }
 
@@ -195,7 +195,7 @@ impl StoreClient {
         token: Option<Bytes>,
     ) -> Result<KeyPage, RequestError> {
         let request = Request::Scan { pattern, token };
-        match self.call(&request, &RequestOptions::default()).await? {
+        match self.call(&request, RequestOptions::default()).await? {
             Decoded::Scan(page) => Ok(page),
             other => Err(other.mismatch(&request)),
         }
@@ -206,26 +206,22 @@ impl StoreClient {
     async fn call(
         &self,
         request: &Request,
-        options: &RequestOptions,
+        options: RequestOptions,
     ) -> Result<Decoded, RequestError> {
+        let options = RequestOptions {
+            member: self.member,
+            ..options
+        };
         let fenced = options.fencing_token.is_some();
         let read = |response| decode(request, fenced, response);
-        let decoded = match self.member {
-            Some(member) => {
-                self.pool
-                    .request_on_as(member, request, options, read)
-                    .await
-            }
-            None => self.pool.request_as(request, options, read).await,
-        };
-        decoded?
+        self.pool.request(request, &options, read).await?
     }
 }
 
 fn fenced(fencing_token: Option<Hlc>) -> RequestOptions {
     RequestOptions {
         fencing_token,
-        persist: false,
+        ..RequestOptions::default()
     }
 }
 

@@ -193,20 +193,20 @@ impl WatchHub {
             watcher.patterns.push(self.patterns.follow(pattern));
         }
         self.inner.reconcile.notify_one();
-        let deadline = tokio::time::Instant::now() + settings.register_timeout;
+        let deadline = tokio::time::Instant::now() + self.inner.register_timeout();
         for key in &keys {
             if let Some((watched, _)) = watcher.cursors.get_key_value(&key[..]) {
                 wait_registered(
                     &watched.0,
                     &self.inner.registered,
                     deadline,
-                    settings.register_timeout,
+                    self.inner.register_timeout(),
                 )
                 .await?;
             }
         }
         for pattern in &watcher.patterns {
-            wait_listed(pattern, deadline, settings.register_timeout).await?;
+            wait_listed(pattern, deadline, self.inner.register_timeout()).await?;
             // Past its limit the pattern follows only some of its keys: a
             // stream joining it is refused, as a first stream would be.
             if let Some(why) = pattern.state().over_limit.clone() {

@@ -583,14 +583,14 @@ async fn add(
     };
     inner.metrics.watch_pattern_keys.add(attached.len() as i64);
     inner.reconcile.notify_one();
-    let deadline = Instant::now() + settings.register_timeout;
+    let deadline = Instant::now() + inner.register_timeout();
     let mut first_error = None;
     for watch in attached {
         match wait_registered(
             &watch,
             &inner.registered,
             deadline,
-            settings.register_timeout,
+            inner.register_timeout(),
         )
         .await
         {

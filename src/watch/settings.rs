@@ -20,9 +20,6 @@ pub struct WatchSettings {
     /// [`KeyEvent::weight`](super::KeyEvent::weight)): the oldest go first,
     /// the newest always stays.
     pub buffer_bytes: usize,
-    /// How long a new watcher waits for its keys' first registration: the
-    /// request timeout (`ServeSettings::with_request_timeout` sets it).
-    pub register_timeout: Duration,
     /// How often an idle stream gets a keep-alive comment.
     pub keep_alive: Duration,
     /// How often every watched key is registered and read again, even with
@@ -37,8 +34,7 @@ pub struct WatchSettings {
     pub max_keys_per_pattern: usize,
 }
 
-/// The command line's defaults; the registration timeout is the request
-/// timeout.
+/// The command line's defaults.
 impl Default for WatchSettings {
     fn default() -> Self {
         Self {
@@ -47,7 +43,6 @@ impl Default for WatchSettings {
             max_watched_keys: settings::DEFAULT_MAX_WATCHED_KEYS,
             buffer: settings::DEFAULT_WATCH_BUFFER,
             buffer_bytes: settings::DEFAULT_WATCH_BUFFER_BYTES,
-            register_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
             keep_alive: settings::DEFAULT_WATCH_KEEPALIVE,
             resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
             rescan_interval: settings::DEFAULT_WATCH_RESCAN_INTERVAL,

@@ -35,6 +35,12 @@ pub(super) struct Inner {
 }
 
 impl Inner {
+    /// How long a new watcher waits for its keys' first registration: the
+    /// request timeout, which the pool owns.
+    pub(super) fn register_timeout(&self) -> std::time::Duration {
+        self.store.pool().request_timeout()
+    }
+
     pub(super) fn keys(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<KeyWatch>>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -79,7 +79,7 @@ async fn tls_with_the_brokers_ca_serves_requests() {
     let _responder = Responder::start(broker.addr).await;
     let (pool, _) = start_pool(tls_settings(tls_port, &pki.ca)).await;
     let response = pool
-        .request(&get("k"), &RequestOptions::default())
+        .request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     assert_eq!(response.reply, Reply::NotFound);
@@ -106,7 +106,7 @@ async fn mutual_tls_presents_the_client_certificate() {
     settings.broker.cert_file = Some(pki.client_cert.clone());
     settings.broker.key_file = Some(pki.client_key.clone());
     let (pool, _) = start_pool(settings).await;
-    pool.request(&get("k"), &RequestOptions::default())
+    pool.request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     pool.shutdown().await;
@@ -258,7 +258,10 @@ async fn sat_rotation_reconnects_members_one_at_a_time_while_serving() {
                 if !pool.is_ready() {
                     unready += 1;
                 }
-                match pool.request(&get("k"), &RequestOptions::default()).await {
+                match pool
+                    .request(&get("k"), &RequestOptions::default(), |response| response)
+                    .await
+                {
                     Ok(_) => ok += 1,
                     Err(error) => failed.push(error.to_string()),
                 }
@@ -394,7 +397,7 @@ async fn a_password_file_ending_in_a_newline_is_read_alike_by_the_gateway_and_th
     settings.broker.password_file = Some(password_file);
     let (pool, _) = start_pool(settings).await;
     let response = pool
-        .request(&get("k"), &RequestOptions::default())
+        .request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     assert_eq!(response.reply, Reply::NotFound);

@@ -7,6 +7,10 @@
 //! history is checked against a register, and each watcher's stream for
 //! versions that go back and its final state.
 //!
+//! Dapr's state API with transactions on is checked the same way against a
+//! multi-key store: two gateway processes on one store, a transaction one
+//! atomic operation, one gateway killed or cut off in some rounds.
+//!
 //! `LINEARIZABILITY_SECS` sets how long the load runs (default 20);
 //! `scripts/linearizability` runs it for longer and prints the report.
 
@@ -21,6 +25,8 @@ use tokio::sync::watch;
 use crate::support::emulator::EmulatorProcess;
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{Gateway, GatewayOptions, encode};
+use crate::support::gateway_process::GatewayProcess;
+use crate::support::linearizability::dapr as dapr_model;
 use crate::support::linearizability::{
     Input, Operation, Output, Verdict, WatchEvent, check, check_watch,
 };
@@ -507,4 +513,369 @@ async fn concurrent_clients_under_faults_see_a_linearizable_store() {
     );
     assert!(inconclusive.is_empty(), "undecided keys: {inconclusive:?}");
     assert!(violations.is_empty(), "{} violations", violations.len());
+}
+
+/// Dapr's state API with transactions: keys per round.
+const DAPR_KEYS: usize = 3;
+/// Concurrent Dapr clients.
+const DAPR_CLIENTS: usize = 4;
+/// Operations per client per round: a few dozen per history.
+const DAPR_OPS: usize = 9;
+/// Rounds: a third without a fault, a third killing a gateway (SIGKILL), a
+/// third cutting the other's broker connection.
+const DAPR_ROUNDS: usize = 9;
+/// The gateways' Dapr lease (and a killed transaction's deadline).
+const DAPR_LEASE: Duration = Duration::from_millis(800);
+
+/// A Dapr gateway's flags: transactions on, a short lease.
+const DAPR_ARGS: &[&str] = &[
+    "--dapr-transactions",
+    "true",
+    "--dapr-etag-lease",
+    "800ms",
+    "--request-timeout",
+    "3s",
+];
+
+/// One random Dapr operation on `keys`, with the etags this client read.
+fn dapr_input(
+    rng: &mut impl rand::Rng,
+    keys: &[String],
+    etags: &HashMap<String, String>,
+    fresh: &mut impl FnMut() -> String,
+) -> dapr_model::Input {
+    use dapr_model::{Input as D, TxItem};
+    let key = keys[rng.random_range(0..keys.len())].clone();
+    let etag = etags.get(&key).cloned();
+    match rng.random_range(0..100) {
+        0..25 => D::Get(key),
+        25..37 => D::Save {
+            key,
+            value: fresh(),
+            etag: None,
+            first_write: false,
+        },
+        37..47 => D::Save {
+            key,
+            value: fresh(),
+            etag: None,
+            first_write: true,
+        },
+        47..60 if etag.is_some() => D::Save {
+            key,
+            value: fresh(),
+            etag,
+            first_write: false,
+        },
+        60..65 => D::Delete { key, etag: None },
+        65..72 if etag.is_some() => D::Delete { key, etag },
+        47..72 => D::Get(key),
+        _ => {
+            let mut chosen: Vec<&String> = keys.iter().collect();
+            rand::seq::SliceRandom::shuffle(chosen.as_mut_slice(), rng);
+            chosen.truncate(rng.random_range(2..=keys.len()));
+            let items = chosen
+                .into_iter()
+                .map(|key| {
+                    let etag = etags.get(key).cloned().filter(|_| rng.random_bool(0.5));
+                    match rng.random_range(0..10) {
+                        0 => TxItem {
+                            key: key.clone(),
+                            value: None,
+                            etag,
+                            first_write: false,
+                        },
+                        1 => TxItem {
+                            key: key.clone(),
+                            value: Some(fresh()),
+                            etag: None,
+                            first_write: true,
+                        },
+                        _ => TxItem {
+                            key: key.clone(),
+                            value: Some(fresh()),
+                            etag,
+                            first_write: false,
+                        },
+                    }
+                })
+                .collect();
+            D::Transaction(items)
+        }
+    }
+}
+
+/// A request whose answer says nothing was sent (the gateway was gone).
+const NOT_SENT: &str = "not sent";
+
+/// Sends `input` to the Dapr API at `api`: the status, body and `ETag`.
+async fn send_dapr(
+    http: &reqwest::Client,
+    api: std::net::SocketAddr,
+    input: &dapr_model::Input,
+) -> Result<(u16, String, Option<String>), String> {
+    use dapr_model::Input as D;
+    use serde_json::json;
+    let url = format!("http://{api}/v1.0/state/statestore");
+    let concurrency = |first_write: bool| {
+        if first_write {
+            "first-write"
+        } else {
+            "last-write"
+        }
+    };
+    let request = match input {
+        D::Get(key) => http.get(format!("{url}/{key}")),
+        D::Save {
+            key,
+            value,
+            etag,
+            first_write,
+        } => {
+            let mut item = json!({"key": key, "value": value, "options": {"concurrency": concurrency(*first_write)}});
+            if let Some(etag) = etag {
+                item["etag"] = json!(etag);
+            }
+            http.post(&url).json(&json!([item]))
+        }
+        D::Delete { key, etag } => {
+            let request = http.delete(format!("{url}/{key}"));
+            match etag {
+                Some(etag) => request.header("if-match", etag),
+                None => request,
+            }
+        }
+        D::Transaction(items) => {
+            let operations: Vec<serde_json::Value> = items
+                .iter()
+                .map(|item| {
+                    let mut request = json!({"key": item.key, "options": {"concurrency": concurrency(item.first_write)}});
+                    if let Some(value) = &item.value {
+                        request["value"] = json!(value);
+                    }
+                    if let Some(etag) = &item.etag {
+                        request["etag"] = json!(etag);
+                    }
+                    let operation = if item.value.is_some() { "upsert" } else { "delete" };
+                    json!({"operation": operation, "request": request})
+                })
+                .collect();
+            http.post(format!("{url}/transaction"))
+                .json(&json!({"operations": operations}))
+        }
+    };
+    let response = request
+        .timeout(CLIENT_TIMEOUT)
+        .send()
+        .await
+        .map_err(|error| {
+            if error.is_connect() {
+                NOT_SENT.to_owned()
+            } else {
+                error.to_string()
+            }
+        })?;
+    let status = response.status().as_u16();
+    let etag = response
+        .headers()
+        .get("etag")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let body = response.text().await.map_err(|error| error.to_string())?;
+    Ok((status, body, etag))
+}
+
+/// What a Dapr answer says; `None`: nothing was sent.
+fn dapr_output(
+    input: &dapr_model::Input,
+    answer: &Result<(u16, String, Option<String>), String>,
+) -> Option<dapr_model::Output> {
+    use dapr_model::{Input as D, Output as O};
+    let (status, body, etag) = match answer {
+        Err(error) if error == NOT_SENT => return None,
+        Err(_) => return Some(O::Unknown),
+        Ok(answer) => answer,
+    };
+    Some(match (input, *status) {
+        (D::Get(_), 200) => {
+            let value: String = serde_json::from_str(body).expect("a JSON string value");
+            O::Read(Some((value, etag.clone().expect("an ETag with a value"))))
+        }
+        (D::Get(_), 204) => O::Read(None),
+        (_, 204) => O::Applied,
+        (D::Save { .. } | D::Delete { .. }, 409) => O::NotApplied,
+        // Dapr answers every failed transaction 500: the etag mismatch
+        // (checked before anything is written) says nothing applied.
+        (D::Transaction(_), 500) if body.contains("etag mismatch") => O::NotApplied,
+        // "Not processed, retry", as for `/keys`.
+        (_, 503) => return None,
+        (_, 500 | 502 | 504) => O::Unknown,
+        (input, status) => panic!("{input:?}: unexpected {status}: {body}"),
+    })
+}
+
+/// One Dapr client for one round: alternates between the gateways.
+async fn dapr_client(
+    id: usize,
+    apis: Arc<Mutex<[std::net::SocketAddr; 2]>>,
+    keys: Vec<String>,
+    round: usize,
+    base: Instant,
+) -> Vec<dapr_model::Operation> {
+    let http = crate::support::gateway::http_client();
+    let mut history = Vec::new();
+    let mut etags: HashMap<String, String> = HashMap::new();
+    let mut written = 0;
+    for n in 0..DAPR_OPS {
+        let input = {
+            let mut fresh = || {
+                written += 1;
+                format!("r{round}c{id}v{written}")
+            };
+            dapr_input(&mut rand::rng(), &keys, &etags, &mut fresh)
+        };
+        let api = apis.lock().unwrap()[(id + n) % 2];
+        let call = base.elapsed().as_nanos() as u64;
+        let answer = send_dapr(&http, api, &input).await;
+        let ret = base.elapsed().as_nanos() as u64;
+        let Some(output) = dapr_output(&input, &answer) else {
+            continue;
+        };
+        if let (dapr_model::Input::Get(key), dapr_model::Output::Read(read)) = (&input, &output) {
+            match read {
+                Some((_, etag)) => etags.insert(key.clone(), etag.clone()),
+                None => etags.remove(key),
+            };
+        }
+        history.push(dapr_model::Operation {
+            client: id,
+            input,
+            call,
+            ret,
+            output,
+        });
+    }
+    history
+}
+
+/// Reads `key` through `api` until it answers (a gateway may be healing).
+async fn dapr_final_read(
+    http: &reqwest::Client,
+    api: std::net::SocketAddr,
+    key: &str,
+) -> dapr_model::Output {
+    let input = dapr_model::Input::Get(key.to_owned());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = send_dapr(http, api, &input).await;
+        if let Some(output @ dapr_model::Output::Read(_)) = dapr_output(&input, &answer) {
+            return output;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} unreadable 30 s after the round"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dapr_transactions_through_two_gateways_are_linearizable_under_faults() {
+    // Two gateway processes with transactions on share one store; clients
+    // alternate between them. Each round's history (its own keys) is
+    // checked against a multi-key store where a transaction is one atomic
+    // operation; some rounds kill a gateway (SIGKILL), some cut the other's
+    // broker connections, so some operations end with an unknown outcome.
+    init_logging();
+    let broker = Mosquitto::start().await;
+    let _store = EmulatorProcess::start(&broker, &[]).await;
+    let proxy = FaultProxy::start(broker.addr).await;
+    let a = GatewayProcess::start(proxy.port(), DAPR_ARGS).await;
+    let mut b = GatewayProcess::start(broker.port(), DAPR_ARGS).await;
+    let apis = Arc::new(Mutex::new([a.api, b.api]));
+    let http = crate::support::gateway::http_client();
+    let base = Instant::now();
+    let (mut operations, mut unknown, mut transactions) = (0, 0, 0);
+    let mut violations = Vec::new();
+    for round in 0..DAPR_ROUNDS {
+        let keys: Vec<String> = (0..DAPR_KEYS)
+            .map(|k| format!("dlin/{round}/{k}"))
+            .collect();
+        let clients: Vec<_> = (0..DAPR_CLIENTS)
+            .map(|id| tokio::spawn(dapr_client(id, apis.clone(), keys.clone(), round, base)))
+            .collect();
+        let fault_at = Duration::from_millis(rand::rng().random_range(20..200));
+        match round % 3 {
+            1 => {
+                tokio::time::sleep(fault_at).await;
+                drop(b);
+                b = GatewayProcess::start(broker.port(), DAPR_ARGS).await;
+                apis.lock().unwrap()[1] = b.api;
+            }
+            2 => {
+                tokio::time::sleep(fault_at).await;
+                proxy.cut_all();
+                tokio::time::sleep(fault_at).await;
+                proxy.cut_all();
+            }
+            _ => {}
+        }
+        let mut history = Vec::new();
+        for client in clients {
+            history.extend(client.await.unwrap());
+        }
+        // Past every lease, then a read of each key (which resolves a
+        // transaction a killed gateway left) closes the history.
+        tokio::time::sleep(DAPR_LEASE + Duration::from_millis(200)).await;
+        for key in &keys {
+            let output = dapr_final_read(&http, a.api, key).await;
+            let now = base.elapsed().as_nanos() as u64;
+            history.push(dapr_model::Operation {
+                client: usize::MAX,
+                input: dapr_model::Input::Get(key.clone()),
+                call: now,
+                ret: now,
+                output,
+            });
+        }
+        operations += history.len();
+        unknown += history
+            .iter()
+            .filter(|op| op.output == dapr_model::Output::Unknown)
+            .count();
+        transactions += history
+            .iter()
+            .filter(|op| {
+                matches!(op.input, dapr_model::Input::Transaction(_))
+                    && op.output == dapr_model::Output::Applied
+            })
+            .count();
+        match dapr_model::check(&history, BUDGET) {
+            dapr_model::Verdict::Linearizable => {}
+            dapr_model::Verdict::Inconclusive => {
+                violations.push(format!("round {round}: undecided"))
+            }
+            dapr_model::Verdict::Violation(report) => {
+                violations.push(format!("round {round}: {report}"));
+            }
+        }
+    }
+    eprintln!(
+        "dapr linearizability: {DAPR_ROUNDS} rounds, {operations} operations \
+         ({unknown} of unknown outcome, {transactions} transactions applied), \
+         proxy stats {:?}, {} violations",
+        proxy.stats(),
+        violations.len()
+    );
+    for violation in &violations {
+        eprintln!("VIOLATION {violation}");
+    }
+    assert!(violations.is_empty(), "{} violations", violations.len());
+    // The load did what it is for: transactions applied, faults left
+    // some outcomes unknown.
+    assert!(
+        transactions >= DAPR_ROUNDS,
+        "only {transactions} transactions applied"
+    );
+    assert!(unknown > 0, "no fault left an outcome unknown");
 }

@@ -68,14 +68,18 @@ async fn round_trip_carries_the_sdks_envelope() {
     let options = RequestOptions {
         fencing_token: Some(fencing_token.clone()),
         persist: true,
+        ..RequestOptions::default()
     };
     let request = set("key", "value");
-    let response = pool.request(&request, &options).await.unwrap();
+    let response = pool
+        .request(&request, &options, |response| response)
+        .await
+        .unwrap();
     assert_eq!(response.reply, Reply::Ok);
     let set_version = response.version.expect("SET returns the key's version");
 
     let got = pool
-        .request(&get("key"), &RequestOptions::default())
+        .request(&get("key"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     assert_eq!(got.reply, Reply::Value(Bytes::from_static(b"value")));
@@ -166,8 +170,11 @@ async fn persistence_is_only_requested_on_set() {
     let options = RequestOptions {
         fencing_token: None,
         persist: true,
+        ..RequestOptions::default()
     };
-    pool.request(&get("k"), &options).await.unwrap();
+    pool.request(&get("k"), &options, |response| response)
+        .await
+        .unwrap();
     let requests = responder.wait_for_requests(1, Duration::from_secs(1)).await;
     assert!(!property_names(&requests[0]).contains(&"aio-persistence".to_owned()));
 }
@@ -215,9 +222,12 @@ async fn envelope_matches_the_official_sdk() {
     let options = RequestOptions {
         fencing_token: Some(Hlc::parse("1700000000000:1:holder").unwrap()),
         persist: true,
+        ..RequestOptions::default()
     };
-    pool.request(&set("key", "value"), &options).await.unwrap();
-    pool.request(&get("key"), &RequestOptions::default())
+    pool.request(&set("key", "value"), &options, |response| response)
+        .await
+        .unwrap();
+    pool.request(&get("key"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
 
@@ -282,8 +292,12 @@ async fn requests_go_to_the_least_loaded_member() {
         .map(|i| {
             let pool = pool.clone();
             tokio::spawn(async move {
-                pool.request(&get(&format!("k{i}")), &RequestOptions::default())
-                    .await
+                pool.request(
+                    &get(&format!("k{i}")),
+                    &RequestOptions::default(),
+                    |response| response,
+                )
+                .await
             })
         })
         .collect();
@@ -306,9 +320,13 @@ async fn requests_go_to_the_least_loaded_member() {
     // Sequential requests tie on load; ties rotate over the members.
     responder.set_delay(Duration::ZERO);
     for i in 0..8 {
-        pool.request(&get(&format!("s{i}")), &RequestOptions::default())
-            .await
-            .unwrap();
+        pool.request(
+            &get(&format!("s{i}")),
+            &RequestOptions::default(),
+            |response| response,
+        )
+        .await
+        .unwrap();
     }
     let counts = per_member(&responder.requests()[8..]);
     assert_eq!(counts.len(), 4, "{counts:?}");
@@ -321,9 +339,16 @@ async fn request_on_uses_the_given_member() {
     let responder = Responder::start(broker.addr).await;
     let (pool, _) = start_pool(pool_settings(broker.addr, "on")).await;
     for _ in 0..3 {
-        pool.request_on(1, &get("k"), &RequestOptions::default())
-            .await
-            .unwrap();
+        pool.request(
+            &get("k"),
+            &RequestOptions {
+                member: Some(1),
+                ..RequestOptions::default()
+            },
+            |response| response,
+        )
+        .await
+        .unwrap();
     }
     assert!(
         responder
@@ -333,8 +358,15 @@ async fn request_on_uses_the_given_member() {
     );
     assert_eq!(pool.subscribed_member(Some(1)), Some(1));
     assert!(matches!(
-        pool.request_on(7, &get("k"), &RequestOptions::default())
-            .await,
+        pool.request(
+            &get("k"),
+            &RequestOptions {
+                member: Some(7),
+                ..RequestOptions::default()
+            },
+            |response| response,
+        )
+        .await,
         Err(PoolError::Unavailable)
     ));
 }
@@ -353,9 +385,12 @@ async fn a_full_window_fails_as_overloaded_after_the_slot_wait() {
     let hanging: Vec<_> = (0..2)
         .map(|_| {
             let pool = pool.clone();
-            tokio::spawn(
-                async move { pool.request(&get("hang"), &RequestOptions::default()).await },
-            )
+            tokio::spawn(async move {
+                pool.request(&get("hang"), &RequestOptions::default(), |response| {
+                    response
+                })
+                .await
+            })
         })
         .collect();
     responder.wait_for_requests(2, Duration::from_secs(1)).await;
@@ -363,7 +398,9 @@ async fn a_full_window_fails_as_overloaded_after_the_slot_wait() {
 
     let started = Instant::now();
     let third = pool
-        .request(&get("third"), &RequestOptions::default())
+        .request(&get("third"), &RequestOptions::default(), |response| {
+            response
+        })
         .await;
     let waited = started.elapsed();
     assert!(matches!(third, Err(PoolError::Overloaded)), "{third:?}");
@@ -403,7 +440,10 @@ async fn a_request_waiting_for_a_slot_gets_the_next_free_one() {
     settings.slot_wait = Duration::from_secs(2);
     let (pool, _) = start_pool(settings).await;
     let (a, b, options) = (get("a"), get("b"), RequestOptions::default());
-    let (first, second) = tokio::join!(pool.request(&a, &options), pool.request(&b, &options));
+    let (first, second) = tokio::join!(
+        pool.request(&a, &options, |response| response),
+        pool.request(&b, &options, |response| response)
+    );
     assert!(first.is_ok() && second.is_ok(), "{first:?} {second:?}");
 }
 
@@ -416,7 +456,9 @@ async fn a_silent_store_times_out_and_the_slot_is_freed() {
     settings.request_timeout = Duration::from_millis(300);
     let (pool, metrics) = start_pool(settings).await;
     let started = Instant::now();
-    let result = pool.request(&get("k"), &RequestOptions::default()).await;
+    let result = pool
+        .request(&get("k"), &RequestOptions::default(), |response| response)
+        .await;
     assert!(
         matches!(result, Err(PoolError::Timeout(t)) if t == Duration::from_millis(300)),
         "{result:?}"
@@ -459,7 +501,11 @@ async fn broker_loss_fails_requests_at_once_and_members_come_back() {
             let pool = pool.clone();
             tokio::spawn(async move {
                 let started = Instant::now();
-                let result = pool.request(&get("hang"), &RequestOptions::default()).await;
+                let result = pool
+                    .request(&get("hang"), &RequestOptions::default(), |response| {
+                        response
+                    })
+                    .await;
                 (result, started.elapsed())
             })
         })
@@ -485,7 +531,8 @@ async fn broker_loss_fails_requests_at_once_and_members_come_back() {
     })
     .await;
     assert!(matches!(
-        pool.request(&get("k"), &RequestOptions::default()).await,
+        pool.request(&get("k"), &RequestOptions::default(), |response| response)
+            .await,
         Err(PoolError::Unavailable)
     ));
 
@@ -510,7 +557,7 @@ async fn broker_loss_fails_requests_at_once_and_members_come_back() {
     );
     responder.wait_subscribed(Duration::from_secs(3)).await;
     let response = pool
-        .request(&get("k"), &RequestOptions::default())
+        .request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     assert_eq!(response.reply, Reply::Ok);
@@ -626,7 +673,10 @@ async fn odd_replies_become_clear_errors() {
     let (pool, metrics) = start_pool(pool_settings(broker.addr, "odd")).await;
     let ask = |key: &'static str| {
         let pool = pool.clone();
-        async move { pool.request(&get(key), &RequestOptions::default()).await }
+        async move {
+            pool.request(&get(key), &RequestOptions::default(), |response| response)
+                .await
+        }
     };
     let status = ask("status").await.unwrap();
     assert_eq!(
@@ -686,11 +736,15 @@ async fn the_largest_value_fits_with_the_longest_key_and_trace_context() {
     let options = RequestOptions {
         fencing_token: Some(Hlc::new(1_700_000_000_000, "a-fencing-node")),
         persist: true,
+        ..RequestOptions::default()
     };
     let request = set(&key, &"x".repeat(fits));
-    let response = trace::scope(Some(context), pool.request(&request, &options))
-        .await
-        .unwrap();
+    let response = trace::scope(
+        Some(context),
+        pool.request(&request, &options, |response| response),
+    )
+    .await
+    .unwrap();
     assert_eq!(response.reply, Reply::Ok);
     let sent = responder.requests();
     assert_eq!(user_property(&sent[0], "tracestate"), state);
@@ -713,13 +767,21 @@ async fn requests_beyond_the_brokers_packet_limit_fail_before_sending() {
     );
     let fits = pool.max_value_bytes().unwrap();
     let response = pool
-        .request(&set("big", &"x".repeat(fits)), &RequestOptions::default())
+        .request(
+            &set("big", &"x".repeat(fits)),
+            &RequestOptions::default(),
+            |response| response,
+        )
         .await
         .unwrap();
     assert_eq!(response.reply, Reply::Ok);
 
     let result = pool
-        .request(&set("big", &"x".repeat(20000)), &RequestOptions::default())
+        .request(
+            &set("big", &"x".repeat(20000)),
+            &RequestOptions::default(),
+            |response| response,
+        )
         .await;
     match result {
         Err(PoolError::TooLarge { size, max }) => {
@@ -735,7 +797,7 @@ async fn requests_beyond_the_brokers_packet_limit_fail_before_sending() {
     );
     // The connection survived.
     assert!(pool.is_ready());
-    pool.request(&get("big"), &RequestOptions::default())
+    pool.request(&get("big"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
 }
@@ -748,7 +810,10 @@ async fn shutdown_fails_pending_requests_and_refuses_new_ones() {
     let (pool, metrics) = start_pool(pool_settings(broker.addr, "bye")).await;
     let pending = tokio::spawn({
         let pool = pool.clone();
-        async move { pool.request(&get("k"), &RequestOptions::default()).await }
+        async move {
+            pool.request(&get("k"), &RequestOptions::default(), |response| response)
+                .await
+        }
     });
     responder.wait_for_requests(1, Duration::from_secs(1)).await;
     let mut events = pool.member_events();
@@ -766,7 +831,8 @@ async fn shutdown_fails_pending_requests_and_refuses_new_ones() {
     );
     assert!(!pool.is_ready());
     assert!(matches!(
-        pool.request(&get("k"), &RequestOptions::default()).await,
+        pool.request(&get("k"), &RequestOptions::default(), |response| response)
+            .await,
         Err(PoolError::ShuttingDown)
     ));
     assert_eq!(metrics.pool_members.with_label_values(&["down"]).get(), 2);
@@ -796,7 +862,9 @@ async fn nothing_serving_the_request_topic_fails_at_once_as_unavailable() {
     let broker = Mosquitto::start().await;
     let (pool, metrics) = start_pool(pool_settings(broker.addr, "alone")).await;
     let started = Instant::now();
-    let result = pool.request(&get("k"), &RequestOptions::default()).await;
+    let result = pool
+        .request(&get("k"), &RequestOptions::default(), |response| response)
+        .await;
     assert!(matches!(result, Err(PoolError::Unavailable)), "{result:?}");
     assert!(
         started.elapsed() < Duration::from_secs(1),
@@ -822,7 +890,7 @@ async fn a_request_the_broker_does_not_authorize_fails_at_once() {
     let (pool, _) = start_pool(pool_settings(broker.addr, "denied")).await;
     let started = Instant::now();
     let response = pool
-        .request(&get("k"), &RequestOptions::default())
+        .request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
     assert_eq!(
@@ -842,13 +910,15 @@ async fn a_frozen_broker_is_noticed_from_missing_acknowledgements() {
     settings.size = 1;
     settings.request_timeout = Duration::from_secs(1);
     let (pool, _) = start_pool(settings).await;
-    pool.request(&get("k"), &RequestOptions::default())
+    pool.request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
 
     broker.pause();
     let started = Instant::now();
-    let result = pool.request(&get("k"), &RequestOptions::default()).await;
+    let result = pool
+        .request(&get("k"), &RequestOptions::default(), |response| response)
+        .await;
     assert!(matches!(result, Err(PoolError::Timeout(_))), "{result:?}");
     // Not after two keep-alive periods (120 s) but about one request timeout.
     wait_until(
@@ -864,7 +934,7 @@ async fn a_frozen_broker_is_noticed_from_missing_acknowledgements() {
         pool.is_ready()
     })
     .await;
-    pool.request(&get("k"), &RequestOptions::default())
+    pool.request(&get("k"), &RequestOptions::default(), |response| response)
         .await
         .unwrap();
 }

@@ -10,17 +10,8 @@ use sha2::{Digest as _, Sha256};
 
 use super::error::JwksError;
 
-/// The RSA signature algorithms (PKCS #1 v1.5 and PSS).
-const RSA: &[Algorithm] = &[
-    Algorithm::RS256,
-    Algorithm::RS384,
-    Algorithm::RS512,
-    Algorithm::PS256,
-    Algorithm::PS384,
-    Algorithm::PS512,
-];
-
-/// Every algorithm a token may be signed with: asymmetric ones only.
+/// Every algorithm a token may be signed with: asymmetric ones only, the
+/// RSA ones first.
 pub(super) const ACCEPTED: &[Algorithm] = &[
     Algorithm::RS256,
     Algorithm::RS384,
@@ -32,6 +23,10 @@ pub(super) const ACCEPTED: &[Algorithm] = &[
     Algorithm::ES384,
     Algorithm::EdDSA,
 ];
+
+/// The RSA signature algorithms (PKCS #1 v1.5 and PSS): the first six
+/// accepted.
+const RSA: &[Algorithm] = ACCEPTED.split_at(6).0;
 
 /// One public key of the set.
 pub(super) struct Key {
@@ -198,6 +193,15 @@ mod tests {
 
     fn algorithms(keys: &KeySet, kid: &str) -> Vec<Algorithm> {
         keys.find(Some(kid)).unwrap().validation.algorithms.clone()
+    }
+
+    #[test]
+    fn the_rsa_algorithms_are_the_rs_and_ps_ones() {
+        let names: Vec<String> = RSA.iter().map(|alg| format!("{alg:?}")).collect();
+        assert_eq!(
+            names,
+            ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512"]
+        );
     }
 
     #[test]

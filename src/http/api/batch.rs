@@ -75,11 +75,11 @@ async fn batch(
     // share one request timeout: no op is sent after it. Each op then has
     // its own, as a single request does, which keeps the whole batch
     // within the backstop.
-    let deadline = Instant::now() + state.limits.request_timeout;
+    let deadline = Instant::now() + state.request_timeout();
     query.accept(&[])?;
     refuse_unless_json(&headers)?;
     let max = state.limits.max_batch_bytes;
-    let body = read_body(&mut body, declared, max, state.limits.request_timeout)
+    let body = read_body(&mut body, declared, max, state.request_timeout())
         .await
         .map_err(|error| match error {
             ApiError::ValueTooLarge { .. } => ApiError::BatchTooLarge { max },
@@ -367,6 +367,7 @@ fn command(fields: OpFields, limits: &OpLimits) -> Result<(OpKind, KeyCommand), 
             envelope: RequestOptions {
                 fencing_token,
                 persist: fields.persist.unwrap_or(false),
+                ..RequestOptions::default()
             },
         },
         OpKind::Delete => KeyCommand::Delete {
@@ -604,7 +605,7 @@ async fn run_op(
         // now could outlast the backstop, and the batch would answer one
         // 504 for all its ops.
         Ok(()) if Instant::now() >= deadline => {
-            Err(ApiError::BatchOutOfTime(state.limits.request_timeout))
+            Err(ApiError::BatchOutOfTime(state.request_timeout()))
         }
         Ok(()) => match tokio::time::timeout_at(deadline, state.batch_slots.acquire()).await {
             Ok(Ok(_slot)) => match command.send(state).await {

@@ -79,6 +79,11 @@ impl DaprHttpError {
         )
     }
 
+    /// A lock operation's failure: the store's, a 500 under `code`.
+    fn internal(code: &'static str, error: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, error.to_string())
+    }
+
     /// A state operation's failure, under that operation's error code.
     fn state(code: &'static str, error: DaprError) -> Self {
         let status = match error {
@@ -173,7 +178,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         &mut body,
         declared,
         state.limits.max_batch_bytes,
-        state.limits.request_timeout,
+        state.request_timeout(),
     )
     .await
     .map_err(|error| DaprHttpError::malformed(error.to_string()))?;
@@ -617,6 +622,21 @@ fn lock_names(
     Ok(())
 }
 
+/// A lock or unlock request's body, once its store, names and the
+/// caller's Write on the resource are checked.
+async fn lock_request(
+    state: &AppState,
+    store: &str,
+    access: &Access,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<LockRequest, DaprHttpError> {
+    lock_store(state, store)?;
+    let request: LockRequest = json_body(state, headers, body).await?;
+    lock_names(state, access, &request.resource_id, &request.lock_owner)?;
+    Ok(request)
+}
+
 /// `POST /v1.0-alpha1/lock/{lockstore}`: `{"success": true|false}`.
 async fn try_lock(
     State(state): State<AppState>,
@@ -625,9 +645,7 @@ async fn try_lock(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    lock_store(&state, &store)?;
-    let request: LockRequest = json_body(&state, &headers, body).await?;
-    lock_names(&state, &access, &request.resource_id, &request.lock_owner)?;
+    let request = lock_request(&state, &store, &access, &headers, body).await?;
     let seconds = u64::try_from(request.expiry_in_seconds)
         .ok()
         .filter(|&s| s > 0)
@@ -640,13 +658,7 @@ async fn try_lock(
             std::time::Duration::from_secs(seconds),
         )
         .await
-        .map_err(|error| {
-            DaprHttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "ERR_TRY_LOCK",
-                error.to_string(),
-            )
-        })?;
+        .map_err(|error| DaprHttpError::internal("ERR_TRY_LOCK", error))?;
     Ok(axum::Json(serde_json::json!({ "success": success })).into_response())
 }
 
@@ -658,20 +670,12 @@ async fn unlock(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    lock_store(&state, &store)?;
-    let request: LockRequest = json_body(&state, &headers, body).await?;
-    lock_names(&state, &access, &request.resource_id, &request.lock_owner)?;
+    let request = lock_request(&state, &store, &access, &headers, body).await?;
     let status = state
         .dapr
         .unlock(&request.resource_id, &request.lock_owner)
         .await
-        .map_err(|error| {
-            DaprHttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "ERR_UNLOCK",
-                error.to_string(),
-            )
-        })?;
+        .map_err(|error| DaprHttpError::internal("ERR_UNLOCK", error))?;
     let status = match status {
         UnlockStatus::Success => 0,
         UnlockStatus::LockDoesNotExist => 1,

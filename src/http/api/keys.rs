@@ -115,7 +115,7 @@ async fn put_key(
         &mut body,
         declared,
         state.value_limit(),
-        state.limits.request_timeout,
+        state.request_timeout(),
     )
     .await?;
     let command = KeyCommand::Set {
@@ -128,6 +128,7 @@ async fn put_key(
         envelope: RequestOptions {
             fencing_token,
             persist,
+            ..RequestOptions::default()
         },
     };
     Ok(respond(command.send(&state).await?)?.into_response())

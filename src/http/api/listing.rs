@@ -103,7 +103,7 @@ async fn list_keys(
     };
     // Stop asking the store once this is spent, so that one response
     // stays well inside the request backstop however sparse the matches.
-    let budget = state.limits.request_timeout / 2;
+    let budget = state.request_timeout() / 2;
     let page = fill(
         &state,
         &access,

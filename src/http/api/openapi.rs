@@ -29,7 +29,7 @@ mod tests {
     use super::*;
     use crate::http::problem::{ApiError, Precondition};
     use crate::mqtt::PoolError;
-    use crate::protocol::{DecodeError, HlcError, StoreError};
+    use crate::protocol::StoreError;
     use crate::store::RequestError;
     use crate::watch::WatchError;
 
@@ -106,21 +106,7 @@ mod tests {
                 .into(),
             );
         }
-        errors.extend(
-            [
-                PoolError::Unavailable,
-                PoolError::Overloaded,
-                PoolError::Timeout(Duration::from_secs(1)),
-                PoolError::ConnectionLost,
-                PoolError::OutcomeUnknown,
-                PoolError::Decode(DecodeError::Incomplete),
-                PoolError::BadVersion(HlcError::Malformed("x".into())),
-                PoolError::Clock(HlcError::CounterOverflow),
-                PoolError::TooLarge { size: 2, max: 1 },
-                PoolError::ShuttingDown,
-            ]
-            .map(|error| RequestError::Transport(error).into()),
-        );
+        errors.extend(PoolError::one_of_each().map(|error| RequestError::Transport(error).into()));
         errors
     }
 

@@ -144,7 +144,6 @@ impl Gateway {
                 max_value_bytes: options.max_value_bytes,
                 max_batch_ops: options.max_batch_ops,
                 max_batch_bytes: options.max_batch_bytes,
-                ..Limits::default()
             },
             api_token: options
                 .api_token

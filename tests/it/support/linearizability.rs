@@ -1,6 +1,8 @@
 //! A linearizability checker for histories of one key (a register), with
 //! the Wing & Gong / Lowe search and the memoisation of Porcupine: a cache
-//! of (set of linearized operations, register state) already explored.
+//! of (set of linearized operations, register state) already explored. The
+//! search takes any model ([`search_model`]); [`dapr`] is Dapr's state API
+//! as a multi-key store with transactions.
 //!
 //! No well-kept crate checks recorded histories (`lincheck` drives data
 //! structures under loom), so this is small and local. Operations whose
@@ -13,6 +15,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::hash::Hash;
+
+pub mod dapr;
 
 /// What a client asked for (values are unique per write).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -195,9 +200,14 @@ pub fn check(history: &[Operation], budget: u64) -> Verdict {
     }
 }
 
-enum Search {
+/// What a search over any model found.
+#[derive(Debug)]
+pub enum Search {
+    /// Some order explains every output.
     Linearizable,
+    /// The budget ran out.
     Inconclusive,
+    /// No order does: the longest accepted order (indices into the history).
     Violation(Vec<usize>),
 }
 
@@ -207,20 +217,41 @@ fn search(history: &[Operation], budget: u64) -> Search {
 
 /// [`search`], adding the steps it took to `spent`.
 fn search_counting(history: &[Operation], budget: u64, spent: &mut u64) -> Search {
-    let n = history.len();
+    let intervals: Vec<(u64, Option<u64>)> = history
+        .iter()
+        .map(|op| (op.call, (op.output != Output::Unknown).then_some(op.ret)))
+        .collect();
+    search_model(
+        &intervals,
+        None,
+        |state: &State, op| step(state, &history[op]),
+        budget,
+        spent,
+    )
+}
+
+/// The Wing & Gong / Lowe search with Porcupine's memo, for any model: the
+/// operations' `(call, return)` times (`None`: unknown outcome, it may take
+/// effect any time after its call), the initial state, and `step`, which
+/// gives the state after operation `op` if it may take effect in `state`
+/// with the output it had. Adds the steps it took to `spent`.
+pub fn search_model<S: Clone + Eq + Hash>(
+    intervals: &[(u64, Option<u64>)],
+    initial: S,
+    step: impl Fn(&S, usize) -> Option<S>,
+    budget: u64,
+    spent: &mut u64,
+) -> Search {
+    let n = intervals.len();
     if n == 0 {
         return Search::Linearizable;
     }
     // Events sorted by time; a return at the same instant as a call goes
     // after it (a zero-length overlap still counts as concurrent).
     let mut times: Vec<(u64, bool, usize)> = Vec::with_capacity(2 * n);
-    for (i, op) in history.iter().enumerate() {
-        let ret = if op.output == Output::Unknown {
-            u64::MAX
-        } else {
-            op.ret.max(op.call)
-        };
-        times.push((op.call, false, i));
+    for (i, &(call, ret)) in intervals.iter().enumerate() {
+        let ret = ret.map_or(u64::MAX, |ret| ret.max(call));
+        times.push((call, false, i));
         times.push((ret, true, i));
     }
     times.sort_unstable();
@@ -256,9 +287,9 @@ fn search_counting(history: &[Operation], budget: u64, spent: &mut u64) -> Searc
 
     let words = n.div_ceil(64);
     let mut linearized = vec![0u64; words];
-    let mut cache: HashSet<(Vec<u64>, State)> = HashSet::new();
-    let mut stack: Vec<(usize, State)> = Vec::new();
-    let mut state: State = None;
+    let mut cache: HashSet<(Vec<u64>, S)> = HashSet::new();
+    let mut stack: Vec<(usize, S)> = Vec::new();
+    let mut state: S = initial;
     let mut longest: Vec<usize> = Vec::new();
     let mut entry = events[HEAD].next;
     let mut steps = 0u64;
@@ -293,7 +324,7 @@ fn search_counting(history: &[Operation], budget: u64, spent: &mut u64) -> Searc
         let event = events[entry];
         if event.is_call {
             let op = event.op;
-            if let Some(next) = step(&state, &history[op]) {
+            if let Some(next) = step(&state, op) {
                 linearized[op / 64] |= 1 << (op % 64);
                 if cache.insert((linearized.clone(), next.clone())) {
                     stack.push((entry, state));
