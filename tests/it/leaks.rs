@@ -918,3 +918,64 @@ async fn a_batch_of_large_reads_keeps_the_gateways_memory_within_a_small_multipl
     drop(answer);
     assert_peak_within_values(&gateway, "a batch of 100 large reads", baseline);
 }
+/// A listing with values of 100 keys of 1 MB, followed page by page to its
+/// end, lists every key once with its value, and the gateway's peak memory
+/// grows by at most the bound of single reads: a page stops early, with
+/// its cursor, once its values are large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_large_values_keeps_the_gateways_memory_within_a_small_multiple_of_its_values()
+{
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    write_megabyte_values(&gateway, "listed/").await;
+    let (status, _) = get_json_bytes(
+        &gateway.http,
+        &gateway.url("/keys?match=listed/000&values=true"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+    gateway.reset_peak_rss();
+
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut next = Some(gateway.url("/keys?match=listed/*&values=true&limit=1000"));
+    while let Some(url) = next.take() {
+        let (status, body) = get_json_bytes(&gateway.http, &url).await;
+        assert_eq!(
+            status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        );
+        let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        drop(body);
+        pages += 1;
+        for entry in page["keys"].as_array().unwrap() {
+            let key = entry["key"].as_str().unwrap().to_owned();
+            let n: usize = key.strip_prefix("listed/").unwrap().parse().unwrap();
+            assert_eq!(
+                entry["value"].as_str().map(str::as_bytes),
+                Some(&megabyte_value(n)[..]),
+                "{key}"
+            );
+            assert!(entry["version"].is_string(), "{key}");
+            listed.push(n);
+        }
+        if let Some(cursor) = page["next"].as_str() {
+            next = Some(gateway.url(&format!(
+                "/keys?match=listed/*&values=true&limit=1000&cursor={cursor}"
+            )));
+        }
+    }
+    listed.sort_unstable();
+    assert_eq!(
+        listed,
+        (0..MANY_VALUES).collect::<Vec<_>>(),
+        "each key once"
+    );
+    eprintln!("100 values of 1 MB listed in {pages} page(s)");
+    assert_peak_within_values(&gateway, "a listing of 100 large values", baseline);
+}

@@ -21,8 +21,6 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::convert::Infallible;
 use std::fmt;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::Body;
@@ -32,7 +30,7 @@ use axum::response::Response;
 use axum::routing::post;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::stream::{self, FuturesUnordered};
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
@@ -45,7 +43,7 @@ use super::extract::{
     DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
 };
 use super::keys::{
-    Answer, KeyCommand, json_into, method_not_allowed, respond, set_condition, value_fields,
+    Answer, Joined, KeyCommand, json_into, method_not_allowed, respond, set_condition, value_fields,
 };
 use crate::access::rules::{Access, Need};
 use crate::http::headers::set_common_headers;
@@ -487,11 +485,7 @@ fn answer(completed: Completed) -> impl Stream<Item = Result<Bytes, Infallible>>
     let pieces = stream::iter([Bytes::from_static(br#"{"results":["#)])
         .chain(results)
         .chain(stream::iter([Bytes::from_static(b"]}")]));
-    Joined {
-        pieces: Box::pin(pieces),
-        ended: false,
-    }
-    .map(Ok)
+    Joined::new(pieces).map(Ok)
 }
 
 /// The results of `completed` in the ops' order.
@@ -538,52 +532,6 @@ fn result_pieces(index: usize, result: OpResult) -> impl Iterator<Item = Bytes> 
     std::iter::once(Bytes::from(head))
         .chain(value)
         .chain(std::iter::once(Bytes::from_static(b"}")))
-}
-
-/// Pieces smaller than this that are ready together go out as one chunk:
-/// a batch of small results is not a chunk (and a write) per result.
-const JOINED_BYTES: usize = 16 * 1024;
-
-/// The pieces of an answer, those ready at once joined up to
-/// [`JOINED_BYTES`]; a piece that size or larger goes out as it is.
-struct Joined<S> {
-    pieces: Pin<Box<S>>,
-    ended: bool,
-}
-
-impl<S: Stream<Item = Bytes>> Stream for Joined<S> {
-    type Item = Bytes;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        let mut joined = BytesMut::new();
-        loop {
-            let ready = match self.pieces.as_mut().poll_next(cx) {
-                Poll::Ready(Some(piece)) if joined.is_empty() && piece.len() >= JOINED_BYTES => {
-                    return Poll::Ready(Some(piece));
-                }
-                Poll::Ready(Some(piece)) => {
-                    joined.extend_from_slice(&piece);
-                    if joined.len() < JOINED_BYTES {
-                        continue;
-                    }
-                    joined
-                }
-                Poll::Ready(None) => {
-                    self.ended = true;
-                    joined
-                }
-                Poll::Pending => joined,
-            };
-            return match ready.is_empty() {
-                true if self.ended => Poll::Ready(None),
-                true => Poll::Pending,
-                false => Poll::Ready(Some(ready.freeze())),
-            };
-        }
-    }
 }
 
 /// One op: allowed to the caller (else 403, as its one-key request), not

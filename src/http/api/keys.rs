@@ -7,6 +7,9 @@
 //! form-encoded: `+` is a space there, as browsers and HTTP clients write
 //! it, while `+` in the key path is a plus (RFC 3986).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -15,7 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
 use serde_json::json;
 
 use super::extract::{
@@ -445,6 +449,61 @@ pub(super) fn value_fields(value: Bytes) -> impl Iterator<Item = Bytes> + Send +
         .chain(std::iter::once(Bytes::from_static(middle)))
         .chain(base64_pieces)
         .chain(std::iter::once(Bytes::from_static(b"\"")))
+}
+
+/// Pieces smaller than this that are ready together go out as one chunk:
+/// a batch's or listing's small entries are not a chunk (and a write) each.
+const JOINED_BYTES: usize = 16 * 1024;
+
+/// The pieces of a JSON answer, those ready at once joined up to
+/// [`JOINED_BYTES`]; a piece that size or larger goes out as it is.
+pub(super) struct Joined<S> {
+    pieces: Pin<Box<S>>,
+    ended: bool,
+}
+
+impl<S: Stream<Item = Bytes>> Joined<S> {
+    pub(super) fn new(pieces: S) -> Self {
+        Self {
+            pieces: Box::pin(pieces),
+            ended: false,
+        }
+    }
+}
+
+impl<S: Stream<Item = Bytes>> Stream for Joined<S> {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let mut joined = BytesMut::new();
+        loop {
+            let ready = match self.pieces.as_mut().poll_next(cx) {
+                Poll::Ready(Some(piece)) if joined.is_empty() && piece.len() >= JOINED_BYTES => {
+                    return Poll::Ready(Some(piece));
+                }
+                Poll::Ready(Some(piece)) => {
+                    joined.extend_from_slice(&piece);
+                    if joined.len() < JOINED_BYTES {
+                        continue;
+                    }
+                    joined
+                }
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    joined
+                }
+                Poll::Pending => joined,
+            };
+            return match ready.is_empty() {
+                true if self.ended => Poll::Ready(None),
+                true => Poll::Pending,
+                false => Poll::Ready(Some(ready.freeze())),
+            };
+        }
+    }
 }
 
 /// Appends the JSON of `value` (a string, `null`, ...).
