@@ -806,3 +806,115 @@ async fn streams_on_one_pattern_share_its_keys_and_each_adds_a_small_part_of_the
 /// What a stream on a followed pattern may add, after the first, as a
 /// share of the memory the first one took (the pattern's keys).
 const PER_STREAM_SHARE: f64 = 0.08;
+
+/// The values of the batch and listing memory tests: 100 of 1 MB of text.
+const MANY_VALUES: usize = 100;
+const MEGABYTE_VALUE: usize = 1_000_000;
+
+/// Asserts that the peak since the last reset grew by at most
+/// [`READ_MULTIPLE`] times the `MANY_VALUES` values over `baseline_kib`.
+fn assert_peak_within_values(gateway: &GatewayProcess, what: &str, baseline_kib: u64) {
+    let peak = gateway.peak_rss_kib();
+    let grown = peak.saturating_sub(baseline_kib) as f64 * 1024.0;
+    let values = (MANY_VALUES * MEGABYTE_VALUE) as f64;
+    eprintln!(
+        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x the {MANY_VALUES} values of {MEGABYTE_VALUE} bytes)",
+        grown / 1e6,
+        grown / values
+    );
+    assert!(
+        grown <= READ_MULTIPLE * values,
+        "{what}: peak memory grew by {:.1} MB, over {READ_MULTIPLE} x {MANY_VALUES} values of {MEGABYTE_VALUE} bytes",
+        grown / 1e6
+    );
+}
+
+/// The value of key `n` of the batch and listing memory tests: 1 MB of
+/// one letter, different for each key.
+fn megabyte_value(n: usize) -> Vec<u8> {
+    vec![b'a' + (n % 26) as u8; MEGABYTE_VALUE]
+}
+
+/// Writes `MANY_VALUES` keys `{prefix}{n:03}` of 1 MB each, then lets the
+/// allocator give back the writes; the gateway's VmRSS after.
+async fn write_megabyte_values(gateway: &GatewayProcess, prefix: &str) -> u64 {
+    for n in 0..MANY_VALUES {
+        let written = gateway
+            .http
+            .put(gateway.key(format!("{prefix}{n:03}").as_bytes()))
+            .body(megabyte_value(n))
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(written.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gateway.rss_kib()
+}
+
+/// A batch of 100 gets of 1 MB values (ten keys, each read ten times) is
+/// answered as the reads are done, each result written as the client takes
+/// it: the gateway's peak memory grows by at most the bound of single
+/// reads, whatever the size of the answer's JSON (about 2.3 times the
+/// values here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_large_reads_keeps_the_gateways_memory_within_a_small_multiple_of_its_values() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    write_megabyte_values(&gateway, "batch/").await;
+    let post = |ops: Vec<serde_json::Value>| {
+        gateway
+            .http
+            .post(gateway.url("/batch"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "ops": ops }).to_string())
+            .timeout(Duration::from_secs(120))
+            .send()
+    };
+    // Warm-up: a small batch of each kind of op.
+    let warm = post(vec![
+        serde_json::json!({"op": "get", "key": "batch/000"}),
+        serde_json::json!({"op": "get", "key": "absent"}),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(warm.status(), 200);
+    drop(warm.bytes().await.unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+    gateway.reset_peak_rss();
+
+    let key_of = |op: usize| op % 10;
+    let ops = (0..MANY_VALUES)
+        .map(|op| serde_json::json!({"op": "get", "key": format!("batch/{:03}", key_of(op))}))
+        .collect();
+    let response = post(ops).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.bytes().await.unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    drop(body);
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), MANY_VALUES);
+    for (op, result) in results.iter().enumerate() {
+        let value = megabyte_value(key_of(op));
+        assert_eq!(result["status"], 200, "op {op}");
+        assert!(result["version"].is_string(), "op {op}");
+        assert_eq!(
+            result["value"].as_str().map(str::as_bytes),
+            Some(&value[..])
+        );
+        use base64::Engine as _;
+        assert_eq!(
+            result["value_base64"].as_str(),
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(&value)
+                    .as_str()
+            )
+        );
+    }
+    drop(answer);
+    assert_peak_within_values(&gateway, "a batch of 100 large reads", baseline);
+}
