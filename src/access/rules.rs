@@ -408,7 +408,27 @@ impl Access {
     /// caller and `need` (and counted by `need`).
     pub fn require(&self, key: &[u8], need: Need) -> Result<(), Denied> {
         match &self.0 {
-            Some(checked) if !checked.grants.allows(key, need) => {
+            Some(checked) if !checked.grants.allows(key, need) => Err(self.denied(need)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may do `need` to `key` under the rules in force
+    /// now, not those of when the request came: for a request that waited.
+    pub fn allows_now(&self, key: &[u8], need: Need) -> bool {
+        self.0.as_ref().is_none_or(|checked| {
+            checked
+                .authz
+                .rules()
+                .grants(&checked.principal)
+                .allows(key, need)
+        })
+    }
+
+    /// The 403 of a caller refused `need` (counted by `need`).
+    pub fn denied(&self, need: Need) -> Denied {
+        let caller = match &self.0 {
+            Some(checked) => {
                 checked
                     .authz
                     .0
@@ -417,12 +437,13 @@ impl Access {
                     .authz_denials
                     .with_label_values(&[need.as_str()])
                     .inc();
-                Err(Denied {
-                    caller: checked.principal.name(),
-                    need: need.as_str(),
-                })
+                checked.principal.name()
             }
-            _ => Ok(()),
+            None => Principal::Nobody.name(),
+        };
+        Denied {
+            caller,
+            need: need.as_str(),
         }
     }
 
