@@ -1,12 +1,13 @@
 //! The hub's handle, which admits watchers, and the watcher, one stream of
 //! events for a set of keys.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, watch};
@@ -16,7 +17,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent};
-use super::key::{KeyWatch, Slot, wait_registered};
+use super::key::{KeyWatch, PatternEvent, Slot, wait_registered};
 use super::pattern::{Listing, Membership, PatternWatch, Patterns};
 use super::reconciler::{dispatch, reconcile};
 use super::selection::Selection;
@@ -282,21 +283,42 @@ enum Pending {
     /// A key's `sync`, read from the key's state when it is sent, so that
     /// a stream's initial picture is not a copy of every key's value.
     Sync(Arc<KeyWatch>),
+    /// A key's `lagged` sync, read from its state when it is sent (the
+    /// stream fell behind its pattern's channel).
+    Lagged(Arc<KeyWatch>),
 }
 
 /// One open stream of events for a set of keys and patterns.
+///
+/// A stream on one pattern keeps nothing per key once it has read past
+/// every state it was told of: a cursor is needed only while the
+/// pattern's channel may still hold events older than what the stream
+/// synced. When the channel has nothing more to give, every later event is
+/// newer, and the cursors of the keys it was told of are dropped (a key
+/// that does not exist yet keeps its cursor until its first `sync`). A
+/// stream of several patterns keeps its cursors: they tell which of its
+/// patterns follow a key, so that it hears of the key once.
 pub struct Watcher {
     hub: Arc<Inner>,
     /// The hub's patterns, which the stream's patterns are released to.
     registry: Arc<Patterns>,
     cursors: HashMap<WatchedKey, Cursor>,
+    /// On a stream of one pattern: cursors of keys it was told of were
+    /// added since the stream last dropped them.
+    prune: bool,
+    /// On a stream of one pattern: its keys the stream may not read,
+    /// whose events it must not take for keys it was told of.
+    hidden: HashSet<Bytes>,
     /// Each key's events, by key.
     events: StreamMap<Bytes, BroadcastStream<Arc<Slot>>>,
     /// The patterns followed, and their membership changes and their keys'
     /// events by index.
     patterns: Vec<Arc<PatternWatch>>,
     membership: StreamMap<usize, BroadcastStream<Membership>>,
-    pattern_events: StreamMap<usize, BroadcastStream<Arc<Slot>>>,
+    pattern_events: StreamMap<usize, BroadcastStream<PatternEvent>>,
+    /// The number of the last event of each pattern's channel the stream
+    /// read: the keys whose last event is later moved since.
+    read: Vec<u64>,
     pending: VecDeque<Pending>,
     /// Resolves when the gateway shuts down. One future for the watcher's
     /// life: making a new one per event registered and unregistered
@@ -324,10 +346,13 @@ impl Watcher {
             hub: Arc::clone(&hub.inner),
             registry: Arc::clone(&hub.patterns),
             cursors: HashMap::with_capacity(keys),
+            prune: false,
+            hidden: HashSet::new(),
             events: StreamMap::with_capacity(keys),
             patterns: Vec::with_capacity(patterns),
             membership: StreamMap::with_capacity(patterns),
             pattern_events: StreamMap::with_capacity(patterns),
+            read: Vec::with_capacity(patterns),
             pending: VecDeque::new(),
             shutdown: {
                 let mut shutdown = hub.inner.shutdown.subscribe();
@@ -401,6 +426,7 @@ impl Watcher {
                 .insert(index, BroadcastStream::new(subscription.changes));
             self.pattern_events
                 .insert(index, BroadcastStream::new(subscription.events));
+            self.read.push(subscription.read);
             let mut existing = 0;
             for key_watch in subscription.keys {
                 if self.add_to_pattern(index, key_watch) {
@@ -428,6 +454,10 @@ impl Watcher {
                         Some(event) => event,
                         None => continue,
                     },
+                    Pending::Lagged(key_watch) => match self.lagged_sync(&key_watch) {
+                        Some(event) => event,
+                        None => continue,
+                    },
                 };
                 // A pattern's own events name the pattern, not a key.
                 let of_key = !matches!(
@@ -448,7 +478,7 @@ impl Watcher {
             if self.shut_down {
                 return None;
             }
-            let (key, item) = tokio::select! {
+            let (key, item, pattern) = tokio::select! {
                 biased;
                 () = &mut self.shutdown => {
                     self.shut_down = true;
@@ -459,7 +489,10 @@ impl Watcher {
                     continue;
                 }
                 Some((index, item)) = self.pattern_events.next() => match item {
-                    Ok(slot) => (slot.key.clone(), Ok(slot)),
+                    Ok(event) => {
+                        self.read[index] = event.number;
+                        (event.slot.key.clone(), Ok(event.slot), Some(index))
+                    }
                     Err(BroadcastStreamRecvError::Lagged(skipped)) => {
                         self.hub.metrics.events_dropped.inc_by(skipped);
                         self.catch_up(index);
@@ -467,9 +500,15 @@ impl Watcher {
                     }
                 },
                 Some((key, item)) = self.events.next() => match item {
-                    Ok(slot) => (key, Ok(slot)),
-                    Err(BroadcastStreamRecvError::Lagged(skipped)) => (key, Err(skipped)),
+                    Ok(slot) => (key, Ok(slot), None),
+                    Err(BroadcastStreamRecvError::Lagged(skipped)) => (key, Err(skipped), None),
                 },
+                // Reached only when no channel has an event ready: the
+                // stream read every event sent before now.
+                () = std::future::ready(()), if self.prune => {
+                    self.drop_cursors();
+                    continue;
+                }
                 else => return None,
             };
             if !self.may_read(&key) {
@@ -481,6 +520,18 @@ impl Watcher {
                 Ok(slot) => slot.event().map(|event| (event, slot.seq)).ok_or(1),
                 Err(skipped) => Err(skipped),
             };
+            if let Some(index) = pattern
+                && self.single_pattern()
+                && !self.cursors.contains_key(&key[..])
+            {
+                match self.uncursored(index, &key, received) {
+                    Some(event) => {
+                        self.hub.metrics.events_delivered.inc();
+                        return Some(event);
+                    }
+                    None => continue,
+                }
+            }
             let (event, seq) = match received {
                 Ok(received) => received,
                 Err(skipped) => {
@@ -497,6 +548,9 @@ impl Watcher {
                 continue;
             };
             if let Some(event) = admit(cursor, event, seq) {
+                // A key of a stream of one pattern now told of: its cursor
+                // goes once the stream has read past it.
+                self.prune |= pattern.is_some() && self.single_pattern();
                 self.hub.metrics.events_delivered.inc();
                 return Some(event);
             }
@@ -522,21 +576,106 @@ impl Watcher {
         )))
     }
 
+    /// A key's `lagged` sync, from its state now; `None` if the stream no
+    /// longer follows it or already has that state.
+    fn lagged_sync(&mut self, key_watch: &KeyWatch) -> Option<Arc<KeyEvent>> {
+        let (snapshot, seq) = key_watch.snapshot();
+        let cursor = self.cursors.get_mut(&key_watch.key[..])?;
+        let sync = KeyEvent::sync(&key_watch.key, &snapshot?, false, true);
+        admit(cursor, Arc::new(sync), seq)
+    }
+
+    /// Whether the stream follows one pattern (and keeps no cursor for a
+    /// key of it it was told of, once it read past its state).
+    fn single_pattern(&self) -> bool {
+        self.patterns.len() == 1
+    }
+
+    /// What the stream of one pattern (at `index`) is told of an event of
+    /// `key`, for which it keeps no cursor: the key is hidden from it, not
+    /// yet told of (the pattern's `Added` brings its sync), or told of and
+    /// read past (the event is newer than anything it was told).
+    fn uncursored(
+        &mut self,
+        index: usize,
+        key: &Bytes,
+        received: Result<(Arc<KeyEvent>, u64), u64>,
+    ) -> Option<Arc<KeyEvent>> {
+        if self.hidden.contains(key) {
+            return None;
+        }
+        let pattern = Arc::clone(&self.patterns[index]);
+        // A key the pattern has not told its streams of: its `Added`
+        // brings its sync.
+        let key_watch = pattern.followed(key)?;
+        // Told of, the `Added` is in the membership channel already: take
+        // it first, so that the key's first event is its sync.
+        while let Some(Some((index, change))) = self.membership.next().now_or_never() {
+            self.follow_change(index, change);
+        }
+        if let Some(cursor) = self.cursors.get_mut(&key[..]) {
+            let (event, seq) = received.ok()?;
+            return admit(cursor, event, seq);
+        }
+        match received {
+            Ok((event, _)) => Some(event),
+            Err(skipped) => {
+                // Behind on this key: a `lagged` sync of its state, and a
+                // cursor until the stream reads past it.
+                self.hub.metrics.events_dropped.inc_by(skipped);
+                self.told_of(index, &key_watch);
+                self.pending.push_back(Pending::Lagged(key_watch));
+                None
+            }
+        }
+    }
+
+    /// A cursor for a key of the pattern at `index` the stream was told
+    /// of and keeps no cursor for: nothing is known to be delivered.
+    fn told_of(&mut self, index: usize, key_watch: &Arc<KeyWatch>) {
+        self.cursors.insert(
+            WatchedKey(Arc::clone(key_watch)),
+            Cursor {
+                delivered: 0,
+                named: false,
+                patterns: 1 << index,
+                announced: true,
+            },
+        );
+        self.prune = true;
+    }
+
+    /// Drops the cursors of the keys a stream of one pattern was told of
+    /// and did not name: called when it read every event sent before now,
+    /// so every later event of those keys is newer than what it was told.
+    fn drop_cursors(&mut self) {
+        self.prune = false;
+        self.cursors
+            .retain(|_, cursor| cursor.named || !cursor.announced);
+        self.cursors.shrink_to_fit();
+    }
+
     /// After the stream fell behind the channel of the pattern at `index`:
-    /// a lagged `sync` of each of its keys that moved since the stream was
-    /// last told of it.
+    /// a `lagged` sync of each of its keys that moved since the last event
+    /// the stream read, from the key's state when it is sent.
     fn catch_up(&mut self, index: usize) {
         let bit = 1 << index;
-        for (watched, cursor) in &mut self.cursors {
-            if cursor.patterns & bit == 0 {
+        let pattern = Arc::clone(&self.patterns[index]);
+        for key_watch in pattern.keys() {
+            if key_watch.last_event_in(&pattern.events) <= self.read[index]
+                || !self.may_read(&key_watch.key)
+            {
                 continue;
             }
-            let (snapshot, seq) = watched.0.snapshot();
-            let Some(snapshot) = snapshot else { continue };
-            let sync = Arc::new(KeyEvent::sync(&watched.0.key, &snapshot, false, true));
-            if let Some(event) = admit(cursor, sync, seq) {
-                self.pending.push_back(Pending::Event(event));
+            match self.cursors.get(&key_watch.key[..]) {
+                Some(cursor) if cursor.patterns & bit == 0 => continue,
+                Some(_) => {}
+                None if self.single_pattern() && !self.hidden.contains(&key_watch.key) => {
+                    self.told_of(index, &key_watch);
+                }
+                None => continue,
             }
+            self.pending.push_back(Pending::Lagged(key_watch));
         }
     }
 
@@ -585,8 +724,12 @@ impl Watcher {
     /// it is sent). Returns whether it was followed and exists.
     fn add_to_pattern(&mut self, index: usize, key_watch: Arc<KeyWatch>) -> bool {
         if !self.may_read(&key_watch.key) {
+            if self.single_pattern() {
+                self.hidden.insert(key_watch.key.clone());
+            }
             return false;
         }
+        self.hidden.remove(&key_watch.key);
         let bit = 1 << index;
         if let Some(cursor) = self.cursors.get_mut(&key_watch.key[..]) {
             cursor.patterns |= bit;
@@ -618,12 +761,14 @@ impl Watcher {
                 announced: exists,
             },
         );
+        self.prune |= self.single_pattern();
         exists
     }
 
     /// The pattern at `index` no longer follows `key`; neither does the
     /// stream unless it named it or another of its patterns follows it.
     fn remove_from_pattern(&mut self, index: usize, key: &Bytes) {
+        self.hidden.remove(key);
         let Some(cursor) = self.cursors.get_mut(&key[..]) else {
             return;
         };

@@ -33,8 +33,9 @@ pub(super) struct KeyState {
     /// The sequence number of the last event sent (see [`Slot::seq`]);
     /// the snapshot includes every event up to it.
     pub(super) seq: u64,
-    /// The channels of the patterns that follow the key.
-    pub(super) followers: Vec<broadcast::Sender<Arc<Slot>>>,
+    /// The channels of the patterns that follow the key, each with the
+    /// number of the key's last event in it.
+    pub(super) followers: Vec<(Arc<PatternChannel>, u64)>,
     /// Where its registration with the store stands; a change is told
     /// through the hub's one `Notify` (see [`wait_registered`]), not a
     /// channel per key.
@@ -76,6 +77,58 @@ impl Slot {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+    }
+}
+
+/// One event of a pattern's channel: a key's slot, numbered in the
+/// channel's order.
+#[derive(Debug, Clone)]
+pub(super) struct PatternEvent {
+    /// 1 for the channel's first event, one more for each next.
+    pub(super) number: u64,
+    pub(super) slot: Arc<Slot>,
+}
+
+/// A pattern's channel of its keys' events, shared by its streams. Its
+/// events are numbered in the channel's order, and each key remembers the
+/// number of its last one: a stream that fell behind, knowing the last
+/// number it read, syncs only the keys that moved since, from their state
+/// (it keeps nothing per key to tell).
+#[derive(Debug)]
+pub(super) struct PatternChannel {
+    sender: broadcast::Sender<PatternEvent>,
+    /// Events sent so far; numbered and sent under this lock, so that
+    /// numbers follow the channel's order.
+    sent: Mutex<u64>,
+}
+
+impl PatternChannel {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            sender: broadcast::channel(capacity).0,
+            sent: Mutex::new(0),
+        }
+    }
+
+    fn sent(&self) -> MutexGuard<'_, u64> {
+        self.sent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A subscription, and the number of the last event it does not get.
+    pub(super) fn subscribe(&self) -> (broadcast::Receiver<PatternEvent>, u64) {
+        let sent = self.sent();
+        (self.sender.subscribe(), *sent)
+    }
+
+    /// Sends `slot`; returns its number.
+    fn send(&self, slot: Arc<Slot>) -> u64 {
+        let mut sent = self.sent();
+        *sent += 1;
+        let _ = self.sender.send(PatternEvent {
+            number: *sent,
+            slot,
+        });
+        *sent
     }
 }
 
@@ -142,15 +195,25 @@ impl KeyWatch {
     }
 
     /// Sends the key's events to `pattern` too, from now on.
-    pub(super) fn add_follower(&self, pattern: &broadcast::Sender<Arc<Slot>>) {
-        self.state().followers.push(pattern.clone());
+    pub(super) fn add_follower(&self, pattern: &Arc<PatternChannel>) {
+        self.state().followers.push((Arc::clone(pattern), 0));
     }
 
     /// Stops sending the key's events to `pattern`.
-    pub(super) fn remove_follower(&self, pattern: &broadcast::Sender<Arc<Slot>>) {
+    pub(super) fn remove_follower(&self, pattern: &Arc<PatternChannel>) {
         self.state()
             .followers
-            .retain(|follower| !follower.same_channel(pattern));
+            .retain(|(follower, _)| !Arc::ptr_eq(follower, pattern));
+    }
+
+    /// The number of the key's last event in `pattern`'s channel; 0 if
+    /// none.
+    pub(super) fn last_event_in(&self, pattern: &Arc<PatternChannel>) -> u64 {
+        self.state()
+            .followers
+            .iter()
+            .find(|(follower, _)| Arc::ptr_eq(follower, pattern))
+            .map_or(0, |(_, last)| *last)
     }
 
     /// Applies a change if it is newer than what the hub knows and tells
@@ -275,8 +338,8 @@ impl KeyWatch {
             state.retained_bytes -= weight;
             old.empty();
         }
-        for follower in &state.followers {
-            let _ = follower.send(Arc::clone(&slot));
+        for (follower, last) in &mut state.followers {
+            *last = follower.send(Arc::clone(&slot));
         }
         if let Some(events) = self.events.get() {
             let _ = events.send(slot);

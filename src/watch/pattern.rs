@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::error::WatchError;
 use super::event::KeyEvent;
-use super::key::{KeyWatch, Slot, wait_registered};
+use super::key::{KeyWatch, PatternChannel, PatternEvent, wait_registered};
 use super::reconciler::CONCURRENT_REQUESTS;
 use super::shared::Inner;
 use crate::protocol::glob;
@@ -81,7 +81,9 @@ pub(super) enum Membership {
 pub(super) struct Subscription {
     pub(super) keys: Vec<Arc<KeyWatch>>,
     pub(super) changes: broadcast::Receiver<Membership>,
-    pub(super) events: broadcast::Receiver<Arc<Slot>>,
+    pub(super) events: broadcast::Receiver<PatternEvent>,
+    /// The number of the channel's last event `events` does not get.
+    pub(super) read: u64,
 }
 
 /// Where a pattern's initial listing stands.
@@ -124,7 +126,7 @@ pub(super) struct PatternWatch {
     state: Mutex<PatternState>,
     changes: broadcast::Sender<Membership>,
     /// The events of its keys, in each key's order, shared by its streams.
-    pub(super) events: broadcast::Sender<Arc<Slot>>,
+    pub(super) events: Arc<PatternChannel>,
     pub(super) listing: watch::Sender<Listing>,
     /// Keys this gateway wrote that match, for the pattern's task.
     written: mpsc::UnboundedSender<Bytes>,
@@ -142,18 +144,18 @@ impl PatternWatch {
     pub(super) fn subscribe(&self) -> Subscription {
         let state = self.state();
         let changes = self.changes.subscribe();
-        let events = self.events.subscribe();
-        let keys = state
-            .keys
-            .values()
-            .filter(|followed| followed.announced)
-            .map(|followed| Arc::clone(&followed.watch))
-            .collect();
+        let (events, read) = self.events.subscribe();
         Subscription {
-            keys,
+            keys: announced(&state),
             changes,
             events,
+            read,
         }
+    }
+
+    /// The keys the pattern follows and told its streams of.
+    pub(super) fn keys(&self) -> Vec<Arc<KeyWatch>> {
+        announced(&self.state())
     }
 
     /// Stops following `followed` (whose entries are already out of the
@@ -163,6 +165,14 @@ impl PatternWatch {
             key.watch.remove_follower(&self.events);
         }
         inner.release(followed.map(|key| &key.watch));
+    }
+
+    /// The key's entry, if the pattern follows `key` and told its
+    /// streams so.
+    pub(super) fn followed(&self, key: &Bytes) -> Option<Arc<KeyWatch>> {
+        let state = self.state();
+        let followed = state.keys.get(key)?;
+        followed.announced.then(|| Arc::clone(&followed.watch))
     }
 
     /// Whether the pattern follows `key` and told its streams so.
@@ -177,6 +187,15 @@ impl PatternWatch {
     fn refusal(&self, why: &WatchError) -> Arc<KeyEvent> {
         Arc::new(KeyEvent::pattern_error(&self.glob, why.to_string()))
     }
+}
+
+fn announced(state: &PatternState) -> Vec<Arc<KeyWatch>> {
+    state
+        .keys
+        .values()
+        .filter(|followed| followed.announced)
+        .map(|followed| Arc::clone(&followed.watch))
+        .collect()
 }
 
 /// The hub's followed patterns, by glob.
@@ -229,7 +248,7 @@ impl Patterns {
                 glob: glob.clone(),
                 state: Mutex::new(PatternState::default()),
                 changes: broadcast::channel(MEMBERSHIP_BUFFER).0,
-                events: broadcast::channel(PATTERN_EVENTS_BUFFER).0,
+                events: Arc::new(PatternChannel::new(PATTERN_EVENTS_BUFFER)),
                 listing: watch::Sender::new(Listing::Pending),
                 written,
                 task: Mutex::new(None),
