@@ -32,8 +32,19 @@ impl TokenCache {
         }
     }
 
-    /// The subject of a token verified before, if it is still valid at `now`.
-    pub(super) fn get(&self, digest: &TokenDigest, now: u64) -> Option<Arc<str>> {
+    /// The subject of a token verified before with the keys of
+    /// `generation`, if it is still valid at `now`. Keys of another
+    /// generation empty the cache: tokens of a removed key stop passing.
+    pub(super) fn get(
+        &mut self,
+        digest: &TokenDigest,
+        now: u64,
+        generation: u64,
+    ) -> Option<Arc<str>> {
+        if generation != self.generation {
+            self.reset(generation);
+            return None;
+        }
         self.entries
             .get(digest)
             .filter(|entry| entry.valid_until >= now)
@@ -98,9 +109,9 @@ mod tests {
     fn a_token_is_served_until_it_expires() {
         let mut cache = TokenCache::new(4);
         cache.insert(digest(1), "alice".into(), 100, 0, 50);
-        assert_eq!(cache.get(&digest(1), 100).as_deref(), Some("alice"));
-        assert_eq!(cache.get(&digest(1), 101), None);
-        assert_eq!(cache.get(&digest(2), 50), None);
+        assert_eq!(cache.get(&digest(1), 100, 0).as_deref(), Some("alice"));
+        assert_eq!(cache.get(&digest(1), 101, 0), None);
+        assert_eq!(cache.get(&digest(2), 50, 0), None);
     }
 
     #[test]
@@ -111,9 +122,9 @@ mod tests {
         cache.insert(digest(3), "c".into(), 1000, 0, 0);
         cache.insert(digest(4), "d".into(), 1000, 0, 20);
         assert_eq!(cache.len(), 3);
-        assert!(cache.get(&digest(2), 20).is_some());
-        assert!(cache.get(&digest(3), 20).is_some());
-        assert!(cache.get(&digest(4), 20).is_some());
+        assert!(cache.get(&digest(2), 20, 0).is_some());
+        assert!(cache.get(&digest(3), 20, 0).is_some());
+        assert!(cache.get(&digest(4), 20, 0).is_some());
         for n in 5..50 {
             cache.insert(digest(n), "e".into(), 1000, 0, 20);
             assert_eq!(cache.len(), 3);
@@ -124,12 +135,13 @@ mod tests {
     fn a_new_key_set_empties_it_and_refuses_tokens_verified_with_the_old_one() {
         let mut cache = TokenCache::new(4);
         cache.insert(digest(1), "a".into(), 100, 0, 0);
-        cache.reset(1);
-        assert_eq!(cache.get(&digest(1), 0), None);
-        // Verified with generation 0 keys while the reset happened.
+        // Keys of generation 1 are in force now.
+        assert_eq!(cache.get(&digest(1), 0, 1), None);
+        assert_eq!(cache.len(), 0);
+        // Verified with generation 0 keys while they were replaced.
         cache.insert(digest(2), "b".into(), 100, 0, 0);
-        assert_eq!(cache.get(&digest(2), 0), None);
+        assert_eq!(cache.get(&digest(2), 0, 1), None);
         cache.insert(digest(3), "c".into(), 100, 1, 0);
-        assert!(cache.get(&digest(3), 0).is_some());
+        assert!(cache.get(&digest(3), 0, 1).is_some());
     }
 }

@@ -6,14 +6,6 @@ use thiserror::Error;
 /// Why a key set could not be loaded (the previous one stays).
 #[derive(Debug, Clone, Error)]
 pub enum JwksError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {message}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        message: String,
-    },
     /// The document is not a JWKS or has no usable key.
     #[error("{0}")]
     Invalid(String),

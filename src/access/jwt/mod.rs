@@ -15,6 +15,7 @@ mod fetch;
 mod keys;
 mod settings;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,6 +24,7 @@ use jsonwebtoken::{Validation, decode, decode_header};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
+use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::settings::{self as table, SettingError};
 use cache::TokenCache;
@@ -69,15 +71,61 @@ struct Inner {
     settings: JwtSettings,
     /// The checks every key's own copy starts from.
     validation: Validation,
-    keys: RwLock<Arc<KeySet>>,
+    keys: Keys,
     cache: Mutex<TokenCache>,
-    generation: AtomicU64,
     /// When unknown key ids last caused a fetch; held during any fetch,
     /// so that concurrent ones wait for it instead of fetching again.
     refetch: tokio::sync::Mutex<Option<Instant>>,
-    /// For a JWKS URL.
-    fetcher: Option<fetch::Fetcher>,
     metrics: Metrics,
+}
+
+/// The key set in force, by where it comes from.
+enum Keys {
+    /// A JWKS file, read again when it changes.
+    File(ReloadingFile<JwksFile>),
+    /// A JWKS URL, fetched periodically and for an unknown key id.
+    Url {
+        current: RwLock<Arc<KeySet>>,
+        generation: AtomicU64,
+        fetcher: fetch::Fetcher,
+    },
+}
+
+/// How a JWKS file parses (each load a new generation of keys) and what
+/// its loads record.
+#[derive(Debug)]
+struct JwksFile {
+    validation: Validation,
+    generation: AtomicU64,
+    metrics: Metrics,
+}
+
+impl Reload for JwksFile {
+    type Value = KeySet;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<KeySet, FileError> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        KeySet::parse(&contents[0], generation, &self.validation)
+            .map_err(|error| error.to_string().into())
+    }
+
+    fn installed(&self, _paths: &[PathBuf], keys: &KeySet, first: bool) {
+        if !first {
+            self.metrics
+                .jwks_updates
+                .with_label_values(&["changed"])
+                .inc();
+        }
+        tracing::info!(keys = keys.len(), "JWT key set loaded");
+    }
+
+    fn kept(&self, _paths: &[PathBuf], error: &str) {
+        self.metrics
+            .jwks_updates
+            .with_label_values(&["failed"])
+            .inc();
+        tracing::warn!(%error, "JWT key set file not loaded; the previous keys stay");
+    }
 }
 
 impl Verifier {
@@ -92,29 +140,37 @@ impl Verifier {
         validation.set_issuer(&[&settings.issuer]);
         validation.set_audience(&[&settings.audience]);
         validation.set_required_spec_claims(&["exp", "sub", "iss", "aud"]);
-        let (initial, fetcher) = match &settings.keys {
+        let keys = match &settings.keys {
             KeySource::File(path) => {
-                let keys = read_file(path, 1, &validation)
-                    .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.to_string()))?;
-                (keys, None)
+                let file = JwksFile {
+                    validation: validation.clone(),
+                    generation: AtomicU64::new(0),
+                    metrics: metrics.clone(),
+                };
+                let interval = Some(settings.file_check_interval);
+                Keys::File(
+                    ReloadingFile::load(vec![path.clone()], file, interval)
+                        .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.message))?,
+                )
             }
-            KeySource::Url(url) => (KeySet::empty(), Some(fetch::Fetcher::new(url)?)),
+            KeySource::Url(url) => Keys::Url {
+                current: RwLock::new(Arc::new(KeySet::empty())),
+                generation: AtomicU64::new(0),
+                fetcher: fetch::Fetcher::new(url)?,
+            },
         };
+        let fetching = matches!(keys, Keys::Url { .. });
         let inner = Arc::new(Inner {
-            generation: AtomicU64::new(initial.generation),
-            keys: RwLock::new(Arc::new(initial)),
+            keys,
             cache: Mutex::new(TokenCache::new(CACHED_TOKENS)),
             refetch: tokio::sync::Mutex::new(None),
-            fetcher,
             validation,
             settings,
             metrics,
         });
-        {
-            let mut cache = inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            cache.reset(inner.generation.load(Ordering::Relaxed));
+        if fetching {
+            tokio::spawn(keep_fetched(Arc::downgrade(&inner)));
         }
-        tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
         Ok(Self(inner))
     }
 
@@ -124,7 +180,8 @@ impl Verifier {
         let inner = &self.0;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = unix_now();
-        if let Some(subject) = inner.cache().get(&digest, now) {
+        let mut keys = inner.current();
+        if let Some(subject) = inner.cache().get(&digest, now, keys.generation) {
             return Ok(subject);
         }
         let header = decode_header(token).map_err(|_| header_error(token))?;
@@ -132,7 +189,6 @@ impl Verifier {
             return Err(TokenError::Algorithm);
         }
         let kid = header.kid.as_deref();
-        let mut keys = inner.current();
         if keys.find(kid).is_none() {
             keys = inner.refetch_for(&keys).await;
         }
@@ -157,28 +213,39 @@ impl Verifier {
 
 impl Inner {
     fn current(&self) -> Arc<KeySet> {
-        self.keys
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        match &self.keys {
+            Keys::File(file) => file.current(),
+            Keys::Url { current, .. } => current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        }
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Installs a document's keys unless it is the one in use; a new set
-    /// empties the token cache (tokens of a removed key stop passing).
+    /// Installs a fetched document's keys unless it is the one in use; a
+    /// new set is a new generation, which empties the token cache (tokens
+    /// of a removed key stop passing).
     fn install(&self, document: &[u8]) -> Result<bool, JwksError> {
+        let Keys::Url {
+            current,
+            generation,
+            ..
+        } = &self.keys
+        else {
+            return Ok(false);
+        };
         let fingerprint: [u8; 32] = Sha256::digest(document).into();
         if self.current().fingerprint == fingerprint {
             return Ok(false);
         }
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let generation = generation.fetch_add(1, Ordering::Relaxed) + 1;
         let keys = KeySet::parse(document, generation, &self.validation)?;
         let count = keys.len();
-        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
-        self.cache().reset(generation);
+        *current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(keys);
         self.metrics
             .jwks_updates
             .with_label_values(&["changed"])
@@ -190,7 +257,7 @@ impl Inner {
     /// The key set after a fetch of the URL for a token naming a key not
     /// in `seen`, if none happened lately; else the current set.
     async fn refetch_for(&self, seen: &Arc<KeySet>) -> Arc<KeySet> {
-        let Some(fetcher) = &self.fetcher else {
+        let Keys::Url { fetcher, .. } = &self.keys else {
             return seen.clone();
         };
         let mut last = self.refetch.lock().await;
@@ -224,79 +291,27 @@ impl Inner {
     }
 }
 
-/// Reads a JWKS file into a key set.
-fn read_file(
-    path: &std::path::Path,
-    generation: u64,
-    validation: &Validation,
-) -> Result<KeySet, JwksError> {
-    let document = read(path)?;
-    KeySet::parse(&document, generation, validation)
-}
-
-fn read(path: &std::path::Path) -> Result<Vec<u8>, JwksError> {
-    std::fs::read(path).map_err(|error| JwksError::Read {
-        path: path.display().to_string(),
-        message: error.to_string(),
-    })
-}
-
-/// Keeps the key set fresh until the verifier is dropped: a file is read
-/// every check interval (a change is installed, a bad file logged once
-/// and the previous keys kept); a URL is fetched at once, then every
-/// refresh interval (sooner again after a failure).
-async fn keep_fresh(inner: Weak<Inner>) {
-    let mut last_error = None;
-    let mut first = true;
+/// Keeps a URL's key set fresh until the verifier is dropped: fetched at
+/// once, then every refresh interval (sooner again after a failure).
+async fn keep_fetched(inner: Weak<Inner>) {
     loop {
         let wait = {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
-            match (&inner.settings.keys, &inner.fetcher) {
-                (KeySource::File(path), _) => {
-                    // Read at start already (the verifier's first keys).
-                    if !first {
-                        reload_file(&inner, path, &mut last_error);
-                    }
-                    inner.settings.file_check_interval
-                }
-                (KeySource::Url(_), None) => return,
-                (KeySource::Url(_), Some(fetcher)) => {
-                    let _fetching = inner.refetch.lock().await;
-                    match inner.fetch_and_install(fetcher).await {
-                        Ok(_) => inner.settings.refresh_interval,
-                        Err(error) => {
-                            tracing::warn!(%error, "JWT key set not refreshed; the previous keys stay");
-                            FETCH_RETRY.min(inner.settings.refresh_interval)
-                        }
-                    }
+            let Keys::Url { fetcher, .. } = &inner.keys else {
+                return;
+            };
+            let _fetching = inner.refetch.lock().await;
+            match inner.fetch_and_install(fetcher).await {
+                Ok(_) => inner.settings.refresh_interval,
+                Err(error) => {
+                    tracing::warn!(%error, "JWT key set not refreshed; the previous keys stay");
+                    FETCH_RETRY.min(inner.settings.refresh_interval)
                 }
             }
         };
-        first = false;
         tokio::time::sleep(wait).await;
-    }
-}
-
-/// Installs the file's keys if they changed (see [`Inner::install`]); a
-/// failure is logged and counted once until the file loads again or fails
-/// otherwise.
-fn reload_file(inner: &Inner, path: &std::path::Path, last_error: &mut Option<String>) {
-    match read(path).and_then(|document| inner.install(&document)) {
-        Ok(_) => *last_error = None,
-        Err(error) => {
-            let error = error.to_string();
-            if last_error.as_deref() != Some(error.as_str()) {
-                inner
-                    .metrics
-                    .jwks_updates
-                    .with_label_values(&["failed"])
-                    .inc();
-                tracing::warn!(%error, "JWT key set file not loaded; the previous keys stay");
-                *last_error = Some(error);
-            }
-        }
     }
 }
 
