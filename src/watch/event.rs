@@ -121,12 +121,19 @@ impl KeyEvent {
         value + 2 * (value + value.div_ceil(3) * 4) + 2 * self.key.len() + error + 256
     }
 
-    /// A `delete` of `key` with this version and event id.
-    pub(super) fn delete(key: &Bytes, version: Option<Hlc>, id: Option<Hlc>) -> Self {
+    /// An event of `key`, not yet rendered: the one place an event is
+    /// put together.
+    pub fn new(
+        kind: EventKind,
+        key: Bytes,
+        value: Option<WatchedValue>,
+        version: Option<Hlc>,
+        id: Option<Hlc>,
+    ) -> Self {
         Self {
-            kind: EventKind::Delete,
-            key: key.clone(),
-            value: None,
+            kind,
+            key,
+            value,
             version,
             id,
             error: None,
@@ -134,15 +141,61 @@ impl KeyEvent {
         }
     }
 
+    /// A `delete` of `key` with this version and event id.
+    pub(super) fn delete(key: &Bytes, version: Option<Hlc>, id: Option<Hlc>) -> Self {
+        Self::new(EventKind::Delete, key.clone(), None, version, id)
+    }
+
+    /// A `sync` of `key` to `snapshot`.
     pub(super) fn sync(key: &Bytes, snapshot: &Snapshot, resync: bool, lagged: bool) -> Self {
+        Self::new(
+            EventKind::Sync { resync, lagged },
+            key.clone(),
+            snapshot.value.clone(),
+            snapshot.version.clone(),
+            snapshot.id.clone(),
+        )
+    }
+
+    /// This event's state as a first `sync` (a stream's first word of a
+    /// key is its state, whatever changed it).
+    pub(super) fn as_sync(&self) -> Self {
+        Self::new(
+            EventKind::Sync {
+                resync: false,
+                lagged: false,
+            },
+            self.key.clone(),
+            self.value.clone(),
+            self.version.clone(),
+            self.id.clone(),
+        )
+    }
+
+    /// An `error` of `key`: the hub cannot follow it now, for `why`.
+    pub(super) fn error(key: &Bytes, why: String) -> Self {
         Self {
-            kind: EventKind::Sync { resync, lagged },
-            key: key.clone(),
-            value: snapshot.value.clone(),
-            version: snapshot.version.clone(),
-            id: snapshot.id.clone(),
-            error: None,
-            rendered: OnceLock::new(),
+            error: Some(why),
+            ..Self::new(EventKind::Error, key.clone(), None, None, None)
+        }
+    }
+
+    /// A pattern's `listed`: its initial listing had `keys` keys.
+    pub(super) fn listed(pattern: &Bytes, keys: usize) -> Self {
+        Self::new(
+            EventKind::Listed { keys },
+            pattern.clone(),
+            None,
+            None,
+            None,
+        )
+    }
+
+    /// A pattern's `error`: it takes no new keys, for `why`.
+    pub(super) fn pattern_error(pattern: &Bytes, why: String) -> Self {
+        Self {
+            error: Some(why),
+            ..Self::new(EventKind::PatternError, pattern.clone(), None, None, None)
         }
     }
 }

@@ -1,9 +1,9 @@
 //! The hub's handle, which admits watchers, and the watcher, one stream of
 //! events for a set of keys.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +19,7 @@ use super::event::{EventKind, KeyEvent};
 use super::key::{KeyWatch, Slot, wait_registered};
 use super::pattern::{Listing, Membership, PatternWatch, Patterns};
 use super::reconciler::{dispatch, reconcile};
+use super::selection::Selection;
 use super::settings::WatchSettings;
 use super::shared::{Inner, NO_HOLDER};
 use crate::metrics::Metrics;
@@ -77,12 +78,14 @@ impl WatchHub {
         keys: Vec<Bytes>,
         last_version: Option<Hlc>,
     ) -> Result<Watcher, WatchError> {
-        self.follow(keys, Vec::new(), last_version, None).await
+        let selection = Selection::of_keys(keys, self.inner.settings.max_keys_per_stream)?;
+        self.follow(selection, last_version, None).await
     }
 
-    /// Starts watching `keys` and every key matching `patterns`: returns
-    /// once every key is registered with the store and every pattern is
-    /// listed, so that the caller can still answer with an HTTP error.
+    /// Starts watching the selection's keys and every key matching its
+    /// patterns: returns once every key is registered with the store and
+    /// every pattern is listed, so that the caller can still answer with
+    /// an HTTP error.
     ///
     /// `last_version` is the client's `Last-Event-ID`: on a stream of one
     /// key, a key whose version is not newer gets no initial sync (any
@@ -90,41 +93,41 @@ impl WatchHub {
     ///
     /// With `readable`, the stream follows only the pattern keys it allows
     /// (others are neither told of nor counted in `listed`), and is told
-    /// nothing of a key it no longer allows. `keys` are the caller's to
-    /// check.
+    /// nothing of a key it no longer allows. The selection's keys are the
+    /// caller's to check.
     pub async fn follow(
         &self,
-        keys: Vec<Bytes>,
-        patterns: Vec<Bytes>,
+        selection: Selection,
         last_version: Option<Hlc>,
         readable: Option<ReadFilter>,
     ) -> Result<Watcher, WatchError> {
+        selection.check()?;
+        let (keys, patterns) = (selection.keys(), selection.patterns());
+        self.admit(keys)?;
+        // From here on the watcher's drop undoes the admission, key and
+        // pattern counts.
+        let mut watcher = Watcher::new(self, keys.len(), patterns.len(), readable);
+        for key in keys {
+            watcher.name(self.inner.attach(key, self.inner.settings.buffer));
+        }
+        for pattern in patterns {
+            watcher.patterns.push(self.patterns.follow(pattern));
+        }
+        self.inner.reconcile.notify_one();
+        let named = watcher.cursors.keys().map(|watched| Arc::clone(&watched.0));
+        wait_ready(&self.inner, named.collect(), &watcher.patterns).await?;
+        // One id cannot say what a stream of several keys saw of each (events
+        // of different keys are not in version order): resume single keys.
+        let last_version = last_version.filter(|_| keys.len() == 1 && patterns.is_empty());
+        watcher.queue_named_syncs(keys, last_version.as_ref());
+        watcher.start_patterns();
+        Ok(watcher)
+    }
+
+    /// Takes a watcher's place, if the gateway runs, reaches its store and
+    /// has room for the stream and for `keys`.
+    fn admit(&self, keys: &[Bytes]) -> Result<(), WatchError> {
         let settings = &self.inner.settings;
-        if keys.is_empty() && patterns.is_empty() {
-            return Err(WatchError::NoKeys);
-        }
-        if keys.len() + patterns.len() > settings.max_keys_per_stream {
-            return Err(WatchError::TooManyKeysPerStream(
-                settings.max_keys_per_stream,
-            ));
-        }
-        if patterns.len() > MAX_PATTERNS_PER_STREAM {
-            return Err(WatchError::TooManyKeysPerStream(MAX_PATTERNS_PER_STREAM));
-        }
-        if keys.iter().chain(&patterns).any(Bytes::is_empty) {
-            return Err(WatchError::EmptyKey);
-        }
-        // A key or pattern named twice is followed once.
-        let mut unique = HashSet::new();
-        let keys: Vec<Bytes> = keys
-            .into_iter()
-            .filter(|key| unique.insert(key.clone()))
-            .collect();
-        let mut unique = HashSet::new();
-        let patterns: Vec<Bytes> = patterns
-            .into_iter()
-            .filter(|pattern| unique.insert(pattern.clone()))
-            .collect();
         if *self.inner.shutdown.borrow() {
             return Err(WatchError::ShuttingDown);
         }
@@ -153,124 +156,7 @@ impl WatchHub {
             return Err(WatchError::TooManyWatchers(settings.max_watchers));
         }
         self.inner.metrics.watchers.inc();
-        // From here on the guard undoes the admission, key and pattern counts.
-        let mut watcher = Watcher {
-            hub: Arc::clone(&self.inner),
-            registry: Arc::clone(&self.patterns),
-            cursors: HashMap::with_capacity(keys.len()),
-            events: StreamMap::with_capacity(keys.len()),
-            patterns: Vec::with_capacity(patterns.len()),
-            membership: StreamMap::with_capacity(patterns.len()),
-            pattern_events: StreamMap::with_capacity(patterns.len()),
-            pending: VecDeque::new(),
-            shutdown: {
-                let mut shutdown = self.inner.shutdown.subscribe();
-                Box::pin(async move {
-                    // An error means the hub is gone: shut down too.
-                    let _ = shutdown.wait_for(|down| *down).await;
-                })
-            },
-            shut_down: false,
-            readable,
-        };
-        for key in &keys {
-            let key_watch = self.inner.attach(key, settings.buffer);
-            let (receiver, _, _) = key_watch.subscribe();
-            watcher
-                .events
-                .insert(key.clone(), BroadcastStream::new(receiver));
-            watcher.cursors.insert(
-                WatchedKey(key_watch),
-                Cursor {
-                    delivered: 0,
-                    named: true,
-                    patterns: 0,
-                    announced: true,
-                },
-            );
-        }
-        for pattern in &patterns {
-            watcher.patterns.push(self.patterns.follow(pattern));
-        }
-        self.inner.reconcile.notify_one();
-        let deadline = tokio::time::Instant::now() + self.inner.register_timeout();
-        for key in &keys {
-            if let Some((watched, _)) = watcher.cursors.get_key_value(&key[..]) {
-                wait_registered(
-                    &watched.0,
-                    &self.inner.registered,
-                    deadline,
-                    self.inner.register_timeout(),
-                )
-                .await?;
-            }
-        }
-        for pattern in &watcher.patterns {
-            wait_listed(pattern, deadline, self.inner.register_timeout()).await?;
-            // Past its limit the pattern follows only some of its keys: a
-            // stream joining it is refused, as a first stream would be.
-            if let Some(why) = pattern.state().over_limit.clone() {
-                return Err(why);
-            }
-        }
-        // One id cannot say what a stream of several keys saw of each (events
-        // of different keys are not in version order): resume single keys.
-        let last_version = last_version.filter(|_| keys.len() == 1 && patterns.is_empty());
-        for key in &keys {
-            let Some((watched, cursor)) = watcher.cursors.get_key_value(&key[..]) else {
-                continue;
-            };
-            let (snapshot, seq) = watched.0.snapshot();
-            let Some(snapshot) = snapshot else { continue };
-            let cursor = Cursor {
-                delivered: seq,
-                ..*cursor
-            };
-            let key_watch = Arc::clone(&watched.0);
-            watcher
-                .cursors
-                .insert(WatchedKey(Arc::clone(&key_watch)), cursor);
-            // Only the very state the client saw is skipped: an id the hub
-            // never gave this state (an older one, or a newer one from before
-            // a store restart) gets the sync.
-            let seen = last_version.is_some() && last_version == snapshot.id;
-            if !seen {
-                watcher
-                    .pending
-                    .push_back(Pending::Event(Arc::new(KeyEvent::sync(
-                        &key_watch.key,
-                        &snapshot,
-                        false,
-                        false,
-                    ))));
-            }
-        }
-        for index in 0..watcher.patterns.len() {
-            let pattern = Arc::clone(&watcher.patterns[index]);
-            let subscription = pattern.subscribe();
-            watcher
-                .membership
-                .insert(index, BroadcastStream::new(subscription.changes));
-            watcher
-                .pattern_events
-                .insert(index, BroadcastStream::new(subscription.events));
-            let mut existing = 0;
-            for key_watch in subscription.keys {
-                if watcher.add_to_pattern(index, key_watch) {
-                    existing += 1;
-                }
-            }
-            watcher.pending.push_back(Pending::Event(Arc::new(KeyEvent {
-                kind: EventKind::Listed { keys: existing },
-                key: pattern.glob.clone(),
-                value: None,
-                version: None,
-                id: None,
-                error: None,
-                rendered: OnceLock::new(),
-            })));
-        }
-        Ok(watcher)
+        Ok(())
     }
 
     /// Tells the followed patterns that match `key` that this gateway just
@@ -296,9 +182,32 @@ impl WatchHub {
     }
 }
 
-/// Patterns one stream may follow (a key records which of its stream's
-/// patterns follow it in one `u64`).
-const MAX_PATTERNS_PER_STREAM: usize = 64;
+/// Waits until every key of `named` is registered and every pattern of
+/// `patterns` listed, within the registration timeout; a pattern past its
+/// limit refuses the stream, as it would a first stream.
+async fn wait_ready(
+    hub: &Inner,
+    named: Vec<Arc<KeyWatch>>,
+    patterns: &[Arc<PatternWatch>],
+) -> Result<(), WatchError> {
+    let deadline = tokio::time::Instant::now() + hub.register_timeout();
+    for key_watch in named {
+        wait_registered(
+            &key_watch,
+            &hub.registered,
+            deadline,
+            hub.register_timeout(),
+        )
+        .await?;
+    }
+    for pattern in patterns {
+        wait_listed(pattern, deadline, hub.register_timeout()).await?;
+        if let Some(why) = pattern.state().over_limit.clone() {
+            return Err(why);
+        }
+    }
+    Ok(())
+}
 
 async fn wait_listed(
     pattern: &PatternWatch,
@@ -408,6 +317,104 @@ impl std::fmt::Debug for Watcher {
 }
 
 impl Watcher {
+    /// An admitted stream that follows nothing yet, with room for `keys`
+    /// named keys and `patterns` patterns.
+    fn new(hub: &WatchHub, keys: usize, patterns: usize, readable: Option<ReadFilter>) -> Self {
+        Self {
+            hub: Arc::clone(&hub.inner),
+            registry: Arc::clone(&hub.patterns),
+            cursors: HashMap::with_capacity(keys),
+            events: StreamMap::with_capacity(keys),
+            patterns: Vec::with_capacity(patterns),
+            membership: StreamMap::with_capacity(patterns),
+            pattern_events: StreamMap::with_capacity(patterns),
+            pending: VecDeque::new(),
+            shutdown: {
+                let mut shutdown = hub.inner.shutdown.subscribe();
+                Box::pin(async move {
+                    // An error means the hub is gone: shut down too.
+                    let _ = shutdown.wait_for(|down| *down).await;
+                })
+            },
+            shut_down: false,
+            readable,
+        }
+    }
+
+    /// Follows a key the stream names (`key_watch` holds the stream's
+    /// watcher reference on it): subscribes to its channel.
+    fn name(&mut self, key_watch: Arc<KeyWatch>) {
+        let (receiver, _, _) = key_watch.subscribe();
+        self.events
+            .insert(key_watch.key.clone(), BroadcastStream::new(receiver));
+        self.cursors.insert(
+            WatchedKey(key_watch),
+            Cursor {
+                delivered: 0,
+                named: true,
+                patterns: 0,
+                announced: true,
+            },
+        );
+    }
+
+    /// Queues the initial `sync` of each named key that exists, in the
+    /// order named, unless it is the very state the client saw
+    /// (`last_version`).
+    fn queue_named_syncs(&mut self, keys: &[Bytes], last_version: Option<&Hlc>) {
+        for key in keys {
+            let Some((watched, cursor)) = self.cursors.get_key_value(&key[..]) else {
+                continue;
+            };
+            let (snapshot, seq) = watched.0.snapshot();
+            let Some(snapshot) = snapshot else { continue };
+            let cursor = Cursor {
+                delivered: seq,
+                ..*cursor
+            };
+            let key_watch = Arc::clone(&watched.0);
+            self.cursors
+                .insert(WatchedKey(Arc::clone(&key_watch)), cursor);
+            // Only the very state the client saw is skipped: an id the hub
+            // never gave this state (an older one, or a newer one from before
+            // a store restart) gets the sync.
+            let seen = last_version.is_some() && last_version == snapshot.id.as_ref();
+            if !seen {
+                self.pending
+                    .push_back(Pending::Event(Arc::new(KeyEvent::sync(
+                        &key_watch.key,
+                        &snapshot,
+                        false,
+                        false,
+                    ))));
+            }
+        }
+    }
+
+    /// Subscribes to each pattern's membership and events, and queues the
+    /// `sync` of each of its keys that exists, then its `listed`.
+    fn start_patterns(&mut self) {
+        for index in 0..self.patterns.len() {
+            let pattern = Arc::clone(&self.patterns[index]);
+            let subscription = pattern.subscribe();
+            self.membership
+                .insert(index, BroadcastStream::new(subscription.changes));
+            self.pattern_events
+                .insert(index, BroadcastStream::new(subscription.events));
+            let mut existing = 0;
+            for key_watch in subscription.keys {
+                if self.add_to_pattern(index, key_watch) {
+                    existing += 1;
+                }
+            }
+            self.pending
+                .push_back(Pending::Event(Arc::new(KeyEvent::listed(
+                    &pattern.glob,
+                    existing,
+                ))));
+        }
+    }
+
     /// The next event for this watcher; `None` when the gateway shuts down.
     ///
     /// Events this watcher was already told of (by the event or by a sync
@@ -652,18 +659,7 @@ fn admit(cursor: &mut Cursor, mut event: Arc<KeyEvent>, seq: u64) -> Option<Arc<
             return None;
         }
         if !matches!(event.kind, EventKind::Sync { .. }) {
-            event = Arc::new(KeyEvent {
-                kind: EventKind::Sync {
-                    resync: false,
-                    lagged: false,
-                },
-                key: event.key.clone(),
-                value: event.value.clone(),
-                version: event.version.clone(),
-                id: event.id.clone(),
-                error: None,
-                rendered: OnceLock::new(),
-            });
+            event = Arc::new(event.as_sync());
         }
         cursor.announced = true;
     }
@@ -702,15 +698,13 @@ mod tests {
     }
 
     fn event(kind: EventKind, value: Option<&'static [u8]>) -> Arc<KeyEvent> {
-        Arc::new(KeyEvent {
+        Arc::new(KeyEvent::new(
             kind,
-            key: Bytes::from_static(b"k"),
-            value: value.map(|v| Bytes::from_static(v).into()),
-            version: None,
-            id: None,
-            error: None,
-            rendered: OnceLock::new(),
-        })
+            Bytes::from_static(b"k"),
+            value.map(|v| Bytes::from_static(v).into()),
+            None,
+            None,
+        ))
     }
 
     #[test]

@@ -184,15 +184,7 @@ impl KeyWatch {
         // sees each change either in its snapshot or in its channel.
         self.send(
             &mut state,
-            KeyEvent {
-                kind,
-                key: self.key.clone(),
-                value,
-                version,
-                id,
-                error: None,
-                rendered: OnceLock::new(),
-            },
+            KeyEvent::new(kind, self.key.clone(), value, version, id),
         );
         true
     }

@@ -29,6 +29,8 @@
 //!   the ids that never go back.
 //! - `key`: one watched key: its snapshot, registration and channels.
 //! - `shared`: what the hub's handles, watchers and tasks share.
+//! - `selection`: [`Selection`], what one stream follows, within its
+//!   limits.
 //! - `hub`: [`WatchHub`] (admission) and [`Watcher`] (one stream's events).
 //! - `pattern`: the patterns streams follow: their listing, rescans and
 //!   the keys this gateway writes.
@@ -41,10 +43,12 @@ mod hub;
 mod key;
 mod pattern;
 mod reconciler;
+mod selection;
 mod settings;
 mod shared;
 
 pub use error::WatchError;
 pub use event::{EventKind, KeyEvent, MAX_EVENT_VALUE_BYTES, Snapshot, WatchedValue};
 pub use hub::{ReadFilter, WatchHub, Watcher};
+pub use selection::Selection;
 pub use settings::WatchSettings;

@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
@@ -32,7 +32,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::error::WatchError;
-use super::event::{EventKind, KeyEvent};
+use super::event::KeyEvent;
 use super::key::{KeyWatch, Slot, wait_registered};
 use super::reconciler::CONCURRENT_REQUESTS;
 use super::shared::Inner;
@@ -175,15 +175,7 @@ impl PatternWatch {
 
     /// The `error` event of a pattern that takes no new keys.
     fn refusal(&self, why: &WatchError) -> Arc<KeyEvent> {
-        Arc::new(KeyEvent {
-            kind: EventKind::PatternError,
-            key: self.glob.clone(),
-            value: None,
-            version: None,
-            id: None,
-            error: Some(why.to_string()),
-            rendered: OnceLock::new(),
-        })
+        Arc::new(KeyEvent::pattern_error(&self.glob, why.to_string()))
     }
 }
 

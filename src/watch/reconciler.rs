@@ -4,8 +4,8 @@
 //! holder reconnects, when notifications were lost, and periodically.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -230,15 +230,7 @@ async fn sync_registrations(
                     tracing::warn!(%error, "re-registering a watched key failed; retrying");
                     key_watch.send(
                         &mut state,
-                        KeyEvent {
-                            kind: EventKind::Error,
-                            key: key_watch.key.clone(),
-                            value: None,
-                            version: None,
-                            id: None,
-                            error: Some(error.to_string()),
-                            rendered: OnceLock::new(),
-                        },
+                        KeyEvent::error(&key_watch.key, error.to_string()),
                     );
                 } else {
                     tracing::debug!(%error, "re-registering a watched key failed; retrying");

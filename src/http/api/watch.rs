@@ -30,7 +30,7 @@ use crate::access::rules::{Access, Need};
 use crate::http::problem::ApiError;
 use crate::http::state::AppState;
 use crate::protocol::Hlc;
-use crate::watch::{EventKind, KeyEvent, WatchError, WatchedValue, Watcher};
+use crate::watch::{EventKind, KeyEvent, Selection, WatchError, WatchedValue, Watcher};
 
 /// The first frame of every stream: how long (ms) a browser waits before
 /// reconnecting a dropped stream.
@@ -61,7 +61,8 @@ async fn watch_path(
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
     query.accept(&[ACCESS_TOKEN_PARAMETER])?;
-    start(&state, &access, vec![key], Vec::new(), last_version).await
+    let selection = Selection::of_keys([key], state.hub.settings().max_keys_per_stream)?;
+    start(&state, &access, selection, last_version).await
 }
 
 /// `GET /watch/`: the empty key, refused as `/keys/` refuses it.
@@ -86,8 +87,8 @@ async fn watch_query(
     query: Query,
     LastEventId(last_version): LastEventId,
 ) -> Result<Response, ApiError> {
-    let (mut keys, mut patterns) = (Vec::new(), Vec::new());
-    let max = state.hub.settings().max_keys_per_stream;
+    // Refused as the names come rather than after decoding an unbounded list.
+    let mut selection = Selection::new(state.hub.settings().max_keys_per_stream);
     // `key` and `match` are repeated: not for `Query::accept`.
     for (name, value) in query.pairs() {
         match name {
@@ -95,16 +96,10 @@ async fn watch_query(
             "key" => {
                 let key = decode_key(value, true, state.limits.max_key_bytes)?;
                 access.require(&key, Need::Read)?;
-                // A key named twice is one key (and counts once against the limit).
-                if !keys.contains(&key) {
-                    keys.push(key);
-                }
+                selection.add_key(key)?;
             }
             "match" => {
-                let pattern = decode_pattern(value, state.limits.max_key_bytes)?;
-                if !patterns.contains(&pattern) {
-                    patterns.push(pattern);
-                }
+                selection.add_pattern(decode_pattern(value, state.limits.max_key_bytes)?)?;
             }
             _ => {
                 return Err(ApiError::BadQuery(format!(
@@ -112,12 +107,8 @@ async fn watch_query(
                 )));
             }
         }
-        // Refuse early rather than decode an unbounded list.
-        if keys.len() + patterns.len() > max {
-            return Err(WatchError::TooManyKeysPerStream(max).into());
-        }
     }
-    start(&state, &access, keys, patterns, last_version).await
+    start(&state, &access, selection, last_version).await
 }
 
 /// A `match` value: the listing's glob, form-decoded; not empty, at most
@@ -136,24 +127,20 @@ fn decode_pattern(raw: &str, max_key_bytes: usize) -> Result<Bytes, ApiError> {
     }
 }
 
-/// Starts the stream of `keys` (each already allowed to the caller) and
-/// `patterns` (whose keys the caller may read, under the rules of the
-/// moment).
+/// Starts the stream of the selection's keys (each already allowed to the
+/// caller) and patterns (whose keys the caller may read, under the rules
+/// of the moment).
 async fn start(
     state: &AppState,
     access: &Access,
-    keys: Vec<Bytes>,
-    patterns: Vec<Bytes>,
+    selection: Selection,
     last_version: Option<Hlc>,
 ) -> Result<Response, ApiError> {
     if state.is_draining() {
         return Err(ApiError::Watch(WatchError::ShuttingDown));
     }
     let readable = access.live_read_filter();
-    let watcher = state
-        .hub
-        .follow(keys, patterns, last_version, readable)
-        .await?;
+    let watcher = state.hub.follow(selection, last_version, readable).await?;
     let keep_alive = state.hub.settings().keep_alive;
     let mut response = Response::new(Body::from_stream(frames(watcher, keep_alive)));
     let headers = response.headers_mut();
@@ -332,15 +319,13 @@ mod tests {
     use super::*;
 
     fn event(kind: EventKind, key: &[u8], value: Option<&[u8]>) -> KeyEvent {
-        KeyEvent {
+        KeyEvent::new(
             kind,
-            key: Bytes::copy_from_slice(key),
-            value: value.map(|v| Bytes::copy_from_slice(v).into()),
-            version: Some(Hlc::new(1_700_000_000_000, "StateStore")),
-            id: Some(Hlc::new(1_700_000_000_000, "StateStore")),
-            error: None,
-            rendered: Default::default(),
-        }
+            Bytes::copy_from_slice(key),
+            value.map(|v| Bytes::copy_from_slice(v).into()),
+            Some(Hlc::new(1_700_000_000_000, "StateStore")),
+            Some(Hlc::new(1_700_000_000_000, "StateStore")),
+        )
     }
 
     fn json(event: &KeyEvent) -> serde_json::Value {
