@@ -5,9 +5,11 @@
 //!
 //! 1. **reads**: `GET /keys/k` against Dapr's `GET /v1.0/state/statestore/k`
 //!    of the same 16-byte value over HTTP/1.1, and `GET /keys/k` against
-//!    Dapr's gRPC `GetState` over one HTTP/2 (h2c) connection: latency
-//!    percentiles and the gateway's own CPU per request (from `/proc`), as
-//!    ratios Dapr / `/keys` on the same protocol;
+//!    Dapr's gRPC `GetState` over one HTTP/2 (h2c) connection, in rounds
+//!    that rotate the four (`--rounds N`, default 10), so load from other
+//!    programs falls on all alike: latency percentiles and the gateway's
+//!    own CPU per request (its threads' `schedstat`), as ratios Dapr /
+//!    `/keys` on the same protocol (the median of the rounds');
 //! 2. **saves**: a Dapr save without an etag against one with the key's
 //!    current etag (read by a bulk get before each, not timed): latency and
 //!    the store round trips each costs (the gateway's store request count).
@@ -36,6 +38,7 @@ use support::stats::Percentiles;
 
 struct Options {
     requests: usize,
+    rounds: usize,
     smoke: bool,
     report: Option<PathBuf>,
 }
@@ -47,16 +50,20 @@ impl Options {
         };
         let mut options = Options {
             requests: if smoke { 200 } else { 20_000 },
+            rounds: if smoke { 2 } else { 10 },
             smoke,
             report: None,
         };
         support::read_number_flags(
             args,
-            &mut [("--requests", &mut options.requests)],
+            &mut [
+                ("--requests", &mut options.requests),
+                ("--rounds", &mut options.rounds),
+            ],
             &mut options.report,
         )?;
-        if options.requests == 0 {
-            bail!("--requests must be positive");
+        if options.requests == 0 || options.rounds == 0 {
+            bail!("--requests and --rounds must be positive");
         }
         Ok(Some(options))
     }
@@ -66,23 +73,16 @@ fn main() -> ExitCode {
     support::main_with("dapr", Options::parse, run)
 }
 
-/// Latencies of `requests` requests and the gateway's CPU per request.
-struct Run {
-    latency: Percentiles,
-    cpu_us: f64,
-}
-
+/// The latencies of `requests` requests, each answered `expect`.
 async fn timed(
-    gateway: &GatewayProc,
     conn: &mut HttpConn,
     requests: usize,
     method: &str,
     path: &str,
     body: &[u8],
     expect: u16,
-) -> Result<Run> {
+) -> Result<Percentiles> {
     let mut samples = Vec::with_capacity(requests);
-    let ticks = gateway.proc.cpu_ticks()?;
     for _ in 0..requests {
         let started = Instant::now();
         let response = conn.request(method, path, body).await?;
@@ -91,12 +91,7 @@ async fn timed(
             bail!("{method} {path}: {} (expected {expect})", response.status);
         }
     }
-    let used = gateway.proc.cpu_ticks()? - ticks;
-    let cpu_us = used as f64 * 1e6 / procs::clock_ticks_per_second() as f64 / requests as f64;
-    Ok(Run {
-        latency: Percentiles::of(&mut samples),
-        cpu_us,
-    })
+    Ok(Percentiles::of(&mut samples))
 }
 
 /// Every request over the HTTP/2 connection gives up after this long.
@@ -203,42 +198,129 @@ impl H2Conn {
     }
 }
 
-/// The reads compared over HTTP/2.
-#[derive(Clone, Copy)]
-enum H2Read {
-    /// `GET /keys/bench`.
-    Keys,
-    /// Dapr's gRPC `GetState` of `bench`.
+/// The reads compared: the same key and value each way.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// `GET /keys/bench` over HTTP/1.1.
+    KeysH1,
+    /// Dapr's `GET /v1.0/state/statestore/bench` over HTTP/1.1.
+    DaprH1,
+    /// `GET /keys/bench` over HTTP/2 (h2c).
+    KeysH2,
+    /// Dapr's gRPC `GetState` of `bench` (HTTP/2, h2c).
     GetState,
 }
 
-/// `requests` reads on `conn`: latencies and the gateway's CPU per request.
-async fn timed_h2(
-    gateway: &GatewayProc,
-    conn: &mut H2Conn,
-    requests: usize,
-    expect: &[u8],
-    read: H2Read,
-) -> Result<Run> {
-    let mut samples = Vec::with_capacity(requests);
-    let ticks = gateway.proc.cpu_ticks()?;
-    for _ in 0..requests {
-        let started = Instant::now();
-        let body = match read {
-            H2Read::Keys => conn.get_keys("bench").await?.to_vec(),
-            H2Read::GetState => conn.get_state("bench").await?,
-        };
-        samples.push(started.elapsed());
-        if body != expect {
-            bail!("unexpected body {:?}", String::from_utf8_lossy(&body));
+const READS: [Read; 4] = [Read::KeysH1, Read::DaprH1, Read::KeysH2, Read::GetState];
+
+impl Read {
+    fn name(self) -> &'static str {
+        match self {
+            Read::KeysH1 => "`GET /keys/k`, HTTP/1.1",
+            Read::DaprH1 => "Dapr `GET /v1.0/state/statestore/k`, HTTP/1.1",
+            Read::KeysH2 => "`GET /keys/k`, HTTP/2 (h2c)",
+            Read::GetState => "Dapr gRPC `GetState`, HTTP/2 (h2c)",
         }
     }
-    let used = gateway.proc.cpu_ticks()? - ticks;
-    let cpu_us = used as f64 * 1e6 / procs::clock_ticks_per_second() as f64 / requests as f64;
-    Ok(Run {
-        latency: Percentiles::of(&mut samples),
-        cpu_us,
-    })
+
+    /// One read; the value's bytes.
+    async fn once(self, h1: &mut HttpConn, h2: &mut H2Conn) -> Result<Vec<u8>> {
+        let path = match self {
+            Read::KeysH1 => "/keys/bench",
+            Read::DaprH1 => "/v1.0/state/statestore/bench",
+            Read::KeysH2 => return Ok(h2.get_keys("bench").await?.to_vec()),
+            Read::GetState => return h2.get_state("bench").await,
+        };
+        let response = h1.request("GET", path, b"").await?;
+        if response.status != 200 {
+            bail!("GET {path}: {}", response.status);
+        }
+        Ok(response.body)
+    }
+}
+
+/// The gateway's CPU time so far in nanoseconds, user and kernel, summed
+/// over its threads (`/proc/<pid>/task/*/schedstat`: precise where
+/// `/proc/<pid>/stat` counts 10 ms ticks).
+fn cpu_ns(gateway: &GatewayProc) -> Result<u64> {
+    let tasks = format!("/proc/{}/task", gateway.proc.pid());
+    let mut total = 0;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that just ended has no file any more.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .with_context(|| format!("unexpected {}", path.display()))?;
+    }
+    Ok(total)
+}
+
+/// One way of reading, over every round.
+#[derive(Default)]
+struct Tally {
+    samples: Vec<Duration>,
+    cpu_ns: u64,
+    /// Each round's CPU per request, in nanoseconds.
+    per_round: Vec<f64>,
+}
+
+/// `rounds` rounds of `per_round` reads each way, the ways in a rotating
+/// order (so a change of load on the machine falls on all of them alike);
+/// every answer checked against `expect`.
+async fn interleaved_reads(
+    gateway: &GatewayProc,
+    h1: &mut HttpConn,
+    h2: &mut H2Conn,
+    rounds: usize,
+    per_round: usize,
+    expect: &[u8],
+) -> Result<Vec<Tally>> {
+    let mut tallies: Vec<Tally> = READS.iter().map(|_| Tally::default()).collect();
+    for round in 0..rounds {
+        for offset in 0..READS.len() {
+            let index = (round + offset) % READS.len();
+            let read = READS[index];
+            let tally = &mut tallies[index];
+            let before = cpu_ns(gateway)?;
+            for _ in 0..per_round {
+                let started = Instant::now();
+                let body = read.once(h1, h2).await?;
+                tally.samples.push(started.elapsed());
+                if body != expect {
+                    bail!(
+                        "{}: unexpected body {:?}",
+                        read.name(),
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+            }
+            let used = cpu_ns(gateway)?.saturating_sub(before);
+            tally.cpu_ns += used;
+            tally.per_round.push(used as f64 / per_round as f64);
+        }
+    }
+    Ok(tallies)
+}
+
+/// The median, lowest and highest of each round's ratio `a / b`.
+fn round_ratios(a: &Tally, b: &Tally) -> (f64, f64, f64) {
+    let mut ratios: Vec<f64> = a
+        .per_round
+        .iter()
+        .zip(&b.per_round)
+        .map(|(a, b)| a / b)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    (
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+    )
 }
 
 /// The gateway's store requests so far (every op and outcome).
@@ -281,51 +363,24 @@ async fn run(options: Options) -> Result<()> {
     if put.status != 200 && put.status != 201 && put.status != 204 {
         bail!("PUT /keys/bench: {}", put.status);
     }
-    // Warm both paths.
-    timed(
-        &gateway,
-        &mut conn,
-        n / 10 + 1,
-        "GET",
-        "/keys/bench",
-        b"",
-        200,
-    )
-    .await?;
-    timed(
-        &gateway,
-        &mut conn,
-        n / 10 + 1,
-        "GET",
-        "/v1.0/state/statestore/bench",
-        b"",
-        200,
-    )
-    .await?;
-    let keys = timed(&gateway, &mut conn, n, "GET", "/keys/bench", b"", 200).await?;
-    let dapr = timed(
-        &gateway,
-        &mut conn,
-        n,
-        "GET",
-        "/v1.0/state/statestore/bench",
-        b"",
-        200,
-    )
-    .await?;
-
-    // The same reads over one HTTP/2 connection: `/keys` against gRPC.
     let mut h2 = H2Conn::connect(gateway.api).await?;
-    timed_h2(&gateway, &mut h2, n / 10 + 1, value, H2Read::Keys).await?;
-    timed_h2(&gateway, &mut h2, n / 10 + 1, value, H2Read::GetState).await?;
-    let keys_h2 = timed_h2(&gateway, &mut h2, n, value, H2Read::Keys).await?;
-    let grpc = timed_h2(&gateway, &mut h2, n, value, H2Read::GetState).await?;
+    let per_round = (n / options.rounds).max(1);
+    // A warm-up round, then the measured ones.
+    interleaved_reads(&gateway, &mut conn, &mut h2, 1, per_round, value).await?;
+    let reads = interleaved_reads(
+        &gateway,
+        &mut conn,
+        &mut h2,
+        options.rounds,
+        per_round,
+        value,
+    )
+    .await?;
 
     let saves = (n / 4).max(10);
     let plain_body = br#"[{"key":"bench-save","value":"0123456789abcd"}]"#;
     let before = store_requests(&gateway).await?;
     let plain = timed(
-        &gateway,
         &mut conn,
         saves,
         "POST",
@@ -371,41 +426,46 @@ async fn run(options: Options) -> Result<()> {
         report,
         "### Dapr's HTTP and gRPC API beside the key API, one request at a time\n"
     )?;
-    writeln!(report, "| request | p50 | p99 | gateway CPU per request |")?;
+    let reads_each = per_round * options.rounds;
+    writeln!(
+        report,
+        "{} rounds of {per_round} reads each way, the ways in a rotating order; CPU per request \
+         from the gateway's threads' `schedstat` (user and kernel).\n",
+        options.rounds
+    )?;
+    writeln!(
+        report,
+        "| read ({reads_each} each) | p50 | p99 | gateway CPU per request |"
+    )?;
     writeln!(report, "|---|---:|---:|---:|")?;
-    for (name, run) in [
-        ("`GET /keys/k`, HTTP/1.1", &keys),
-        ("Dapr `GET /v1.0/state/statestore/k`, HTTP/1.1", &dapr),
-        ("`GET /keys/k`, HTTP/2 (h2c)", &keys_h2),
-        ("Dapr gRPC `GetState`, HTTP/2 (h2c)", &grpc),
-    ] {
+    let mut latency = Vec::new();
+    for (read, tally) in READS.iter().zip(&reads) {
+        let mut samples = tally.samples.clone();
+        let percentiles = Percentiles::of(&mut samples);
         writeln!(
             report,
-            "| {name} ({n} requests) | {} | {} | {} |",
-            us(run.latency.p50),
-            us(run.latency.p99),
-            us(run.cpu_us)
+            "| {} | {} | {} | {:.1} µs |",
+            read.name(),
+            us(percentiles.p50),
+            us(percentiles.p99),
+            tally.cpu_ns as f64 / 1e3 / reads_each as f64
+        )?;
+        latency.push(percentiles);
+    }
+    writeln!(report)?;
+    for (dapr, keys, what) in [
+        (1, 0, "Dapr GET over HTTP/1.1"),
+        (3, 2, "gRPC GetState over h2c"),
+    ] {
+        let (median, low, high) = round_ratios(&reads[dapr], &reads[keys]);
+        writeln!(
+            report,
+            "{what} / `/keys` GET on the same protocol: CPU per request {median:.2}x \
+             (median of the rounds; {low:.2} to {high:.2}), added latency p50 {:+.0} µs, p99 {:+.0} µs.\n",
+            latency[dapr].p50 - latency[keys].p50,
+            latency[dapr].p99 - latency[keys].p99,
         )?;
     }
-    writeln!(
-        report,
-        "\nDapr GET / `/keys` GET: CPU per request {:.2}x, p50 {:.2}x, p99 {:.2}x.\n",
-        dapr.cpu_us / keys.cpu_us,
-        dapr.latency.p50 / keys.latency.p50,
-        dapr.latency.p99 / keys.latency.p99
-    )?;
-    writeln!(
-        report,
-        "gRPC GetState / h2c `/keys` GET: CPU per request {:.2}x, p50 {:.2}x, p99 {:.2}x; \
-         added p50 {:+.0} µs, p99 {:+.0} µs (HTTP/1.1 Dapr GET: p50 {:+.0} µs, p99 {:+.0} µs).\n",
-        grpc.cpu_us / keys_h2.cpu_us,
-        grpc.latency.p50 / keys_h2.latency.p50,
-        grpc.latency.p99 / keys_h2.latency.p99,
-        grpc.latency.p50 - keys_h2.latency.p50,
-        grpc.latency.p99 - keys_h2.latency.p99,
-        dapr.latency.p50 - keys.latency.p50,
-        dapr.latency.p99 - keys.latency.p99,
-    )?;
     writeln!(
         report,
         "| Dapr save ({saves} each) | p50 | p99 | store round trips |"
@@ -414,8 +474,8 @@ async fn run(options: Options) -> Result<()> {
     writeln!(
         report,
         "| without an etag | {} | {} | {plain_trips:.1} |",
-        us(plain.latency.p50),
-        us(plain.latency.p99)
+        us(plain.p50),
+        us(plain.p99)
     )?;
     writeln!(
         report,
