@@ -50,24 +50,45 @@ pub enum Output {
     Unknown,
 }
 
-/// One operation of a history. Times are any monotonic clock (ns).
+/// What an answer says of whether its operation took effect.
+pub trait Outcome: fmt::Debug {
+    /// No answer that says what happened: it may or may not have.
+    fn is_unknown(&self) -> bool;
+}
+
+impl Outcome for Output {
+    fn is_unknown(&self) -> bool {
+        *self == Output::Unknown
+    }
+}
+
+/// One operation of a history, of any model. Times are any monotonic
+/// clock (ns).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Operation {
+pub struct Timed<I, O> {
     /// Which client issued it (for reports).
     pub client: usize,
     /// What was asked.
-    pub input: Input,
+    pub input: I,
     /// When it was called.
     pub call: u64,
-    /// When it returned (ignored for [`Output::Unknown`]).
+    /// When it returned (ignored when the outcome is unknown).
     pub ret: u64,
     /// What came back.
-    pub output: Output,
+    pub output: O,
 }
 
-impl fmt::Display for Operation {
+impl<I, O: Outcome> Timed<I, O> {
+    /// When it was called, and when it returned if that is known (an
+    /// unknown outcome may take effect any time after its call).
+    pub fn interval(&self) -> (u64, Option<u64>) {
+        (self.call, (!self.output.is_unknown()).then_some(self.ret))
+    }
+}
+
+impl<I: fmt::Debug, O: Outcome> fmt::Display for Timed<I, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ret = if self.output == Output::Unknown {
+        let ret = if self.output.is_unknown() {
             "inf".to_owned()
         } else {
             self.ret.to_string()
@@ -79,6 +100,9 @@ impl fmt::Display for Operation {
         )
     }
 }
+
+/// One operation of a register history.
+pub type Operation = Timed<Input, Output>;
 
 /// The register: the value of the key, or absence.
 type State = Option<String>;
@@ -217,10 +241,7 @@ fn search(history: &[Operation], budget: u64) -> Search {
 
 /// [`search`], adding the steps it took to `spent`.
 fn search_counting(history: &[Operation], budget: u64, spent: &mut u64) -> Search {
-    let intervals: Vec<(u64, Option<u64>)> = history
-        .iter()
-        .map(|op| (op.call, (op.output != Output::Unknown).then_some(op.ret)))
-        .collect();
+    let intervals: Vec<(u64, Option<u64>)> = history.iter().map(Operation::interval).collect();
     search_model(
         &intervals,
         None,

@@ -16,9 +16,8 @@
 //! of a value that is not the latest.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use super::{Search, search_model};
+use super::{Outcome, Search, Timed, search_model};
 
 /// One item of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,35 +80,14 @@ pub enum Output {
     Unknown,
 }
 
-/// One operation of a history; times from any monotonic clock (ns).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Operation {
-    /// Which client issued it (for reports).
-    pub client: usize,
-    /// What was asked.
-    pub input: Input,
-    /// When it was called.
-    pub call: u64,
-    /// When it returned (ignored for [`Output::Unknown`]).
-    pub ret: u64,
-    /// What came back.
-    pub output: Output,
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ret = if self.output == Output::Unknown {
-            "inf".to_owned()
-        } else {
-            self.ret.to_string()
-        };
-        write!(
-            f,
-            "client {:>2} [{:>12}, {:>12}] {:?} -> {:?}",
-            self.client, self.call, ret, self.input, self.output
-        )
+impl Outcome for Output {
+    fn is_unknown(&self) -> bool {
+        *self == Output::Unknown
     }
 }
+
+/// One operation of a Dapr history.
+pub type Operation = Timed<Input, Output>;
 
 /// A present key: its value and the etag a read last saw for it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -235,10 +213,7 @@ pub enum Verdict {
 /// Whether `history` (every key initially absent) is linearizable; gives
 /// up after `budget` search steps.
 pub fn check(history: &[Operation], budget: u64) -> Verdict {
-    let intervals: Vec<(u64, Option<u64>)> = history
-        .iter()
-        .map(|op| (op.call, (op.output != Output::Unknown).then_some(op.ret)))
-        .collect();
+    let intervals: Vec<(u64, Option<u64>)> = history.iter().map(Operation::interval).collect();
     let step_op = |state: &State, index: usize| step(state, &history[index]);
     match search_model(&intervals, State::new(), step_op, budget, &mut 0) {
         Search::Linearizable => Verdict::Linearizable,
