@@ -230,17 +230,30 @@ fn assert_peak_within(
     values: usize,
     multiple: f64,
 ) {
+    assert_peak_within_sized(gateway, what, baseline_kib, values, LARGE_VALUE, multiple);
+}
+
+/// Asserts that the peak since the last reset grew by at most `multiple`
+/// times `values` values of `value_bytes` over `baseline_kib`.
+fn assert_peak_within_sized(
+    gateway: &GatewayProcess,
+    what: &str,
+    baseline_kib: u64,
+    values: usize,
+    value_bytes: usize,
+    multiple: f64,
+) {
     let peak = gateway.peak_rss_kib();
     let grown = peak.saturating_sub(baseline_kib) as f64 * 1024.0;
-    let in_flight = (values * LARGE_VALUE) as f64;
+    let in_flight = (values * value_bytes) as f64;
     eprintln!(
-        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x {values} value(s) of {LARGE_VALUE} bytes)",
+        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x {values} value(s) of {value_bytes} bytes)",
         grown / 1e6,
         grown / in_flight
     );
     assert!(
         grown <= multiple * in_flight,
-        "{what}: peak memory grew by {:.1} MB, over {multiple} x {values} value(s) of {LARGE_VALUE} bytes",
+        "{what}: peak memory grew by {:.1} MB, over {multiple} x {values} value(s) of {value_bytes} bytes",
         grown / 1e6
     );
 }
@@ -820,18 +833,13 @@ const MEGABYTE_VALUE: usize = 1_000_000;
 /// Asserts that the peak since the last reset grew by at most
 /// [`READ_MULTIPLE`] times the `MANY_VALUES` values over `baseline_kib`.
 fn assert_peak_within_values(gateway: &GatewayProcess, what: &str, baseline_kib: u64) {
-    let peak = gateway.peak_rss_kib();
-    let grown = peak.saturating_sub(baseline_kib) as f64 * 1024.0;
-    let values = (MANY_VALUES * MEGABYTE_VALUE) as f64;
-    eprintln!(
-        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x the {MANY_VALUES} values of {MEGABYTE_VALUE} bytes)",
-        grown / 1e6,
-        grown / values
-    );
-    assert!(
-        grown <= READ_MULTIPLE * values,
-        "{what}: peak memory grew by {:.1} MB, over {READ_MULTIPLE} x {MANY_VALUES} values of {MEGABYTE_VALUE} bytes",
-        grown / 1e6
+    assert_peak_within_sized(
+        gateway,
+        what,
+        baseline_kib,
+        MANY_VALUES,
+        MEGABYTE_VALUE,
+        READ_MULTIPLE,
     );
 }
 
