@@ -126,7 +126,7 @@ impl DaprStore {
     pub async fn get(&self, key: &str) -> Result<Option<Versioned<Bytes>>, DaprError> {
         let key = self.store_key(key);
         if self.settings.transactions {
-            return transaction::read(&self.store, key).await;
+            return transaction::read(&self.store, key, self.settings.lease_wait).await;
         }
         Ok(self.store.get(key).await?)
     }

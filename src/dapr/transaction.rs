@@ -23,8 +23,8 @@
 //! its deadline without a record is aborted by writing `aborted` to its
 //! record's key with `NX`, so its own gateway, if it is only paused,
 //! cannot commit afterwards. Readers of the Dapr API read a key's lease
-//! before the key, and resolve a transaction they find, so a read never
-//! sees a committed transaction's keys half applied. Writers of the Dapr
+//! between two reads of the key ([`read`]), and resolve a transaction they
+//! find, so a read never sees a committed transaction's keys half applied. Writers of the Dapr
 //! API take the same lease, so they resolve it too.
 
 use std::time::Duration;
@@ -337,17 +337,48 @@ pub(super) async fn resolve(store: &StoreClient, lease: &Bytes) -> Result<bool, 
     }
 }
 
-/// A Dapr read of `key`: the key's lease first, resolving a transaction
-/// that holds it, then the key.
+/// A Dapr read of `key`: the key, its lease, then the key again, until
+/// both reads of the key agree and nothing holding the lease wrote it.
+///
+/// A transaction holding the lease is resolved first. A conditional
+/// write's claim (the value it read, written again under its lease) is
+/// never returned: a key written after its lease was taken is in the
+/// middle of a write, which is waited for, up to `wait`. Reading the
+/// lease between two reads of the key closes the gap a lease read first
+/// leaves (a whole write landing between the two reads).
 pub(super) async fn read(
     store: &StoreClient,
     key: Bytes,
+    wait: Duration,
 ) -> Result<Option<Versioned<Bytes>>, DaprError> {
     let lease = lease_key(&key);
-    if let Some(held) = store.get(lease.clone()).await?
-        && txn_of(&held.value).is_some()
-    {
-        resolve(store, &lease).await?;
+    let deadline = Instant::now() + wait;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let first = store.get(key.clone()).await?;
+        let held = store.get(lease.clone()).await?;
+        let mid_write = match &held {
+            Some(held) if txn_of(&held.value).is_some() => {
+                resolve(store, &lease).await?;
+                false
+            }
+            Some(held) => version_of(&first) > held.version.as_ref(),
+            None => false,
+        };
+        if !mid_write {
+            let second = store.get(key.clone()).await?;
+            if version_of(&second) == version_of(&first) {
+                return Ok(second);
+            }
+        }
+        if Instant::now() + pause >= deadline {
+            return Err(DaprError::LeaseBusy(wait));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LONGEST_PAUSE);
     }
-    Ok(store.get(key).await?)
+}
+
+fn version_of(read: &Option<Versioned<Bytes>>) -> Option<&Hlc> {
+    read.as_ref().and_then(|read| read.version.as_ref())
 }

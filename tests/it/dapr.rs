@@ -900,3 +900,67 @@ async fn writes_without_an_etag_come_after_a_committed_transaction_holding_the_k
         assert_eq!(lease.status(), 404, "{key}'s lease");
     }
 }
+
+#[tokio::test]
+async fn a_read_concurrent_with_an_etag_save_sees_each_value_under_one_etag() {
+    // An etag save claims its key (the value it read, written again) before
+    // it writes; a Dapr read must never return that claim, an etag no save
+    // can use, so each value is seen under the etag its write gave it.
+    let stack = transactional_stack().await;
+    let client = dapr_client();
+    let api = format!("http://{}", stack.gateway.api);
+    let url = format!("{api}/v1.0/state/statestore");
+    let read = |client: reqwest::Client, url: String| async move {
+        let response = client.get(format!("{url}/claimed")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let etag = response.headers()["etag"].to_str().unwrap().to_owned();
+        (response.text().await.unwrap(), etag)
+    };
+    let saved = client
+        .post(&url)
+        .json(&json!([{"key": "claimed", "value": "v0"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(saved.status(), 204);
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (client, url, done) = (client.clone(), url.clone(), done.clone());
+        async move {
+            let mut seen = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.push(read(client.clone(), url.clone()).await);
+            }
+            seen
+        }
+    });
+    let mut seen = Vec::new();
+    for n in 1..=150 {
+        let (value, etag) = read(client.clone(), url.clone()).await;
+        seen.push((value, etag.clone()));
+        let saved = save_with_etag(&client, &api, "claimed", &format!("v{n}"), &etag).await;
+        assert_eq!(saved, 204, "the only writer's etag save {n}");
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let concurrent = reader.await.unwrap();
+    assert!(
+        concurrent.len() >= 50,
+        "only {} reads during the saves",
+        concurrent.len()
+    );
+    seen.extend(concurrent);
+
+    let mut etags: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for (value, etag) in &seen {
+        etags.entry(value.clone()).or_default().insert(etag.clone());
+    }
+    let reread: Vec<_> = etags.iter().filter(|(_, etags)| etags.len() > 1).collect();
+    assert!(
+        reread.is_empty(),
+        "{} of {} values read under more than one etag: {reread:?}",
+        reread.len(),
+        etags.len()
+    );
+}
