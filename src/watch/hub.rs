@@ -689,7 +689,10 @@ impl Watcher {
             Ok(Membership::Added(key_watch)) => {
                 self.add_to_pattern(index, key_watch);
             }
-            Ok(Membership::Removed(key)) => self.remove_from_pattern(index, &key),
+            Ok(Membership::Removed { key_watch, last }) => {
+                self.removed_uncursored(index, &key_watch, last);
+                self.remove_from_pattern(index, &key_watch.key);
+            }
             Ok(Membership::Refused(event)) => self.pending.push_back(Pending::Event(event)),
             Err(BroadcastStreamRecvError::Lagged(_)) => {
                 // Changes were lost: the pattern's membership now is the
@@ -711,6 +714,27 @@ impl Watcher {
                     self.add_to_pattern(index, key_watch);
                 }
             }
+        }
+    }
+
+    /// A key the pattern at `index` stopped following, in a stream of one
+    /// pattern that keeps no cursor for it (told of it and read past):
+    /// its `delete`, if the stream has not read the key's last event yet.
+    /// That event, read later, is dropped with the key no longer followed.
+    fn removed_uncursored(&mut self, index: usize, key_watch: &KeyWatch, last: u64) {
+        let key = &key_watch.key;
+        if !self.single_pattern()
+            || self.cursors.contains_key(&key[..])
+            || self.hidden.contains(key)
+            || last <= self.read[index]
+        {
+            return;
+        }
+        if let (Some(snapshot), _) = key_watch.snapshot()
+            && snapshot.value.is_none()
+        {
+            let event = KeyEvent::delete(key, snapshot.version, snapshot.id);
+            self.pending.push_back(Pending::Event(Arc::new(event)));
         }
     }
 

@@ -71,8 +71,10 @@ pub(super) enum Membership {
     /// The pattern follows this key, registered and read.
     Added(Arc<KeyWatch>),
     /// The pattern no longer follows this key (deleted, and absent from a
-    /// rescan).
-    Removed(Bytes),
+    /// rescan). `last`: the number of the key's last event in the
+    /// pattern's channel (0 if its streams were never told of it), so that
+    /// a stream that has not read that far still hears of the delete.
+    Removed { key_watch: Arc<KeyWatch>, last: u64 },
     /// The pattern takes no new keys (an `error` event naming the limit).
     Refused(Arc<KeyEvent>),
 }
@@ -467,9 +469,15 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
     if !gone.is_empty() {
         inner.metrics.watch_pattern_keys.sub(gone.len() as i64);
         for followed in &gone {
-            let _ = pattern
-                .changes
-                .send(Membership::Removed(followed.watch.key.clone()));
+            let last = if followed.announced {
+                followed.watch.last_event_in(&pattern.events)
+            } else {
+                0
+            };
+            let _ = pattern.changes.send(Membership::Removed {
+                key_watch: Arc::clone(&followed.watch),
+                last,
+            });
         }
         pattern.release(inner, gone.iter());
     }

@@ -588,3 +588,38 @@ async fn patterns_costly_to_match_leave_writes_and_unrelated_reads_as_fast_as_wi
     let sync = streams[0].expect("sync").await;
     assert_eq!(sync.data["key"], matching.as_str());
 }
+
+#[tokio::test]
+async fn a_delete_a_slow_stream_reads_after_a_rescan_dropped_its_key_still_reaches_it() {
+    // A stream far behind (its client not reading) takes a key's `delete`
+    // out of the pattern's channel only after a rescan found the key gone
+    // and stopped following it: the stream must still be told.
+    let stack = stack(Duration::from_millis(200), 100).await;
+    put(&stack, "slow/victim", "v").await;
+    put(&stack, "slow/filler", "f").await;
+    let mut stream = open(&stack, "match=slow/*").await;
+    let (synced, _) = initial(&mut stream, 1).await;
+    assert_eq!(synced.len(), 2);
+    // Read past the listing, then stop reading: the filler's values fill
+    // the connection until the gateway's writes to it wait.
+    stream.expect_silence(Duration::from_millis(300)).await;
+    let big = "x".repeat(512 * 1024);
+    for _ in 0..60 {
+        put(&stack, "slow/filler", &big).await;
+    }
+    assert_eq!(stack.gateway.delete(b"slow/victim").await.status(), 204);
+    // Rescans find the key gone and stop following it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let event = stream
+            .next(deadline.saturating_duration_since(Instant::now()))
+            .await
+            .expect("slow/victim's delete within 30 s");
+        if event.data["key"] == "slow/victim" {
+            assert_eq!(event.event, "delete", "{event:?}");
+            break;
+        }
+    }
+}
