@@ -152,24 +152,104 @@ impl<R: Reload> ReloadingFile<R> {
     }
 }
 
-/// Every file's bytes, or the first that cannot be read.
+/// Every file's bytes, or the first that cannot be read or changed while
+/// it was read.
 fn read_all(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>, FileError> {
     paths
         .iter()
         .enumerate()
-        .map(|(at, path)| {
-            std::fs::read(path).map_err(|error| FileError::new(at, format!("cannot read: {error}")))
-        })
+        .map(|(at, path)| read_whole(path).map_err(|message| FileError::new(at, message)))
         .collect()
+}
+
+/// A file's bytes, refused when its length or modification time changed
+/// while it was read, or its length is not what was read: a file rewritten
+/// in place may be read half-written.
+fn read_whole(path: &Path) -> Result<Vec<u8>, String> {
+    let stamp = |path: &Path| {
+        std::fs::metadata(path)
+            .map(|metadata| (metadata.len(), metadata.modified().ok()))
+            .map_err(|error| format!("cannot read: {error}"))
+    };
+    let before = stamp(path)?;
+    let bytes = std::fs::read(path).map_err(|error| format!("cannot read: {error}"))?;
+    let after = stamp(path)?;
+    if before != after || after.0 != bytes.len() as u64 {
+        return Err("it changed while being read; write it elsewhere and rename it over".into());
+    }
+    Ok(bytes)
+}
+
+/// What [`poll`] makes of each read: new contents are put in force once
+/// they read the same twice in a row, an interval apart, so that a file
+/// caught half-written (rewritten in place) is not put in force even when
+/// the part written so far parses.
+#[derive(Debug)]
+struct Settling {
+    /// The contents in force (as last read).
+    current: Vec<Vec<u8>>,
+    /// New contents read once, waiting for the next read to confirm them.
+    pending: Option<Vec<Vec<u8>>>,
+    /// Whether the last read failed (recorded once per outage).
+    unreadable: bool,
+}
+
+/// What to do after a read.
+#[derive(Debug, PartialEq, Eq)]
+enum Settled {
+    /// Parse these contents and put them in force (or record why not).
+    Apply(Vec<Vec<u8>>),
+    /// Record that the files cannot be read.
+    Unreadable(FileError),
+    /// Nothing to do now.
+    Wait,
+}
+
+impl Settling {
+    fn new(current: Vec<Vec<u8>>) -> Self {
+        Self {
+            current,
+            pending: None,
+            unreadable: false,
+        }
+    }
+
+    fn read(&mut self, read: Result<Vec<Vec<u8>>, FileError>) -> Settled {
+        let contents = match read {
+            Ok(contents) => contents,
+            Err(_) if self.unreadable => return Settled::Wait,
+            Err(error) => {
+                self.unreadable = true;
+                self.pending = None;
+                return Settled::Unreadable(error);
+            }
+        };
+        let was_unreadable = std::mem::take(&mut self.unreadable);
+        if contents == self.current {
+            self.pending = None;
+            // Readable again: say how it reads, even if unchanged.
+            return match was_unreadable {
+                true => Settled::Apply(contents),
+                false => Settled::Wait,
+            };
+        }
+        if self.pending.as_ref() == Some(&contents) {
+            self.pending = None;
+            self.current = contents.clone();
+            return Settled::Apply(contents);
+        }
+        self.pending = Some(contents);
+        Settled::Wait
+    }
 }
 
 /// Reads the files every `interval` while their [`ReloadingFile`] lives,
 /// and applies them when their content changed (a ConfigMap or Secret
 /// update swaps a symlink: comparing the content catches it whatever the
-/// mtime). Files that cannot be read keep the value too, recorded once per
-/// outage.
-async fn poll<R: Reload>(file: Weak<Shared<R>>, mut last: Vec<Vec<u8>>, interval: Duration) {
-    let mut unreadable = false;
+/// mtime) and read the same at the next check ([`Settling`]). Files that
+/// cannot be read keep the value too, recorded once per outage.
+async fn poll<R: Reload>(file: Weak<Shared<R>>, last: Vec<Vec<u8>>, interval: Duration) {
+    let mut settling = Settling::new(last);
     loop {
         tokio::time::sleep(interval).await;
         let Some(shared) = file.upgrade() else {
@@ -177,21 +257,80 @@ async fn poll<R: Reload>(file: Weak<Shared<R>>, mut last: Vec<Vec<u8>>, interval
         };
         let file = ReloadingFile(shared);
         let paths = file.0.paths.clone();
-        let read = tokio::task::spawn_blocking(move || read_all(&paths)).await;
-        match read {
-            Ok(Ok(contents)) => {
-                // Readable again: say how it reads, even if unchanged.
-                if contents != last || std::mem::take(&mut unreadable) {
-                    file.apply(&contents);
-                    last = contents;
-                }
-            }
-            Ok(Err(error)) if !unreadable => {
-                unreadable = true;
+        let Ok(read) = tokio::task::spawn_blocking(move || read_all(&paths)).await else {
+            continue;
+        };
+        match settling.read(read) {
+            Settled::Apply(contents) => file.apply(&contents),
+            Settled::Unreadable(error) => {
                 let error = located(&file.0.paths, error);
                 file.0.reload.kept(&file.0.paths, &error.message);
             }
-            Ok(Err(_)) | Err(_) => {}
+            Settled::Wait => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contents(text: &str) -> Vec<Vec<u8>> {
+        vec![text.as_bytes().to_vec()]
+    }
+
+    #[test]
+    fn new_contents_are_applied_once_they_read_the_same_twice_in_a_row() {
+        let old = "rules: [{keys: [sensors/*/temp]}]";
+        let mut settling = Settling::new(contents(old));
+        assert_eq!(settling.read(Ok(contents(old))), Settled::Wait);
+        // Rewritten in place and read half-written, as text that parses
+        // and would widen access; then the rest is written.
+        let cut = "rules: [{keys: [sensors/*";
+        let new = "rules: [{keys: [sensors/*/humidity]}]";
+        assert_eq!(settling.read(Ok(contents(cut))), Settled::Wait);
+        assert_eq!(settling.read(Ok(contents(new))), Settled::Wait);
+        assert_eq!(
+            settling.read(Ok(contents(new))),
+            Settled::Apply(contents(new))
+        );
+        assert_eq!(settling.read(Ok(contents(new))), Settled::Wait);
+        // Put back as it was between two reads: nothing is pending.
+        assert_eq!(settling.read(Ok(contents(cut))), Settled::Wait);
+        assert_eq!(settling.read(Ok(contents(new))), Settled::Wait);
+        assert_eq!(settling.read(Ok(contents(cut))), Settled::Wait);
+    }
+
+    #[test]
+    fn an_unreadable_file_is_recorded_once_and_applied_again_when_readable() {
+        let old = "a";
+        let mut settling = Settling::new(contents(old));
+        let gone = || Err(FileError::new(0, "cannot read: gone"));
+        assert_eq!(
+            settling.read(gone()),
+            Settled::Unreadable(FileError::new(0, "cannot read: gone"))
+        );
+        assert_eq!(settling.read(gone()), Settled::Wait);
+        assert_eq!(
+            settling.read(Ok(contents(old))),
+            Settled::Apply(contents(old))
+        );
+        // Back with other contents: those settle first.
+        assert!(matches!(settling.read(gone()), Settled::Unreadable(_)));
+        assert_eq!(settling.read(Ok(contents("b"))), Settled::Wait);
+        assert_eq!(
+            settling.read(Ok(contents("b"))),
+            Settled::Apply(contents("b"))
+        );
+    }
+
+    #[test]
+    fn a_file_is_read_whole_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        std::fs::write(&path, "whole").unwrap();
+        assert_eq!(read_whole(&path).unwrap(), b"whole");
+        let error = read_whole(&dir.path().join("missing")).unwrap_err();
+        assert!(error.starts_with("cannot read"), "{error}");
     }
 }
