@@ -108,6 +108,9 @@ pub enum Acquired {
     /// Someone else holds it (as read after the last try; `None` when it
     /// was released in between).
     Refused(Option<Holding>),
+    /// The request waited, and by its turn to try it was no longer allowed
+    /// to take the lock (its caller's rules changed).
+    NotAllowed,
 }
 
 /// What a release came to.
@@ -244,8 +247,14 @@ impl Locks {
     }
 
     /// Acquires or renews a lock, waiting up to `request.wait` while
-    /// someone else holds it.
-    pub async fn acquire(&self, request: &Acquire) -> Result<Acquired, LockError> {
+    /// someone else holds it. A waiter asks `allowed` before each try, so
+    /// that a caller whose right to the lock was withdrawn while it waited
+    /// does not take it.
+    pub async fn acquire(
+        &self,
+        request: &Acquire,
+        allowed: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Acquired, LockError> {
         let deadline = Instant::now() + request.wait;
         if let SetOutcome::Applied(token) = self.try_set(request).await? {
             self.acquired(false);
@@ -259,13 +268,14 @@ impl Locks {
         // ends with how the wait ended; dropped (the client left):
         // `cancelled`.
         let Some(span) = trace::Span::internal("lock wait") else {
-            return self.wait(request, deadline).await;
+            return self.wait(request, deadline, allowed).await;
         };
         let context = span.context().clone();
-        let waited = trace::scope(Some(context), self.wait(request, deadline)).await;
+        let waited = trace::scope(Some(context), self.wait(request, deadline, allowed)).await;
         match &waited {
             Ok(Acquired::Held(_)) => span.end_with("acquired", None),
             Ok(Acquired::Refused(_)) => span.end_with("timeout", None),
+            Ok(Acquired::NotAllowed) => span.end_with("not_allowed", None),
             Err(LockError::Watch(WatchError::ShuttingDown)) => span.end_with("shutting_down", None),
             Err(_) => span.end_with("error", Some("lock_error")),
         }
@@ -274,7 +284,12 @@ impl Locks {
 
     /// Waits in the lock's line until `deadline` for the lock to be free,
     /// and takes it.
-    async fn wait(&self, request: &Acquire, deadline: Instant) -> Result<Acquired, LockError> {
+    async fn wait(
+        &self,
+        request: &Acquire,
+        deadline: Instant,
+        allowed: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Acquired, LockError> {
         let mut place = self.join(&request.name);
         // Our turn: we are the head of the line.
         if tokio::time::timeout_at(deadline, place.turn.notified())
@@ -314,6 +329,9 @@ impl Locks {
         loop {
             let seen = *frees.borrow_and_update();
             let mut retry_at = None;
+            if !allowed() {
+                return Ok(Acquired::NotAllowed);
+            }
             match self.try_set(request).await {
                 Ok(SetOutcome::Applied(token)) => {
                     place.acquired_at = Some(seen);

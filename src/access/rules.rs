@@ -21,7 +21,7 @@
 //! rules in force, with an error logged and counted.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::files::reloading::{Reload, ReloadingFile};
+use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::protocol::glob;
 use crate::settings::{self, SettingError};
@@ -279,15 +279,16 @@ struct RulesReload {
 impl Reload for RulesReload {
     type Value = Rules;
 
-    fn parse(&self, bytes: &[u8]) -> Result<Rules, String> {
-        let text = std::str::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned())?;
-        Rules::parse(text)
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<Rules, FileError> {
+        let text =
+            std::str::from_utf8(&contents[0]).map_err(|_| "the file is not UTF-8".to_owned())?;
+        Ok(Rules::parse(text)?)
     }
 
-    fn installed(&self, path: &Path, rules: &Rules, first: bool) {
+    fn installed(&self, paths: &[PathBuf], rules: &Rules, first: bool) {
         self.metrics.authz_rules.set(rules.len() as i64);
         self.metrics.authz_reload_ok.set(1);
-        let file = path.display();
+        let file = paths[0].display();
         if first {
             tracing::info!(%file, rules = rules.len(), "authorization rules loaded");
         } else {
@@ -295,10 +296,10 @@ impl Reload for RulesReload {
         }
     }
 
-    fn kept(&self, path: &Path, error: &str) {
+    fn kept(&self, paths: &[PathBuf], error: &str) {
         self.metrics.authz_reload_failures.inc();
         self.metrics.authz_reload_ok.set(0);
-        tracing::error!(file = %path.display(), %error, "cannot reload the authorization rules; keeping the previous ones");
+        tracing::error!(file = %paths[0].display(), %error, "cannot reload the authorization rules; keeping the previous ones");
     }
 }
 
@@ -312,9 +313,9 @@ impl Authz {
         check_interval: Option<Duration>,
         metrics: Metrics,
     ) -> Result<Authz, SettingError> {
-        ReloadingFile::load(file, RulesReload { metrics }, check_interval)
+        ReloadingFile::load(vec![file], RulesReload { metrics }, check_interval)
             .map(Authz)
-            .map_err(|message| SettingError::new(&settings::AUTHZ_FILE, message))
+            .map_err(|error| SettingError::new(&settings::AUTHZ_FILE, error.message))
     }
 
     /// The rules in force now.
@@ -407,7 +408,27 @@ impl Access {
     /// caller and `need` (and counted by `need`).
     pub fn require(&self, key: &[u8], need: Need) -> Result<(), Denied> {
         match &self.0 {
-            Some(checked) if !checked.grants.allows(key, need) => {
+            Some(checked) if !checked.grants.allows(key, need) => Err(self.denied(need)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may do `need` to `key` under the rules in force
+    /// now, not those of when the request came: for a request that waited.
+    pub fn allows_now(&self, key: &[u8], need: Need) -> bool {
+        self.0.as_ref().is_none_or(|checked| {
+            checked
+                .authz
+                .rules()
+                .grants(&checked.principal)
+                .allows(key, need)
+        })
+    }
+
+    /// The 403 of a caller refused `need` (counted by `need`).
+    pub fn denied(&self, need: Need) -> Denied {
+        let caller = match &self.0 {
+            Some(checked) => {
                 checked
                     .authz
                     .0
@@ -416,12 +437,13 @@ impl Access {
                     .authz_denials
                     .with_label_values(&[need.as_str()])
                     .inc();
-                Err(Denied {
-                    caller: checked.principal.name(),
-                    need: need.as_str(),
-                })
+                checked.principal.name()
             }
-            _ => Ok(()),
+            None => Principal::Nobody.name(),
+        };
+        Denied {
+            caller,
+            need: need.as_str(),
         }
     }
 

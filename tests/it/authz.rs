@@ -432,6 +432,63 @@ async fn locks_need_write_to_take_or_release_and_read_to_look() {
     forbidden(client.put(lock("job-c", "?holder=w&ttl=30s")), "Write").await;
 }
 
+/// A lock request waiting in line whose Write a reload of the rules then
+/// removes is answered 403 when the lock comes free, as a request sent
+/// then would be, and does not take the lock.
+#[tokio::test]
+async fn a_lock_waiter_whose_write_is_revoked_while_it_waits_is_refused_when_the_lock_frees() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: String, keys: [\"job-a\"], method: ReadWrite}",
+    ]));
+    let (stack, owner) = stack(&rules).await;
+    let gw = &stack.gateway;
+    seed(&owner, &[b"marker"]).await;
+    let lock = |gw: &Gateway, query: &str| gw.url(&format!("/locks/job-a{query}"));
+    let taken = owner
+        .http
+        .put(lock(&owner, "?holder=other&ttl=30s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), 200);
+    let waiter = tokio::spawn(caller().put(lock(gw, "?holder=w&ttl=30s&wait=20s")).send());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(&metrics(gw).await, "statestore_gateway_lock_waiters") < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the request waits in line"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    rules.write(&api_token_rules(&[
+        "{keyType: String, keys: [\"job-a\", \"marker\"], method: Read}",
+    ]));
+    readable_within_10s(&caller(), &gw.key(b"marker")).await;
+    let released = owner
+        .http
+        .delete(lock(&owner, "?holder=other"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 204);
+
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is answered once the lock frees")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.status(), 403);
+    let body = body_json(answer).await;
+    assert_eq!(body["type"], "/problems/forbidden", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("to Write "),
+        "{body}"
+    );
+    let holder = owner.http.get(lock(&owner, "")).send().await.unwrap();
+    assert_eq!(holder.status(), 404, "nobody took the lock");
+}
+
 /// Every answer a Write-only caller can get about a key, each with the
 /// headers and body as text, leaves out the key's value and version: lock
 /// conflicts do not name the holder, failed conditions do not say what the

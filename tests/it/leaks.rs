@@ -806,3 +806,176 @@ async fn streams_on_one_pattern_share_its_keys_and_each_adds_a_small_part_of_the
 /// What a stream on a followed pattern may add, after the first, as a
 /// share of the memory the first one took (the pattern's keys).
 const PER_STREAM_SHARE: f64 = 0.08;
+
+/// The values of the batch and listing memory tests: 100 of 1 MB of text.
+const MANY_VALUES: usize = 100;
+const MEGABYTE_VALUE: usize = 1_000_000;
+
+/// Asserts that the peak since the last reset grew by at most
+/// [`READ_MULTIPLE`] times the `MANY_VALUES` values over `baseline_kib`.
+fn assert_peak_within_values(gateway: &GatewayProcess, what: &str, baseline_kib: u64) {
+    let peak = gateway.peak_rss_kib();
+    let grown = peak.saturating_sub(baseline_kib) as f64 * 1024.0;
+    let values = (MANY_VALUES * MEGABYTE_VALUE) as f64;
+    eprintln!(
+        "{what}: peak VmHWM {peak} KiB, {:.1} MB over the baseline ({:.2} x the {MANY_VALUES} values of {MEGABYTE_VALUE} bytes)",
+        grown / 1e6,
+        grown / values
+    );
+    assert!(
+        grown <= READ_MULTIPLE * values,
+        "{what}: peak memory grew by {:.1} MB, over {READ_MULTIPLE} x {MANY_VALUES} values of {MEGABYTE_VALUE} bytes",
+        grown / 1e6
+    );
+}
+
+/// The value of key `n` of the batch and listing memory tests: 1 MB of
+/// one letter, different for each key.
+fn megabyte_value(n: usize) -> Vec<u8> {
+    vec![b'a' + (n % 26) as u8; MEGABYTE_VALUE]
+}
+
+/// Writes `MANY_VALUES` keys `{prefix}{n:03}` of 1 MB each, then lets the
+/// allocator give back the writes; the gateway's VmRSS after.
+async fn write_megabyte_values(gateway: &GatewayProcess, prefix: &str) -> u64 {
+    for n in 0..MANY_VALUES {
+        let written = gateway
+            .http
+            .put(gateway.key(format!("{prefix}{n:03}").as_bytes()))
+            .body(megabyte_value(n))
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(written.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gateway.rss_kib()
+}
+
+/// A batch of 100 gets of 1 MB values (ten keys, each read ten times) is
+/// answered as the reads are done, each result written as the client takes
+/// it: the gateway's peak memory grows by at most the bound of single
+/// reads, whatever the size of the answer's JSON (about 2.3 times the
+/// values here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_large_reads_keeps_the_gateways_memory_within_a_small_multiple_of_its_values() {
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    write_megabyte_values(&gateway, "batch/").await;
+    let post = |ops: Vec<serde_json::Value>| {
+        gateway
+            .http
+            .post(gateway.url("/batch"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "ops": ops }).to_string())
+            .timeout(Duration::from_secs(120))
+            .send()
+    };
+    // Warm-up: a small batch of each kind of op.
+    let warm = post(vec![
+        serde_json::json!({"op": "get", "key": "batch/000"}),
+        serde_json::json!({"op": "get", "key": "absent"}),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(warm.status(), 200);
+    drop(warm.bytes().await.unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+    gateway.reset_peak_rss();
+
+    let key_of = |op: usize| op % 10;
+    let ops = (0..MANY_VALUES)
+        .map(|op| serde_json::json!({"op": "get", "key": format!("batch/{:03}", key_of(op))}))
+        .collect();
+    let response = post(ops).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.bytes().await.unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    drop(body);
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), MANY_VALUES);
+    for (op, result) in results.iter().enumerate() {
+        let value = megabyte_value(key_of(op));
+        assert_eq!(result["status"], 200, "op {op}");
+        assert!(result["version"].is_string(), "op {op}");
+        assert_eq!(
+            result["value"].as_str().map(str::as_bytes),
+            Some(&value[..])
+        );
+        use base64::Engine as _;
+        assert_eq!(
+            result["value_base64"].as_str(),
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(&value)
+                    .as_str()
+            )
+        );
+    }
+    drop(answer);
+    assert_peak_within_values(&gateway, "a batch of 100 large reads", baseline);
+}
+/// A listing with values of 100 keys of 1 MB, followed page by page to its
+/// end, lists every key once with its value, and the gateway's peak memory
+/// grows by at most the bound of single reads: a page stops early, with
+/// its cursor, once its values are large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_large_values_keeps_the_gateways_memory_within_a_small_multiple_of_its_values()
+{
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    write_megabyte_values(&gateway, "listed/").await;
+    let (status, _) = get_json_bytes(
+        &gateway.http,
+        &gateway.url("/keys?match=listed/000&values=true"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let baseline = gateway.rss_kib();
+    gateway.reset_peak_rss();
+
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut next = Some(gateway.url("/keys?match=listed/*&values=true&limit=1000"));
+    while let Some(url) = next.take() {
+        let (status, body) = get_json_bytes(&gateway.http, &url).await;
+        assert_eq!(
+            status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        );
+        let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        drop(body);
+        pages += 1;
+        for entry in page["keys"].as_array().unwrap() {
+            let key = entry["key"].as_str().unwrap().to_owned();
+            let n: usize = key.strip_prefix("listed/").unwrap().parse().unwrap();
+            assert_eq!(
+                entry["value"].as_str().map(str::as_bytes),
+                Some(&megabyte_value(n)[..]),
+                "{key}"
+            );
+            assert!(entry["version"].is_string(), "{key}");
+            listed.push(n);
+        }
+        if let Some(cursor) = page["next"].as_str() {
+            next = Some(gateway.url(&format!(
+                "/keys?match=listed/*&values=true&limit=1000&cursor={cursor}"
+            )));
+        }
+    }
+    listed.sort_unstable();
+    assert_eq!(
+        listed,
+        (0..MANY_VALUES).collect::<Vec<_>>(),
+        "each key once"
+    );
+    eprintln!("100 values of 1 MB listed in {pages} page(s)");
+    assert_peak_within_values(&gateway, "a listing of 100 large values", baseline);
+}

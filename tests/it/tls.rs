@@ -470,7 +470,7 @@ fn unusable_certificate_settings_stop_serve_at_start_naming_the_setting() {
                 key,
             ],
             "--api-tls-cert-file",
-            "cannot be read",
+            "cannot read",
         ),
         (
             &["--api-tls-cert-file", key, "--api-tls-key-file", key],

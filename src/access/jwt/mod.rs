@@ -15,7 +15,7 @@ mod fetch;
 mod keys;
 mod settings;
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,7 +24,7 @@ use jsonwebtoken::{Validation, decode, decode_header};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
-use crate::files::reloading::{Reload, ReloadingFile};
+use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::settings::{self as table, SettingError};
 use cache::TokenCache;
@@ -103,12 +103,13 @@ struct JwksFile {
 impl Reload for JwksFile {
     type Value = KeySet;
 
-    fn parse(&self, bytes: &[u8]) -> Result<KeySet, String> {
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<KeySet, FileError> {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        KeySet::parse(bytes, generation, &self.validation).map_err(|error| error.to_string())
+        KeySet::parse(&contents[0], generation, &self.validation)
+            .map_err(|error| error.to_string().into())
     }
 
-    fn installed(&self, _path: &Path, keys: &KeySet, first: bool) {
+    fn installed(&self, _paths: &[PathBuf], keys: &KeySet, first: bool) {
         if !first {
             self.metrics
                 .jwks_updates
@@ -118,7 +119,7 @@ impl Reload for JwksFile {
         tracing::info!(keys = keys.len(), "JWT key set loaded");
     }
 
-    fn kept(&self, _path: &Path, error: &str) {
+    fn kept(&self, _paths: &[PathBuf], error: &str) {
         self.metrics
             .jwks_updates
             .with_label_values(&["failed"])
@@ -148,8 +149,8 @@ impl Verifier {
                 };
                 let interval = Some(settings.file_check_interval);
                 Keys::File(
-                    ReloadingFile::load(path.clone(), file, interval)
-                        .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error))?,
+                    ReloadingFile::load(vec![path.clone()], file, interval)
+                        .map_err(|error| SettingError::new(&table::JWT_JWKS_FILE, error.message))?,
                 )
             }
             KeySource::Url(url) => Keys::Url {

@@ -7,7 +7,9 @@
 //! concurrently, those on one key in the order given, each through the
 //! one-key path ([`KeyCommand::send`], [`respond`], [`ApiError::problem`]),
 //! so that an op and a single request cannot answer differently. A batch
-//! is not atomic: each op has its own outcome.
+//! is not atomic: each op has its own outcome. The answer is written as
+//! the ops complete, in their order, a value piece by piece, so a batch of
+//! reads holds its values once, never their JSON whole.
 //!
 //! All batches together hold at most half of the pool's in-flight slots
 //! (`batch_slots`), so one-key requests always find room; an op that gets
@@ -17,28 +19,32 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::convert::Infallible;
 use std::fmt;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use futures_util::stream::{self, FuturesUnordered};
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::ser::SerializeMap;
-use serde::{Deserialize, Serialize, Serializer};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::extract::{
     DeclaredLength, Query, checked_key, parse_fencing_token, parse_ttl, read_body,
 };
-use super::keys::{Answer, KeyCommand, method_not_allowed, respond, set_condition};
+use super::keys::{
+    Answer, Joined, KeyCommand, json_into, method_not_allowed, respond, set_condition, value_fields,
+};
 use crate::access::rules::{Access, Need};
 use crate::http::headers::set_common_headers;
 use crate::http::problem::{ApiError, Problem};
@@ -46,6 +52,7 @@ use crate::http::state::AppState;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetOptions};
 use crate::store::{RequestError, Versioned};
+use crate::trace;
 
 /// The batch route; methods other than POST get 405 with `Allow`.
 pub fn routes() -> Router<AppState> {
@@ -77,10 +84,10 @@ async fn batch(
             other => other,
         })?;
     let ops = parse(&body, &state)?;
+    drop(body);
     state.metrics.batch_size.observe(ops.len() as f64);
-    let results = run(&state, &access, ops, deadline).await;
-    let body = serde_json::to_vec(&BatchAnswer { results: &results }).unwrap_or_default();
-    let mut response = (StatusCode::OK, body).into_response();
+    let results = run(&state, &access, ops, deadline);
+    let mut response = Response::new(Body::from_stream(answer(results)));
     set_common_headers(response.headers_mut(), "application/json");
     Ok(response)
 }
@@ -401,17 +408,21 @@ fn ttl_ms(ttl: &serde_json::Value) -> Result<u64, ApiError> {
     }
 }
 
-/// Runs the ops: those on one key in the order given (a chain), the chains
-/// concurrently; the results in the ops' order.
-async fn run(
+/// Runs the ops in a task of their own: those on one key in the order
+/// given (a chain), the chains concurrently; each op's index and result as
+/// it completes. The ops do not wait for the client to read the answer
+/// (an op holds a batch slot until its future runs again); dropping the
+/// receiver (the client went away) stops them, as it stops a one-key
+/// request.
+fn run(
     state: &AppState,
     access: &Access,
     ops: Vec<(OpKind, KeyCommand)>,
     deadline: Instant,
-) -> Vec<OpResult> {
-    let count = ops.len();
+) -> Completed {
     let mut chains: Vec<Vec<(usize, OpKind, KeyCommand)>> = Vec::new();
-    let mut chain_of: HashMap<Bytes, usize> = HashMap::with_capacity(count);
+    let mut chain_of: HashMap<Bytes, usize> = HashMap::with_capacity(ops.len());
+    let count = ops.len();
     for (index, (kind, command)) in ops.into_iter().enumerate() {
         match chain_of.entry(command.key().clone()) {
             Entry::Occupied(chain) => chains[*chain.get()].push((index, kind, command)),
@@ -422,23 +433,105 @@ async fn run(
         }
     }
     drop(chain_of);
-    let mut running: FuturesUnordered<_> = chains
-        .into_iter()
-        .map(|chain| async move {
-            let mut done = Vec::with_capacity(chain.len());
-            for (index, kind, command) in chain {
-                done.push((index, run_op(state, access, kind, command, deadline).await));
-            }
-            done
-        })
-        .collect();
-    let mut results: Vec<Option<OpResult>> = (0..count).map(|_| None).collect();
-    while let Some(done) = running.next().await {
-        for (index, result) in done {
-            results[index] = Some(result);
-        }
+    let (done, received) = mpsc::unbounded_channel();
+    let (state, access) = (state.clone(), access.clone());
+    let task = tokio::spawn(trace::inherit(async move {
+        let mut running: FuturesUnordered<_> = chains
+            .into_iter()
+            .map(|chain| {
+                let (state, access, done) = (&state, &access, &done);
+                async move {
+                    for (index, kind, command) in chain {
+                        let result = run_op(state, access, kind, command, deadline).await;
+                        // The client left: the ops not yet sent are not sent.
+                        if done.send((index, result)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            })
+            .collect();
+        while running.next().await.is_some() {}
+    }));
+    Completed {
+        received,
+        task: task.abort_handle(),
+        count,
     }
-    results.into_iter().flatten().collect()
+}
+
+/// The results of a batch's ops as they complete; aborts the ops when
+/// dropped.
+struct Completed {
+    received: mpsc::UnboundedReceiver<(usize, OpResult)>,
+    task: AbortHandle,
+    count: usize,
+}
+
+impl Drop for Completed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `{"results": [...]}`, each result written in the ops' order as soon as
+/// it and those before it are done, a value piece by piece as the client
+/// reads it: the answer holds the values of the results done but not yet
+/// written and one piece, never a value's JSON and base64 forms whole.
+fn answer(completed: Completed) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+    let results = in_order(completed)
+        .enumerate()
+        .flat_map(|(index, result)| stream::iter(result_pieces(index, result)));
+    let pieces = stream::iter([Bytes::from_static(br#"{"results":["#)])
+        .chain(results)
+        .chain(stream::iter([Bytes::from_static(b"]}")]));
+    Joined::new(pieces).map(Ok)
+}
+
+/// The results of `completed` in the ops' order.
+fn in_order(completed: Completed) -> impl Stream<Item = OpResult> + Send {
+    let done: Vec<Option<OpResult>> = (0..completed.count).map(|_| None).collect();
+    stream::unfold(
+        (completed, done, 0),
+        |(mut completed, mut done, next)| async move {
+            while done.get(next)?.is_none() {
+                // `None`: the ops' task ended early (it panicked); so does
+                // the answer.
+                let (index, result) = completed.received.recv().await?;
+                done[index] = Some(result);
+            }
+            let result = done[next].take()?;
+            Some((result, (completed, done, next + 1)))
+        },
+    )
+}
+
+/// One result's JSON, `,` before it but for the first: `status`, then
+/// `version` (and a get's `value` and `value_base64`) or `problem`.
+fn result_pieces(index: usize, result: OpResult) -> impl Iterator<Item = Bytes> + Send {
+    let separator = if index == 0 { "" } else { "," };
+    let mut head = format!(r#"{separator}{{"status":{}"#, result.status.as_u16()).into_bytes();
+    let value = match result.answer {
+        Ok(answer) => {
+            head.extend_from_slice(br#","version":"#);
+            json_into(&mut head, &answer.version().map(Hlc::encode));
+            match answer {
+                Answer::Value(Versioned { value, .. }) => Some(value),
+                _ => None,
+            }
+        }
+        Err(problem) => {
+            head.extend_from_slice(br#","problem":"#);
+            json_into(&mut head, &problem);
+            None
+        }
+    };
+    let value = value
+        .into_iter()
+        .flat_map(|value| std::iter::once(Bytes::from_static(b",")).chain(value_fields(value)));
+    std::iter::once(Bytes::from(head))
+        .chain(value)
+        .chain(std::iter::once(Bytes::from_static(b"}")))
 }
 
 /// One op: allowed to the caller (else 403, as its one-key request), not
@@ -500,35 +593,11 @@ async fn run_op(
     result
 }
 
-/// The answer: `{"results": [...]}`.
-#[derive(Serialize)]
-struct BatchAnswer<'a> {
-    results: &'a [OpResult],
-}
-
 /// One op's result: its status, and its version (and value) or its problem.
 #[derive(Debug)]
 struct OpResult {
     status: StatusCode,
     answer: Result<Answer, Problem>,
-}
-
-impl Serialize for OpResult {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("status", &self.status.as_u16())?;
-        match &self.answer {
-            Ok(answer) => {
-                map.serialize_entry("version", &answer.version().map(Hlc::encode))?;
-                if let Answer::Value(Versioned { value, .. }) = answer {
-                    map.serialize_entry("value", &std::str::from_utf8(value).ok())?;
-                    map.serialize_entry("value_base64", &BASE64.encode(value))?;
-                }
-            }
-            Err(problem) => map.serialize_entry("problem", problem)?,
-        }
-        map.end()
-    }
 }
 
 #[cfg(test)]
@@ -674,6 +743,12 @@ mod tests {
         assert!(problem.detail.starts_with("op 3: "), "{}", problem.detail);
     }
 
+    fn result_json(index: usize, result: OpResult) -> serde_json::Value {
+        let text: Vec<u8> = result_pieces(index, result).flatten().collect();
+        let text = text.strip_prefix(b",").unwrap_or(&text);
+        serde_json::from_slice(text).unwrap()
+    }
+
     #[test]
     fn results_carry_version_value_or_problem() {
         let version = Hlc::parse("1:2:S").unwrap();
@@ -684,7 +759,7 @@ mod tests {
                 version: Some(version.clone()),
             })),
         };
-        let json = serde_json::to_value(&read).unwrap();
+        let json = result_json(0, read);
         assert_eq!(json["status"], 200);
         assert_eq!(json["version"], version.encode());
         assert!(json["value"].is_null());
@@ -693,9 +768,56 @@ mod tests {
             status: StatusCode::NOT_FOUND,
             answer: Err(ApiError::KeyNotFound.problem()),
         };
-        let json = serde_json::to_value(&missing).unwrap();
+        let json = result_json(0, missing);
         assert_eq!(json["problem"]["type"], "/problems/key-not-found");
         assert_eq!(json["problem"]["status"], 404);
         assert!(json.get("version").is_none());
+    }
+
+    #[tokio::test]
+    async fn the_answer_has_the_results_in_the_ops_order_whatever_order_they_complete_in() {
+        let (done, received) = mpsc::unbounded_channel();
+        let value = "é\"\u{0}".repeat(40_000);
+        let results = [
+            (
+                2,
+                StatusCode::OK,
+                Answer::Value(Versioned {
+                    value: Bytes::from(value.clone()),
+                    version: None,
+                }),
+            ),
+            (
+                0,
+                StatusCode::CREATED,
+                Answer::Written(StatusCode::CREATED, None),
+            ),
+            (1, StatusCode::NO_CONTENT, Answer::Deleted(None)),
+        ];
+        for (index, status, answer) in results {
+            let result = OpResult {
+                status,
+                answer: Ok(answer),
+            };
+            done.send((index, result)).unwrap();
+        }
+        drop(done);
+        let completed = Completed {
+            received,
+            task: tokio::spawn(async {}).abort_handle(),
+            count: 3,
+        };
+        let pieces: Vec<Bytes> = answer(completed).map(Result::unwrap).collect().await;
+        let body: Vec<u8> = pieces.concat();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"results": [
+                {"status": 201, "version": null},
+                {"status": 204, "version": null},
+                {"status": 200, "version": null, "value": value,
+                 "value_base64": BASE64.encode(&value)},
+            ]})
+        );
     }
 }

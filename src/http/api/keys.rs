@@ -7,6 +7,9 @@
 //! form-encoded: `+` is a space there, as browsers and HTTP clients write
 //! it, while `+` in the key path is a plus (RFC 3986).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -15,7 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
 use serde_json::json;
 
 use super::extract::{
@@ -380,9 +384,7 @@ fn value_response(
 const JSON_PIECE_BYTES: usize = 48 * 1024;
 
 /// `{"key", "key_base64"?, "value", "value_base64", "version"}`, written
-/// piece by piece as the client reads it: a value's JSON form is up to
-/// seven times its size (`\u0000` and base64), so it is never held whole;
-/// the request holds the value and one piece.
+/// piece by piece as the client reads it (see [`value_fields`]).
 fn json_document(key: &[u8], value: Bytes, version: Option<&Hlc>) -> Body {
     let key_text = std::str::from_utf8(key).ok();
     let mut head = br#"{"key":"#.to_vec();
@@ -391,21 +393,28 @@ fn json_document(key: &[u8], value: Bytes, version: Option<&Hlc>) -> Body {
         head.extend_from_slice(br#","key_base64":"#);
         json_into(&mut head, &BASE64.encode(key));
     }
-    let is_text = std::str::from_utf8(&value).is_ok();
-    head.extend_from_slice(if is_text {
-        br#","value":""#
-    } else {
-        br#","value":null"#
-    });
-    let mut middle = Vec::new();
-    if is_text {
-        middle.push(b'"');
-    }
-    middle.extend_from_slice(br#","value_base64":""#);
-    let mut tail = br#"","version":"#.to_vec();
+    head.push(b',');
+    let mut tail = br#","version":"#.to_vec();
     json_into(&mut tail, &version.map(Hlc::encode));
     tail.push(b'}');
+    let pieces = std::iter::once(Bytes::from(head))
+        .chain(value_fields(value))
+        .chain(std::iter::once(Bytes::from(tail)))
+        .map(Ok::<_, std::convert::Infallible>);
+    Body::from_stream(futures_util::stream::iter(pieces))
+}
 
+/// `"value":<text or null>,"value_base64":"<base64>"`, in pieces of about
+/// [`JSON_PIECE_BYTES`] of the value each: a value's JSON form is up to
+/// seven times its size (`\u0000` and base64), so it is never held whole;
+/// whoever writes the pieces holds the value and one piece.
+pub(super) fn value_fields(value: Bytes) -> impl Iterator<Item = Bytes> + Send + 'static {
+    let is_text = std::str::from_utf8(&value).is_ok();
+    let (opening, middle): (&'static [u8], &'static [u8]) = if is_text {
+        (br#""value":""#, br#"","value_base64":""#)
+    } else {
+        (br#""value":null"#, br#","value_base64":""#)
+    };
     let text = value.clone();
     let mut text_at = if is_text { 0 } else { text.len() };
     let text_pieces = std::iter::from_fn(move || {
@@ -435,17 +444,70 @@ fn json_document(key: &[u8], value: Bytes, version: Option<&Hlc>) -> Body {
         base64_at = end;
         Some(Bytes::from(piece))
     });
-    let pieces = std::iter::once(Bytes::from(head))
+    std::iter::once(Bytes::from_static(opening))
         .chain(text_pieces)
-        .chain(std::iter::once(Bytes::from(middle)))
+        .chain(std::iter::once(Bytes::from_static(middle)))
         .chain(base64_pieces)
-        .chain(std::iter::once(Bytes::from(tail)))
-        .map(Ok::<_, std::convert::Infallible>);
-    Body::from_stream(futures_util::stream::iter(pieces))
+        .chain(std::iter::once(Bytes::from_static(b"\"")))
+}
+
+/// Pieces smaller than this that are ready together go out as one chunk:
+/// a batch's or listing's small entries are not a chunk (and a write) each.
+const JOINED_BYTES: usize = 16 * 1024;
+
+/// The pieces of a JSON answer, those ready at once joined up to
+/// [`JOINED_BYTES`]; a piece that size or larger goes out as it is.
+pub(super) struct Joined<S> {
+    pieces: Pin<Box<S>>,
+    ended: bool,
+}
+
+impl<S: Stream<Item = Bytes>> Joined<S> {
+    pub(super) fn new(pieces: S) -> Self {
+        Self {
+            pieces: Box::pin(pieces),
+            ended: false,
+        }
+    }
+}
+
+impl<S: Stream<Item = Bytes>> Stream for Joined<S> {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let mut joined = BytesMut::new();
+        loop {
+            let ready = match self.pieces.as_mut().poll_next(cx) {
+                Poll::Ready(Some(piece)) if joined.is_empty() && piece.len() >= JOINED_BYTES => {
+                    return Poll::Ready(Some(piece));
+                }
+                Poll::Ready(Some(piece)) => {
+                    joined.extend_from_slice(&piece);
+                    if joined.len() < JOINED_BYTES {
+                        continue;
+                    }
+                    joined
+                }
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    joined
+                }
+                Poll::Pending => joined,
+            };
+            return match ready.is_empty() {
+                true if self.ended => Poll::Ready(None),
+                true => Poll::Pending,
+                false => Poll::Ready(Some(ready.freeze())),
+            };
+        }
+    }
 }
 
 /// Appends the JSON of `value` (a string, `null`, ...).
-fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+pub(super) fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
     // Writing strings and options to a Vec cannot fail.
     let _ = serde_json::to_writer(out, value);
 }

@@ -17,11 +17,17 @@
 //!
 //! With `values=true` each listed key is then read (GET, a bounded number
 //! at a time) and its entry carries `value`, `value_base64` and `version`;
-//! a key deleted between the SCAN and its GET is left out.
+//! a key deleted between the SCAN and its GET is left out. Such a response
+//! also stops once its values reach [`PAGE_VALUE_BYTES`], its cursor right
+//! after its last entry, and its JSON is written piece by piece: it holds
+//! its values once, never their JSON whole.
 
 use std::time::Duration;
 
+use std::convert::Infallible;
+
 use axum::Router;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -30,14 +36,14 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64URL};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use futures_util::stream;
+use futures_util::stream::{self, FuturesOrdered};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use super::extract::{PrefersText, Query};
-use super::keys::method_not_allowed;
+use super::keys::{Joined, json_into, method_not_allowed, value_fields};
 use crate::access::rules::{Access, Need};
 use crate::http::headers::set_common_headers;
 use crate::http::problem::ApiError;
@@ -55,6 +61,11 @@ pub const MAX_LIMIT: usize = 10_000;
 /// GETs one `values=true` response keeps in flight: a page of 10,000 keys
 /// must not take a connection's whole in-flight window.
 const CONCURRENT_READS: usize = 32;
+
+/// The value bytes after which a `values=true` response stops (having
+/// listed at least one entry), its `next` cursor resuming after its last
+/// entry: a page of large values is held once, and only this much of it.
+pub const PAGE_VALUE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The most bytes of the last key returned that a cursor holds; a longer
 /// key is held as these many bytes and its SHA-256.
@@ -119,14 +130,13 @@ async fn list_keys(
         budget,
     )
     .await?;
-    let entries = if values {
-        read_values(&state, page.keys).await?
+    let listed = if values {
+        read_values(&state, page).await?
     } else {
-        page.keys.into_iter().map(Entry::key_only).collect()
-    };
-    let listed = Listed {
-        entries,
-        next: page.next,
+        Listed {
+            entries: page.keys.into_iter().map(Entry::key_only).collect(),
+            next: page.next,
+        }
     };
     Ok(respond(&pattern, listing, limit, values, listed, text))
 }
@@ -144,24 +154,57 @@ impl Entry {
     }
 }
 
-/// GETs each key, a bounded number at a time, in the listing's order; a
-/// key deleted since its SCAN is left out.
-async fn read_values(state: &AppState, keys: Vec<Bytes>) -> Result<Vec<Entry>, ApiError> {
-    let read = stream::iter(keys)
-        .map(|key| async move {
-            let value = state.store.get(key.clone()).await?;
-            Ok::<_, RequestError>(value.map(|value| Entry {
-                key,
+/// GETs each key in the listing's order, a bounded number at a time; a
+/// key deleted since its SCAN is left out. Stops after the entry whose
+/// value brings the values read to [`PAGE_VALUE_BYTES`], the next
+/// response resuming after it; keeps no more reads in flight than the
+/// values read so far say the rest of that budget holds, so that few
+/// reads are wasted.
+async fn read_values(state: &AppState, page: Page) -> Result<Listed, ApiError> {
+    let Page { keys, places, next } = page;
+    let total = keys.len();
+    let mut keys = keys.into_iter().zip(places);
+    let mut reading = FuturesOrdered::new();
+    let (mut entries, mut bytes, mut read) = (Vec::new(), 0usize, 0usize);
+    loop {
+        while reading.len() < CONCURRENT_READS {
+            let average = bytes.div_ceil(read.max(1));
+            let expected = bytes + (reading.len() + 1) * average;
+            if !reading.is_empty() && (read == 0 || expected >= PAGE_VALUE_BYTES) {
+                break;
+            }
+            let Some((key, place)) = keys.next() else {
+                break;
+            };
+            reading.push_back(async move {
+                let value = state.store.get(key.clone()).await;
+                (key, place, value)
+            });
+        }
+        let Some((key, place, value)) = reading.next().await else {
+            return Ok(Listed { entries, next });
+        };
+        read += 1;
+        if let Some(value) = value? {
+            bytes += value.value.len();
+            entries.push(Entry {
+                key: key.clone(),
                 value: Some(value),
-            }))
-        })
-        .buffered(CONCURRENT_READS);
-    futures_util::pin_mut!(read);
-    let mut entries = Vec::new();
-    while let Some(entry) = read.next().await {
-        entries.extend(entry?);
+            });
+        }
+        if bytes >= PAGE_VALUE_BYTES && read < total {
+            let (token, index) = place;
+            let next = Position {
+                token,
+                skip: index + 1,
+                last: Some(Last::of(&key)),
+            };
+            return Ok(Listed {
+                entries,
+                next: Some(next),
+            });
+        }
     }
-    Ok(entries)
 }
 
 /// Where a listing stands: the store token of the page it is in (`None`:
@@ -238,11 +281,13 @@ impl Last {
     }
 }
 
-/// One response's keys, and where the next response starts (`None`: the
-/// listing is complete).
+/// One response's keys, where each was found (the store token of its
+/// page and its index there), and where the next response starts (`None`:
+/// the listing is complete).
 #[derive(Debug, Default)]
 struct Page {
     keys: Vec<Bytes>,
+    places: Vec<(Option<Bytes>, usize)>,
     next: Option<Position>,
 }
 
@@ -311,9 +356,12 @@ async fn fill(
             listed
                 .keys
                 .extend(page.keys[skip..skip + take].iter().cloned());
+            listed
+                .places
+                .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
             take
         } else {
-            take_readable(access, &page.keys[skip..], limit, &mut listed.keys)
+            take_readable(access, &page.keys, (&at.token, skip), limit, &mut listed)
         };
         if skip + take < page.keys.len() {
             listed.next = Some(Position {
@@ -348,20 +396,28 @@ async fn fill(
     }
 }
 
-/// Moves the keys of `keys` the caller may read into `listed` until it
-/// holds `limit`; returns how many of `keys` were used: up to and
-/// including the last one listed when `listed` filled up (so the cursor
-/// names only a key the caller was given), else all of them.
-fn take_readable(access: &Access, keys: &[Bytes], limit: usize, listed: &mut Vec<Bytes>) -> usize {
-    for (index, key) in keys.iter().enumerate() {
-        if listed.len() >= limit {
-            return index;
+/// Moves the keys of the store page `keys` from `skip` on that the caller
+/// may read into `listed` (with their place: `token`, the page's, and their
+/// index) until it holds `limit`; returns how many keys from `skip` were
+/// used: up to and including the last one listed when `listed` filled up
+/// (so the cursor names only a key the caller was given), else all of them.
+fn take_readable(
+    access: &Access,
+    keys: &[Bytes],
+    (token, skip): (&Option<Bytes>, usize),
+    limit: usize,
+    listed: &mut Page,
+) -> usize {
+    for (index, key) in keys.iter().enumerate().skip(skip) {
+        if listed.keys.len() >= limit {
+            return index - skip;
         }
         if access.allows(key, Need::Read) {
-            listed.push(key.clone());
+            listed.keys.push(key.clone());
+            listed.places.push((token.clone(), index));
         }
     }
-    keys.len()
+    keys.len() - skip
 }
 
 /// Where in a store page a listing at `at` resumes: after the last key
@@ -530,6 +586,12 @@ fn respond(
         let mut response = (StatusCode::OK, body).into_response();
         set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
         response
+    } else if values {
+        let pieces = json_pieces(listed.entries, next.clone());
+        let pieces = Joined::new(stream::iter(pieces)).map(Ok::<_, Infallible>);
+        let mut response = Response::new(Body::from_stream(pieces));
+        set_common_headers(response.headers_mut(), "application/json");
+        response
     } else {
         let mut response =
             (StatusCode::OK, json_body(&listed.entries, next.as_deref())).into_response();
@@ -554,38 +616,23 @@ fn respond(
     response
 }
 
-/// `{"keys": [{"key", "key_base64"}, ...], "next"}` (with `value`,
-/// `value_base64` and `version` in entries that were read) written straight
-/// into one buffer: a tree of `serde_json::Value`s for 10,000 keys cost
-/// more than the SCANs behind it.
+/// `{"keys": [{"key", "key_base64"}, ...], "next"}` written straight into
+/// one buffer: a tree of `serde_json::Value`s for 10,000 keys cost more
+/// than the SCANs behind it.
 fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
     #[derive(Serialize)]
     struct Json<'a> {
         key: Option<&'a str>,
         key_base64: &'a str,
-        #[serde(flatten)]
-        value: Option<Value<'a>>,
     }
-    #[derive(Serialize)]
-    struct Value<'a> {
-        value: Option<&'a str>,
-        value_base64: &'a str,
-        version: Option<String>,
-    }
-    // A key alone is `{"key":"<text>","key_base64":"<base64>"},`: exact
-    // unless its text needs escapes (the buffer then grows once). A value
-    // adds about 3 times its length and its names and version.
+    // An entry is `{"key":"<text>","key_base64":"<base64>"},`: exact
+    // unless its text needs escapes (the buffer then grows once).
     let size: usize = entries
         .iter()
-        .map(|entry| {
-            let key = 27 + entry.key.len() + entry.key.len().div_ceil(3) * 4;
-            let value = entry.value.as_ref().map_or(0, |v| v.value.len() * 3 + 96);
-            key + value
-        })
+        .map(|entry| 27 + entry.key.len() + entry.key.len().div_ceil(3) * 4)
         .sum();
     let mut body = Vec::with_capacity(size + 64);
     let mut key_base64 = String::new();
-    let mut value_base64 = String::new();
     body.extend_from_slice(b"{\"keys\":[");
     for (index, entry) in entries.iter().enumerate() {
         if index > 0 {
@@ -593,19 +640,9 @@ fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
         }
         key_base64.clear();
         BASE64.encode_string(&entry.key, &mut key_base64);
-        value_base64.clear();
-        let value = entry.value.as_ref().map(|versioned| {
-            BASE64.encode_string(&versioned.value, &mut value_base64);
-            Value {
-                value: std::str::from_utf8(&versioned.value).ok(),
-                value_base64: &value_base64,
-                version: versioned.version.as_ref().map(Hlc::to_string),
-            }
-        });
         let json = Json {
             key: std::str::from_utf8(&entry.key).ok(),
             key_base64: &key_base64,
-            value,
         };
         // Writing into a Vec of a struct of strings cannot fail.
         let _ = serde_json::to_writer(&mut body, &json);
@@ -614,6 +651,42 @@ fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
     let _ = serde_json::to_writer(&mut body, &next);
     body.push(b'}');
     body
+}
+
+/// `{"keys": [{"key", "key_base64", "value", "value_base64", "version"},
+/// ...], "next"}` of entries read with their values, in pieces, each value
+/// as a single JSON read writes it ([`value_fields`]).
+fn json_pieces(entries: Vec<Entry>, next: Option<String>) -> impl Iterator<Item = Bytes> + Send {
+    let entries = entries
+        .into_iter()
+        .enumerate()
+        .flat_map(|(index, Entry { key, value })| {
+            let mut head = Vec::with_capacity(key.len() * 3 + 32);
+            if index > 0 {
+                head.push(b',');
+            }
+            head.extend_from_slice(br#"{"key":"#);
+            json_into(&mut head, &std::str::from_utf8(&key).ok());
+            head.extend_from_slice(br#","key_base64":"#);
+            json_into(&mut head, &BASE64.encode(&key));
+            let mut tail = Vec::new();
+            let value = value.map(|Versioned { value, version }| {
+                head.push(b',');
+                tail.extend_from_slice(br#","version":"#);
+                json_into(&mut tail, &version.as_ref().map(Hlc::encode));
+                value
+            });
+            tail.push(b'}');
+            std::iter::once(Bytes::from(head))
+                .chain(value.into_iter().flat_map(value_fields))
+                .chain(std::iter::once(Bytes::from(tail)))
+        });
+    let mut end = br#"],"next":"#.to_vec();
+    json_into(&mut end, &next);
+    end.push(b'}');
+    std::iter::once(Bytes::from_static(br#"{"keys":["#))
+        .chain(entries)
+        .chain(std::iter::once(Bytes::from(end)))
 }
 
 /// One key and a newline: printable UTF-8 as it is, every other byte (and
@@ -818,7 +891,8 @@ mod tests {
                 }),
             },
         ];
-        let body: serde_json::Value = serde_json::from_slice(&json_body(&entries, None)).unwrap();
+        let body: Vec<u8> = json_pieces(entries.to_vec(), None).flatten().collect();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             body,
             serde_json::json!({

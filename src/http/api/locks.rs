@@ -7,7 +7,8 @@
 //!
 //! Taking and releasing need Write on the name; a 409 names the holder
 //! and its fencing token (the key's value and version) only to a caller
-//! that may also Read it.
+//! that may also Read it. A request that waits needs Write still when its
+//! turn to try comes (the rules may have been reloaded meanwhile).
 //! - `GET`: 200 `{name, holder, fencing_token}`; 404 nobody holds it.
 
 use std::time::Duration;
@@ -88,7 +89,10 @@ async fn put_lock(
         ttl_ms,
         wait,
     };
-    match state.locks.acquire(&request).await? {
+    // A request that waits is checked again before each try: a reload of
+    // the rules that withdrew its Write meanwhile refuses it (403).
+    let allowed = || access.allows_now(&name, Need::Write);
+    match state.locks.acquire(&request, &allowed).await? {
         Acquired::Held(fencing_token) => {
             // Patterns that match follow the lock's key now.
             state.hub.wrote(&name);
@@ -101,6 +105,7 @@ async fn put_lock(
             ))
         }
         Acquired::Refused(holding) => Err(held(&access, &name, holding)),
+        Acquired::NotAllowed => Err(access.denied(Need::Write).into()),
     }
 }
 

@@ -4,8 +4,8 @@
 //! admission webhook share it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::crypto::CryptoProvider;
@@ -14,9 +14,10 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
+use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::settings::{Setting, SettingError};
 
-/// How often a handshake may look at the files' modification times.
+/// How often the files are read again.
 const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The ALPN name of HTTP/2.
@@ -69,10 +70,11 @@ impl CertificateFiles {
     /// A TLS acceptor serving this certificate (TLS 1.2 and 1.3), read
     /// again when its files change, offering `alpn` in order of preference.
     /// The first read is the check at start: unreadable files, no PEM or a
-    /// key that does not match the certificate are refused here.
+    /// key that does not match the certificate are refused here, named by
+    /// their setting. Must run inside a Tokio runtime.
     pub fn acceptor(&self, alpn: &[&[u8]]) -> Result<TlsAcceptor, SettingError> {
         let provider = provider();
-        let resolver = Arc::new(ReloadingCertificate::load(self.clone(), provider.clone())?);
+        let resolver = Arc::new(self.reloading(provider.clone(), RELOAD_CHECK_INTERVAL)?);
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|error| SettingError::new(self.cert_setting, error.to_string()))?
@@ -89,115 +91,78 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// The serving certificate, read again when its files change.
 #[derive(Debug)]
-struct ReloadingCertificate {
-    files: CertificateFiles,
-    provider: Arc<CryptoProvider>,
-    current: Mutex<Loaded>,
-}
-
-#[derive(Debug)]
-struct Loaded {
-    key: Arc<CertifiedKey>,
-    modified: (Option<SystemTime>, Option<SystemTime>),
-    checked: Instant,
-}
-
-impl ReloadingCertificate {
-    fn load(files: CertificateFiles, provider: Arc<CryptoProvider>) -> Result<Self, SettingError> {
-        let modified = files.modified();
-        let key = read_certified_key(&files, &provider)?;
-        Ok(Self {
-            files,
-            provider,
-            current: Mutex::new(Loaded {
-                key,
-                modified,
-                checked: Instant::now(),
-            }),
-        })
-    }
-}
+struct ReloadingCertificate(ReloadingFile<CertificatePair>);
 
 impl ResolvesServerCert for ReloadingCertificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.key())
-    }
-}
-
-impl ReloadingCertificate {
-    /// The pair to serve: read again when the files changed (looked at
-    /// once per [`RELOAD_CHECK_INTERVAL`]), else the one loaded last.
-    fn key(&self) -> Arc<CertifiedKey> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.checked.elapsed() >= RELOAD_CHECK_INTERVAL {
-            current.checked = Instant::now();
-            let now = self.files.modified();
-            if now != current.modified {
-                match read_certified_key(&self.files, &self.provider) {
-                    Ok(key) => {
-                        tracing::info!(
-                            cert_file = %self.files.cert_file.display(),
-                            "serving certificate reloaded"
-                        );
-                        current.key = key;
-                        current.modified = now;
-                    }
-                    // Half-written during a rotation, perhaps: keep the old
-                    // one and try again on a later handshake.
-                    Err(error) => tracing::warn!(%error, "cannot reload the serving certificate"),
-                }
-            }
-        }
-        current.key.clone()
+        Some(Arc::clone(&self.0.current()))
     }
 }
 
 impl CertificateFiles {
-    fn modified(&self) -> (Option<SystemTime>, Option<SystemTime>) {
-        (modified(&self.cert_file), modified(&self.key_file))
+    fn reloading(
+        &self,
+        provider: Arc<CryptoProvider>,
+        interval: Duration,
+    ) -> Result<ReloadingCertificate, SettingError> {
+        let paths = vec![self.cert_file.clone(), self.key_file.clone()];
+        ReloadingFile::load(paths, CertificatePair { provider }, Some(interval))
+            .map(ReloadingCertificate)
+            .map_err(|error| {
+                let setting = if error.file == 0 {
+                    self.cert_setting
+                } else {
+                    self.key_setting
+                };
+                SettingError::new(setting, error.message)
+            })
     }
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// How a certificate chain (the first file) and its key (the second)
+/// parse into what rustls serves, and what their loads record.
+#[derive(Debug)]
+struct CertificatePair {
+    provider: Arc<CryptoProvider>,
 }
 
-fn read_certified_key(
-    files: &CertificateFiles,
-    provider: &CryptoProvider,
-) -> Result<Arc<CertifiedKey>, SettingError> {
-    let (cert_file, key_file) = (&files.cert_file, &files.key_file);
-    let cert_error = |message: String| {
-        SettingError::new(
-            files.cert_setting,
-            format!("{} {message}", cert_file.display()),
-        )
-    };
-    let key_error = |message: String| {
-        SettingError::new(
-            files.key_setting,
-            format!("{} {message}", key_file.display()),
-        )
-    };
-    let pem = std::fs::read(cert_file).map_err(|e| cert_error(format!("cannot be read: {e}")))?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| cert_error(format!("is not valid PEM: {e}")))?;
-    if chain.is_empty() {
-        return Err(cert_error("holds no certificate".into()));
+impl Reload for CertificatePair {
+    type Value = Arc<CertifiedKey>;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<Arc<CertifiedKey>, FileError> {
+        let cert_error = |message: String| FileError::new(0, message);
+        let key_error = |message: String| FileError::new(1, message);
+        let chain = CertificateDer::pem_slice_iter(&contents[0])
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| cert_error(format!("is not valid PEM: {e}")))?;
+        if chain.is_empty() {
+            return Err(cert_error("holds no certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(&contents[1])
+            .map_err(|e| key_error(format!("holds no usable key: {e}")))?;
+        let key = self
+            .provider
+            .key_provider
+            .load_private_key(key)
+            .map_err(|e| key_error(e.to_string()))?;
+        let certified = CertifiedKey::new(chain, key);
+        certified
+            .keys_match()
+            .map_err(|e| key_error(format!("does not match the certificate: {e}")))?;
+        Ok(Arc::new(certified))
     }
-    let pem = std::fs::read(key_file).map_err(|e| key_error(format!("cannot be read: {e}")))?;
-    let key = PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| key_error(format!("holds no usable key: {e}")))?;
-    let key = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|e| key_error(e.to_string()))?;
-    let certified = CertifiedKey::new(chain, key);
-    certified
-        .keys_match()
-        .map_err(|e| key_error(format!("does not match the certificate: {e}")))?;
-    Ok(Arc::new(certified))
+
+    fn installed(&self, paths: &[PathBuf], _key: &Arc<CertifiedKey>, first: bool) {
+        if !first {
+            tracing::info!(cert_file = %paths[0].display(), "serving certificate reloaded");
+        }
+    }
+
+    // Half-written during a rotation, perhaps: the pair served stays, and
+    // the files are read again at the next check.
+    fn kept(&self, _paths: &[PathBuf], error: &str) {
+        tracing::warn!(%error, "cannot reload the serving certificate");
+    }
 }
 
 #[cfg(test)]
@@ -229,31 +194,32 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn a_pair_that_does_not_load_keeps_the_one_served() {
+    #[tokio::test]
+    async fn a_pair_that_does_not_load_keeps_the_one_served() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = pem_pair(dir.path(), "first");
-        let reloading = ReloadingCertificate::load(files(&cert, &key), provider()).unwrap();
-        let first = reloading.key();
-        let look_again = || {
-            let mut current = reloading.current.lock().unwrap();
-            current.modified = (None, None);
-            current.checked = Instant::now()
-                .checked_sub(RELOAD_CHECK_INTERVAL)
-                .unwrap_or(current.checked);
-        };
-        // Half written: the key file holds no key.
+        let interval = Duration::from_millis(10);
+        let reloading = files(&cert, &key).reloading(provider(), interval).unwrap();
+        let served = || reloading.0.current();
+        let first = served();
+        // Half written: the key file holds no key. Ten checks later the
+        // first pair is still the one served.
         std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
-        look_again();
-        assert!(Arc::ptr_eq(&reloading.key(), &first));
-        // Whole again (a new pair): served from the next look on.
+        tokio::time::sleep(interval * 10).await;
+        assert!(Arc::ptr_eq(&served(), &first));
+        // Whole again (a new pair): served from a later check on.
         let (new_cert, new_key) = pem_pair(dir.path(), "second");
         std::fs::copy(&new_cert, &cert).unwrap();
         std::fs::copy(&new_key, &key).unwrap();
-        look_again();
-        let second = reloading.key();
-        assert!(!Arc::ptr_eq(&second, &first));
-        assert_ne!(second.cert, first.cert);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::ptr_eq(&served(), &first) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new pair was never served"
+            );
+            tokio::time::sleep(interval).await;
+        }
+        assert_ne!(served().cert, first.cert);
     }
 
     #[test]
@@ -283,8 +249,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn unusable_files_name_their_setting() {
+    #[tokio::test]
+    async fn unusable_files_name_their_setting() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = pem_pair(dir.path(), "a");
         let (_, other_key) = pem_pair(dir.path(), "b");
@@ -292,7 +258,7 @@ mod tests {
         let missing = dir.path().join("missing.crt");
         let error = refused(files(&missing, &key));
         assert_eq!(error.setting, settings::API_TLS_CERT_FILE.flag);
-        assert!(error.message.contains("cannot be read"), "{error}");
+        assert!(error.message.contains("cannot read"), "{error}");
         // A certificate where the key should be, and a key of another pair.
         let error = refused(files(&cert, &cert));
         assert_eq!(error.setting, settings::API_TLS_KEY_FILE.flag);
