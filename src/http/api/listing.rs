@@ -126,7 +126,7 @@ async fn list_keys(
         &pattern,
         listing,
         start,
-        limit.unwrap_or(DEFAULT_LIMIT),
+        (limit.unwrap_or(DEFAULT_LIMIT), values),
         budget,
     )
     .await?;
@@ -308,7 +308,7 @@ async fn fill(
     pattern: &Bytes,
     listing: u64,
     mut at: Position,
-    limit: usize,
+    (limit, values): (usize, bool),
     budget: Duration,
 ) -> Result<Page, ApiError> {
     let deadline = Instant::now() + budget;
@@ -328,15 +328,15 @@ async fn fill(
             None => state.store.scan(pattern.clone(), at.token.clone()).await,
         };
         let page = read.map_err(|error| match error {
-                // The only token the client chose is the cursor's.
-                RequestError::Refused {
-                    error: StoreError::SyntaxError,
-                    ..
-                } if from_client => {
-                    ApiError::BadCursor("the state store does not recognize its token".into())
-                }
-                other => ApiError::from(other),
-            })?;
+            // The only token the client chose is the cursor's.
+            RequestError::Refused {
+                error: StoreError::SyntaxError,
+                ..
+            } if from_client => {
+                ApiError::BadCursor("the state store does not recognize its token".into())
+            }
+            other => ApiError::from(other),
+        })?;
         from_client = false;
         ahead = page.token.as_ref().map(|token| {
             state
@@ -347,7 +347,9 @@ async fn fill(
         let park = |ahead: Option<Ahead>| {
             if let (Some(ahead), Some(token)) = (ahead, &page.token) {
                 let pattern = pattern.clone();
-                state.scans_ahead.park(listing, pattern, token.clone(), ahead);
+                state
+                    .scans_ahead
+                    .park(listing, pattern, token.clone(), ahead);
             }
         };
         let skip = resume_at(&at, &page.keys);
@@ -356,9 +358,12 @@ async fn fill(
             listed
                 .keys
                 .extend(page.keys[skip..skip + take].iter().cloned());
-            listed
-                .places
-                .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
+            // Only values pages stop by bytes and need each key's place.
+            if values {
+                listed
+                    .places
+                    .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
+            }
             take
         } else {
             take_readable(access, &page.keys, (&at.token, skip), limit, &mut listed)
@@ -480,9 +485,8 @@ impl Cursor {
         let token = at.token.as_deref();
         let last = at.last.as_ref().map(Last::bytes);
         let len = |field: Option<&[u8]>| field.map_or(0, <[u8]>::len);
-        let mut bytes = Vec::with_capacity(
-            Self::HEADER + len(token) + len(last.as_deref()) + Self::DIGEST + 8,
-        );
+        let mut bytes =
+            Vec::with_capacity(Self::HEADER + len(token) + len(last.as_deref()) + Self::DIGEST + 8);
         bytes.push(Self::VERSION);
         // Pages, tokens and keys are far below u32::MAX; saturate regardless.
         let word = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
