@@ -14,6 +14,7 @@ use crate::mqtt::Pool;
 use crate::protocol::hlc;
 use crate::settings::{self, DEFAULT_MAX_VALUE_BYTES};
 use crate::store::StoreClient;
+use crate::store::scan_ahead::ScanAhead;
 use crate::watch::{WatchHub, WatchSettings};
 
 /// Request size and time limits of the key API.
@@ -60,6 +61,8 @@ impl std::ops::Deref for AppState {
 pub struct Shared {
     /// The store, through the broker connections.
     pub store: StoreClient,
+    /// SCAN pages read ahead for listings' next requests.
+    pub scans_ahead: ScanAhead,
     /// Metric families.
     pub metrics: Metrics,
     /// Request limits.
@@ -116,6 +119,7 @@ impl AppState {
             hub,
             dapr: DaprStore::new(store.clone(), dapr),
             store,
+            scans_ahead: ScanAhead::default(),
             metrics,
             limits,
             clock: hlc::now_ms,

@@ -11,6 +11,8 @@
 //! [`Request`], an outcome type if "done" is not enough, its arm in
 //! [`decode`], and its [`Labelled`] impl.
 
+pub mod scan_ahead;
+
 use bytes::Bytes;
 use thiserror::Error;
 

@@ -11,7 +11,9 @@
 //! [`KEY_IN_CURSOR`] bytes of that key and a digest of the pattern, so it
 //! stays small whatever their length. The
 //! gateway holds one store page and one response at a time, whatever the
-//! store's size.
+//! store's size, and the next store page, read ahead
+//! ([`crate::store::scan_ahead`]) so that the store works while a page
+//! goes out; the cursor's listing id finds it.
 //!
 //! With `values=true` each listed key is then read (GET, a bounded number
 //! at a time) and its entry carries `value`, `value_base64` and `version`;
@@ -47,6 +49,7 @@ use crate::http::headers::set_common_headers;
 use crate::http::problem::ApiError;
 use crate::http::state::AppState;
 use crate::protocol::{Hlc, StoreError};
+use crate::store::scan_ahead::Ahead;
 use crate::store::{RequestError, Versioned};
 
 /// Keys per response when `limit` is not given.
@@ -108,10 +111,12 @@ async fn list_keys(
         .take("limit")
         .map(|raw| parse_limit(&raw))
         .transpose()?;
-    let start = match query.take("cursor") {
-        None => Position::default(),
+    let (listing, start) = match query.take("cursor") {
+        None => (None, Position::default()),
         Some(raw) => Cursor::decode(&raw, &pattern)?,
     };
+    // A version-2 cursor names no listing: its next one starts naming one.
+    let listing = listing.unwrap_or_else(rand::random);
     // Stop asking the store once this is spent, so that one response
     // stays well inside the request backstop however sparse the matches.
     let budget = state.request_timeout() / 2;
@@ -119,8 +124,9 @@ async fn list_keys(
         &state,
         &access,
         &pattern,
+        listing,
         start,
-        limit.unwrap_or(DEFAULT_LIMIT),
+        (limit.unwrap_or(DEFAULT_LIMIT), values),
         budget,
     )
     .await?;
@@ -132,7 +138,7 @@ async fn list_keys(
             next: page.next,
         }
     };
-    Ok(respond(&pattern, limit, values, listed, text))
+    Ok(respond(&pattern, listing, limit, values, listed, text))
 }
 
 /// One listed key, with its value and version when they were asked for.
@@ -293,43 +299,71 @@ struct Listed {
 }
 
 /// SCANs from `at` until `limit` keys the caller may read are in hand,
-/// the store has no more, or the `budget` is spent.
+/// the store has no more, or the `budget` is spent. Each page's successor
+/// is read ahead while the page is used, and parked for the `listing`'s
+/// next request when this one stops before it.
 async fn fill(
     state: &AppState,
     access: &Access,
     pattern: &Bytes,
+    listing: u64,
     mut at: Position,
-    limit: usize,
+    (limit, values): (usize, bool),
     budget: Duration,
 ) -> Result<Page, ApiError> {
     let deadline = Instant::now() + budget;
     let mut listed = Page::default();
     let mut from_client = at.token.is_some();
+    let mut ahead = at
+        .token
+        .as_ref()
+        .and_then(|token| state.scans_ahead.take(listing, pattern, token));
     loop {
-        let page = state
-            .store
-            .scan(pattern.clone(), at.token.clone())
-            .await
-            .map_err(|error| match error {
-                // The only token the client chose is the cursor's.
-                RequestError::Refused {
-                    error: StoreError::SyntaxError,
-                    ..
-                } if from_client => {
-                    ApiError::BadCursor("the state store does not recognize its token".into())
-                }
-                other => ApiError::from(other),
-            })?;
+        let read = match ahead.take() {
+            Some(ahead) => ahead.page().await,
+            None => None,
+        };
+        let read = match read {
+            Some(read) => read,
+            None => state.store.scan(pattern.clone(), at.token.clone()).await,
+        };
+        let page = read.map_err(|error| match error {
+            // The only token the client chose is the cursor's.
+            RequestError::Refused {
+                error: StoreError::SyntaxError,
+                ..
+            } if from_client => {
+                ApiError::BadCursor("the state store does not recognize its token".into())
+            }
+            other => ApiError::from(other),
+        })?;
         from_client = false;
+        ahead = page.token.as_ref().map(|token| {
+            state
+                .scans_ahead
+                .take(listing, pattern, token)
+                .unwrap_or_else(|| Ahead::start(&state.store, pattern.clone(), token.clone()))
+        });
+        let park = |ahead: Option<Ahead>| {
+            if let (Some(ahead), Some(token)) = (ahead, &page.token) {
+                let pattern = pattern.clone();
+                state
+                    .scans_ahead
+                    .park(listing, pattern, token.clone(), ahead);
+            }
+        };
         let skip = resume_at(&at, &page.keys);
         let take = if access.is_unrestricted() {
             let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
             listed
                 .keys
                 .extend(page.keys[skip..skip + take].iter().cloned());
-            listed
-                .places
-                .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
+            // Only values pages stop by bytes and need each key's place.
+            if values {
+                listed
+                    .places
+                    .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
+            }
             take
         } else {
             take_readable(access, &page.keys, (&at.token, skip), limit, &mut listed)
@@ -340,9 +374,10 @@ async fn fill(
                 skip: skip + take,
                 last: Some(Last::of(&page.keys[skip + take - 1])),
             });
+            park(ahead);
             return Ok(listed);
         }
-        let Some(token) = page.token else {
+        let Some(token) = page.token.clone() else {
             return Ok(listed);
         };
         // A byte-ordered page wholly before the last key returned (keys
@@ -360,6 +395,7 @@ async fn fill(
         };
         if listed.keys.len() >= limit || Instant::now() >= deadline {
             listed.next = Some(at);
+            park(ahead.take());
             return Ok(listed);
         }
     }
@@ -430,25 +466,27 @@ fn parse_limit(raw: &[u8]) -> Result<usize, ApiError> {
         })
 }
 
-/// The opaque `cursor`: base64url of `2 | skip (u32) | token length + 1
+/// The opaque `cursor`: base64url of `3 | skip (u32) | token length + 1
 /// (u32, 0 = none) | last key length + 1 (u32, 0 = none) | token | last
-/// key (see [`Last`]) | SHA-256 of the pattern`.
+/// key (see [`Last`]) | SHA-256 of the pattern | listing id (u64)`.
 /// The pattern's digest rides along so a cursor used with another `match`
 /// is refused rather than resuming a different listing at a wrong place;
-/// the `Link` carries the pattern itself.
+/// the `Link` carries the pattern itself. The listing id finds the page
+/// read ahead for it; version 2 is the same without it.
 struct Cursor;
 
 impl Cursor {
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
+    const WITHOUT_LISTING: u8 = 2;
     const HEADER: usize = 13;
     const DIGEST: usize = 32;
 
-    fn encode(at: &Position, pattern: &[u8]) -> String {
+    fn encode(at: &Position, pattern: &[u8], listing: u64) -> String {
         let token = at.token.as_deref();
         let last = at.last.as_ref().map(Last::bytes);
         let len = |field: Option<&[u8]>| field.map_or(0, <[u8]>::len);
         let mut bytes =
-            Vec::with_capacity(Self::HEADER + len(token) + len(last.as_deref()) + Self::DIGEST);
+            Vec::with_capacity(Self::HEADER + len(token) + len(last.as_deref()) + Self::DIGEST + 8);
         bytes.push(Self::VERSION);
         // Pages, tokens and keys are far below u32::MAX; saturate regardless.
         let word = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
@@ -459,16 +497,26 @@ impl Cursor {
         bytes.extend_from_slice(token.unwrap_or_default());
         bytes.extend_from_slice(last.as_deref().unwrap_or_default());
         bytes.extend_from_slice(&Sha256::digest(pattern));
+        bytes.extend_from_slice(&listing.to_be_bytes());
         BASE64URL.encode(bytes)
     }
 
-    fn decode(raw: &[u8], pattern: &[u8]) -> Result<Position, ApiError> {
+    /// The listing the cursor belongs to (`None` for version 2) and where
+    /// it stands.
+    fn decode(raw: &[u8], pattern: &[u8]) -> Result<(Option<u64>, Position), ApiError> {
         let bad = || ApiError::BadCursor("it is not a cursor this gateway issued".into());
-        let bytes = BASE64URL.decode(raw).map_err(|_| bad())?;
+        let mut bytes = BASE64URL.decode(raw).map_err(|_| bad())?;
+        let listing = match bytes.first() {
+            Some(&Self::VERSION) => {
+                let at = bytes.len().checked_sub(8).ok_or_else(bad)?;
+                let id = u64::from_be_bytes(bytes[at..].try_into().map_err(|_| bad())?);
+                bytes.truncate(at);
+                Some(id)
+            }
+            Some(&Self::WITHOUT_LISTING) => None,
+            _ => return Err(bad()),
+        };
         let (header, rest) = bytes.split_at_checked(Self::HEADER).ok_or_else(bad)?;
-        if header[0] != Self::VERSION {
-            return Err(bad());
-        }
         let word = |at: usize| {
             let mut word = [0; 4];
             word.copy_from_slice(&header[at..at + 4]);
@@ -495,11 +543,14 @@ impl Cursor {
                 "it belongs to a listing with another match".into(),
             ));
         }
-        Ok(Position {
-            token: token.map(Bytes::from),
-            skip,
-            last,
-        })
+        Ok((
+            listing,
+            Position {
+                token: token.map(Bytes::from),
+                skip,
+                last,
+            },
+        ))
     }
 }
 
@@ -521,12 +572,16 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
 
 fn respond(
     pattern: &[u8],
+    listing: u64,
     limit: Option<usize>,
     values: bool,
     listed: Listed,
     text: bool,
 ) -> Response {
-    let next = listed.next.as_ref().map(|at| Cursor::encode(at, pattern));
+    let next = listed
+        .next
+        .as_ref()
+        .map(|at| Cursor::encode(at, pattern, listing));
     let mut response = if text {
         let mut body = String::new();
         for entry in &listed.entries {
@@ -574,9 +629,12 @@ fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
         key: Option<&'a str>,
         key_base64: &'a str,
     }
-    // Base64 is 4/3 of the bytes, the text up to their length again plus
-    // quotes and names: about 3 times the key and 96 bytes.
-    let size: usize = entries.iter().map(|entry| entry.key.len() * 3 + 96).sum();
+    // An entry is `{"key":"<text>","key_base64":"<base64>"},`: exact
+    // unless its text needs escapes (the buffer then grows once).
+    let size: usize = entries
+        .iter()
+        .map(|entry| 27 + entry.key.len() + entry.key.len().div_ceil(3) * 4)
+        .sum();
     let mut body = Vec::with_capacity(size + 64);
     let mut key_base64 = String::new();
     body.extend_from_slice(b"{\"keys\":[");
@@ -700,11 +758,11 @@ mod tests {
             skip: 1,
             last: Some(last),
         };
-        let cursor = Cursor::encode(&at, "y".repeat(50_000).as_bytes());
+        let cursor = Cursor::encode(&at, "y".repeat(50_000).as_bytes(), 7);
         assert!(cursor.len() < 2_000, "{} bytes", cursor.len());
         assert_eq!(
             Cursor::decode(cursor.as_bytes(), "y".repeat(50_000).as_bytes()).unwrap(),
-            at
+            (Some(7), at.clone())
         );
         // Still in the page: right after it; gone: after the keys before
         // its first bytes, so only keys sharing them may repeat.
@@ -734,13 +792,24 @@ mod tests {
                 last: Some(Last::Key(Bytes::new())),
             },
         ] {
-            let cursor = Cursor::encode(&at, b"sensor/*");
+            let cursor = Cursor::encode(&at, b"sensor/*", u64::MAX);
             assert!(
                 cursor
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             );
-            assert_eq!(Cursor::decode(cursor.as_bytes(), b"sensor/*").unwrap(), at);
+            assert_eq!(
+                Cursor::decode(cursor.as_bytes(), b"sensor/*").unwrap(),
+                (Some(u64::MAX), at.clone())
+            );
+            // Version 2, without a listing id, still resumes.
+            let mut bytes = BASE64URL.decode(&cursor).unwrap();
+            bytes.truncate(bytes.len() - 8);
+            bytes[0] = 2;
+            assert_eq!(
+                Cursor::decode(BASE64URL.encode(bytes).as_bytes(), b"sensor/*").unwrap(),
+                (None, at.clone())
+            );
             assert!(matches!(
                 Cursor::decode(cursor.as_bytes(), b"*"),
                 Err(ApiError::BadCursor(detail)) if detail.contains("another match")
@@ -757,6 +826,7 @@ mod tests {
                 last: Some(Last::Key(Bytes::from_static(b"k1"))),
             },
             b"*",
+            1,
         );
         let truncated = BASE64URL.encode(&BASE64URL.decode(&good).unwrap()[..10]);
         let mut other_version = BASE64URL.decode(&good).unwrap();
