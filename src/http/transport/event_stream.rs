@@ -180,8 +180,12 @@ pub async fn respond(
     request: Box<Request<Body>>,
     mut stopping: watch::Receiver<bool>,
 ) {
+    // What only the start needs (the request, the router's future, the
+    // response's head) is freed before the stream's long life, and kept
+    // out of this future's state, which the connection's task holds for
+    // as long: a stream keeps its body and the socket.
     let version = request.version();
-    let response = match router.oneshot(*request).await {
+    let response = match Box::pin(router.oneshot(unbox(request))).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
@@ -192,10 +196,10 @@ pub async fn respond(
         None => Framing::UntilClose,
     };
     let head = encode_head(&parts, framing);
-    if write_all(&mut stream, &mut [IoSlice::new(&head)])
-        .await
-        .is_err()
-    {
+    drop(parts);
+    let written = write_all(&mut stream, &mut [IoSlice::new(&head)]).await;
+    drop(head);
+    if written.is_err() {
         return;
     }
     // Bytes a client sends after its request (a pipelined request that
@@ -252,6 +256,12 @@ pub async fn respond(
         let _ = write_all(&mut stream, &mut [IoSlice::new(b"0\r\n\r\n")]).await;
     }
     let _ = tokio::time::timeout(WRITE_STALL_TIMEOUT, stream.shutdown()).await;
+}
+
+/// The request out of its box, the box freed now (a `*boxed` moved out
+/// of frees the box only where the binding's scope ends).
+fn unbox(request: Box<Request<Body>>) -> Request<Body> {
+    *request
 }
 
 /// How the body's end is told.

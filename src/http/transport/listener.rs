@@ -247,11 +247,26 @@ async fn connection<I>(
         FirstRequest::Stream(request) => {
             event_stream::respond(io, router, request, stopping).await;
         }
+        // hyper's connections are boxed: held inline, the larger of them
+        // (HTTP/2's) would size every connection's task, watch streams'
+        // included, which live far longer and are far more numerous.
         FirstRequest::Hyper(prefix) => {
-            serve_http1(Prefixed::new(prefix, io), router, protocols, stopping).await;
+            Box::pin(serve_http1(
+                Prefixed::new(prefix, io),
+                router,
+                protocols,
+                stopping,
+            ))
+            .await;
         }
         FirstRequest::Http2(prefix) => {
-            serve_http2(Prefixed::new(prefix, io), router, protocols, stopping).await;
+            Box::pin(serve_http2(
+                Prefixed::new(prefix, io),
+                router,
+                protocols,
+                stopping,
+            ))
+            .await;
         }
     }
 }
@@ -275,7 +290,9 @@ async fn tls_connection(
         Err(_) => return tracing::debug!("TLS handshake timed out"),
     };
     if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
-        serve_http2(tls, router, protocols, stopping).await;
+        // Boxed, as in `connection`: a TLS watch stream's task is not sized
+        // by HTTP/2's connection.
+        Box::pin(serve_http2(tls, router, protocols, stopping)).await;
     } else {
         connection(tls, router, protocols, stopping).await;
     }
