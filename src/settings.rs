@@ -292,6 +292,15 @@ pub const MAX_KEYS_PER_PATTERN: Setting = Setting {
     helm: Helm::Default("gateway.maxKeysPerPattern"),
 };
 
+/// Distinct patterns followed by `/watch?match=` in the whole gateway
+/// (each is listed again every `--watch-rescan-interval`).
+pub const MAX_WATCH_PATTERNS: Setting = Setting {
+    flag: "--max-watch-patterns",
+    env: "STATESTORE_GATEWAY_MAX_WATCH_PATTERNS",
+    default: "256",
+    helm: Helm::Default("gateway.maxWatchPatterns"),
+};
+
 pub const CORS_ALLOW_ORIGIN: Setting = Setting {
     flag: "--cors-allow-origin",
     env: "STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN",
@@ -500,6 +509,7 @@ pub const SERVE: &[&Setting] = &[
     &WATCH_RESYNC_INTERVAL,
     &WATCH_RESCAN_INTERVAL,
     &MAX_KEYS_PER_PATTERN,
+    &MAX_WATCH_PATTERNS,
     &CORS_ALLOW_ORIGIN,
     &HEADER_READ_TIMEOUT,
     &MAX_CONNECTIONS,
@@ -749,6 +759,7 @@ pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_WATCH_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_WATCH_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_KEYS_PER_PATTERN: usize = 10_000;
+pub const DEFAULT_MAX_WATCH_PATTERNS: usize = 256;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 20_000;
 pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);

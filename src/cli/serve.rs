@@ -122,6 +122,11 @@ pub struct ServeArgs {
     /// refused, and one that grows past it stops taking new keys.
     #[arg(long, env = settings::MAX_KEYS_PER_PATTERN.env, default_value = settings::MAX_KEYS_PER_PATTERN.default, value_parser = parse_positive_usize)]
     pub max_keys_per_pattern: usize,
+    /// Distinct patterns followed by `/watch?match=` in the whole gateway
+    /// (each is listed again every `--watch-rescan-interval`): a stream
+    /// that would add one more is refused; joining a followed one is not.
+    #[arg(long, env = settings::MAX_WATCH_PATTERNS.env, default_value = settings::MAX_WATCH_PATTERNS.default, value_parser = parse_positive_usize)]
+    pub max_watch_patterns: usize,
     /// Browser origins allowed to call the API (CORS), comma-separated, or `*`.
     #[arg(long, env = settings::CORS_ALLOW_ORIGIN.env, value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
@@ -301,6 +306,7 @@ impl ServeArgs {
                     .then_some(self.watch_resync_interval),
                 rescan_interval: self.watch_rescan_interval,
                 max_keys_per_pattern: self.max_keys_per_pattern,
+                max_patterns: self.max_watch_patterns,
             },
             cors_allow_origins: self
                 .cors_allow_origin

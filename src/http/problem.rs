@@ -228,6 +228,9 @@ fn watch_detail(error: &WatchError) -> String {
         WatchError::TooManyWatchedKeys(max) => {
             format!("the gateway already watches its maximum of {max} distinct keys; retry later")
         }
+        WatchError::TooManyPatterns(max) => format!(
+            "the gateway already follows its maximum of {max} distinct patterns (--max-watch-patterns); join a followed pattern or retry later"
+        ),
         WatchError::TooManyKeysPerStream(max) => format!("a stream may watch at most {max} keys"),
         WatchError::TooManyKeysPerPattern(max) => format!(
             "the pattern matches more than {max} keys, the most one followed pattern may match (--max-keys-per-pattern); narrow it"
@@ -552,6 +555,12 @@ fn watch_kind(error: &WatchError) -> Kind {
             "Too many watched keys",
             Warn,
         ),
+        WatchError::TooManyPatterns(_) => (
+            429,
+            "/problems/too-many-watch-patterns",
+            "Too many watch patterns",
+            Warn,
+        ),
         WatchError::TooManyKeysPerStream(_) => {
             (429, "/problems/too-many-keys", "Too many keys", Info)
         }
@@ -831,6 +840,12 @@ mod tests {
                 WatchError::TooManyWatchedKeys(3),
                 429,
                 "/problems/too-many-watched-keys",
+                true,
+            ),
+            (
+                WatchError::TooManyPatterns(3),
+                429,
+                "/problems/too-many-watch-patterns",
                 true,
             ),
             (

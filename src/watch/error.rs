@@ -20,6 +20,12 @@ pub enum WatchError {
         "the pattern matches more than {0} keys, the most one followed pattern may match (--max-keys-per-pattern)"
     )]
     TooManyKeysPerPattern(usize),
+    /// The stream would make the gateway follow more distinct patterns
+    /// than allowed.
+    #[error(
+        "the gateway already follows its maximum of {0} distinct patterns (--max-watch-patterns)"
+    )]
+    TooManyPatterns(usize),
     /// The gateway already watches its maximum number of distinct keys.
     #[error("the gateway already watches its maximum of {0} keys")]
     TooManyWatchedKeys(usize),

@@ -108,12 +108,14 @@ impl WatchHub {
         // From here on the watcher's drop undoes the admission, key and
         // pattern counts.
         let mut watcher = Watcher::new(self, keys.len(), patterns.len(), readable);
+        // Keys before patterns, so that a named key's entry gets the
+        // stream's buffer rather than a pattern's.
         for key in keys {
             watcher.name(self.inner.attach(key, self.inner.settings.buffer));
         }
-        for pattern in patterns {
-            watcher.patterns.push(self.patterns.follow(pattern));
-        }
+        // Past `--max-watch-patterns`: refused, and the watcher's drop
+        // releases the keys it took.
+        watcher.patterns = self.patterns.follow(patterns)?;
         self.inner.reconcile.notify_one();
         let named = watcher.cursors.keys().map(|watched| Arc::clone(&watched.0));
         wait_ready(&self.inner, named.collect(), &watcher.patterns).await?;

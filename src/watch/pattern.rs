@@ -259,10 +259,34 @@ impl Patterns {
         lock(&self.patterns)
     }
 
-    /// Adds a stream to `glob`, creating the pattern (and starting its
-    /// task, which lists it) when it is the first.
-    pub(super) fn follow(&self, glob: &Bytes) -> Arc<PatternWatch> {
+    /// Adds a stream to each of `globs` (distinct), creating each pattern
+    /// not yet followed (and starting its task, which lists it). All or
+    /// none: refused, taking nothing, when the new ones would make more
+    /// than `max_patterns`; counted and taken under the map's lock, so
+    /// that streams arriving together cannot overshoot.
+    pub(super) fn follow(&self, globs: &[Bytes]) -> Result<Vec<Arc<PatternWatch>>, WatchError> {
+        let max = self.inner.settings.max_patterns;
         let mut patterns = self.patterns();
+        let new = globs
+            .iter()
+            .filter(|glob| !patterns.contains_key(*glob))
+            .count();
+        if new > 0 && patterns.len() + new > max {
+            return Err(WatchError::TooManyPatterns(max));
+        }
+        Ok(globs
+            .iter()
+            .map(|glob| self.join(&mut patterns, glob))
+            .collect())
+    }
+
+    /// Adds a stream to `glob` in `patterns`, creating the pattern (and
+    /// starting its task) when it is the first.
+    fn join(
+        &self,
+        patterns: &mut HashMap<Bytes, Arc<PatternWatch>>,
+        glob: &Bytes,
+    ) -> Arc<PatternWatch> {
         let pattern = patterns.entry(glob.clone()).or_insert_with(|| {
             self.followed.fetch_add(1, Ordering::Relaxed);
             self.inner.metrics.watch_patterns.inc();

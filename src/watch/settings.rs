@@ -32,6 +32,9 @@ pub struct WatchSettings {
     pub rescan_interval: Duration,
     /// Keys one followed pattern may match.
     pub max_keys_per_pattern: usize,
+    /// Distinct patterns followed in the whole gateway (each costs a
+    /// rescan every `rescan_interval`, whatever its number of streams).
+    pub max_patterns: usize,
 }
 
 /// The command line's defaults.
@@ -47,6 +50,7 @@ impl Default for WatchSettings {
             resync_interval: Some(settings::DEFAULT_WATCH_RESYNC_INTERVAL),
             rescan_interval: settings::DEFAULT_WATCH_RESCAN_INTERVAL,
             max_keys_per_pattern: settings::DEFAULT_MAX_KEYS_PER_PATTERN,
+            max_patterns: settings::DEFAULT_MAX_WATCH_PATTERNS,
         }
     }
 }

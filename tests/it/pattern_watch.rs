@@ -15,13 +15,18 @@ use crate::support::sse::{self, SseEvent, SseStream};
 /// A stack whose patterns are rescanned every `rescan`, with `limit` keys
 /// per pattern.
 async fn stack(rescan: Duration, limit: usize) -> Stack {
+    stack_with(WatchSettings {
+        rescan_interval: rescan,
+        max_keys_per_pattern: limit,
+        ..WatchSettings::default()
+    })
+    .await
+}
+
+async fn stack_with(watch: WatchSettings) -> Stack {
     Stack::builder()
         .gateway(GatewayOptions {
-            watch: WatchSettings {
-                rescan_interval: rescan,
-                max_keys_per_pattern: limit,
-                ..WatchSettings::default()
-            },
+            watch,
             ..GatewayOptions::default()
         })
         .start()
@@ -434,6 +439,92 @@ async fn a_pattern_over_its_key_limit_is_refused_and_one_growing_past_it_is_told
 }
 
 #[tokio::test]
+async fn past_max_watch_patterns_a_new_pattern_is_429_but_a_followed_one_is_not() {
+    let stack = stack_with(WatchSettings {
+        rescan_interval: Duration::from_secs(600),
+        max_patterns: 2,
+        ..WatchSettings::default()
+    })
+    .await;
+    let patterns = || metric(&stack, "statestore_gateway_watch_patterns");
+    put(&stack, "p1/a", "1").await;
+    let mut first = open(&stack, "match=p1/*").await;
+    assert_eq!(initial(&mut first, 1).await.0.len(), 1);
+    let mut second = open(&stack, "match=p2/*").await;
+    initial(&mut second, 1).await;
+
+    // A third distinct pattern, alone or beside a followed one, is refused
+    // before it starts, and leaves nothing followed.
+    for query in ["match=p3/*", "match=p1/*&match=p3/*"] {
+        let (status, headers, body) = sse::open(
+            &stack.gateway.http,
+            &stack.gateway.url(&format!("/watch?{query}")),
+            None,
+        )
+        .await
+        .expect_err("a third distinct pattern is refused");
+        assert_eq!(status, 429, "{query}: {body}");
+        assert!(headers.contains_key("retry-after"), "{query}");
+        assert!(body.contains("/problems/too-many-watch-patterns"), "{body}");
+        assert!(body.contains("--max-watch-patterns"), "{body}");
+        assert!(body.contains("maximum of 2 "), "{body}");
+        assert_eq!(patterns(), 2.0, "{query}");
+    }
+    // Joining a followed pattern costs no rescan: allowed.
+    let mut joined = open(&stack, "match=p1/*&match=p2/*").await;
+    assert_eq!(initial(&mut joined, 2).await.0.len(), 1);
+
+    // Once p2's last stream leaves, a new pattern takes its place.
+    drop(second);
+    drop(joined);
+    wait_until("p2 is no longer followed", || patterns() == 1.0).await;
+    put(&stack, "p3/a", "3").await;
+    let mut third = open(&stack, "match=p3/*").await;
+    assert_eq!(initial(&mut third, 1).await.0["p3/a"], "3");
+    // And both still see their keys change.
+    put(&stack, "p1/a", "2").await;
+    assert_eq!(first.expect("set").await.data["value"], "2");
+    put(&stack, "p3/a", "4").await;
+    assert_eq!(third.expect("set").await.data["value"], "4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_opened_together_never_follow_more_patterns_than_allowed() {
+    let stack = stack_with(WatchSettings {
+        rescan_interval: Duration::from_secs(600),
+        max_patterns: 3,
+        ..WatchSettings::default()
+    })
+    .await;
+    // Eight streams of two new patterns each, at once: whatever the
+    // interleaving, the admitted ones follow at most three patterns.
+    let opens = (0..8).map(|n| {
+        let (http, url) = (
+            stack.gateway.http.clone(),
+            stack
+                .gateway
+                .url(&format!("/watch?match=race{n}/a/*&match=race{n}/b/*")),
+        );
+        tokio::spawn(async move { sse::open(&http, &url, None).await })
+    });
+    let mut opened = Vec::new();
+    for open in opens {
+        match open.await.unwrap() {
+            Ok(mut stream) => {
+                initial(&mut stream, 2).await;
+                opened.push(stream);
+            }
+            Err((status, _, body)) => {
+                assert_eq!(status, 429, "{body}");
+                assert!(body.contains("/problems/too-many-watch-patterns"), "{body}");
+            }
+        }
+    }
+    assert_eq!(opened.len(), 1, "two streams of two new patterns exceed 3");
+    assert_eq!(metric(&stack, "statestore_gateway_watch_patterns"), 2.0);
+}
+
+#[tokio::test]
 async fn bad_pattern_watches_are_400() {
     let stack = stack(Duration::from_secs(600), 100).await;
     for query in ["match=", "match=a&bogus=1", "match=%zz"] {
@@ -558,7 +649,13 @@ async fn write_and_read(stack: &Stack, written: &[u8], rounds: usize) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patterns_costly_to_match_leave_writes_and_unrelated_reads_as_fast_as_without() {
-    let stack = stack(Duration::from_secs(600), 100).await;
+    let stack = stack_with(WatchSettings {
+        rescan_interval: Duration::from_secs(600),
+        max_keys_per_pattern: 100,
+        max_patterns: 512,
+        ..WatchSettings::default()
+    })
+    .await;
     put(&stack, "unrelated", "1").await;
     // Matches none of the patterns, at the full cost of each.
     let written = vec![b'a'; 1024];

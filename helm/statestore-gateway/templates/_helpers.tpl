@@ -157,6 +157,8 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.watchRescanInterval | quote }}
     - name: STATESTORE_GATEWAY_MAX_KEYS_PER_PATTERN
       value: {{ int $g.maxKeysPerPattern | quote }}
+    - name: STATESTORE_GATEWAY_MAX_WATCH_PATTERNS
+      value: {{ int $g.maxWatchPatterns | quote }}
     - name: STATESTORE_GATEWAY_HEADER_READ_TIMEOUT
       value: {{ $g.headerReadTimeout | quote }}
     - name: STATESTORE_GATEWAY_MAX_CONNECTIONS

@@ -64,6 +64,7 @@ mod tests {
             ApiError::Unauthorized(crate::access::AuthFailure::Missing),
             ApiError::Watch(WatchError::TooManyWatchers(1)),
             ApiError::Watch(WatchError::TooManyWatchedKeys(1)),
+            ApiError::Watch(WatchError::TooManyPatterns(1)),
             ApiError::Watch(WatchError::TooManyKeysPerStream(1)),
             ApiError::Watch(WatchError::TooManyKeysPerPattern(1)),
             ApiError::Watch(WatchError::NoKeys),
