@@ -5,6 +5,10 @@
 //! own processes and writes the keys with a pool like the gateway's (an
 //! MQTT client the gateway does not see). Then measures:
 //!
+//! - the shared state per followed key: a watch hub in this process, on
+//!   this program's pool, counting the heap bytes it holds (a counting
+//!   global allocator) with one stream on the pattern read to `listed`,
+//!   against one stream on a pattern of no keys;
 //! - the initial listing (time to `listed`) and the gateway's memory per
 //!   followed key (RSS before the stream and after its `listed`);
 //! - a rescan: the gateway's CPU and store requests per rescan, and its
@@ -28,6 +32,7 @@
 #[allow(dead_code)] // the gateway benchmark's parts; this program uses a few
 mod support;
 
+use std::alloc::System;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -40,8 +45,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
+use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{Pool, RequestOptions};
 use statestore_gateway::protocol::{Reply, Request, SetOptions};
+use statestore_gateway::store::StoreClient;
+use statestore_gateway::watch::{EventKind, Selection, WatchHub, WatchSettings, Watcher};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -51,6 +60,11 @@ use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::{HttpConn, request_once};
 use support::procs::clock_ticks_per_second;
 use support::stats::Percentiles;
+
+/// Counts this process's heap, for the in-process hub's memory per key
+/// ([`hub_memory`]); the gateway under test is another process.
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// The followed pattern and its keys; the rest of the store is `bulk/...`.
 const PATTERN: &str = "space/*";
@@ -166,6 +180,12 @@ async fn run(options: Options) -> Result<()> {
         written?;
     }
     drop(writes);
+
+    let hub = hub_memory(&pool, options.pattern_keys).await?;
+    println!(
+        "keyspace benchmark: the watch hub holds {:.0} B in {:.1} allocations per followed key",
+        hub.bytes_per_key, hub.allocations_per_key
+    );
 
     let limit = (options.pattern_keys * 2).to_string();
     let env = [
@@ -366,6 +386,12 @@ async fn run(options: Options) -> Result<()> {
     )?;
     writeln!(
         report,
+        "| shared state per followed key (heap the hub holds with one stream on the pattern, \
+         less with one on a pattern of no keys, / keys) | {:.0} B in {:.1} allocations |",
+        hub.bytes_per_key, hub.allocations_per_key
+    )?;
+    writeln!(
+        report,
         "| gateway memory per followed key (RSS growth / keys) | {bytes_per_key:.0} B |"
     )?;
     writeln!(
@@ -427,6 +453,111 @@ async fn run(options: Options) -> Result<()> {
     if options.smoke {
         println!("keyspace benchmark: smoke run passed (no timing asserted)");
     }
+    Ok(())
+}
+
+/// What the watch hub holds per followed key.
+struct HubMemory {
+    /// Heap bytes (as requested from the allocator).
+    bytes_per_key: f64,
+    /// Live allocations.
+    allocations_per_key: f64,
+}
+
+/// The heap a watch hub holds per key of [`PATTERN`] (`keys` of them),
+/// measured in this process on `pool`: live bytes with one stream on the
+/// pattern, read up to `listed` and past it, less live bytes with one
+/// stream on a pattern that matches nothing, over `keys`. A first hub,
+/// dropped, warms the pool's buffers; rescans and resyncs are off so that
+/// none runs while counting.
+async fn hub_memory(pool: &Pool, keys: usize) -> Result<HubMemory> {
+    let settings = WatchSettings {
+        max_keys_per_pattern: keys * 2,
+        max_watched_keys: keys * 2,
+        rescan_interval: Duration::from_secs(3_600),
+        resync_interval: None,
+        ..WatchSettings::default()
+    };
+    let start = || {
+        WatchHub::start(
+            StoreClient::new(pool.clone()),
+            Metrics::new(),
+            settings.clone(),
+        )
+    };
+    let warm_up = start();
+    drop(read_listed(&warm_up, PATTERN, keys).await?);
+    wait_forgotten(&warm_up).await?;
+    warm_up.shutdown();
+    drop(warm_up);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let hub = start();
+    let region = Region::new(ALLOCATOR);
+    let live = |region: &Region<'_, System>| {
+        let change = region.change();
+        // A reallocation's growth is in both counts already.
+        let bytes = change.bytes_allocated as f64 - change.bytes_deallocated as f64;
+        let allocations = change.allocations as f64 - change.deallocations as f64;
+        (bytes, allocations)
+    };
+    let empty = read_listed(&hub, "no-such-key/*", 0).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let without_keys = live(&region);
+    drop(empty);
+    wait_forgotten(&hub).await?;
+    let stream = read_listed(&hub, PATTERN, keys).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let with_keys = live(&region);
+    drop(stream);
+    wait_forgotten(&hub).await?;
+    hub.shutdown();
+    Ok(HubMemory {
+        bytes_per_key: (with_keys.0 - without_keys.0) / keys as f64,
+        allocations_per_key: (with_keys.1 - without_keys.1) / keys as f64,
+    })
+}
+
+/// A stream on `pattern`, read up to its `listed` (which must say `keys`)
+/// and until it has nothing more to give (it then drops what it kept per
+/// key).
+async fn read_listed(hub: &WatchHub, pattern: &str, keys: usize) -> Result<Watcher> {
+    let mut selection = Selection::new(1);
+    selection.add_pattern(Bytes::copy_from_slice(pattern.as_bytes()))?;
+    let mut watcher =
+        tokio::time::timeout(Duration::from_secs(120), hub.follow(selection, None, None))
+            .await
+            .context("no listing in time")??;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let event = tokio::time::timeout_at(deadline.into(), watcher.next())
+            .await
+            .context("no listed in time")?
+            .context("the hub shut down")?;
+        if let EventKind::Listed { keys: listed } = event.kind {
+            if listed != keys {
+                bail!("{pattern} listed {listed} keys, not {keys}");
+            }
+            break;
+        }
+    }
+    if let Ok(event) = tokio::time::timeout(Duration::from_millis(200), watcher.next()).await {
+        bail!("an event after listed: {event:?}");
+    }
+    Ok(watcher)
+}
+
+/// Waits until `hub` follows no key (its streams are gone).
+async fn wait_forgotten(hub: &WatchHub) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hub.watched_keys() > 0 {
+        if Instant::now() > deadline {
+            bail!("the hub still follows {} keys", hub.watched_keys());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its reconciler's STOPs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
 }
 

@@ -201,7 +201,7 @@ impl Reader<'_> {
     fn hlc(&mut self) -> Option<Hlc> {
         let wall_ms = self.u64()?;
         let counter = self.u64()?;
-        let node = String::from_utf8(self.bytes()?.to_vec()).ok()?;
+        let node = std::str::from_utf8(&self.bytes()?).ok()?.into();
         Some(Hlc {
             wall_ms,
             counter,

@@ -6,8 +6,9 @@
 //! parse, and we always write the padded form, as the SDKs do.
 
 use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
@@ -23,7 +24,114 @@ pub struct Hlc {
     /// Orders events within one millisecond.
     pub counter: u64,
     /// Who produced the value (`StateStore` for the service).
-    pub node: String,
+    pub node: NodeId,
+}
+
+/// The node id the state store service stamps its versions with.
+pub const STATE_STORE_NODE: &str = "StateStore";
+
+/// Who produced an HLC value: a string, compared, ordered and hashed as
+/// one. The service's id ([`STATE_STORE_NODE`]), which nearly every
+/// version carries, is held without an allocation, and any other is
+/// shared, so that a clone of a version allocates nothing: the watch hub
+/// keeps two per followed key.
+#[derive(Clone)]
+pub struct NodeId(Node);
+
+#[derive(Clone)]
+enum Node {
+    StateStore,
+    Other(Arc<str>),
+}
+
+impl NodeId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Node::StateStore => STATE_STORE_NODE,
+            Node::Other(node) => node,
+        }
+    }
+}
+
+impl From<&str> for NodeId {
+    fn from(node: &str) -> Self {
+        if node == STATE_STORE_NODE {
+            Self(Node::StateStore)
+        } else {
+            Self(Node::Other(Arc::from(node)))
+        }
+    }
+}
+
+impl From<String> for NodeId {
+    fn from(node: String) -> Self {
+        Self::from(node.as_str())
+    }
+}
+
+impl Deref for NodeId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for NodeId {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for NodeId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for NodeId {}
+
+impl PartialEq<str> for NodeId {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for NodeId {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialOrd for NodeId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for NodeId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Why an HLC was refused.
@@ -42,7 +150,7 @@ pub enum HlcError {
 
 impl Hlc {
     /// A clock at `wall_ms` with a zero counter.
-    pub fn new(wall_ms: u64, node: impl Into<String>) -> Self {
+    pub fn new(wall_ms: u64, node: impl Into<NodeId>) -> Self {
         Self {
             wall_ms,
             counter: 0,
@@ -75,7 +183,7 @@ impl Hlc {
         Ok(Self {
             wall_ms,
             counter,
-            node: node.to_owned(),
+            node: NodeId::from(node),
         })
     }
 
@@ -227,7 +335,7 @@ pub struct HybridClock {
 
 impl HybridClock {
     /// A clock for `node`, starting at the system time.
-    pub fn new(node: impl Into<String>) -> Self {
+    pub fn new(node: impl Into<NodeId>) -> Self {
         Self {
             state: Mutex::new(Hlc::new(now_ms(), node)),
         }
@@ -303,6 +411,52 @@ mod tests {
         assert_eq!(unpadded.wall_ms, 1_696_374_425_000);
         assert_eq!(unpadded.counter, 1);
         assert_eq!(unpadded.node, "StateStore");
+    }
+
+    #[test]
+    fn the_services_node_id_is_held_without_an_allocation() {
+        let version = Hlc::parse("1696374425000:1:StateStore").unwrap();
+        assert!(matches!(version.node.0, Node::StateStore));
+        assert!(matches!(
+            NodeId::from(String::from(STATE_STORE_NODE)).0,
+            Node::StateStore
+        ));
+        // Byte-exact round trip, and equal to the same text held otherwise.
+        assert_eq!(version.to_string(), "001696374425000:00001:StateStore");
+        assert_eq!(version.node, "StateStore");
+        assert_eq!(version.node, NodeId::from("StateStore"));
+    }
+
+    #[test]
+    fn other_node_ids_are_shared_by_clones_and_compare_as_text() {
+        let version = Hlc::parse("5:0:statestore").unwrap();
+        let Node::Other(node) = &version.node.0 else {
+            panic!("a node id other than the service's is held as text");
+        };
+        let copy = version.clone();
+        let Node::Other(copied) = &copy.node.0 else {
+            panic!("a clone holds the same node id");
+        };
+        assert!(Arc::ptr_eq(node, copied), "a clone shares the node id");
+        assert_eq!(version.to_string(), "000000000000005:00000:statestore");
+        assert_ne!(version.node, NodeId::from(STATE_STORE_NODE));
+        // Ordered as the text is, whichever way each is held.
+        for (a, b) in [
+            ("StateStore", "Z"),
+            ("A", "StateStore"),
+            ("StateStore", "StateStorf"),
+        ] {
+            let order = NodeId::from(a).cmp(&NodeId::from(b));
+            assert_eq!(order, std::cmp::Ordering::Less, "{a} < {b}");
+        }
+        // Held either way, the same text is the same id, with the same hash.
+        let held_as_text = NodeId(Node::Other(Arc::from(STATE_STORE_NODE)));
+        assert_eq!(held_as_text, NodeId::from(STATE_STORE_NODE));
+        let state = std::hash::RandomState::new();
+        assert_eq!(
+            std::hash::BuildHasher::hash_one(&state, &held_as_text),
+            std::hash::BuildHasher::hash_one(&state, NodeId::from(STATE_STORE_NODE))
+        );
     }
 
     #[test]
@@ -487,7 +641,7 @@ mod proptests {
         (any::<u64>(), any::<u64>(), node()).prop_map(|(wall_ms, counter, node)| Hlc {
             wall_ms,
             counter,
-            node,
+            node: node.into(),
         })
     }
 
@@ -497,7 +651,7 @@ mod proptests {
             Hlc {
                 wall_ms,
                 counter,
-                node,
+                node: node.into(),
             }
         })
     }
@@ -521,7 +675,7 @@ mod proptests {
                     .prop_flat_map(|(wall, counter)| {
                         (0..10u64.pow(wall), 0..10u64.pow(counter), node())
                     })
-                    .prop_map(|(wall_ms, counter, node)| Hlc { wall_ms, counter, node }),
+                    .prop_map(|(wall_ms, counter, node)| Hlc { wall_ms, counter, node: node.into() }),
             ]
         ) {
             let padded = format!("{:0>15}:{:0>5}:{}", hlc.wall_ms, hlc.counter, hlc.node);
@@ -554,7 +708,7 @@ mod proptests {
 
         #[test]
         fn order_is_the_order_of_the_parts(a in hlc(), b in hlc()) {
-            let parts = |h: &Hlc| (h.wall_ms, h.counter, h.node.clone());
+            let parts = |h: &Hlc| (h.wall_ms, h.counter, h.node.as_str().to_owned());
             prop_assert_eq!(a.cmp(&b), parts(&a).cmp(&parts(&b)));
         }
 

@@ -12,7 +12,7 @@ pub mod resp;
 
 pub use command::{Request, SetCondition, SetOptions};
 pub use error::{DecodeError, StoreError};
-pub use hlc::{Hlc, HlcError, HybridClock, Stamp};
+pub use hlc::{Hlc, HlcError, HybridClock, NodeId, Stamp};
 pub use reply::{KeyPage, Notification, Reply, ScanReply};
 
 /// The state store's service id, part of every topic.

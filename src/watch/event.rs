@@ -31,6 +31,16 @@ impl WatchedValue {
             Self::Omitted(_) => None,
         }
     }
+
+    /// The value as the hub keeps it: like [`From`], in an allocation of
+    /// its own, so that a small value does not keep the whole packet (or
+    /// read buffer) it came in.
+    pub(super) fn kept(value: Bytes) -> Self {
+        match Self::from(value) {
+            Self::Bytes(bytes) => Self::Bytes(Bytes::copy_from_slice(&bytes)),
+            omitted => omitted,
+        }
+    }
 }
 
 /// The value, or its length alone when it is over [`MAX_EVENT_VALUE_BYTES`].
@@ -52,8 +62,38 @@ pub struct Snapshot {
     /// The store's version: of the value, or of the delete that removed
     /// it; `None` for a key that was absent when read.
     pub version: Option<Hlc>,
+    /// The id of the event that led here (see [`Snapshot::id`]).
+    id: SnapshotId,
+}
+
+/// A snapshot's event id, held apart from its version only when it
+/// differs (rare): the hub keeps a snapshot per followed key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SnapshotId {
+    None,
+    Version,
+    Other(Box<Hlc>),
+}
+
+impl Snapshot {
+    /// What a key holds: `value` at `version`, told by the event `id`.
+    pub fn new(value: Option<WatchedValue>, version: Option<Hlc>, id: Option<Hlc>) -> Self {
+        let id = match id {
+            None => SnapshotId::None,
+            Some(id) if Some(&id) == version.as_ref() => SnapshotId::Version,
+            Some(id) => SnapshotId::Other(Box::new(id)),
+        };
+        Self { value, version, id }
+    }
+
     /// The id of the event that led here (see [`KeyEvent::id`]).
-    pub id: Option<Hlc>,
+    pub fn id(&self) -> Option<&Hlc> {
+        match &self.id {
+            SnapshotId::None => None,
+            SnapshotId::Version => self.version.as_ref(),
+            SnapshotId::Other(id) => Some(id),
+        }
+    }
 }
 
 /// What a watcher is told.
@@ -153,7 +193,7 @@ impl KeyEvent {
             key.clone(),
             snapshot.value.clone(),
             snapshot.version.clone(),
-            snapshot.id.clone(),
+            snapshot.id().cloned(),
         )
     }
 
@@ -220,6 +260,41 @@ mod tests {
             counter,
             node: "StateStore".into(),
         }
+    }
+
+    #[test]
+    fn a_snapshot_holds_its_id_apart_only_when_it_is_not_its_version() {
+        let value = Some(WatchedValue::Bytes(Bytes::from_static(b"v")));
+        let same = Snapshot::new(value.clone(), Some(hlc(5, 0)), Some(hlc(5, 0)));
+        assert_eq!(same.id, SnapshotId::Version);
+        assert_eq!(same.id(), Some(&hlc(5, 0)));
+        let ahead = Snapshot::new(value, Some(hlc(2, 0)), Some(hlc(5, 4)));
+        assert_eq!(ahead.id(), Some(&hlc(5, 4)));
+        assert_eq!(ahead.version, Some(hlc(2, 0)));
+        let deleted = Snapshot::new(None, None, Some(hlc(5, 1)));
+        assert_eq!(deleted.id(), Some(&hlc(5, 1)));
+        assert_eq!(Snapshot::new(None, None, None).id(), None);
+        // A version without an id is told without one.
+        assert_eq!(Snapshot::new(None, Some(hlc(5, 0)), None).id(), None);
+    }
+
+    #[test]
+    fn a_kept_value_is_a_copy_of_its_bytes_alone() {
+        let packet = Bytes::from(b"header|21.5|trailer".to_vec());
+        let WatchedValue::Bytes(kept) = WatchedValue::kept(packet.slice(7..11)) else {
+            panic!("a short value is kept");
+        };
+        assert_eq!(kept, Bytes::from_static(b"21.5"));
+        assert_ne!(
+            kept.as_ptr(),
+            packet[7..].as_ptr(),
+            "not a slice of the packet"
+        );
+        let long = Bytes::from(vec![0; MAX_EVENT_VALUE_BYTES + 1]);
+        assert_eq!(
+            WatchedValue::kept(long),
+            WatchedValue::Omitted(MAX_EVENT_VALUE_BYTES + 1)
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent};
-use super::key::{KeyWatch, PatternEvent, Slot, wait_registered};
+use super::key::{KeyWatch, PatternEvent, Slot, WatchedKey, wait_registered};
 use super::pattern::{Listing, Membership, PatternWatch, Patterns};
 use super::reconciler::{dispatch, reconcile};
 use super::selection::Selection;
@@ -47,7 +47,7 @@ impl WatchHub {
             store,
             metrics,
             settings,
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashSet::new()),
             watchers: AtomicUsize::new(0),
             holder: AtomicUsize::new(NO_HOLDER),
             resync_requested: AtomicBool::new(false),
@@ -143,7 +143,7 @@ impl WatchHub {
             let keys_now = self.inner.keys();
             let new_keys = keys
                 .iter()
-                .filter(|key| !keys_now.contains_key(*key))
+                .filter(|key| !keys_now.contains(&key[..]))
                 .count();
             if keys_now.len() + new_keys > settings.max_watched_keys {
                 return Err(WatchError::TooManyWatchedKeys(settings.max_watched_keys));
@@ -230,31 +230,6 @@ async fn wait_listed(
             Listing::Failed(error) => Err(error.clone()),
             _ => Ok(()),
         },
-    }
-}
-
-/// A key a stream follows, by its bytes: the key of the stream's map of
-/// cursors, so that an entry costs a pointer more than its cursor.
-#[derive(Debug)]
-struct WatchedKey(Arc<KeyWatch>);
-
-impl std::hash::Hash for WatchedKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        <[u8] as std::hash::Hash>::hash(&self.0.key, state);
-    }
-}
-
-impl PartialEq for WatchedKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl Eq for WatchedKey {}
-
-impl std::borrow::Borrow<[u8]> for WatchedKey {
-    fn borrow(&self) -> &[u8] {
-        &self.0.key
     }
 }
 
@@ -405,7 +380,7 @@ impl Watcher {
             // Only the very state the client saw is skipped: an id the hub
             // never gave this state (an older one, or a newer one from before
             // a store restart) gets the sync.
-            let seen = last_version.is_some() && last_version == snapshot.id.as_ref();
+            let seen = last_version.is_some() && last_version == snapshot.id();
             if !seen {
                 self.pending
                     .push_back(Pending::Event(Arc::new(KeyEvent::sync(
@@ -735,7 +710,8 @@ impl Watcher {
         if let (Some(snapshot), _) = key_watch.snapshot()
             && snapshot.value.is_none()
         {
-            let event = KeyEvent::delete(key, snapshot.version, snapshot.id);
+            let id = snapshot.id().cloned();
+            let event = KeyEvent::delete(key, snapshot.version, id);
             self.pending.push_back(Pending::Event(Arc::new(event)));
         }
     }
@@ -809,7 +785,8 @@ impl Watcher {
                 && snapshot.value.is_none()
                 && seq > cursor.delivered
             {
-                let event = KeyEvent::delete(key, snapshot.version, snapshot.id);
+                let id = snapshot.id().cloned();
+                let event = KeyEvent::delete(key, snapshot.version, id);
                 self.pending.push_back(Pending::Event(Arc::new(event)));
             }
             self.events.remove(key);

@@ -20,7 +20,8 @@ use crate::trace::TraceContext;
 pub(super) enum Registration {
     Pending,
     Registered,
-    Failed(WatchError),
+    /// Boxed: rare, and every key holds a `Registration`.
+    Failed(Box<WatchError>),
 }
 
 #[derive(Debug)]
@@ -45,8 +46,8 @@ pub(super) struct KeyState {
     pub(super) retained: VecDeque<(Arc<Slot>, usize)>,
     pub(super) retained_bytes: usize,
     /// The trace context of the watch request that created the entry,
-    /// until the key is registered.
-    pub(super) cause: Option<TraceContext>,
+    /// until the key is registered (boxed: most keys have none).
+    pub(super) cause: Option<Box<TraceContext>>,
 }
 
 /// One event in a key's channels. A key keeps at most `buffer` slots, and
@@ -132,6 +133,33 @@ impl PatternChannel {
     }
 }
 
+/// A watched key by its bytes: the entry of the hub's map of keys, of the
+/// reconciler's registered keys and of a stream's cursors, so that each
+/// costs a pointer, and the key's bytes are held once, by its
+/// [`KeyWatch`].
+#[derive(Debug)]
+pub(super) struct WatchedKey(pub(super) Arc<KeyWatch>);
+
+impl std::hash::Hash for WatchedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        <[u8] as std::hash::Hash>::hash(&self.0.key, state);
+    }
+}
+
+impl PartialEq for WatchedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for WatchedKey {}
+
+impl std::borrow::Borrow<[u8]> for WatchedKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0.key
+    }
+}
+
 /// The shared state of one watched key.
 #[derive(Debug)]
 pub(super) struct KeyWatch {
@@ -147,15 +175,17 @@ pub(super) struct KeyWatch {
 
 impl KeyWatch {
     /// A key's entry, not yet registered, with channels of `buffer` events
-    /// and `buffer_bytes`.
+    /// and `buffer_bytes`. The key is copied: the bytes given may be a
+    /// slice of a larger buffer (a SCAN page, a request) that the entry
+    /// would otherwise keep.
     pub(super) fn new(
-        key: Bytes,
+        key: &[u8],
         buffer: usize,
         buffer_bytes: usize,
         cause: Option<TraceContext>,
     ) -> Self {
         Self {
-            key,
+            key: Bytes::copy_from_slice(key),
             state: Mutex::new(KeyState {
                 watchers: 0,
                 snapshot: None,
@@ -165,7 +195,7 @@ impl KeyWatch {
                 registration: Registration::Pending,
                 retained: VecDeque::new(),
                 retained_bytes: 0,
-                cause,
+                cause: cause.map(Box::new),
             }),
             events: OnceLock::new(),
             buffer,
@@ -224,7 +254,7 @@ impl KeyWatch {
         value: Option<Bytes>,
         version: Option<Hlc>,
     ) -> bool {
-        let value = value.map(WatchedValue::from);
+        let value = value.map(WatchedValue::kept);
         let mut state = self.state();
         if let (Some(known), Some(new)) = (
             state.snapshot.as_ref().and_then(|s| s.version.as_ref()),
@@ -234,14 +264,10 @@ impl KeyWatch {
             return false;
         }
         let id = next_id(
-            state.snapshot.as_ref().and_then(|s| s.id.as_ref()),
+            state.snapshot.as_ref().and_then(Snapshot::id),
             version.as_ref(),
         );
-        state.snapshot = Some(Snapshot {
-            value: value.clone(),
-            version: version.clone(),
-            id: id.clone(),
-        });
+        state.snapshot = Some(Snapshot::new(value.clone(), version.clone(), id.clone()));
         state.changes += 1;
         // Sent under the lock, so a watcher subscribing under the same lock
         // sees each change either in its snapshot or in its channel.
@@ -264,16 +290,10 @@ impl KeyWatch {
         tell_delete: bool,
     ) -> bool {
         let current = match read {
-            Some(Versioned { value, version }) => Snapshot {
-                id: version.clone(),
-                value: Some(value.into()),
-                version,
-            },
-            None => Snapshot {
-                value: None,
-                version: None,
-                id: None,
-            },
+            Some(Versioned { value, version }) => {
+                Snapshot::new(Some(WatchedValue::kept(value)), version.clone(), version)
+            }
+            None => Snapshot::new(None, None, None),
         };
         let mut state = self.state();
         if state.changes != changes_before {
@@ -302,14 +322,12 @@ impl KeyWatch {
         }
         // Its own id, after every id watchers saw: a watcher resuming from
         // the last SET's id still hears of a delete.
-        let current = Snapshot {
-            id: next_id(known.id.as_ref(), current.version.as_ref()),
-            ..current
-        };
+        let id = next_id(known.id(), current.version.as_ref());
+        let current = Snapshot::new(current.value, current.version, id);
         state.snapshot = Some(current.clone());
         state.changes += 1;
         let event = if tell_delete && current.value.is_none() {
-            KeyEvent::delete(&self.key, None, current.id)
+            KeyEvent::delete(&self.key, None, current.id().cloned())
         } else {
             KeyEvent::sync(&self.key, &current, true, false)
         };
@@ -363,7 +381,7 @@ pub(super) async fn wait_registered(
         match &key_watch.state().registration {
             Registration::Pending => {}
             Registration::Registered => return Ok(()),
-            Registration::Failed(error) => return Err(error.clone()),
+            Registration::Failed(error) => return Err(WatchError::clone(error)),
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             return Err(WatchError::Timeout(timeout));

@@ -96,7 +96,8 @@ pub(super) enum Listing {
     Failed(WatchError),
 }
 
-/// A key a pattern follows.
+/// A key a pattern follows: an entry of the pattern's set of keys, by
+/// its bytes (which its [`KeyWatch`] holds).
 #[derive(Debug)]
 pub(super) struct Followed {
     pub(super) watch: Arc<KeyWatch>,
@@ -107,10 +108,30 @@ pub(super) struct Followed {
     pub(super) announced: bool,
 }
 
+impl std::hash::Hash for Followed {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        <[u8] as std::hash::Hash>::hash(&self.watch.key, state);
+    }
+}
+
+impl PartialEq for Followed {
+    fn eq(&self, other: &Self) -> bool {
+        self.watch.key == other.watch.key
+    }
+}
+
+impl Eq for Followed {}
+
+impl std::borrow::Borrow<[u8]> for Followed {
+    fn borrow(&self) -> &[u8] {
+        &self.watch.key
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct PatternState {
     /// The keys followed, each holding one watcher reference in the hub.
-    pub(super) keys: HashMap<Bytes, Followed>,
+    pub(super) keys: HashSet<Followed>,
     /// Streams on this pattern.
     streams: usize,
     /// Counts rescans, for [`Followed::generation`].
@@ -173,7 +194,7 @@ impl PatternWatch {
     /// streams so.
     pub(super) fn followed(&self, key: &Bytes) -> Option<Arc<KeyWatch>> {
         let state = self.state();
-        let followed = state.keys.get(key)?;
+        let followed = state.keys.get(&key[..])?;
         followed.announced.then(|| Arc::clone(&followed.watch))
     }
 
@@ -181,7 +202,7 @@ impl PatternWatch {
     pub(super) fn follows(&self, key: &Bytes) -> bool {
         self.state()
             .keys
-            .get(key)
+            .get(&key[..])
             .is_some_and(|followed| followed.announced)
     }
 
@@ -194,7 +215,7 @@ impl PatternWatch {
 fn announced(state: &PatternState) -> Vec<Arc<KeyWatch>> {
     state
         .keys
-        .values()
+        .iter()
         .filter(|followed| followed.announced)
         .map(|followed| Arc::clone(&followed.watch))
         .collect()
@@ -294,6 +315,8 @@ impl Patterns {
 
     /// Removes a stream from `pattern`; the last one stops its task and
     /// releases its keys.
+    // A `Followed` is hashed by its key's bytes, which never change.
+    #[allow(clippy::mutable_key_type)]
     pub(super) fn unfollow(&self, pattern: &PatternWatch) {
         let mut patterns = self.patterns();
         let keys = {
@@ -317,7 +340,7 @@ impl Patterns {
             task.abort();
         }
         self.inner.metrics.watch_pattern_keys.sub(keys.len() as i64);
-        pattern.release(&self.inner, keys.values());
+        pattern.release(&self.inner, keys.iter());
     }
 
     /// Hands `key`, which this gateway just wrote, to the task that tells
@@ -348,7 +371,7 @@ async fn match_written(patterns: Arc<PatternMap>, mut written: mpsc::Receiver<By
             // Past the budget: left to the pattern's rescans.
             let matched = glob::matches_within(&pattern.glob, &key, budget);
             steps += matched.map_or(budget, |_| pattern.glob.len() as u64);
-            if matched == Some(true) && !pattern.state().keys.contains_key(&key) {
+            if matched == Some(true) && !pattern.state().keys.contains(&key[..]) {
                 let _ = pattern.written.send(key.clone());
             }
             if steps >= MATCH_STEPS_PER_YIELD {
@@ -464,7 +487,8 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
         state.over_limit = None;
         let mut gone = Vec::new();
         let mut misread = Vec::new();
-        for (key, followed) in &state.keys {
+        for followed in &state.keys {
+            let key = &followed.watch.key;
             if followed.generation >= generation {
                 continue;
             }
@@ -474,7 +498,7 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
                 .snapshot
                 .as_ref()
                 .map(|snapshot| snapshot.value.is_some());
-            match (found.contains(key), exists) {
+            match (found.contains(&key[..]), exists) {
                 (false, Some(false)) => gone.push(key.clone()),
                 // Announced: registered and read, so not racing its first GET.
                 (false, Some(true)) | (true, Some(false)) if followed.announced => {
@@ -483,10 +507,10 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
                 _ => {}
             }
         }
-        found.retain(|key| !state.keys.contains_key(key));
+        found.retain(|key| !state.keys.contains(&key[..]));
         let gone = gone
             .iter()
-            .filter_map(|key| state.keys.remove(key))
+            .filter_map(|key| state.keys.take(&key[..]))
             .collect();
         (gone, misread)
     };
@@ -575,7 +599,7 @@ async fn add(
         let mut state = pattern.state();
         let keys: Vec<Bytes> = keys
             .into_iter()
-            .filter(|key| !state.keys.contains_key(key))
+            .filter(|key| !state.keys.contains(&key[..]))
             .collect();
         if keys.is_empty() {
             return Ok(());
@@ -588,7 +612,7 @@ async fn add(
             let hub_keys = inner.keys();
             let new = keys
                 .iter()
-                .filter(|key| !hub_keys.contains_key(*key))
+                .filter(|key| !hub_keys.contains(&key[..]))
                 .count();
             (hub_keys.len() + new > settings.max_watched_keys)
                 .then_some(WatchError::TooManyWatchedKeys(settings.max_watched_keys))
@@ -612,14 +636,11 @@ async fn add(
             .map(|key| {
                 let watch = inner.attach(&key, PATTERN_KEY_BUFFER);
                 watch.add_follower(&pattern.events);
-                state.keys.insert(
-                    key,
-                    Followed {
-                        watch: Arc::clone(&watch),
-                        generation,
-                        announced: false,
-                    },
-                );
+                state.keys.insert(Followed {
+                    watch: Arc::clone(&watch),
+                    generation,
+                    announced: false,
+                });
                 watch
             })
             .collect()
@@ -639,13 +660,14 @@ async fn add(
         {
             Ok(()) => {
                 let mut state = pattern.state();
-                if let Some(followed) = state.keys.get_mut(&watch.key) {
+                if let Some(mut followed) = state.keys.take(&watch.key[..]) {
                     followed.announced = true;
+                    state.keys.insert(followed);
                     let _ = pattern.changes.send(Membership::Added(watch));
                 }
             }
             Err(error) => {
-                let removed = pattern.state().keys.remove(&watch.key);
+                let removed = pattern.state().keys.take(&watch.key[..]);
                 if let Some(followed) = removed {
                     inner.metrics.watch_pattern_keys.dec();
                     pattern.release(inner, std::iter::once(&followed));

@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 
 use super::error::WatchError;
 use super::event::{EventKind, KeyEvent};
-use super::key::{KeyWatch, Registration};
+use super::key::{KeyWatch, Registration, WatchedKey};
 use super::shared::{Inner, NO_HOLDER};
 use crate::mqtt::{KeyNotification, MemberEvent};
 use crate::protocol::Notification;
@@ -53,7 +53,10 @@ pub(super) async fn dispatch(
             tracing::warn!(%version, "dropping a notification whose version is far in the future");
             continue;
         }
-        let key_watch = inner.keys().get(&notification.key).cloned();
+        let key_watch = inner
+            .keys()
+            .get(&notification.key[..])
+            .map(|watched| Arc::clone(&watched.0));
         let Some(key_watch) = key_watch else { continue };
         let (kind, value) = match notification.notification {
             Notification::Set { value } => (EventKind::Set, Some(value)),
@@ -64,12 +67,16 @@ pub(super) async fn dispatch(
 }
 
 /// Keeps the store's registrations equal to the keys that have watchers.
+// A `WatchedKey` is hashed by its key's bytes, which never change.
+#[allow(clippy::mutable_key_type)]
 pub(super) async fn reconcile(
     inner: Arc<Inner>,
     mut member_events: broadcast::Receiver<MemberEvent>,
 ) {
     let mut shutdown = inner.shutdown.subscribe();
-    let mut registered: HashSet<Bytes> = HashSet::new();
+    // The keys registered on the holder, each with the entry it was
+    // registered for (a key whose entry went keeps it until its STOP).
+    let mut registered: HashSet<WatchedKey> = HashSet::new();
     let mut holder = NO_HOLDER;
     // The member to prefer when choosing a holder again.
     let mut last_holder = None;
@@ -154,22 +161,27 @@ pub(super) const CONCURRENT_REQUESTS: usize = 64;
 
 /// One reconciliation pass. `Err` when some key could not be registered
 /// and the pass should be retried.
+#[allow(clippy::mutable_key_type)] // see `reconcile`
 async fn sync_registrations(
     inner: &Inner,
     holder: usize,
-    registered: &mut HashSet<Bytes>,
+    registered: &mut HashSet<WatchedKey>,
     reread_all: bool,
     tell_watchers: bool,
 ) -> Result<(), ()> {
-    let wanted: Vec<Arc<KeyWatch>> = inner.keys().values().cloned().collect();
-    let wanted_keys: HashSet<&Bytes> = wanted.iter().map(|w| &w.key).collect();
+    let wanted: Vec<Arc<KeyWatch>> = inner
+        .keys()
+        .iter()
+        .map(|watched| Arc::clone(&watched.0))
+        .collect();
+    let wanted_keys: HashSet<&[u8]> = wanted.iter().map(|w| &w.key[..]).collect();
     let stale: Vec<Bytes> = registered
         .iter()
-        .filter(|key| !wanted_keys.contains(key))
-        .cloned()
+        .filter(|watched| !wanted_keys.contains(&watched.0.key[..]))
+        .map(|watched| watched.0.key.clone())
         .collect();
     for key in &stale {
-        registered.remove(key);
+        registered.remove(&key[..]);
     }
     // Sent together, and beside this pass's registrations (no key is in
     // both: a stale key is not wanted), so that 1,000 watchers leaving do
@@ -189,13 +201,13 @@ async fn sync_registrations(
         .into_iter()
         .filter(|w| {
             reread_all
-                || !registered.contains(&w.key)
+                || !registered.contains(&w.key[..])
                 || matches!(w.state().registration, Registration::Pending)
         })
         .collect();
     let results = stream::iter(missing)
         .map(|key_watch| {
-            let fresh = !registered.contains(&key_watch.key);
+            let fresh = !registered.contains(&key_watch.key[..]);
             async move {
                 let result = register(inner, holder, &key_watch).await;
                 if fresh && result.is_err() {
@@ -216,8 +228,8 @@ async fn sync_registrations(
     for (key_watch, result) in results {
         match result {
             Ok(()) => {
-                registered.insert(key_watch.key.clone());
                 key_watch.state().registration = Registration::Registered;
+                registered.replace(WatchedKey(key_watch));
             }
             Err(error) => {
                 failed = true;
@@ -225,7 +237,7 @@ async fn sync_registrations(
                 let first = matches!(state.registration, Registration::Pending);
                 if first {
                     // The watcher that is waiting answers with an HTTP error.
-                    state.registration = Registration::Failed(error);
+                    state.registration = Registration::Failed(Box::new(error));
                 } else if tell_watchers {
                     tracing::warn!(%error, "re-registering a watched key failed; retrying");
                     key_watch.send(
@@ -247,7 +259,7 @@ async fn sync_registrations(
 /// the work of the watch request that asked for the key first, and runs
 /// in that request's trace context.
 async fn register(inner: &Inner, holder: usize, key_watch: &KeyWatch) -> Result<(), WatchError> {
-    let cause = key_watch.state().cause.clone();
+    let cause = key_watch.state().cause.as_deref().cloned();
     trace::scope(cause, keynotify_and_get(inner, holder, key_watch)).await?;
     key_watch.state().cause = None;
     Ok(())

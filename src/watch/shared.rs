@@ -1,13 +1,13 @@
 //! What the hub's handles, its watchers and its tasks share.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
-use super::key::KeyWatch;
+use super::key::{KeyWatch, WatchedKey};
 use super::settings::WatchSettings;
 use crate::metrics::Metrics;
 use crate::store::StoreClient;
@@ -21,7 +21,8 @@ pub(super) struct Inner {
     pub(super) store: StoreClient,
     pub(super) metrics: Metrics,
     pub(super) settings: WatchSettings,
-    pub(super) keys: Mutex<HashMap<Bytes, Arc<KeyWatch>>>,
+    /// The watched keys, each by its entry.
+    pub(super) keys: Mutex<HashSet<WatchedKey>>,
     pub(super) watchers: AtomicUsize,
     pub(super) holder: AtomicUsize,
     /// Set by the dispatcher when it lost notifications: every key must be
@@ -41,7 +42,7 @@ impl Inner {
         self.store.pool().request_timeout()
     }
 
-    pub(super) fn keys(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<KeyWatch>>> {
+    pub(super) fn keys(&self) -> MutexGuard<'_, HashSet<WatchedKey>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -51,17 +52,22 @@ impl Inner {
     pub(super) fn attach(&self, key: &Bytes, buffer: usize) -> Arc<KeyWatch> {
         let buffer = buffer.min(self.settings.buffer).max(1);
         let mut keys = self.keys();
-        let key_watch = keys.entry(key.clone()).or_insert_with(|| {
-            self.metrics.watched_keys.inc();
-            Arc::new(KeyWatch::new(
-                key.clone(),
-                buffer,
-                self.settings.buffer_bytes,
-                trace::current(),
-            ))
-        });
+        let key_watch = match keys.get(&key[..]) {
+            Some(watched) => Arc::clone(&watched.0),
+            None => {
+                self.metrics.watched_keys.inc();
+                let key_watch = Arc::new(KeyWatch::new(
+                    key,
+                    buffer,
+                    self.settings.buffer_bytes,
+                    trace::current(),
+                ));
+                keys.insert(WatchedKey(Arc::clone(&key_watch)));
+                key_watch
+            }
+        };
         key_watch.state().watchers += 1;
-        Arc::clone(key_watch)
+        key_watch
     }
 
     /// Takes one watcher reference off each of `watches`; a key left
@@ -74,7 +80,7 @@ impl Inner {
             state.watchers -= 1;
             if state.watchers == 0 {
                 drop(state);
-                keys.remove(&key_watch.key);
+                keys.remove(&key_watch.key[..]);
                 self.metrics.watched_keys.dec();
                 released = true;
             }

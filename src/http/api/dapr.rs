@@ -8,13 +8,14 @@ use std::collections::HashMap;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde::de::IgnoredAny;
 
 use super::extract;
@@ -165,7 +166,7 @@ fn checked_key(
 
 /// Reads a JSON body (at most the batch body limit, within the request
 /// timeout).
-async fn json_body<T: serde::de::DeserializeOwned>(
+async fn json_body<T: DeserializeOwned>(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -183,6 +184,43 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     .await
     .map_err(|error| DaprHttpError::malformed(error.to_string()))?;
     serde_json::from_slice(&bytes).map_err(|error| DaprHttpError::malformed(error.to_string()))
+}
+
+/// The JSON body of a request to the state store its path names (`{store}`),
+/// read once the name is checked.
+struct StateBody<T>(T);
+
+/// The JSON body of a request to the lock store its path names.
+struct LockBody<T>(T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for StateBody<T> {
+    type Rejection = DaprHttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        store_body(request, state, state_store).await.map(Self)
+    }
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for LockBody<T> {
+    type Rejection = DaprHttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        store_body(request, state, lock_store).await.map(Self)
+    }
+}
+
+/// The body of `request`, once `store_is` accepts the store its path names.
+async fn store_body<T: DeserializeOwned>(
+    request: Request,
+    state: &AppState,
+    store_is: fn(&AppState, &str) -> Result<(), DaprHttpError>,
+) -> Result<T, DaprHttpError> {
+    let (mut parts, body) = request.into_parts();
+    let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
+        .await
+        .map_err(|rejection| DaprHttpError::malformed(rejection.body_text()))?;
+    store_is(state, &store)?;
+    json_body(state, &parts.headers, body).await
 }
 
 /// The `metadata.<name>` query parameters.
@@ -344,14 +382,10 @@ fn save_of(
 /// `POST /v1.0/state/{store}`: saves every item (each as its own write).
 async fn save(
     State(state): State<AppState>,
-    Path(store): Path<String>,
     RawQuery(query): RawQuery,
     access: Access,
-    headers: HeaderMap,
-    body: Body,
+    StateBody(items): StateBody<Vec<StateItem>>,
 ) -> Answer {
-    state_store(&state, &store)?;
-    let items: Vec<StateItem> = json_body(&state, &headers, body).await?;
     at_most_batch_ops(&state, items.len(), "items per request")?;
     let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
     let saves = items
@@ -448,13 +482,9 @@ struct BulkRequest {
 /// `{key, data, etag}`, or `{key}` for an absent key.
 async fn get_bulk(
     State(state): State<AppState>,
-    Path(store): Path<String>,
     access: Access,
-    headers: HeaderMap,
-    body: Body,
+    StateBody(request): StateBody<BulkRequest>,
 ) -> Answer {
-    state_store(&state, &store)?;
-    let request: BulkRequest = json_body(&state, &headers, body).await?;
     at_most_batch_ops(&state, request.keys.len(), "keys per request")?;
     for key in &request.keys {
         checked_key(&state, &access, key, Need::Read)?;
@@ -539,13 +569,9 @@ struct TransactionOperation {
 /// answers.
 async fn transaction(
     State(state): State<AppState>,
-    Path(store): Path<String>,
     access: Access,
-    headers: HeaderMap,
-    body: Body,
+    StateBody(request): StateBody<TransactionRequest>,
 ) -> Answer {
-    state_store(&state, &store)?;
-    let request: TransactionRequest = json_body(&state, &headers, body).await?;
     at_most_batch_ops(
         &state,
         request.operations.len(),
@@ -591,13 +617,14 @@ struct LockRequest {
     expiry_in_seconds: i64,
 }
 
-/// A lock request's resource and owner, checked.
+/// A lock request's resource and owner, checked, and the caller's Write
+/// on the resource.
 fn lock_names(
     state: &AppState,
     access: &Access,
-    resource: &str,
-    owner: &str,
+    request: &LockRequest,
 ) -> Result<(), DaprHttpError> {
+    let (resource, owner) = (&request.resource_id, &request.lock_owner);
     if resource.is_empty() {
         return Err(DaprHttpError::malformed("resourceId is empty"));
     }
@@ -622,30 +649,13 @@ fn lock_names(
     Ok(())
 }
 
-/// A lock or unlock request's body, once its store, names and the
-/// caller's Write on the resource are checked.
-async fn lock_request(
-    state: &AppState,
-    store: &str,
-    access: &Access,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<LockRequest, DaprHttpError> {
-    lock_store(state, store)?;
-    let request: LockRequest = json_body(state, headers, body).await?;
-    lock_names(state, access, &request.resource_id, &request.lock_owner)?;
-    Ok(request)
-}
-
 /// `POST /v1.0-alpha1/lock/{lockstore}`: `{"success": true|false}`.
 async fn try_lock(
     State(state): State<AppState>,
-    Path(store): Path<String>,
     access: Access,
-    headers: HeaderMap,
-    body: Body,
+    LockBody(request): LockBody<LockRequest>,
 ) -> Answer {
-    let request = lock_request(&state, &store, &access, &headers, body).await?;
+    lock_names(&state, &access, &request)?;
     let seconds = u64::try_from(request.expiry_in_seconds)
         .ok()
         .filter(|&s| s > 0)
@@ -665,12 +675,10 @@ async fn try_lock(
 /// `POST /v1.0-alpha1/unlock/{lockstore}`: `{"status": 0|1|2}`.
 async fn unlock(
     State(state): State<AppState>,
-    Path(store): Path<String>,
     access: Access,
-    headers: HeaderMap,
-    body: Body,
+    LockBody(request): LockBody<LockRequest>,
 ) -> Answer {
-    let request = lock_request(&state, &store, &access, &headers, body).await?;
+    lock_names(&state, &access, &request)?;
     let status = state
         .dapr
         .unlock(&request.resource_id, &request.lock_owner)

@@ -970,7 +970,7 @@ mod proptests {
             node in "[!-9;-~]{0,16}",
             quoted in any::<bool>(),
         ) {
-            let version = Hlc { wall_ms: wall, counter, node };
+            let version = Hlc { wall_ms: wall, counter, node: node.into() };
             let text = if quoted { format!("\"{version}\"") } else { version.to_string() };
             let headers = headers(FENCING_TOKEN_HEADER, text.as_bytes())
                 .ok_or_else(|| TestCaseError::fail("not a header value"))?;
