@@ -996,10 +996,6 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
         "{all:?}"
     );
     assert!(all.contains(&200));
-    assert!(
-        all.iter().any(|status| *status != 200),
-        "the outage was seen"
-    );
 
     let gw = &stack.gateway;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1010,6 +1006,20 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
         assert!(Instant::now() < deadline, "service did not resume");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The outage reached the gateway under load: its connections were lost
+    // and made again. (Whether a request failed depends on whether one was
+    // in flight at the kill; a short outage may be ridden through.)
+    let reconnects = gw
+        .metrics
+        .render()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("statestore_gateway_pool_reconnects_total ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .expect("the reconnect counter");
+    assert!(reconnects >= 1.0, "no pool member reconnected");
     let value = gw.get(b"after").await.bytes().await.unwrap();
     assert_eq!(value.as_ref(), b"restart");
     gw.wait_readyz(200, Duration::from_secs(5)).await;

@@ -675,8 +675,11 @@ async fn patterns_costly_to_match_leave_writes_and_unrelated_reads_as_fast_as_wi
     }
     assert_eq!(metric(&stack, "statestore_gateway_watch_patterns"), 512.0);
     let with = write_and_read(&stack, &written, rounds).await;
+    // Within 10 times the same requests without the patterns, or within
+    // 250 ms when a busy machine makes even that ratio noise: unbounded
+    // matching took seconds here.
     assert!(
-        with < without * 10.0,
+        with < (without * 10.0).max(0.25),
         "a write and a read took {with:.4} s (median of {rounds}) with 512 costly patterns followed, {without:.4} s without"
     );
     // A key that matches one of them is still followed at once.
