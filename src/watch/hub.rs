@@ -250,7 +250,8 @@ struct Cursor {
     announced: bool,
 }
 
-/// Room a stream's queue of events to send keeps once empty.
+/// Room the queue of events to send of a stream with patterns keeps once
+/// empty.
 const PENDING_KEPT: usize = 16;
 
 /// What a stream sends before reading its channels again.
@@ -448,9 +449,15 @@ impl Watcher {
                 return Some(event);
             }
             // The initial syncs of a large pattern grew the queue: give the
-            // room back once they are out.
-            if self.pending.capacity() > PENDING_KEPT {
-                self.pending.shrink_to(PENDING_KEPT);
+            // room back once they are out. A stream without patterns queues
+            // only its initial syncs: it keeps no room at all.
+            let kept = if self.patterns.is_empty() {
+                0
+            } else {
+                PENDING_KEPT
+            };
+            if self.pending.capacity() > kept {
+                self.pending.shrink_to(kept);
             }
             if self.shut_down {
                 return None;
