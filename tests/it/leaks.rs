@@ -740,6 +740,80 @@ async fn a_low_soft_open_file_limit_is_raised_and_more_watchers_than_it_fit() {
     );
 }
 
+/// Watch streams are answered without hyper's per-connection buffers and
+/// keep only what their life needs: a stream of one key holds a small part
+/// of what an idle keep-alive connection holds once hyper has served it a
+/// request (its read buffer alone is 8 KiB). Both are measured here, as
+/// RSS growth over as many connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_of_one_key_holds_a_small_part_of_an_idle_keep_alive_connection() {
+    const CONNECTIONS: usize = 2_000;
+    let broker = Mosquitto::start().await;
+    let _emulator = start_emulator(&broker).await;
+    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    let response = gateway
+        .http
+        .put(gateway.key(b"held"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Warm-up: streams come and go, so that allocator arenas and the
+    // key's own state are there before the baseline.
+    watch_cycles(&gateway, 1_000).await;
+    let open_stream = || async {
+        let mut raw = sse::open_raw(
+            gateway.api,
+            &["GET /watch/held HTTP/1.1\r\nHost: x\r\n\r\n"],
+        )
+        .await;
+        assert_eq!(raw.status, 200, "{}", raw.head);
+        raw.stream.expect("sync").await;
+        raw
+    };
+    let first = open_stream().await;
+    let before = settled_rss_kib(&gateway).await;
+    let mut streams = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        streams.push(open_stream().await);
+    }
+    let with_streams = settled_rss_kib(&gateway).await;
+    let mut idle = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let raw = sse::open_raw(gateway.api, &["GET /keys/held HTTP/1.1\r\nHost: x\r\n\r\n"]).await;
+        assert_eq!(raw.status, 200, "{}", raw.head);
+        idle.push(raw);
+    }
+    let with_idle = settled_rss_kib(&gateway).await;
+    let per_stream = with_streams.saturating_sub(before) as f64 * 1024.0 / CONNECTIONS as f64;
+    let per_idle = with_idle.saturating_sub(with_streams) as f64 * 1024.0 / CONNECTIONS as f64;
+    eprintln!(
+        "{CONNECTIONS} connections: VmRSS {before} KiB, {with_streams} KiB with watch streams, \
+         {with_idle} KiB with idle keep-alive ones too: {per_stream:.0} B per stream, {per_idle:.0} B per idle connection"
+    );
+    assert!(
+        per_stream <= per_idle * STREAM_SHARE_OF_IDLE_CONNECTION,
+        "a watch stream of one key holds {per_stream:.0} B, an idle keep-alive connection {per_idle:.0} B"
+    );
+    assert_eq!(
+        gateway.metric("statestore_gateway_watchers").await,
+        (CONNECTIONS + 1) as f64
+    );
+    drop((first, streams, idle));
+}
+
+/// VmRSS of the gateway, after jemalloc had time to return freed pages.
+async fn settled_rss_kib(gateway: &GatewayProcess) -> u64 {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gateway.rss_kib()
+}
+
+/// What a watch stream of one key may hold, as a share of an idle
+/// keep-alive connection (about a third here; a stream that kept its
+/// request, response head and a task sized for HTTP/2 held two thirds).
+const STREAM_SHARE_OF_IDLE_CONNECTION: f64 = 0.45;
+
 /// Reads a pattern stream's initial picture: its `sync`s up to `listed`.
 async fn read_initial(stream: &mut sse::SseStream) -> usize {
     let mut synced = 0;
