@@ -1010,14 +1010,7 @@ async fn broker_restart_under_load_never_hangs_and_service_resumes() {
     // and made again. (Whether a request failed depends on whether one was
     // in flight at the kill; a short outage may be ridden through.)
     let reconnects = gw
-        .metrics
-        .render()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("statestore_gateway_pool_reconnects_total ")?
-                .parse::<f64>()
-                .ok()
-        })
+        .metric("statestore_gateway_pool_reconnects_total")
         .expect("the reconnect counter");
     assert!(reconnects >= 1.0, "no pool member reconnected");
     let value = gw.get(b"after").await.bytes().await.unwrap();

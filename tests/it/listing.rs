@@ -693,29 +693,15 @@ async fn cursors_stay_small_whatever_the_key_length() {
 }
 
 /// The gateway's count of SCANs the store answered.
-async fn scans_sent(gw: &Gateway) -> f64 {
-    let metrics = gw
-        .http
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let name =
-        "statestore_gateway_store_request_duration_seconds_count{op=\"SCAN\",outcome=\"ok\"}";
-    metrics
-        .lines()
-        .find(|line| line.starts_with(name))
-        .and_then(|line| line.rsplit(' ').next())
-        .map_or(0.0, |n| n.parse().unwrap())
+fn scans_sent(gw: &Gateway) -> f64 {
+    gw.metric("statestore_gateway_store_request_duration_seconds_count{op=\"SCAN\",outcome=\"ok\"}")
+        .unwrap_or(0.0)
 }
 
 /// Waits until the store has answered `scans` SCANs in all.
 async fn wait_for_scans(gw: &Gateway, scans: f64) {
     let deadline = std::time::Instant::now() + WAIT;
-    while scans_sent(gw).await < scans {
+    while scans_sent(gw) < scans {
         assert!(std::time::Instant::now() < deadline, "{scans} SCANs");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -746,7 +732,7 @@ async fn the_next_store_page_is_read_ahead_and_used_by_the_next_request() {
     let expected: Vec<Vec<u8>> = (3..9).map(|n| format!("r/{n}").into_bytes()).collect();
     assert_eq!(rest, expected);
     assert_eq!(responses, 2);
-    assert_eq!(scans_sent(gw).await, 3.0, "each page read once");
+    assert_eq!(scans_sent(gw), 3.0, "each page read once");
 }
 
 /// A page read ahead for one listing is not handed to another listing

@@ -100,10 +100,10 @@ async fn initial(
 }
 
 fn metric(stack: &Stack, name: &str) -> f64 {
-    let text = stack.gateway.metrics.render();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    stack
+        .gateway
+        .metric(name)
+        .unwrap_or_else(|| panic!("no {name} in\n{}", stack.gateway.metrics.render()))
 }
 
 async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {

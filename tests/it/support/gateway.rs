@@ -229,6 +229,16 @@ impl Gateway {
         format!("http://{}{path}", self.api)
     }
 
+    /// The value of the metric sample `sample` (its name and any labels,
+    /// exactly as exported), read from the gateway's registry; `None` if
+    /// it has no such sample yet.
+    pub fn metric(&self, sample: &str) -> Option<f64> {
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+    }
+
     /// A URL on the admin listener.
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
