@@ -6,9 +6,10 @@
 //! Starts mosquitto, the emulator and `statestore-gateway serve` as their
 //! own processes, writes the keys with a pool like the gateway's, then per
 //! round lists them all with the SDK and through the gateway with
-//! `limit=1000` and `limit=10000` on one keep-alive connection. Reports
-//! keys/s (median of the rounds) and the gateway's RSS idle and at its peak
-//! while listing (read from `/proc` every 2 ms).
+//! `limit=1000` and `limit=10000`, in the default JSON and with
+//! `key_base64=if_not_utf8`, on one keep-alive connection. Reports keys/s
+//! (median of the rounds) and the gateway's RSS idle and at its peak while
+//! listing (read from `/proc` every 2 ms), per listing.
 //!
 //! `scripts/bench` runs it after the gateway benchmark (release build);
 //! `scripts/bench --smoke` runs a small version on the debug build that
@@ -36,8 +37,14 @@ use support::memory::PeakRss;
 use support::procs;
 use support::sdk::Sdk;
 
-/// Gateway listing page sizes measured.
-const LIMITS: [usize; 2] = [1_000, 10_000];
+/// Gateway listings measured: page size, and whether the client asks for
+/// `key_base64=if_not_utf8` (each text key once, as `key`).
+const LISTINGS: [(usize, bool); 4] = [
+    (1_000, false),
+    (10_000, false),
+    (1_000, true),
+    (10_000, true),
+];
 
 struct Options {
     keys: usize,
@@ -131,8 +138,8 @@ async fn run(options: Options) -> Result<()> {
 
     let idle_kib = gateway.proc.rss_kib()?;
     let mut sdk_rates = Vec::new();
-    let mut gateway_rates: Vec<Vec<f64>> = vec![Vec::new(); LIMITS.len()];
-    let mut peak_kib = idle_kib;
+    let mut gateway_rates: Vec<Vec<f64>> = vec![Vec::new(); LISTINGS.len()];
+    let mut peaks_kib = vec![idle_kib; LISTINGS.len()];
     for round in 0..options.rounds {
         let started = Instant::now();
         let listed = sdk.list_all().await?;
@@ -140,12 +147,12 @@ async fn run(options: Options) -> Result<()> {
         check_listed(&listed, options.keys, "list_keys")?;
         sdk_rates.push(options.keys as f64 / elapsed.as_secs_f64());
 
-        for (index, limit) in LIMITS.into_iter().enumerate() {
+        for (index, (limit, once)) in LISTINGS.into_iter().enumerate() {
             let peak = PeakRss::watch(gateway.proc.pid());
             let started = Instant::now();
-            let listed = list_through_gateway(gateway.api, limit).await?;
+            let listed = list_through_gateway(gateway.api, limit, once).await?;
             let elapsed = started.elapsed();
-            peak_kib = peak_kib.max(peak.stop());
+            peaks_kib[index] = peaks_kib[index].max(peak.stop());
             check_listed(&listed, options.keys, "GET /keys")?;
             gateway_rates[index].push(options.keys as f64 / elapsed.as_secs_f64());
         }
@@ -164,25 +171,30 @@ async fn run(options: Options) -> Result<()> {
         "### Listing {} keys (`*`), median of {} rounds\n",
         options.keys, options.rounds
     )?;
-    writeln!(report, "| client | keys/s | vs. SDK `list_keys` |")?;
-    writeln!(report, "|---|---:|---:|")?;
     writeln!(
         report,
-        "| official SDK `list_keys` (MQTT, pages of the store's 1,000) | {sdk_rate:.0} | 1.00 |"
+        "| client | keys/s | vs. SDK `list_keys` | gateway RSS peak |"
     )?;
-    for (index, limit) in LIMITS.into_iter().enumerate() {
+    writeln!(report, "|---|---:|---:|---:|")?;
+    writeln!(
+        report,
+        "| official SDK `list_keys` (MQTT, pages of the store's 1,000) | {sdk_rate:.0} | 1.00 | |"
+    )?;
+    for (index, (limit, once)) in LISTINGS.into_iter().enumerate() {
         let rate = median(&mut gateway_rates[index]);
+        let form = if once { "&key_base64=if_not_utf8" } else { "" };
         writeln!(
             report,
-            "| gateway `GET /keys?limit={limit}` (HTTP + JSON) | {rate:.0} | {:.2} |",
-            rate / sdk_rate
+            "| gateway `GET /keys?limit={limit}{form}` (HTTP + JSON) | {rate:.0} | {:.2} | {:.1} MiB |",
+            rate / sdk_rate,
+            peaks_kib[index] as f64 / 1024.0
         )?;
     }
     writeln!(
         report,
         "\nGateway RSS: {:.1} MiB idle (after start), {:.1} MiB at its peak while listing.",
         idle_kib as f64 / 1024.0,
-        peak_kib as f64 / 1024.0
+        peaks_kib.iter().max().copied().unwrap_or(idle_kib) as f64 / 1024.0
     )?;
     println!("\n{report}");
     if let Some(path) = &options.report {
@@ -227,16 +239,40 @@ struct ListedKey<'a> {
     key_base64: std::borrow::Cow<'a, str>,
 }
 
-/// Every key, following `next`, on one keep-alive connection.
-async fn list_through_gateway(api: std::net::SocketAddr, limit: usize) -> Result<Vec<Vec<u8>>> {
+/// A `key_base64=if_not_utf8` response as such a client reads it: the
+/// text key (borrowed unless it has escapes), or the base64 of one that is
+/// not UTF-8.
+#[derive(serde::Deserialize)]
+struct ListedOnce<'a> {
+    #[serde(borrow)]
+    keys: Vec<ListedKeyOnce<'a>>,
+    next: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ListedKeyOnce<'a> {
+    #[serde(borrow)]
+    key: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key_base64: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Every key, following `next`, on one keep-alive connection; `once`:
+/// asking for `key_base64=if_not_utf8`.
+async fn list_through_gateway(
+    api: std::net::SocketAddr,
+    limit: usize,
+    once: bool,
+) -> Result<Vec<Vec<u8>>> {
     use base64::Engine as _;
     let mut conn = HttpConn::connect(api).await?;
     let mut keys = Vec::new();
     let mut cursor: Option<String> = None;
+    let form = if once { "&key_base64=if_not_utf8" } else { "" };
     loop {
         let path = match &cursor {
-            None => format!("/keys?limit={limit}"),
-            Some(cursor) => format!("/keys?limit={limit}&cursor={cursor}"),
+            None => format!("/keys?limit={limit}{form}"),
+            Some(cursor) => format!("/keys?limit={limit}{form}&cursor={cursor}"),
         };
         let response = conn.request("GET", &path, b"").await?;
         if response.status != 200 {
@@ -246,11 +282,26 @@ async fn list_through_gateway(api: std::net::SocketAddr, limit: usize) -> Result
                 String::from_utf8_lossy(&response.body)
             );
         }
-        let page: Listed = serde_json::from_slice(&response.body).context("JSON")?;
-        for entry in page.keys {
-            keys.push(base64::engine::general_purpose::STANDARD.decode(&*entry.key_base64)?);
-        }
-        match page.next {
+        let next = if once {
+            let page: ListedOnce = serde_json::from_slice(&response.body).context("JSON")?;
+            for entry in page.keys {
+                keys.push(match (entry.key, entry.key_base64) {
+                    (Some(key), _) => key.into_owned().into_bytes(),
+                    (None, Some(base64)) => {
+                        base64::engine::general_purpose::STANDARD.decode(&*base64)?
+                    }
+                    (None, None) => bail!("an entry without its key"),
+                });
+            }
+            page.next
+        } else {
+            let page: Listed = serde_json::from_slice(&response.body).context("JSON")?;
+            for entry in page.keys {
+                keys.push(base64::engine::general_purpose::STANDARD.decode(&*entry.key_base64)?);
+            }
+            page.next
+        };
+        match next {
             Some(next) => cursor = Some(next),
             None => return Ok(keys),
         }

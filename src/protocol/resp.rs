@@ -80,18 +80,27 @@ impl<'a> Cursor<'a> {
 
     /// The bytes up to the next CRLF, which is consumed.
     fn line(&mut self) -> Result<Bytes, DecodeError> {
-        let rest = &self.payload[self.pos..];
+        let start = self.pos;
+        let len = self.line_slice()?.len();
+        Ok(self.payload.slice(start..start + len))
+    }
+
+    /// [`Cursor::line`] borrowed: a length or a count is parsed, not kept,
+    /// so it costs no reference count (two atomic operations per key of
+    /// a SCAN page).
+    fn line_slice(&mut self) -> Result<&'a [u8], DecodeError> {
+        let payload: &'a [u8] = self.payload;
+        let rest = &payload[self.pos..];
         let end = rest
             .windows(2)
             .position(|pair| pair == b"\r\n")
             .ok_or(DecodeError::Incomplete)?;
-        let line = self.payload.slice(self.pos..self.pos + end);
         self.pos += end + 2;
-        Ok(line)
+        Ok(&rest[..end])
     }
 
     fn integer(&mut self) -> Result<i64, DecodeError> {
-        parse_integer(&self.line()?)
+        parse_integer(self.line_slice()?)
     }
 
     /// `*n\r\n` (the `*` included), refusing `*-1` and a count whose

@@ -51,16 +51,20 @@ async fn json(response: reqwest::Response) -> Value {
         .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(&bytes)))
 }
 
-/// The keys of one JSON page, as bytes (from `key_base64`).
+/// The keys of one JSON page, as bytes: from `key_base64`, or from `key`
+/// in an entry without it (`key_base64=if_not_utf8`).
 fn keys_of(page: &Value) -> Vec<Vec<u8>> {
     page["keys"]
         .as_array()
         .expect("a keys array")
         .iter()
-        .map(|entry| {
-            BASE64
-                .decode(entry["key_base64"].as_str().unwrap())
-                .unwrap()
+        .map(|entry| match entry.get("key_base64") {
+            Some(base64) => BASE64.decode(base64.as_str().unwrap()).unwrap(),
+            None => entry["key"]
+                .as_str()
+                .expect("a text key")
+                .as_bytes()
+                .to_vec(),
         })
         .collect()
 }
@@ -84,6 +88,15 @@ async fn list_all(gateway: &Gateway, path: &str) -> (Vec<Vec<u8>>, usize) {
             .get(header::LINK)
             .map(|value| value.to_str().unwrap().to_owned());
         let page = json(response).await;
+        if path.contains("key_base64=if_not_utf8") {
+            for entry in page["keys"].as_array().unwrap() {
+                assert_eq!(
+                    entry.get("key_base64").is_some(),
+                    entry["key"].is_null(),
+                    "{path:.200}: {entry}"
+                );
+            }
+        }
         keys.extend(keys_of(&page));
         responses += 1;
         match (&page["next"], link) {
@@ -202,6 +215,86 @@ async fn binary_keys_list_as_base64_and_text_lines_escape_them() {
     );
 }
 
+/// The negotiated form without base64 for text keys lists exactly the keys
+/// the default form lists, across a chain of pages whose links keep it;
+/// `key_base64=always` is the default document.
+#[tokio::test]
+async fn key_base64_if_not_utf8_carries_each_key_once_across_the_chain() {
+    let stack = stack_with_pages(7).await;
+    let gw = &stack.gateway;
+    let mut expected = BTreeSet::new();
+    for n in 0..20 {
+        expected.insert(format!("c/{n:02}").into_bytes());
+    }
+    for key in [
+        &b"c/\xff\x00"[..],
+        b"c/\xc3",
+        "c/é%".as_bytes(),
+        b"c/q\"uote\\",
+        b"c/x\ny",
+    ] {
+        expected.insert(key.to_vec());
+    }
+    for key in &expected {
+        put(gw, key).await;
+    }
+    let (default, _) = list_all(gw, "/keys?match=c/*&limit=6").await;
+    let (always, _) = list_all(gw, "/keys?match=c/*&limit=6&key_base64=always").await;
+    let (once, responses) = list_all(gw, "/keys?match=c/*&limit=6&key_base64=if_not_utf8").await;
+    assert_eq!(responses, 5, "four pages of six and one of one");
+    assert_eq!(default, always);
+    assert_eq!(once, default, "the same keys in the same order");
+    assert_eq!(once.into_iter().collect::<BTreeSet<_>>(), expected);
+
+    let page = json(
+        gw.http
+            .get(gw.url("/keys?match=c/*&limit=3&key_base64=if_not_utf8"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        page["keys"],
+        serde_json::json!([{"key": "c/00"}, {"key": "c/01"}, {"key": "c/02"}])
+    );
+
+    // With values too: the key once, the value as always.
+    let response = gw
+        .http
+        .get(gw.url("/keys?match=c/*&limit=30&values=true&key_base64=if_not_utf8"))
+        .send()
+        .await
+        .unwrap();
+    let page = json(response).await;
+    let entries = page["keys"].as_array().unwrap();
+    assert_eq!(entries.len(), expected.len());
+    for entry in entries {
+        assert_eq!(entry["value"], "1", "{entry}");
+        assert_eq!(entry["value_base64"], "MQ==", "{entry}");
+        assert_eq!(
+            entry.get("key_base64").is_some(),
+            entry["key"].is_null(),
+            "{entry}"
+        );
+    }
+    let binary = entries
+        .iter()
+        .find(|entry| entry["key_base64"] == BASE64.encode(b"c/\xff\x00"))
+        .expect("the binary key listed");
+    let fields: BTreeSet<&str> = binary
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        fields,
+        BTreeSet::from(["key", "key_base64", "value", "value_base64", "version"])
+    );
+    assert_eq!(binary["key"], Value::Null);
+}
+
 #[tokio::test]
 async fn text_pages_carry_the_next_link() {
     let stack = stack_with_pages(4).await;
@@ -263,9 +356,23 @@ async fn bad_listing_requests_are_400_problems() {
         "/keys?limit=-1",
         "/keys?match=*&match=k*",
         "/keys?pattern=k*",
+        "/keys?key_base64=never",
+        "/keys?key_base64=",
+        "/keys?key_base64=always&key_base64=if_not_utf8",
     ] {
         problem(gw, path, "/problems/invalid-query").await;
     }
+    // key_base64 shapes JSON entries: the text form refuses it.
+    let response = gw
+        .http
+        .get(gw.url("/keys?key_base64=if_not_utf8"))
+        .header(header::ACCEPT, "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = json(response).await;
+    assert_eq!(body["type"], "/problems/invalid-query", "{body}");
     problem(gw, "/keys?match=%zz", "/problems/bad-percent-encoding").await;
     for cursor in ["garbage!", "AAAA", "", "%00"] {
         problem(

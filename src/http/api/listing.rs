@@ -38,7 +38,6 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::{self, FuturesOrdered};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -67,6 +66,10 @@ const CONCURRENT_READS: usize = 32;
 /// entry: a page of large values is held once, and only this much of it.
 pub const PAGE_VALUE_BYTES: usize = 4 * 1024 * 1024;
 
+/// The most room a listing's body takes beyond the keys in hand on the
+/// guess that the rest of its keys are like them.
+const RESERVE_AHEAD: usize = 4 * 1024 * 1024;
+
 /// The most bytes of the last key returned that a cursor holds; a longer
 /// key is held as these many bytes and its SHA-256.
 pub const KEY_IN_CURSOR: usize = 512;
@@ -83,11 +86,20 @@ async fn list_keys(
     query: Query,
     PrefersText(text): PrefersText,
 ) -> Result<Response, ApiError> {
-    let mut query = query.accept(&["match", "limit", "cursor", "values"])?;
+    let mut query = query.accept(&["match", "limit", "cursor", "values", "key_base64"])?;
     let values = query.take_bool("values")?;
     if values && text {
         return Err(ApiError::BadQuery(
             "values=true lists JSON entries; ask for Accept: application/json".into(),
+        ));
+    }
+    let key_base64 = query
+        .take("key_base64")
+        .map(|raw| KeyBase64::parse(&raw))
+        .transpose()?;
+    if key_base64.is_some() && text {
+        return Err(ApiError::BadQuery(
+            "key_base64 shapes JSON entries; ask for Accept: application/json".into(),
         ));
     }
     let pattern = match query.take("match") {
@@ -120,25 +132,115 @@ async fn list_keys(
     // Stop asking the store once this is spent, so that one response
     // stays well inside the request backstop however sparse the matches.
     let budget = state.request_timeout() / 2;
+    let form = Form {
+        text,
+        values,
+        key_base64: key_base64.unwrap_or_default(),
+    };
     let page = fill(
         &state,
         &access,
         &pattern,
         listing,
         start,
-        (limit.unwrap_or(DEFAULT_LIMIT), values),
+        (limit.unwrap_or(DEFAULT_LIMIT), form.out()),
         budget,
     )
     .await?;
-    let listed = if values {
-        read_values(&state, page).await?
-    } else {
-        Listed {
-            entries: page.keys.into_iter().map(Entry::key_only).collect(),
-            next: page.next,
-        }
+    let link = Link {
+        limit,
+        key_base64,
+        values,
     };
-    Ok(respond(&pattern, listing, limit, values, listed, text))
+    let (body, next) = match page.out {
+        Out::Keys { keys, places } => {
+            let listed = read_values(&state, keys, places, page.next).await?;
+            (Written::Values(listed.entries), listed.next)
+        }
+        Out::Json { body, .. } => (Written::Json(body), page.next),
+        Out::Text(body) => (Written::Text(body), page.next),
+    };
+    Ok(respond(&pattern, listing, link, form, body, next))
+}
+
+/// How the entries of a JSON listing carry their key's bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum KeyBase64 {
+    /// `key_base64` in every entry (the default).
+    #[default]
+    Always,
+    /// `key_base64` only in the entries whose `key` is null (not UTF-8).
+    IfNotUtf8,
+}
+
+impl KeyBase64 {
+    fn parse(raw: &[u8]) -> Result<KeyBase64, ApiError> {
+        match raw {
+            b"always" => Ok(KeyBase64::Always),
+            b"if_not_utf8" => Ok(KeyBase64::IfNotUtf8),
+            other => Err(ApiError::BadQuery(format!(
+                "key_base64 must be always or if_not_utf8, not {:?}",
+                String::from_utf8_lossy(other)
+                    .chars()
+                    .take(32)
+                    .collect::<String>()
+            ))),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            KeyBase64::Always => "always",
+            KeyBase64::IfNotUtf8 => "if_not_utf8",
+        }
+    }
+}
+
+/// The response asked for: text lines, or JSON entries with or without
+/// values, their keys as [`KeyBase64`] says.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    text: bool,
+    values: bool,
+    key_base64: KeyBase64,
+}
+
+impl Form {
+    /// Where [`fill`] puts the keys of this form.
+    fn out(self) -> Out {
+        if self.text {
+            Out::Text(String::new())
+        } else if self.values {
+            Out::Keys {
+                keys: Vec::new(),
+                places: Vec::new(),
+            }
+        } else {
+            Out::Json {
+                body: br#"{"keys":["#.to_vec(),
+                key_base64: self.key_base64,
+            }
+        }
+    }
+}
+
+/// The query parameters a `Link` to the next page repeats besides `match`.
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    limit: Option<usize>,
+    key_base64: Option<KeyBase64>,
+    values: bool,
+}
+
+/// A response's body as [`fill`] and [`read_values`] left it.
+#[derive(Debug)]
+enum Written {
+    /// The JSON document up to its last entry.
+    Json(Vec<u8>),
+    /// The text form, whole.
+    Text(String),
+    /// Entries with their values, written piece by piece.
+    Values(Vec<Entry>),
 }
 
 /// One listed key, with its value and version when they were asked for.
@@ -148,20 +250,18 @@ struct Entry {
     value: Option<Versioned<Bytes>>,
 }
 
-impl Entry {
-    fn key_only(key: Bytes) -> Self {
-        Self { key, value: None }
-    }
-}
-
 /// GETs each key in the listing's order, a bounded number at a time; a
 /// key deleted since its SCAN is left out. Stops after the entry whose
 /// value brings the values read to [`PAGE_VALUE_BYTES`], the next
 /// response resuming after it; keeps no more reads in flight than the
 /// values read so far say the rest of that budget holds, so that few
 /// reads are wasted.
-async fn read_values(state: &AppState, page: Page) -> Result<Listed, ApiError> {
-    let Page { keys, places, next } = page;
+async fn read_values(
+    state: &AppState,
+    keys: Vec<Bytes>,
+    places: Vec<(Option<Bytes>, usize)>,
+    next: Option<Position>,
+) -> Result<Listed, ApiError> {
     let total = keys.len();
     let mut keys = keys.into_iter().zip(places);
     let mut reading = FuturesOrdered::new();
@@ -281,14 +381,94 @@ impl Last {
     }
 }
 
-/// One response's keys, where each was found (the store token of its
-/// page and its index there), and where the next response starts (`None`:
-/// the listing is complete).
-#[derive(Debug, Default)]
+/// One response's keys as [`Out`] holds them, how many there are, and
+/// where the next response starts (`None`: the listing is complete).
+#[derive(Debug)]
 struct Page {
-    keys: Vec<Bytes>,
-    places: Vec<(Option<Bytes>, usize)>,
+    count: usize,
+    out: Out,
     next: Option<Position>,
+}
+
+/// Where a response's keys go as each store page comes.
+#[derive(Debug)]
+enum Out {
+    /// The keys and where each was found (the store token of its page and
+    /// its index there): `values=true` reads each, and may stop early.
+    Keys {
+        keys: Vec<Bytes>,
+        places: Vec<(Option<Bytes>, usize)>,
+    },
+    /// The JSON document, written entry by entry: a store page is let go
+    /// once its keys are written, so a response holds its body and at
+    /// most two store pages (the one in use and the one read ahead),
+    /// never its keys besides.
+    Json {
+        body: Vec<u8>,
+        key_base64: KeyBase64,
+    },
+    /// The text form's lines, likewise.
+    Text(String),
+}
+
+impl Page {
+    fn new(out: Out) -> Page {
+        Page {
+            count: 0,
+            out,
+            next: None,
+        }
+    }
+
+    /// Lists `key`, found at `index` in the store page at `token`.
+    fn push(&mut self, key: &Bytes, token: &Option<Bytes>, index: usize) {
+        match &mut self.out {
+            Out::Keys { keys, places } => {
+                keys.push(key.clone());
+                places.push((token.clone(), index));
+            }
+            Out::Json { body, key_base64 } => {
+                if self.count > 0 {
+                    body.push(b',');
+                }
+                key_fields(body, key, *key_base64);
+                body.push(b'}');
+            }
+            Out::Text(text) => push_line(text, key),
+        }
+        self.count += 1;
+    }
+
+    /// Makes room for `keys` and, by their average size, the rest of a
+    /// response of `limit` keys, in one allocation where the keys are
+    /// alike rather than in doublings that copy the body each time.
+    fn reserve(&mut self, keys: &[Bytes], limit: usize) {
+        let (needed, capacity) = match &self.out {
+            Out::Keys { .. } => return,
+            Out::Json { body, key_base64 } => (
+                keys.iter()
+                    .map(|key| json_entry_len(key, *key_base64))
+                    .sum::<usize>(),
+                body.capacity() - body.len(),
+            ),
+            Out::Text(text) => (
+                keys.iter().map(|key| key.len() + 1).sum::<usize>(),
+                text.capacity() - text.len(),
+            ),
+        };
+        if keys.is_empty() || needed <= capacity {
+            return;
+        }
+        let rest = limit.saturating_sub(self.count).max(keys.len());
+        // The end of the document (`],"next":<cursor>}`) fits in the slack;
+        // long keys reserve no more than their own size and a bit.
+        let wanted = (needed.div_ceil(keys.len()) * rest + 64).min(needed + RESERVE_AHEAD);
+        match &mut self.out {
+            Out::Json { body, .. } => body.reserve_exact(wanted),
+            Out::Text(text) => text.reserve_exact(wanted),
+            Out::Keys { .. } => {}
+        }
+    }
 }
 
 /// One response's entries, and where the next response starts.
@@ -308,11 +488,11 @@ async fn fill(
     pattern: &Bytes,
     listing: u64,
     mut at: Position,
-    (limit, values): (usize, bool),
+    (limit, out): (usize, Out),
     budget: Duration,
 ) -> Result<Page, ApiError> {
     let deadline = Instant::now() + budget;
-    let mut listed = Page::default();
+    let mut listed = Page::new(out);
     let mut from_client = at.token.is_some();
     let mut ahead = at
         .token
@@ -354,15 +534,11 @@ async fn fill(
         };
         let skip = resume_at(&at, &page.keys);
         let take = if access.is_unrestricted() {
-            let take = (limit - listed.keys.len()).min(page.keys.len() - skip);
-            listed
-                .keys
-                .extend(page.keys[skip..skip + take].iter().cloned());
-            // Only values pages stop by bytes and need each key's place.
-            if values {
-                listed
-                    .places
-                    .extend((skip..skip + take).map(|index| (at.token.clone(), index)));
+            let take = (limit - listed.count).min(page.keys.len() - skip);
+            let keys = &page.keys[skip..skip + take];
+            listed.reserve(keys, limit);
+            for (index, key) in (skip..).zip(keys) {
+                listed.push(key, &at.token, index);
             }
             take
         } else {
@@ -393,7 +569,7 @@ async fn fill(
             skip: 0,
             last,
         };
-        if listed.keys.len() >= limit || Instant::now() >= deadline {
+        if listed.count >= limit || Instant::now() >= deadline {
             listed.next = Some(at);
             park(ahead.take());
             return Ok(listed);
@@ -414,12 +590,11 @@ fn take_readable(
     listed: &mut Page,
 ) -> usize {
     for (index, key) in keys.iter().enumerate().skip(skip) {
-        if listed.keys.len() >= limit {
+        if listed.count >= limit {
             return index - skip;
         }
         if access.allows(key, Need::Read) {
-            listed.keys.push(key.clone());
-            listed.places.push((token.clone(), index));
+            listed.push(key, token, index);
         }
     }
     keys.len() - skip
@@ -573,34 +748,31 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
 fn respond(
     pattern: &[u8],
     listing: u64,
-    limit: Option<usize>,
-    values: bool,
-    listed: Listed,
-    text: bool,
+    link: Link,
+    form: Form,
+    body: Written,
+    next: Option<Position>,
 ) -> Response {
-    let next = listed
-        .next
-        .as_ref()
-        .map(|at| Cursor::encode(at, pattern, listing));
-    let mut response = if text {
-        let mut body = String::new();
-        for entry in &listed.entries {
-            push_line(&mut body, &entry.key);
+    let next = next.as_ref().map(|at| Cursor::encode(at, pattern, listing));
+    let mut response = match body {
+        Written::Text(body) => {
+            let mut response = (StatusCode::OK, body).into_response();
+            set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
+            response
         }
-        let mut response = (StatusCode::OK, body).into_response();
-        set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
-        response
-    } else if values {
-        let pieces = json_pieces(listed.entries, next.clone());
-        let pieces = Joined::new(stream::iter(pieces)).map(Ok::<_, Infallible>);
-        let mut response = Response::new(Body::from_stream(pieces));
-        set_common_headers(response.headers_mut(), "application/json");
-        response
-    } else {
-        let mut response =
-            (StatusCode::OK, json_body(&listed.entries, next.as_deref())).into_response();
-        set_common_headers(response.headers_mut(), "application/json");
-        response
+        Written::Values(entries) => {
+            let pieces = json_pieces(entries, form.key_base64, next.clone());
+            let pieces = Joined::new(stream::iter(pieces)).map(Ok::<_, Infallible>);
+            let mut response = Response::new(Body::from_stream(pieces));
+            set_common_headers(response.headers_mut(), "application/json");
+            response
+        }
+        Written::Json(mut body) => {
+            json_end(&mut body, next.as_deref());
+            let mut response = (StatusCode::OK, body).into_response();
+            set_common_headers(response.headers_mut(), "application/json");
+            response
+        }
     };
     if let Some(cursor) = next {
         // Pattern bytes that are not UTF-8 go out as %XX of each byte.
@@ -608,11 +780,18 @@ fn respond(
             Ok(text) => utf8_percent_encode(text, QUERY_VALUE).to_string(),
             Err(_) => percent_encoding::percent_encode(pattern, QUERY_VALUE).to_string(),
         };
-        let limit = limit
+        let limit = link
+            .limit
             .map(|limit| format!("&limit={limit}"))
             .unwrap_or_default();
-        let values = if values { "&values=true" } else { "" };
-        let link = format!("</keys?match={pattern}{limit}{values}&cursor={cursor}>; rel=\"next\"");
+        let values = if link.values { "&values=true" } else { "" };
+        let key_base64 = link
+            .key_base64
+            .map(|form| format!("&key_base64={}", form.name()))
+            .unwrap_or_default();
+        let link = format!(
+            "</keys?match={pattern}{limit}{values}{key_base64}&cursor={cursor}>; rel=\"next\""
+        );
         if let Ok(value) = HeaderValue::from_str(&link) {
             response.headers_mut().insert(header::LINK, value);
         }
@@ -620,59 +799,102 @@ fn respond(
     response
 }
 
-/// `{"keys": [{"key", "key_base64"}, ...], "next"}` written straight into
-/// one buffer: a tree of `serde_json::Value`s for 10,000 keys cost more
-/// than the SCANs behind it.
-fn json_body(entries: &[Entry], next: Option<&str>) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Json<'a> {
-        key: Option<&'a str>,
-        key_base64: &'a str,
-    }
-    // An entry is `{"key":"<text>","key_base64":"<base64>"},`: exact
-    // unless its text needs escapes (the buffer then grows once).
-    let size: usize = entries
-        .iter()
-        .map(|entry| 27 + entry.key.len() + entry.key.len().div_ceil(3) * 4)
-        .sum();
-    let mut body = Vec::with_capacity(size + 64);
-    let mut key_base64 = String::new();
-    body.extend_from_slice(b"{\"keys\":[");
-    for (index, entry) in entries.iter().enumerate() {
-        if index > 0 {
-            body.push(b',');
+/// `{"key":<text or null>,"key_base64":"<base64>"` of one entry, left
+/// open for more fields; with [`KeyBase64::IfNotUtf8`] a UTF-8 key has no
+/// `key_base64`. Written by hand: serde per field cost more than the
+/// SCAN behind a key, and base64 goes straight into `out`.
+fn key_fields(out: &mut Vec<u8>, key: &[u8], key_base64: KeyBase64) {
+    out.extend_from_slice(br#"{"key":"#);
+    match std::str::from_utf8(key) {
+        Ok(text) => {
+            json_str(out, text);
+            if key_base64 == KeyBase64::IfNotUtf8 {
+                return;
+            }
         }
-        key_base64.clear();
-        BASE64.encode_string(&entry.key, &mut key_base64);
-        let json = Json {
-            key: std::str::from_utf8(&entry.key).ok(),
-            key_base64: &key_base64,
-        };
-        // Writing into a Vec of a struct of strings cannot fail.
-        let _ = serde_json::to_writer(&mut body, &json);
+        Err(_) => out.extend_from_slice(b"null"),
     }
-    body.extend_from_slice(b"],\"next\":");
-    let _ = serde_json::to_writer(&mut body, &next);
+    out.extend_from_slice(br#","key_base64":""#);
+    let at = out.len();
+    out.resize(at + base64::encoded_len(key.len(), true).unwrap_or(0), 0);
+    // The room is exactly the encoded length.
+    let _ = BASE64.encode_slice(key, &mut out[at..]);
+    out.push(b'"');
+}
+
+/// A JSON string of `text`: as it is when nothing in it needs an escape
+/// (the usual key), else as serde_json escapes it; the same bytes both ways.
+fn json_str(out: &mut Vec<u8>, text: &str) {
+    if text
+        .bytes()
+        .all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\')
+    {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        json_into(out, text);
+    }
+}
+
+/// The length of a key's entry as [`key_fields`] writes it, a `}` and a
+/// `,` included (exact unless its text needs escapes).
+fn json_entry_len(key: &[u8], key_base64: KeyBase64) -> usize {
+    let base64 = key.len().div_ceil(3) * 4;
+    match (std::str::from_utf8(key).is_ok(), key_base64) {
+        (true, KeyBase64::IfNotUtf8) => 11 + key.len(),
+        (true, KeyBase64::Always) => 27 + key.len() + base64,
+        (false, _) => 29 + base64,
+    }
+}
+
+/// Ends the document [`Out::Json`] started: `],"next":<cursor or null>}`.
+fn json_end(body: &mut Vec<u8>, next: Option<&str>) {
+    body.extend_from_slice(br#"],"next":"#);
+    json_into(body, &next);
     body.push(b'}');
+}
+
+/// `{"keys": [{"key", "key_base64"}, ...], "next"}` of `keys`, as a
+/// response of them is written.
+#[cfg(test)]
+fn json_body(keys: &[Bytes], key_base64: KeyBase64, next: Option<&str>) -> Vec<u8> {
+    let mut page = Page::new(
+        Form {
+            text: false,
+            values: false,
+            key_base64,
+        }
+        .out(),
+    );
+    page.reserve(keys, keys.len());
+    for (index, key) in keys.iter().enumerate() {
+        page.push(key, &None, index);
+    }
+    let Out::Json { mut body, .. } = page.out else {
+        unreachable!("a JSON form");
+    };
+    json_end(&mut body, next);
     body
 }
 
 /// `{"keys": [{"key", "key_base64", "value", "value_base64", "version"},
 /// ...], "next"}` of entries read with their values, in pieces, each value
 /// as a single JSON read writes it ([`value_fields`]).
-fn json_pieces(entries: Vec<Entry>, next: Option<String>) -> impl Iterator<Item = Bytes> + Send {
+fn json_pieces(
+    entries: Vec<Entry>,
+    key_base64: KeyBase64,
+    next: Option<String>,
+) -> impl Iterator<Item = Bytes> + Send {
     let entries = entries
         .into_iter()
         .enumerate()
-        .flat_map(|(index, Entry { key, value })| {
+        .flat_map(move |(index, Entry { key, value })| {
             let mut head = Vec::with_capacity(key.len() * 3 + 32);
             if index > 0 {
                 head.push(b',');
             }
-            head.extend_from_slice(br#"{"key":"#);
-            json_into(&mut head, &std::str::from_utf8(&key).ok());
-            head.extend_from_slice(br#","key_base64":"#);
-            json_into(&mut head, &BASE64.encode(&key));
+            key_fields(&mut head, &key, key_base64);
             let mut tail = Vec::new();
             let value = value.map(|Versioned { value, version }| {
                 head.push(b',');
@@ -685,9 +907,8 @@ fn json_pieces(entries: Vec<Entry>, next: Option<String>) -> impl Iterator<Item 
                 .chain(value.into_iter().flat_map(value_fields))
                 .chain(std::iter::once(Bytes::from(tail)))
         });
-    let mut end = br#"],"next":"#.to_vec();
-    json_into(&mut end, &next);
-    end.push(b'}');
+    let mut end = Vec::new();
+    json_end(&mut end, next.as_deref());
     std::iter::once(Bytes::from_static(br#"{"keys":["#))
         .chain(entries)
         .chain(std::iter::once(Bytes::from(end)))
@@ -696,6 +917,16 @@ fn json_pieces(entries: Vec<Entry>, next: Option<String>) -> impl Iterator<Item 
 /// One key and a newline: printable UTF-8 as it is, every other byte (and
 /// `%`) as `%XX`, so each line is one key and decodes back to its bytes.
 fn push_line(out: &mut String, key: &[u8]) {
+    // The usual key: printable ASCII without `%`, as it is.
+    if key
+        .iter()
+        .all(|&byte| (0x20..0x7f).contains(&byte) && byte != b'%')
+    {
+        // All ASCII: UTF-8.
+        out.push_str(std::str::from_utf8(key).unwrap_or_default());
+        out.push('\n');
+        return;
+    }
     for chunk in key.utf8_chunks() {
         for ch in chunk.valid().chars() {
             // Line and paragraph separators and the byte-order mark are
@@ -857,9 +1088,8 @@ mod tests {
             Bytes::from_static(b"\xff\x00"),
         ];
         for next in [None, Some("AQAAAA")] {
-            let entries: Vec<Entry> = keys.iter().cloned().map(Entry::key_only).collect();
             let body: serde_json::Value =
-                serde_json::from_slice(&json_body(&entries, next)).unwrap();
+                serde_json::from_slice(&json_body(&keys, KeyBase64::Always, next)).unwrap();
             assert_eq!(
                 body,
                 serde_json::json!({
@@ -871,9 +1101,69 @@ mod tests {
                     "next": next,
                 })
             );
+            let body: serde_json::Value =
+                serde_json::from_slice(&json_body(&keys, KeyBase64::IfNotUtf8, next)).unwrap();
+            assert_eq!(
+                body,
+                serde_json::json!({
+                    "keys": [
+                        {"key": "sensor/1"},
+                        {"key": "q\"uote\\\né"},
+                        {"key": null, "key_base64": "/wA="},
+                    ],
+                    "next": next,
+                })
+            );
         }
-        let empty: serde_json::Value = serde_json::from_slice(&json_body(&[], None)).unwrap();
-        assert_eq!(empty, serde_json::json!({"keys": [], "next": null}));
+        for key_base64 in [KeyBase64::Always, KeyBase64::IfNotUtf8] {
+            let empty: serde_json::Value =
+                serde_json::from_slice(&json_body(&[], key_base64, None)).unwrap();
+            assert_eq!(empty, serde_json::json!({"keys": [], "next": null}));
+        }
+    }
+
+    #[test]
+    fn keys_are_written_as_serde_json_writes_them_in_the_size_foreseen() {
+        let mut keys: Vec<Bytes> = (0u8..=255).map(|byte| Bytes::from(vec![byte])).collect();
+        keys.extend(
+            [
+                &b"sensor/000001/temperature"[..],
+                b"",
+                "température\u{2028}\u{7f}".as_bytes(),
+                b"a\"b\\c/d\te",
+                b"\xc3",
+            ]
+            .map(Bytes::from_static),
+        );
+        for key in &keys {
+            let text = std::str::from_utf8(key).ok();
+            let mut fast = Vec::new();
+            key_fields(&mut fast, key, KeyBase64::Always);
+            fast.push(b'}');
+            let expected = serde_json::to_vec(&serde_json::json!({
+                "key": text,
+                "key_base64": BASE64.encode(key),
+            }))
+            .unwrap();
+            assert_eq!(fast, expected, "{key:?}");
+            let plain = text
+                .is_some_and(|text| serde_json::to_string(text).unwrap().len() == text.len() + 2);
+            if plain || text.is_none() {
+                // The comma before it included.
+                assert_eq!(json_entry_len(key, KeyBase64::Always), fast.len() + 1);
+            }
+            let mut compact = Vec::new();
+            key_fields(&mut compact, key, KeyBase64::IfNotUtf8);
+            compact.push(b'}');
+            let expected = match text {
+                Some(text) => serde_json::json!({"key": text}),
+                None => serde_json::json!({"key": null, "key_base64": BASE64.encode(key)}),
+            };
+            assert_eq!(compact, serde_json::to_vec(&expected).unwrap(), "{key:?}");
+            if plain || text.is_none() {
+                assert_eq!(json_entry_len(key, KeyBase64::IfNotUtf8), compact.len() + 1);
+            }
+        }
     }
 
     #[test]
@@ -895,7 +1185,9 @@ mod tests {
                 }),
             },
         ];
-        let body: Vec<u8> = json_pieces(entries.to_vec(), None).flatten().collect();
+        let body: Vec<u8> = json_pieces(entries.to_vec(), KeyBase64::Always, None)
+            .flatten()
+            .collect();
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             body,
@@ -907,6 +1199,22 @@ mod tests {
                      "value_base64": "/gA=", "version": null},
                 ],
                 "next": null,
+            })
+        );
+        let body: Vec<u8> = json_pieces(entries.to_vec(), KeyBase64::IfNotUtf8, Some("AQ".into()))
+            .flatten()
+            .collect();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "keys": [
+                    {"key": "sensor/1", "value": "21.5",
+                     "value_base64": "MjEuNQ==", "version": version.to_string()},
+                    {"key": null, "key_base64": "/w==", "value": null,
+                     "value_base64": "/gA=", "version": null},
+                ],
+                "next": "AQ",
             })
         );
     }
