@@ -824,7 +824,9 @@
   }
 
   function startFollowing(pattern) {
-    stopFollowing();
+    // The kept pattern is replaced, never dropped on the way: a tab that
+    // starts meanwhile reads it.
+    clearFollowing();
     follow.pattern = pattern;
     follow.startedAt = Date.now();
     ui.followPattern.textContent = pattern;
@@ -836,6 +838,12 @@
   }
 
   function stopFollowing() {
+    clearFollowing();
+    saveFollowed();
+  }
+
+  /** Stops following, without changing the pattern kept for the next visit. */
+  function clearFollowing() {
     closeStream(follow.stream);
     follow.stream.generation += 1;
     clearTimeout(follow.sweepTimer);
@@ -851,7 +859,6 @@
     select(null);
     ui.follow.hidden = true;
     setFollowConnection('idle', 'Not following');
-    saveFollowed();
   }
 
   function saveFollowed() {

@@ -798,6 +798,14 @@ async function runTabs(base, problems, session) {
     JSON.stringify(t.followed) === JSON.stringify(followed);
   await waitForEveryTab(pages, `${shared} = start, live`, showing('start', [[shared, 'start']]));
 
+  // A tab that starts while another drops the kept pattern, even for a
+  // moment, would not follow it: the first tab counts such moments.
+  await first.evaluate(() => {
+    window.followForgotten = 0;
+    window.addEventListener('storage', (event) => {
+      if (event.key === 'statestore-gateway.ui.follow' && event.newValue === null) window.followForgotten += 1;
+    });
+  });
   step(`opening ${TABS - 1} more tabs in the same browser`);
   const started = Date.now();
   for (let n = 1; n < TABS; n += 1) {
@@ -807,6 +815,8 @@ async function runTabs(base, problems, session) {
   }
   await waitForEveryTab(pages, `${shared} = start, live`, showing('start', [[shared, 'start']]));
   step(`  ${TABS} tabs live ${Date.now() - started} ms after the second opened`);
+  const forgotten = await first.evaluate(() => window.followForgotten);
+  if (forgotten !== 0) fail(`starting tabs dropped the kept pattern ${forgotten} times: a tab starting then would not follow it`);
   await handshake(`TABS_LIVE ${TABS}`);
 
   const token = randomBytes(4).toString('hex');
