@@ -199,27 +199,18 @@ impl Server {
         };
         let (stop_api, api_stopped) = watch::channel(false);
         let (stop_admin, admin_stopped) = watch::channel(false);
-        let api_task = match acceptor {
-            Some(acceptor) => tokio::spawn(listener::serve_tls(
-                api_listener,
-                api,
-                limits,
-                acceptor,
-                // As long as a plain connection may stay silent.
-                settings.header_read_timeout,
-                stopped(api_stopped),
-            )),
-            None => tokio::spawn(listener::serve(
-                api_listener,
-                api,
-                limits,
-                stopped(api_stopped),
-            )),
-        };
+        let api_task = tokio::spawn(listener::serve(
+            api_listener,
+            api,
+            limits,
+            acceptor,
+            stopped(api_stopped),
+        ));
         let admin_task = tokio::spawn(listener::serve(
             admin_listener,
             admin::router(state.clone()),
             admin_limits,
+            None,
             stopped(admin_stopped),
         ));
         let tls = settings.api_tls.is_some();

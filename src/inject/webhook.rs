@@ -38,7 +38,6 @@ pub const MAX_REVIEW_BYTES: usize = 3 * 1024 * 1024;
 /// sends a review in milliseconds: a client slower than this is not one, and each phase
 /// must end well before the API server gives up on the reviews queued
 /// behind it.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(3);
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -211,15 +210,7 @@ pub async fn serve(
         max_header_bytes: MAX_HEADER_BYTES,
         max_connections: MAX_CONNECTIONS,
     };
-    listener::serve_tls(
-        listener,
-        router(values),
-        limits,
-        acceptor,
-        HANDSHAKE_TIMEOUT,
-        shutdown,
-    )
-    .await?;
+    listener::serve(listener, router(values), limits, Some(acceptor), shutdown).await?;
     Ok(())
 }
 

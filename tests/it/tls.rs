@@ -34,7 +34,10 @@ fn client_trusting(ca: &Path) -> reqwest::ClientBuilder {
         .tls_built_in_root_certs(false)
         .add_root_certificate(ca)
         .no_proxy()
-        .timeout(Duration::from_secs(30))
+        // Each wait is bounded, not a whole request: a watch stream outlives
+        // any one wait (a total timeout ends it mid-test on a busy machine).
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(30))
 }
 
 fn https(port: u16, path: &str) -> String {
@@ -109,7 +112,7 @@ async fn the_plain_listener_takes_http2_with_prior_knowledge() {
     let h2c = reqwest::Client::builder()
         .http2_prior_knowledge()
         .no_proxy()
-        .timeout(Duration::from_secs(30))
+        .read_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
     let url = stack.gateway.url("/keys/h2c");

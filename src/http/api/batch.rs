@@ -112,12 +112,12 @@ fn refuse_unless_json(headers: &HeaderMap) -> Result<(), ApiError> {
 fn read_ops(body: &[u8], max: usize) -> Result<Vec<serde_json::Value>, ApiError> {
     let exceeded = Cell::new(false);
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let ops = BatchBody {
-        max,
-        exceeded: &exceeded,
-    }
-    .deserialize(&mut deserializer)
-    .and_then(|ops| deserializer.end().map(|()| ops));
+    let ops = (&mut deserializer)
+        .deserialize_map(BatchBody {
+            max,
+            exceeded: &exceeded,
+        })
+        .and_then(|ops| deserializer.end().map(|()| ops));
     match ops {
         Ok(ops) => Ok(ops),
         Err(_) if exceeded.get() => Err(ApiError::TooManyOps { max }),
@@ -133,14 +133,6 @@ fn read_ops(body: &[u8], max: usize) -> Result<Vec<serde_json::Value>, ApiError>
 struct BatchBody<'a> {
     max: usize,
     exceeded: &'a Cell<bool>,
-}
-
-impl<'de> DeserializeSeed<'de> for BatchBody<'_> {
-    type Value = Vec<serde_json::Value>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
 }
 
 impl<'de> Visitor<'de> for BatchBody<'_> {

@@ -18,7 +18,7 @@
 //!
 //! A connection that opens with an HTTP/1 watch request is answered by
 //! [`event_stream`](super::event_stream) instead of hyper (it explains why),
-//! over TLS too. [`serve_tls`] is the same loop over TLS, with a handshake
+//! over TLS too. [`serve`] runs the same loop over TLS, with a handshake
 //! timeout.
 
 use std::convert::Infallible;
@@ -33,6 +33,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -83,48 +84,33 @@ pub struct ConnectionLimits {
 /// its connection open until its body ends. Dropping the future (e.g.
 /// aborting its task when a grace period ends) closes every connection
 /// at once.
+///
+/// With `tls`, each connection must complete its handshake within the
+/// header read timeout (as long as a plain connection may stay silent),
+/// then is served the same way, HTTP/2 when ALPN chose `h2` (if the
+/// acceptor offers it).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let protocols = Protocols::new(limits);
     accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
-        let (router, protocols) = (router.clone(), Arc::clone(&protocols));
+        let (router, protocols, tls) = (router.clone(), Arc::clone(&protocols), tls.clone());
         tokio::spawn(async move {
-            connection(stream, router, &protocols, stopping).await;
-            drop(slot);
-        });
-    })
-    .await
-}
-
-/// [`serve`] over TLS: each connection must complete its handshake within
-/// `handshake_timeout` (else it is closed), then hyper serves it with the
-/// same limits, HTTP/2 when ALPN chose `h2` (if `acceptor` offers it).
-pub async fn serve_tls(
-    listener: TcpListener,
-    router: Router,
-    limits: ConnectionLimits,
-    acceptor: TlsAcceptor,
-    handshake_timeout: Duration,
-    shutdown: impl Future<Output = ()>,
-) -> io::Result<()> {
-    let protocols = Protocols::new(limits);
-    accept_loop(listener, limits, shutdown, |stream, stopping, slot| {
-        let (router, protocols) = (router.clone(), Arc::clone(&protocols));
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            tls_connection(
-                stream,
-                acceptor,
-                handshake_timeout,
-                router,
-                &protocols,
-                stopping,
-            )
-            .await;
+            match tls {
+                // Boxed: a plain connection's task, a watch stream's
+                // included, is not sized by the TLS handshake's state.
+                Some(acceptor) => {
+                    Box::pin(tls_connection(
+                        stream, acceptor, router, &protocols, stopping,
+                    ))
+                    .await;
+                }
+                None => connection(stream, router, &protocols, stopping).await,
+            }
             drop(slot);
         });
     })
@@ -251,22 +237,15 @@ async fn connection<I>(
         // (HTTP/2's) would size every connection's task, watch streams'
         // included, which live far longer and are far more numerous.
         FirstRequest::Hyper(prefix) => {
-            Box::pin(serve_http1(
-                Prefixed::new(prefix, io),
-                router,
-                protocols,
-                stopping,
-            ))
-            .await;
+            let io = TokioIo::new(Prefixed::new(prefix, io));
+            let http1 = protocols
+                .http1
+                .serve_connection(io, TowerToHyperService::new(router));
+            Box::pin(drive(http1, stopping, None)).await;
         }
         FirstRequest::Http2(prefix) => {
-            Box::pin(serve_http2(
-                Prefixed::new(prefix, io),
-                router,
-                protocols,
-                stopping,
-            ))
-            .await;
+            let io = Prefixed::new(prefix, io);
+            Box::pin(serve_http2(io, router, protocols, stopping)).await;
         }
     }
 }
@@ -275,13 +254,15 @@ async fn connection<I>(
 async fn tls_connection(
     stream: TcpStream,
     acceptor: TlsAcceptor,
-    handshake_timeout: Duration,
     router: Router,
     protocols: &Protocols,
     mut stopping: watch::Receiver<bool>,
 ) {
     let tls = tokio::select! {
-        handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)) => handshake,
+        handshake = tokio::time::timeout(
+            protocols.limits.header_read_timeout,
+            acceptor.accept(stream),
+        ) => handshake,
         _ = stopping.changed() => return,
     };
     let tls = match tls {
@@ -298,56 +279,16 @@ async fn tls_connection(
     }
 }
 
-/// hyper's HTTP/1 serves `io` until the connection closes; when `stopping`
-/// changes it finishes the request in progress and closes.
-async fn serve_http1<I>(
-    io: I,
-    router: Router,
-    protocols: &Protocols,
-    mut stopping: watch::Receiver<bool>,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let connection = protocols
-        .http1
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
-    tokio::pin!(connection);
-    loop {
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    // Timeouts, resets, malformed requests: the client's
-                    // business, not an operator's.
-                    tracing::debug!(%error, "connection ended with an error");
-                }
-                break;
-            }
-            changed = stopping.changed() => {
-                if changed.is_err() {
-                    // `serve` itself was dropped (the grace period ran
-                    // out): close at once.
-                    break;
-                }
-                connection.as_mut().graceful_shutdown();
-            }
-        }
-    }
-}
-
 /// hyper's HTTP/2 serves `io` (the client's preface first) until the
-/// connection closes. When `stopping` changes, or no stream was open for
-/// the header read timeout, it sends GOAWAY, lets the open streams finish
-/// and closes; a connection still without a stream a timeout after its
-/// GOAWAY (a client stuck in its handshake) is dropped.
+/// connection closes, as [`drive`] says.
 async fn serve_http2<I>(
     io: I,
     router: Router,
     protocols: &Protocols,
-    mut stopping: watch::Receiver<bool>,
+    stopping: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let timeout = protocols.limits.header_read_timeout;
     let streams = Arc::new(OpenStreams::new());
     let service = {
         let streams = Arc::clone(&streams);
@@ -368,7 +309,30 @@ async fn serve_http2<I>(
         })
     };
     let connection = protocols.http2.serve_connection(TokioIo::new(io), service);
+    let idle = (&*streams, protocols.limits.header_read_timeout);
+    drive(connection, stopping, Some(idle)).await;
+}
+
+/// Runs one hyper connection until it closes. When `stopping` changes it
+/// finishes what is in progress and closes (at once if `serve` itself was
+/// dropped: the grace period ran out). With `idle` (HTTP/2), a connection
+/// with no stream open for the timeout is sent GOAWAY the same way, and one
+/// still without a stream a timeout after its GOAWAY (a client stuck in its
+/// handshake) is dropped.
+async fn drive<C>(
+    connection: C,
+    mut stopping: watch::Receiver<bool>,
+    idle: Option<(&OpenStreams, Duration)>,
+) where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
     tokio::pin!(connection);
+    let (streams, timeout) = match idle {
+        Some((streams, timeout)) => (Some(streams), timeout),
+        None => (None, Duration::ZERO),
+    };
+    // Never polled without `idle`: an HTTP/1 connection registers no timer.
     let idle_check = tokio::time::sleep(timeout);
     tokio::pin!(idle_check);
     let mut going_away = false;
@@ -376,7 +340,9 @@ async fn serve_http2<I>(
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(error) = result {
-                    tracing::debug!(%error, "HTTP/2 connection ended with an error");
+                    // Timeouts, resets, malformed requests: the client's
+                    // business, not an operator's.
+                    tracing::debug!(%error, "connection ended with an error");
                 }
                 break;
             }
@@ -387,8 +353,8 @@ async fn serve_http2<I>(
                 connection.as_mut().graceful_shutdown();
                 going_away = true;
             }
-            () = &mut idle_check => {
-                match streams.idle_for() {
+            () = &mut idle_check, if streams.is_some() => {
+                match streams.and_then(OpenStreams::idle_for) {
                     Some(idle) if idle >= timeout => {
                         if going_away {
                             break;
@@ -681,7 +647,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let router = Router::new().route("/", get(|| async { "hi" }));
         let (stop, mut stopped) = watch::channel(false);
-        tokio::spawn(serve(listener, router, limits, async move {
+        tokio::spawn(serve(listener, router, limits, None, async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         }));
         (addr, stop)
@@ -734,6 +700,11 @@ mod tests {
         max_header_bytes: 1024,
         max_connections: 100,
     };
+    /// [`LIMITS`] for a test whose idle clients must outlast it.
+    const PATIENT: ConnectionLimits = ConnectionLimits {
+        header_read_timeout: Duration::from_secs(30),
+        ..LIMITS
+    };
 
     /// Reads until the server closes; `None` if it does not within `within`.
     async fn read_to_close(stream: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
@@ -760,20 +731,30 @@ mod tests {
         assert!(closed.is_some(), "still open 5 s after connecting");
     }
 
-    #[tokio::test]
-    async fn headers_sent_a_byte_at_a_time_are_cut_off() {
-        let (addr, _stop) = start(LIMITS).await;
+    /// Sends `bytes` one every 50 ms, as a slow loris does, until the
+    /// server hangs up; whether it closed the connection within 5 s.
+    async fn closes_a_slow_sender(addr: std::net::SocketAddr, bytes: &[u8]) -> bool {
         let mut slow = TcpStream::connect(addr).await.unwrap();
-        let started = std::time::Instant::now();
-        let request = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-        for byte in request {
+        for byte in bytes {
             if slow.write_all(&[*byte]).await.is_err() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let closed = read_to_close(&mut slow, Duration::from_secs(5)).await;
-        assert!(closed.is_some(), "a slow loris keeps its connection");
+        read_to_close(&mut slow, Duration::from_secs(5))
+            .await
+            .is_some()
+    }
+
+    #[tokio::test]
+    async fn headers_sent_a_byte_at_a_time_are_cut_off() {
+        let (addr, _stop) = start(LIMITS).await;
+        let started = std::time::Instant::now();
+        let request = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        assert!(
+            closes_a_slow_sender(addr, request).await,
+            "a slow loris keeps its connection"
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 
@@ -796,9 +777,8 @@ mod tests {
     #[tokio::test]
     async fn at_the_connection_limit_new_clients_wait_until_one_closes() {
         let (addr, _stop) = start(ConnectionLimits {
-            header_read_timeout: Duration::from_secs(30),
             max_connections: 2,
-            ..LIMITS
+            ..PATIENT
         })
         .await;
         let first = TcpStream::connect(addr).await.unwrap();
@@ -826,11 +806,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_refuses_new_connections_and_closes_idle_ones() {
-        let (addr, stop) = start(ConnectionLimits {
-            header_read_timeout: Duration::from_secs(30),
-            ..LIMITS
-        })
-        .await;
+        let (addr, stop) = start(PATIENT).await;
         let mut idle = TcpStream::connect(addr).await.unwrap();
         idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -889,24 +865,15 @@ mod tests {
     #[tokio::test]
     async fn a_preface_sent_a_byte_at_a_time_is_cut_off() {
         let (addr, _stop) = start(LIMITS).await;
-        let mut slow = TcpStream::connect(addr).await.unwrap();
-        for byte in &HTTP2_PREFACE[..20] {
-            if slow.write_all(&[*byte]).await.is_err() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let closed = read_to_close(&mut slow, Duration::from_secs(5)).await;
-        assert!(closed.is_some(), "a slow preface keeps its connection");
+        assert!(
+            closes_a_slow_sender(addr, &HTTP2_PREFACE[..20]).await,
+            "a slow preface keeps its connection"
+        );
     }
 
     #[tokio::test]
     async fn shutdown_sends_http2_clients_a_goaway_and_closes() {
-        let (addr, stop) = start(ConnectionLimits {
-            header_read_timeout: Duration::from_secs(30),
-            ..LIMITS
-        })
-        .await;
+        let (addr, stop) = start(PATIENT).await;
         let mut client = TcpStream::connect(addr).await.unwrap();
         client
             .write_all(&[HTTP2_PREFACE, EMPTY_SETTINGS].concat())
@@ -958,10 +925,8 @@ mod tests {
         let server = tokio::spawn(serve(
             listener,
             router,
-            ConnectionLimits {
-                header_read_timeout: Duration::from_secs(30),
-                ..LIMITS
-            },
+            PATIENT,
+            None,
             std::future::pending(),
         ));
         let mut stuck = TcpStream::connect(addr).await.unwrap();

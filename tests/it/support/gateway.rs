@@ -108,10 +108,13 @@ pub struct Gateway {
     pub metrics: Metrics,
 }
 
-/// A client that never hangs a test and ignores proxy settings.
+/// A client that never hangs a test and ignores proxy settings. Each wait
+/// is bounded rather than the whole request: a watch stream outlives any
+/// one wait, and a total timeout would end it mid-test on a busy machine.
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(30))
         .no_proxy()
         .build()
         .expect("http client")
