@@ -1,11 +1,13 @@
 //! The browser dashboard at `/ui/`: list keys, follow every key matching a
 //! pattern live, watch single keys, set and delete them.
 //!
-//! Three static files (plain HTML, CSS and JavaScript, no build step) are
+//! Four static files (plain HTML, CSS and JavaScript, no build step) are
 //! compiled into the binary, so the gateway needs nothing on disk to serve
 //! them. The page talks only to the gateway's own API with relative URLs
 //! (`../keys/…`, `../watch?key=…`, `../watch?match=…`), so it also works
-//! behind a path prefix.
+//! behind a path prefix. Its tabs share their watch streams through a
+//! SharedWorker (`stream-worker.js`): one connection per distinct stream,
+//! however many tabs are open.
 //!
 //! Every answer carries a strict Content-Security-Policy (scripts, styles
 //! and connections from the gateway's origin only, no inline script or
@@ -53,8 +55,9 @@ macro_rules! asset {
 static INDEX: Asset = asset!("index.html", "text/html; charset=utf-8");
 static SCRIPT: Asset = asset!("app.js", "text/javascript; charset=utf-8");
 static STYLE: Asset = asset!("style.css", "text/css; charset=utf-8");
+static STREAM_WORKER: Asset = asset!("stream-worker.js", "text/javascript; charset=utf-8");
 
-/// The dashboard's routes: `/ui/`, its two assets, and `/ui` redirecting to
+/// The dashboard's routes: `/ui/`, its three assets, and `/ui` redirecting to
 /// `/ui/` (the page's relative URLs need the trailing slash). Needs no state,
 /// so it merges into a router of any state type.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
@@ -75,6 +78,10 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route(
             "/ui/style.css",
             get(|headers: HeaderMap| async move { serve(&STYLE, &headers) }),
+        )
+        .route(
+            "/ui/stream-worker.js",
+            get(|headers: HeaderMap| async move { serve(&STREAM_WORKER, &headers) }),
         )
 }
 
@@ -203,6 +210,11 @@ mod tests {
                 "EventSource",
             ),
             ("/ui/style.css", "text/css; charset=utf-8", "font-family"),
+            (
+                "/ui/stream-worker.js",
+                "text/javascript; charset=utf-8",
+                "new EventSource",
+            ),
         ] {
             let response = client()
                 .get(format!("http://{addr}{path}"))
@@ -332,13 +344,14 @@ mod tests {
 
     #[test]
     fn etags_differ_per_file_and_are_quoted_hex() {
-        for asset in [&INDEX, &SCRIPT, &STYLE] {
+        for asset in [&INDEX, &SCRIPT, &STYLE, &STREAM_WORKER] {
             assert_eq!(asset.etag.len(), 18);
             assert!(asset.etag.starts_with('"') && asset.etag.ends_with('"'));
             assert!(asset.etag[1..17].bytes().all(|b| b.is_ascii_hexdigit()));
         }
         assert_ne!(INDEX.etag, SCRIPT.etag);
         assert_ne!(SCRIPT.etag, STYLE.etag);
+        assert_ne!(SCRIPT.etag, STREAM_WORKER.etag);
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }

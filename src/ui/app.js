@@ -1,6 +1,7 @@
 // The dashboard: watches every listed key on ONE EventSource (browsers allow
-// only six HTTP/1.1 streams per origin), and sets or deletes values with
-// fetch. All URLs are relative to the page, so it works behind a prefix.
+// only six HTTP/1.1 streams per origin), shared with the other tabs of the
+// gateway through a SharedWorker, and sets or deletes values with fetch.
+// All URLs are relative to the page, so it works behind a prefix.
 'use strict';
 
 (() => {
@@ -25,6 +26,10 @@
   const CHART_MIN_SPAN_MS = 5000; // the time axis spans at least this much
   const LEAVE_MS = 1200; // a deleted key's row stays this long, marked, before it leaves
   const VALUE_SHOWN = 400; // characters of a value shown in the followed table
+  // The worker that shares the streams of every tab; a new name for a
+  // change of its messages, so that tabs never talk to an older one.
+  const STREAM_WORKER = 'statestore-gateway.ui.streams.1';
+  const PING_MS = 20_000; // well within the worker's patience (stream-worker.js)
 
   const $ = (id) => document.getElementById(id);
   const ui = {
@@ -68,6 +73,7 @@
   const watched = new Map();
   const locks = new Set(loadList(LOCKS_KEY));
   const watching = newStream();
+  const sharedStreams = connectStreamWorker();
 
   // ---- URLs --------------------------------------------------------------
 
@@ -236,6 +242,131 @@
     }
   }
 
+  // ---- streams shared by the tabs -------------------------------------------
+  //
+  // The tabs of a gateway share their streams through one SharedWorker
+  // (stream-worker.js): one connection per distinct stream URL, however many
+  // tabs show it, where each tab's own would run out of the six a browser
+  // allows per origin. A SharedEventSource stands in for an EventSource
+  // (the same events, the same readyState), so the stream code below works
+  // with either. Where there is no SharedWorker, a tab opens its own.
+
+  /** An EventSource held by the stream worker for this tab and others. */
+  class SharedEventSource extends EventTarget {
+    constructor(shared, url) {
+      super();
+      this.shared = shared;
+      this.url = String(url);
+      this.id = shared.nextId;
+      shared.nextId += 1;
+      this.readyState = EventSource.CONNECTING;
+      shared.sources.set(this.id, this);
+      shared.post({ type: 'subscribe', id: this.id, url: this.url });
+    }
+
+    close() {
+      this.readyState = EventSource.CLOSED;
+      if (this.shared.sources.delete(this.id)) this.shared.post({ type: 'unsubscribe', id: this.id });
+    }
+
+    /** What the worker says of this stream, told as the EventSource would. */
+    receive(message) {
+      switch (message.type) {
+        case 'open':
+          this.readyState = EventSource.OPEN;
+          this.dispatchEvent(new Event('open'));
+          break;
+        case 'event':
+          this.dispatchEvent(new MessageEvent(message.kind, { data: message.data, lastEventId: message.lastEventId }));
+          break;
+        case 'reconnecting':
+          this.readyState = EventSource.CONNECTING;
+          this.dispatchEvent(new Event('error'));
+          break;
+        case 'closed':
+          this.shared.sources.delete(this.id);
+          this.readyState = EventSource.CLOSED;
+          this.dispatchEvent(new Event('error'));
+          break;
+      }
+    }
+  }
+
+  /** The stream worker's port and this tab's streams on it; null where tabs cannot share. */
+  function connectStreamWorker() {
+    if (typeof SharedWorker !== 'function') return null;
+    let worker;
+    try {
+      worker = new SharedWorker('stream-worker.js', { name: STREAM_WORKER });
+    } catch {
+      return null;
+    }
+    const shared = {
+      sources: new Map(), // id -> SharedEventSource
+      nextId: 1,
+      lock: null, // the Web Lock this tab holds while it lives, once granted
+      failed: false,
+      post: (message) => worker.port.postMessage(message),
+    };
+    worker.port.addEventListener('message', (event) => {
+      for (const message of event.data?.batch ?? []) {
+        if (message.type === 'expired') rejoin(shared);
+        else shared.sources.get(message.id)?.receive(message);
+      }
+    });
+    worker.port.start();
+    shared.post({ type: 'hello' });
+    holdTabLock(shared);
+    // A worker that cannot start (it did not load): its streams end as
+    // refused ones do, and are opened again by this tab alone.
+    worker.addEventListener('error', () => {
+      shared.failed = true;
+      for (const source of [...shared.sources.values()]) source.receive({ type: 'closed' });
+    });
+    setInterval(() => shared.post({ type: 'ping' }), PING_MS);
+    // Leaving (closed, reloaded, or into the back/forward cache) lets go of
+    // the streams at once; back from the cache, the tab subscribes again.
+    window.addEventListener('pagehide', () => shared.post({ type: 'leave' }));
+    window.addEventListener('pageshow', (event) => {
+      if (event.persisted) rejoin(shared);
+    });
+    return shared;
+  }
+
+  /**
+   * Holds a Web Lock for as long as the tab lives, and names it to the
+   * worker: once the worker gets it, the tab is gone, even one that could
+   * not say so (it crashed). Web Locks need a secure context; elsewhere the
+   * worker goes by the pings.
+   */
+  function holdTabLock(shared) {
+    if (!navigator.locks) return;
+    const random = crypto.getRandomValues(new Uint32Array(2));
+    const name = `statestore-gateway.ui.tab.${random[0].toString(36)}.${random[1].toString(36)}`;
+    navigator.locks
+      .request(name, () => {
+        shared.lock = name;
+        shared.post({ type: 'lock', name });
+        return new Promise(() => {}); // never let go
+      })
+      .catch(() => {});
+  }
+
+  /** The worker dropped this tab (it left, or was silent too long): subscribe again. */
+  function rejoin(shared) {
+    shared.post({ type: 'hello' });
+    if (shared.lock) shared.post({ type: 'lock', name: shared.lock });
+    for (const source of shared.sources.values()) {
+      shared.post({ type: 'subscribe', id: source.id, url: source.url });
+    }
+  }
+
+  /** An EventSource for `url`: shared with the other tabs where possible. */
+  function openSource(url) {
+    if (sharedStreams && !sharedStreams.failed) return new SharedEventSource(sharedStreams, url);
+    return new EventSource(url);
+  }
+
   // ---- the event stream --------------------------------------------------
 
   function setConnection(state, text) {
@@ -271,7 +402,7 @@
   function openEventSource(stream, url, kinds, origin, on) {
     closeStream(stream);
     stream.generation += 1;
-    const source = new EventSource(url);
+    const source = openSource(url);
     stream.source = source;
     on.state('connecting', 'Connecting…');
 
@@ -693,7 +824,9 @@
   }
 
   function startFollowing(pattern) {
-    stopFollowing();
+    // The kept pattern is replaced, never dropped on the way: a tab that
+    // starts meanwhile reads it.
+    clearFollowing();
     follow.pattern = pattern;
     follow.startedAt = Date.now();
     ui.followPattern.textContent = pattern;
@@ -705,6 +838,12 @@
   }
 
   function stopFollowing() {
+    clearFollowing();
+    saveFollowed();
+  }
+
+  /** Stops following, without changing the pattern kept for the next visit. */
+  function clearFollowing() {
     closeStream(follow.stream);
     follow.stream.generation += 1;
     clearTimeout(follow.sweepTimer);
@@ -720,7 +859,6 @@
     select(null);
     ui.follow.hidden = true;
     setFollowConnection('idle', 'Not following');
-    saveFollowed();
   }
 
   function saveFollowed() {

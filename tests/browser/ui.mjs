@@ -32,6 +32,16 @@
 // the page must show every final value and keep drawing frames (limits
 // below), and it prints what it measured.
 //
+// With TABS=<n> it runs only the shared-streams test: n tabs of one
+// browser (more than the six connections a browser allows an origin) watch
+// the same key and follow the same pattern, and each shows what fetch
+// changes. At each `ui test: TABS_…` line it waits for a line on stdin: the
+// caller checks the gateway's open streams there (one per distinct stream,
+// not two per tab). Two tabs watch a key of their own: one that cannot hold
+// a Web Lock (it says goodbye on pagehide), one that never says goodbye
+// (the worker learns from its lock); closing either ends its stream. Then
+// all tabs but one close, the last stays live, and it closes too.
+//
 // Any wait is bounded. On failure: a message on stderr, a screenshot in a
 // temporary directory, and exit status 1. The page must also run without a
 // script error or a Content-Security-Policy violation.
@@ -46,6 +56,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { createInterface } from 'node:readline';
 import { chromium } from 'playwright-core';
 
 const KEY = 'ui-test-key';
@@ -58,6 +69,7 @@ const API_TOKEN = process.env.API_TOKEN || '';
 const SCREENSHOT = process.env.SCREENSHOT || '';
 const LOAD_KEYS = Number(process.env.LOAD_KEYS || 0);
 const SDK_PEER = process.env.SDK_PEER === '1';
+const TABS = Number(process.env.TABS || 0);
 // The listing test's keys: more than one page of the browser (20).
 const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
 const SPARK_KEY = 'ui-list/temperature';
@@ -181,6 +193,13 @@ async function openPage(base, problems, session) {
   session.context = context;
   const page = context.pages()[0] ?? (await context.newPage());
   session.page = page;
+  step(`opening ${new URL('ui/', base)}`);
+  await loadPage(page, base, problems);
+  return page;
+}
+
+/** Loads <base>/ui/ in `page`, watching it for script errors and CSP violations. */
+async function loadPage(page, base, problems) {
   page.setDefaultTimeout(WAIT_MS);
   page.on('pageerror', (err) => problems.push(`script error: ${err.message}`));
   page.on('console', (msg) => {
@@ -191,13 +210,10 @@ async function openPage(base, problems, session) {
   });
 
   const pageUrl = new URL('ui/', base);
-  step(`opening ${pageUrl}`);
   const response = await page.goto(pageUrl.href, { waitUntil: 'load' });
   if (!response || response.status() !== 200) fail(`GET ${pageUrl} answered ${response?.status()}`);
   const csp = response.headers()['content-security-policy'] ?? '';
   if (!csp.includes("default-src 'self'")) fail(`the page has no strict CSP: "${csp}"`);
-
-  return page;
 }
 
 async function run(base, problems, session) {
@@ -724,6 +740,132 @@ async function runSdkPeer(base, problems, session) {
   if (problems.length > 0) fail(problems.join('\n'));
 }
 
+/** Prints `ui test: <word>` and waits for the caller's line on stdin (it checks the gateway meanwhile). */
+const caller = TABS > 0 ? createInterface({ input: process.stdin }) : null;
+const callerLines = caller?.[Symbol.asyncIterator]();
+async function handshake(word) {
+  console.log(`ui test: ${word}`);
+  const { done } = await callerLines.next();
+  if (done) fail(`the caller closed stdin after ${word}`);
+}
+
+/** Polls every tab (bounded) until `predicate(tab)` holds for each; says which do not. */
+async function waitForEveryTab(pages, description, predicate) {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const states = await Promise.all(pages.map((page) => page.evaluate(() => {
+      const row = document.querySelector('#rows tr');
+      return {
+        connection: document.getElementById('connection').dataset.state,
+        follow: document.getElementById('follow-text').textContent,
+        watched: row ? { key: row.dataset.key, kind: row.dataset.kind, value: row.querySelector('.value .text').textContent } : null,
+        followed: [...document.querySelectorAll('#follow-rows tr')].map((tr) => [tr.dataset.key, tr.querySelector('.value .text').textContent]),
+        errors: [...document.querySelectorAll('#errors .error .text')].map((e) => e.textContent),
+      };
+    })));
+    const failing = states.map((state, n) => [n + 1, state]).filter(([, state]) => !predicate(state));
+    if (failing.length === 0) return;
+    if (Date.now() > deadline) {
+      fail(`${failing.length} of ${pages.length} tabs did not show ${description} within ${WAIT_MS / 1000} s, e.g. tab ` +
+        `${failing[0][0]}: ${JSON.stringify(failing[0][1])}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+/** TABS tabs of one browser share their two streams; see the top of this file. */
+async function runTabs(base, problems, session) {
+  const shared = 'ui-tabs/shared';
+  const created = 'ui-tabs/created';
+  const keyUrl = (key) => new URL(`keys/${encodeURIComponent(key)}`, base);
+  const put = async (key, value) => {
+    const response = await http('PUT', keyUrl(key), { body: value });
+    await expectStatus(response, [200], `PUT ${key}`);
+    return (await response.json()).version;
+  };
+  for (const key of [shared, created]) await expectStatus(await http('DELETE', keyUrl(key)), [204, 404], `DELETE ${key}`);
+  await put(shared, 'start');
+
+  const first = await openPage(base, problems, session);
+  step(`the first tab watches ${shared} and follows ui-tabs/* (kept for the next tabs)`);
+  await first.getByLabel('Key to watch').fill(shared);
+  await first.getByRole('button', { name: 'Watch', exact: true }).click();
+  await first.getByLabel('Keys matching').fill('ui-tabs/*');
+  await first.getByRole('button', { name: 'Follow live', exact: true }).click();
+  const pages = [first];
+  const showing = (value, followed) => (t) => t.connection === 'live' && t.follow === 'Live' &&
+    t.watched?.key === shared && t.watched.value === value &&
+    JSON.stringify(t.followed) === JSON.stringify(followed);
+  await waitForEveryTab(pages, `${shared} = start, live`, showing('start', [[shared, 'start']]));
+
+  // A tab that starts while another drops the kept pattern, even for a
+  // moment, would not follow it: the first tab counts such moments.
+  await first.evaluate(() => {
+    window.followForgotten = 0;
+    window.addEventListener('storage', (event) => {
+      if (event.key === 'statestore-gateway.ui.follow' && event.newValue === null) window.followForgotten += 1;
+    });
+  });
+  step(`opening ${TABS - 1} more tabs in the same browser`);
+  const started = Date.now();
+  for (let n = 1; n < TABS; n += 1) {
+    const page = await session.context.newPage();
+    pages.push(page);
+    await loadPage(page, base, problems);
+  }
+  await waitForEveryTab(pages, `${shared} = start, live`, showing('start', [[shared, 'start']]));
+  step(`  ${TABS} tabs live ${Date.now() - started} ms after the second opened`);
+  const forgotten = await first.evaluate(() => window.followForgotten);
+  if (forgotten !== 0) fail(`starting tabs dropped the kept pattern ${forgotten} times: a tab starting then would not follow it`);
+  await handshake(`TABS_LIVE ${TABS}`);
+
+  const token = randomBytes(4).toString('hex');
+  step(`fetch changes ${shared} and creates ${created}: every tab shows both`);
+  await put(shared, `changed ${token}`);
+  await put(created, token);
+  const both = [[created, token], [shared, `changed ${token}`]];
+  await waitForEveryTab(pages, 'the changes', (t) => showing(`changed ${token}`, both)(t) && t.watched.kind === 'set');
+
+  // A tab watching a key of its own holds a stream of its own, until it closes.
+  const alone = async (page, key) => {
+    await page.getByLabel('Key to watch').fill(key);
+    await page.getByRole('button', { name: 'Watch', exact: true }).click();
+    await waitForRow(page, key, `${key} as absent`, (c) => c.kind === 'sync' && c.exists === 'false');
+    await handshake(`TABS_ALONE ${key}`);
+    await page.close();
+    // The key list is kept for the next tab to open: as it was.
+    await first.evaluate((keys) => localStorage.setItem('statestore-gateway.ui.keys', keys), JSON.stringify([shared]));
+    await handshake(`TABS_ALONE_CLOSED ${key}`);
+  };
+  step('a tab without Web Locks (as in an insecure context) watches a key of its own, then closes');
+  const unlocked = await session.context.newPage();
+  await unlocked.addInitScript(() => Object.defineProperty(Navigator.prototype, 'locks', { value: undefined }));
+  await loadPage(unlocked, base, problems);
+  if (await unlocked.evaluate(() => navigator.locks !== undefined)) fail('the tab still has Web Locks');
+  await alone(unlocked, 'ui-tabs/unlocked');
+  step('a tab that never says goodbye watches a key of its own, then closes');
+  const silent = await session.context.newPage();
+  await silent.addInitScript(() => {
+    const post = MessagePort.prototype.postMessage;
+    MessagePort.prototype.postMessage = function postMessage(message, ...rest) {
+      if (message?.type !== 'leave') post.call(this, message, ...rest);
+    };
+  });
+  await loadPage(silent, base, problems);
+  await alone(silent, 'ui-tabs/silent');
+
+  step(`closing ${TABS - 1} tabs: the last stays live`);
+  for (const page of pages.slice(1)) await page.close();
+  await put(shared, `last ${token}`);
+  await waitForEveryTab([first], 'the last change', showing(`last ${token}`, [[created, token], [shared, `last ${token}`]]));
+  await handshake('TABS_ONE_LEFT');
+  if (problems.length > 0) fail(problems.join('\n'));
+  session.page = null;
+  await first.close();
+  await handshake('TABS_ALL_CLOSED');
+  for (const key of [shared, created]) await expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`);
+}
+
 async function main() {
   const problems = [];
   const session = {};
@@ -734,7 +876,7 @@ async function main() {
   });
   try {
     const base = parseBase(process.argv[2]);
-    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : run;
+    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : TABS > 0 ? runTabs : run;
     await Promise.race([test(base, problems, session), overall]);
     step('passed');
     return 0;
@@ -754,6 +896,7 @@ async function main() {
     return 1;
   } finally {
     clearTimeout(timer);
+    caller?.close();
     await session.context?.close().catch(() => {});
     if (session.userDataDir) await rm(session.userDataDir, { recursive: true, force: true }).catch(() => {});
   }

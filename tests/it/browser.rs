@@ -15,6 +15,7 @@ use statestore_gateway::watch::WatchSettings;
 
 use crate::support::gateway::{GatewayOptions, Stack};
 use crate::support::sdk::{Calls, SdkClient};
+use crate::support::wait_until;
 
 /// The whole browser run: Chromium start, page load, its bounded waits
 /// (the script gives up after 60 s on its own).
@@ -121,20 +122,27 @@ async fn run_node(base_url: &str, env: &[(&str, &OsStr)], timeout: Duration) -> 
 /// Starts `tests/browser/ui.mjs <base_url>` with its output piped (killed
 /// when dropped).
 fn spawn_node(base_url: &str, env: &[(&str, &OsStr)]) -> tokio::process::Child {
+    node_command(base_url, env)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("node starts")
+}
+
+/// `node tests/browser/ui.mjs <base_url>` with `env`, its output piped.
+fn node_command(base_url: &str, env: &[(&str, &OsStr)]) -> tokio::process::Command {
     require_browser_tools();
-    tokio::process::Command::new("node")
+    let mut command = tokio::process::Command::new("node");
+    command
         .arg(browser_dir().join("ui.mjs"))
         .arg(base_url)
         .env("CHROMIUM", chromium_path())
         // Where the script writes a screenshot is the caller's choice only.
         .env_remove("SCREENSHOT")
         .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts")
+        .kill_on_drop(true);
+    command
 }
 
 /// Reads the script's stdout (bounded) until the line `wanted`, keeping
@@ -144,6 +152,18 @@ async fn wait_for_line(
     wanted: &str,
     printed: &mut String,
 ) {
+    assert!(
+        read_until_line(lines, wanted, printed).await,
+        "the script did not print {wanted:?}:\n{printed}"
+    );
+}
+
+/// Whether the script printed `wanted` (bounded), before it ended.
+async fn read_until_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    wanted: &str,
+    printed: &mut String,
+) -> bool {
     let found = tokio::time::timeout(SCRIPT_TIMEOUT, async {
         while let Some(line) = lines.next_line().await.expect("the script's stdout") {
             printed.push_str(&line);
@@ -155,10 +175,7 @@ async fn wait_for_line(
         false
     })
     .await;
-    assert!(
-        matches!(found, Ok(true)),
-        "the script did not print {wanted:?}:\n{printed}"
-    );
+    matches!(found, Ok(true))
 }
 
 /// Asserts that the script passed, showing everything it printed if not.
@@ -315,6 +332,139 @@ async fn dashboard_follows_keys_the_official_sdk_creates_and_deletes() {
         String::from_utf8_lossy(&output.stderr)
     );
     sdk.close().await;
+    stack.gateway.shutdown().await;
+}
+
+/// Tabs of one browser opened at once: twice as many as the six
+/// connections a browser allows an origin over HTTP/1.1 (with a stream or
+/// two per tab, the fourth tab would hang).
+const TABS: usize = 12;
+
+/// The open watch streams, as the gateway counts them.
+const WATCHERS: &str = "statestore_gateway_watchers";
+
+/// `tests/browser/ui.mjs` with `TABS` set: it prints a line at each step
+/// and waits for an answer on stdin, while the test reads the gateway.
+struct TabsScript {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    stdin: tokio::process::ChildStdin,
+    printed: String,
+}
+
+impl TabsScript {
+    fn start(base_url: &str, tabs: usize) -> Self {
+        let tabs = tabs.to_string();
+        let mut child = node_command(base_url, &[("TABS", OsStr::new(&tabs))])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("node starts");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        Self {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+            stdin,
+            printed: String::new(),
+        }
+    }
+
+    /// Waits for `ui test: <step>`; panics with all the script said if it
+    /// ends or stalls first.
+    async fn reached(&mut self, step: &str) {
+        let wanted = format!("ui test: {step}");
+        if !read_until_line(&mut self.lines, &wanted, &mut self.printed).await {
+            panic!("the script did not print {wanted:?}\n{}", self.said().await);
+        }
+    }
+
+    /// Lets the script go on to its next step.
+    async fn go_on(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(b"next\n")
+            .await
+            .expect("the script reads stdin");
+    }
+
+    /// Everything the script printed, once it has ended (it ends by itself
+    /// when it fails; one that stalls is stopped).
+    async fn said(&mut self) -> String {
+        use tokio::io::AsyncReadExt;
+        let bound = Duration::from_secs(10);
+        if tokio::time::timeout(bound, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+        }
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = tokio::time::timeout(bound, pipe.read_to_string(&mut stderr)).await;
+        }
+        format!("--- stdout ---\n{}--- stderr ---\n{stderr}", self.printed)
+    }
+
+    /// Reads the script to its end and asserts that it passed.
+    async fn passed(mut self) {
+        while let Ok(Ok(Some(line))) =
+            tokio::time::timeout(SCRIPT_TIMEOUT, self.lines.next_line()).await
+        {
+            self.printed.push_str(&line);
+            self.printed.push('\n');
+        }
+        let said = self.said().await;
+        let status = self.child.try_wait();
+        print!("{said}");
+        assert!(
+            matches!(status, Ok(Some(status)) if status.success()),
+            "the browser test failed ({status:?})\n{said}"
+        );
+    }
+}
+
+/// [`TABS`] tabs of one browser watching the same key and following the
+/// same pattern share two streams through the page's SharedWorker: every
+/// tab is live and shows a change made with plain HTTP, while the gateway
+/// holds two watch streams, not two per tab. A tab watching a key of its
+/// own holds one more stream until it closes: one that cannot hold a Web
+/// Lock (it says goodbye on `pagehide`) and one that never says goodbye
+/// (the worker learns from its lock). With all tabs but one closed the last
+/// stays live on the same two streams; once it closes, none is left.
+#[tokio::test]
+async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
+    let stack = Stack::start().await;
+    let gateway = &stack.gateway;
+    let watchers = || gateway.metric(WATCHERS).unwrap_or(-1.0);
+    let settle = Duration::from_secs(10);
+    let mut script = TabsScript::start(&format!("http://{}", gateway.api), TABS);
+
+    script.reached(&format!("TABS_LIVE {TABS}")).await;
+    assert_eq!(watchers(), 2.0, "{TABS} tabs live, two streams");
+    script.go_on().await;
+    for key in ["ui-tabs/unlocked", "ui-tabs/silent"] {
+        script.reached(&format!("TABS_ALONE {key}")).await;
+        assert_eq!(watchers(), 3.0, "a tab watches {key} too");
+        script.go_on().await;
+        script.reached(&format!("TABS_ALONE_CLOSED {key}")).await;
+        wait_until(
+            settle,
+            &format!("the stream of {key} ends with its tab"),
+            || watchers() == 2.0,
+        )
+        .await;
+        script.go_on().await;
+    }
+    script.reached("TABS_ONE_LEFT").await;
+    assert_eq!(watchers(), 2.0, "one tab left, live on the same streams");
+    script.go_on().await;
+    script.reached("TABS_ALL_CLOSED").await;
+    wait_until(settle, "no stream left once every tab closed", || {
+        watchers() == 0.0
+    })
+    .await;
+    script.go_on().await;
+    script.passed().await;
     stack.gateway.shutdown().await;
 }
 

@@ -139,7 +139,7 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 24] = [
+        let expected: [(&str, &[&str]); 25] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/batch", &["post"]),
@@ -152,6 +152,7 @@ mod tests {
             ("/ui/index.html", &["get"]),
             ("/ui/app.js", &["get"]),
             ("/ui/style.css", &["get"]),
+            ("/ui/stream-worker.js", &["get"]),
             ("/livez", &["get"]),
             ("/readyz", &["get"]),
             ("/metrics", &["get"]),
