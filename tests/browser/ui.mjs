@@ -42,6 +42,13 @@
 // (the worker learns from its lock); closing either ends its stream. Then
 // all tabs but one close, the last stays live, and it closes too.
 //
+// With RECONNECT=1 it runs only the reconnect test, through a proxy the
+// caller cuts: two tabs show a key through one shared stream; after
+// `ui test: RECONNECT_LIVE` the caller cuts every connection, refuses new
+// ones and changes the key; both tabs must say they are reconnecting
+// (`RECONNECT_DOWN`), and once the caller lets connections through, show
+// the change, live (`RECONNECT_BACK`).
+//
 // Any wait is bounded. On failure: a message on stderr, a screenshot in a
 // temporary directory, and exit status 1. The page must also run without a
 // script error or a Content-Security-Policy violation.
@@ -70,6 +77,7 @@ const SCREENSHOT = process.env.SCREENSHOT || '';
 const LOAD_KEYS = Number(process.env.LOAD_KEYS || 0);
 const SDK_PEER = process.env.SDK_PEER === '1';
 const TABS = Number(process.env.TABS || 0);
+const RECONNECT = process.env.RECONNECT === '1';
 // The listing test's keys: more than one page of the browser (20).
 const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
 const SPARK_KEY = 'ui-list/temperature';
@@ -741,7 +749,7 @@ async function runSdkPeer(base, problems, session) {
 }
 
 /** Prints `ui test: <word>` and waits for the caller's line on stdin (it checks the gateway meanwhile). */
-const caller = TABS > 0 ? createInterface({ input: process.stdin }) : null;
+const caller = TABS > 0 || RECONNECT ? createInterface({ input: process.stdin }) : null;
 const callerLines = caller?.[Symbol.asyncIterator]();
 async function handshake(word) {
   console.log(`ui test: ${word}`);
@@ -866,6 +874,27 @@ async function runTabs(base, problems, session) {
   for (const key of [shared, created]) await expectStatus(await http('DELETE', keyUrl(key)), [204], `DELETE ${key}`);
 }
 
+/** Two tabs on one stream ride out a cut connection; see the top of this file. */
+async function runReconnect(base, problems, session) {
+  const key = 'ui-reconnect/key';
+  await expectStatus(await http('PUT', new URL(`keys/${encodeURIComponent(key)}`, base), { body: 'before' }), [200], `PUT ${key}`);
+  const first = await openPage(base, problems, session);
+  await first.getByLabel('Key to watch').fill(key);
+  await first.getByRole('button', { name: 'Watch', exact: true }).click();
+  await waitForRow(first, key, `${key} = before`, (c) => c.value === 'before');
+  const second = await session.context.newPage();
+  await loadPage(second, base, problems);
+  const pages = [first, second];
+  const showing = (value) => (t) => t.connection === 'live' && t.watched?.key === key && t.watched.value === value;
+  await waitForEveryTab(pages, `${key} = before, live`, showing('before'));
+  await handshake('RECONNECT_LIVE');
+  await waitForEveryTab(pages, 'that it is reconnecting', (t) => t.connection === 'reconnecting');
+  await handshake('RECONNECT_DOWN');
+  await waitForEveryTab(pages, 'the change made while cut off, live', showing('changed while cut off'));
+  await handshake('RECONNECT_BACK');
+  if (problems.length > 0) fail(problems.join('\n'));
+}
+
 async function main() {
   const problems = [];
   const session = {};
@@ -876,7 +905,7 @@ async function main() {
   });
   try {
     const base = parseBase(process.argv[2]);
-    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : TABS > 0 ? runTabs : run;
+    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : TABS > 0 ? runTabs : RECONNECT ? runReconnect : run;
     await Promise.race([test(base, problems, session), overall]);
     step('passed');
     return 0;

@@ -6,8 +6,11 @@
 //! When they are missing these tests fail and say so; they never skip.
 
 use std::ffi::OsStr;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
@@ -343,19 +346,19 @@ const TABS: usize = 12;
 /// The open watch streams, as the gateway counts them.
 const WATCHERS: &str = "statestore_gateway_watchers";
 
-/// `tests/browser/ui.mjs` with `TABS` set: it prints a line at each step
-/// and waits for an answer on stdin, while the test reads the gateway.
-struct TabsScript {
+/// `tests/browser/ui.mjs` in a stepped mode (`TABS`, `RECONNECT`): it
+/// prints a line at each step and waits for an answer on stdin, while the
+/// test reads the gateway or injects a fault.
+struct SteppedScript {
     child: tokio::process::Child,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     stdin: tokio::process::ChildStdin,
     printed: String,
 }
 
-impl TabsScript {
-    fn start(base_url: &str, tabs: usize) -> Self {
-        let tabs = tabs.to_string();
-        let mut child = node_command(base_url, &[("TABS", OsStr::new(&tabs))])
+impl SteppedScript {
+    fn start(base_url: &str, mode: &str, value: &str) -> Self {
+        let mut child = node_command(base_url, &[(mode, OsStr::new(value))])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("node starts");
@@ -437,7 +440,8 @@ async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
     let gateway = &stack.gateway;
     let watchers = || gateway.metric(WATCHERS).unwrap_or(-1.0);
     let settle = Duration::from_secs(10);
-    let mut script = TabsScript::start(&format!("http://{}", gateway.api), TABS);
+    let tabs = TABS.to_string();
+    let mut script = SteppedScript::start(&format!("http://{}", gateway.api), "TABS", &tabs);
 
     script.reached(&format!("TABS_LIVE {TABS}")).await;
     assert_eq!(watchers(), 2.0, "{TABS} tabs live, two streams");
@@ -465,6 +469,112 @@ async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
     .await;
     script.go_on().await;
     script.passed().await;
+    stack.gateway.shutdown().await;
+}
+
+/// A TCP proxy in front of the gateway that the test can cut: every
+/// connection through it ends at once, and new ones are closed on arrival
+/// until it lets them through again. (`support::fault_proxy` frames MQTT
+/// packets and ends anything else; this one forwards HTTP's bytes.)
+struct CuttableProxy {
+    addr: SocketAddr,
+    cuts: tokio::sync::watch::Sender<u64>,
+    refuse: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttableProxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = crate::support::fresh_tokio_listener();
+        let addr = listener.local_addr().expect("local addr");
+        let (cuts, _) = tokio::sync::watch::channel(0);
+        let refuse = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let (cuts, refuse) = (cuts.clone(), refuse.clone());
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if refuse.load(Ordering::SeqCst) {
+                        continue; // dropped: closed on arrival
+                    }
+                    let mut cut = cuts.subscribe();
+                    tokio::spawn(async move {
+                        let connect = tokio::net::TcpStream::connect(upstream);
+                        let Ok(Ok(mut outbound)) =
+                            tokio::time::timeout(Duration::from_secs(5), connect).await
+                        else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            addr,
+            cuts,
+            refuse,
+            task,
+        }
+    }
+
+    /// Ends every connection and closes new ones until [`Self::let_through`].
+    fn cut_and_refuse(&self) {
+        self.refuse.store(true, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    fn let_through(&self) {
+        self.refuse.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for CuttableProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+/// Two tabs showing a key through one shared stream, reached through a
+/// proxy: when the proxy cuts every connection and refuses new ones, both
+/// tabs say they are reconnecting; the key changes meanwhile; once
+/// connections pass again, the worker's EventSource reconnects by itself
+/// (with `Last-Event-ID`) and both tabs show the change, live, on one
+/// stream again.
+#[tokio::test]
+async fn dashboard_tabs_reconnect_their_shared_stream_and_catch_up() {
+    let stack = Stack::start().await;
+    let gateway = &stack.gateway;
+    let proxy = CuttableProxy::start(gateway.api).await;
+    let watchers = || gateway.metric(WATCHERS).unwrap_or(-1.0);
+    let mut script = SteppedScript::start(&format!("http://{}", proxy.addr), "RECONNECT", "1");
+
+    script.reached("RECONNECT_LIVE").await;
+    assert_eq!(watchers(), 1.0, "two tabs, one stream");
+    proxy.cut_and_refuse();
+    let put = gateway
+        .http
+        .put(gateway.url("/keys/ui-reconnect%2Fkey"))
+        .body("changed while cut off")
+        .send()
+        .await
+        .expect("PUT straight to the gateway");
+    assert_eq!(put.status(), 200);
+    script.go_on().await;
+    script.reached("RECONNECT_DOWN").await;
+    proxy.let_through();
+    script.go_on().await;
+    script.reached("RECONNECT_BACK").await;
+    wait_until(Duration::from_secs(10), "one stream again", || {
+        watchers() == 1.0
+    })
+    .await;
+    script.go_on().await;
+    script.passed().await;
+    drop(proxy);
     stack.gateway.shutdown().await;
 }
 
