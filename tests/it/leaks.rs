@@ -950,7 +950,10 @@ async fn write_megabyte_values(gateway: &GatewayProcess, prefix: &str) -> u64 {
 async fn a_batch_of_large_reads_keeps_the_gateways_memory_within_a_small_multiple_of_its_values() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    // The batch's deadline is one request timeout: 100 MiB through debug
+    // builds of the gateway and the emulator can take longer than the
+    // default 10 s on a busy machine, and this test is about memory.
+    let gateway = GatewayProcess::start(broker.port(), &["--request-timeout", "60s"]).await;
     write_megabyte_values(&gateway, "batch/").await;
     let post = |ops: Vec<serde_json::Value>| {
         gateway

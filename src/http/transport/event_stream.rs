@@ -25,9 +25,8 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Method, Request, Uri, Version, header};
-use bytes::{Buf as _, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http_body::Body as _;
-use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -195,67 +194,211 @@ pub async fn respond(
         None if version == Version::HTTP_11 => Framing::Chunked,
         None => Framing::UntilClose,
     };
-    let head = encode_head(&parts, framing);
+    let head = Bytes::from(encode_head(&parts, framing));
     drop(parts);
-    let written = write_all(&mut stream, &mut [IoSlice::new(&head)]).await;
-    drop(head);
-    if written.is_err() {
+    // Scoped: what the stream's life holds is gone before the shutdown.
+    let end = {
+        let stopped = stopping.changed();
+        tokio::pin!(stopped);
+        let mut pump = Pump::new(head, framing, WRITE_STALL_TIMEOUT);
+        std::future::poll_fn(|cx| pump.poll(cx, &mut stream, &mut body, stopped.as_mut())).await
+    };
+    drop(body);
+    if end == End::Gone {
         return;
     }
-    // Bytes a client sends after its request (a pipelined request that
-    // will not be answered) are read and dropped; reading also tells at
-    // once when it closes.
-    let mut discard = [0u8; 64];
-    // One future for the whole stream, not one per frame: each new one
-    // would register with the channel that every connection shares.
-    let stopped = stopping.changed();
-    tokio::pin!(stopped);
-    loop {
-        let frame = tokio::select! {
-            biased;
-            _ = &mut stopped => break,
-            read = stream.read(&mut discard) => match read {
-                Ok(n) if n > 0 => continue,
-                _ => return,
-            },
-            frame = body.frame() => frame,
-        };
-        let data = match frame {
-            None => break,
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if !data.is_empty() => data,
-                // Empty frames and trailers: nothing to send.
-                _ => continue,
-            },
-            // Cut short: no last chunk, so the client sees the truncation.
-            Some(Err(error)) => {
-                tracing::debug!(%error, "response body failed");
-                return;
-            }
-        };
-        let written = match framing {
-            Framing::Chunked => {
-                let mut line = [0u8; CHUNK_SIZE_LINE];
-                let size = chunk_size_line(data.len(), &mut line);
-                let mut slices = [
-                    IoSlice::new(size),
-                    IoSlice::new(&data),
-                    IoSlice::new(b"\r\n"),
-                ];
-                write_all(&mut stream, &mut slices).await
-            }
-            Framing::Length(_) | Framing::UntilClose => {
-                write_all(&mut stream, &mut [IoSlice::new(&data)]).await
-            }
-        };
-        if written.is_err() {
-            return;
+    let _ = tokio::time::timeout(WRITE_STALL_TIMEOUT, stream.shutdown()).await;
+}
+
+/// How a stream's [`Pump`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The body ended, or the server is stopping, and its end was told.
+    Done,
+    /// The client left, a write failed or stalled, or the body failed:
+    /// close without telling the end, so the client sees the truncation.
+    Gone,
+}
+
+/// A stream's whole life on the socket: the head, then each body frame
+/// written whole (one `writev` when the socket takes it), then the body's
+/// end (the last chunk), while the client's side is read (bytes it sends
+/// after its request are dropped; its close is noticed at once) and
+/// `stopping` is watched. The connection's task holds this for as long as
+/// the stream lives, one per watcher, so it is kept small: one frame in
+/// flight, and a stall timer only while a write waits.
+#[derive(Debug)]
+struct Pump {
+    framing: Framing,
+    frame: Outgoing,
+    stall_after: Duration,
+    /// Armed when a frame's write first waits, kept until the frame is out:
+    /// a client reading a byte at a time still has the whole frame to take
+    /// within `stall_after`.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The server is stopping: end once the frame in flight is out.
+    stopping: bool,
+    /// The body's end is being written.
+    ending: bool,
+    discard: [u8; 16],
+}
+
+impl Pump {
+    /// Starts with `head` in flight.
+    fn new(head: Bytes, framing: Framing, stall_after: Duration) -> Self {
+        let mut frame = Outgoing::default();
+        frame.start(head, false);
+        Self {
+            framing,
+            frame,
+            stall_after,
+            stall: None,
+            stopping: false,
+            ending: false,
+            discard: [0; 16],
         }
     }
-    if framing == Framing::Chunked {
-        let _ = write_all(&mut stream, &mut [IoSlice::new(b"0\r\n\r\n")]).await;
+
+    /// The body's end in flight: the last chunk, when chunked.
+    fn end(&mut self) {
+        self.ending = true;
+        if self.framing == Framing::Chunked {
+            self.frame.start(Bytes::from_static(b"0\r\n\r\n"), false);
+        }
     }
-    let _ = tokio::time::timeout(WRITE_STALL_TIMEOUT, stream.shutdown()).await;
+
+    fn poll<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: &mut S,
+        body: &mut Body,
+        stopped: Pin<&mut impl Future>,
+    ) -> Poll<End> {
+        if !self.stopping && stopped.poll(cx).is_ready() {
+            self.stopping = true;
+        }
+        loop {
+            let mut read = ReadBuf::new(&mut self.discard);
+            match Pin::new(&mut *stream).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if !read.filled().is_empty() => continue,
+                Poll::Ready(_) => return Poll::Ready(End::Gone),
+                Poll::Pending => break,
+            }
+        }
+        loop {
+            if self.frame.in_flight {
+                match self.frame.poll_write(cx, stream) {
+                    Poll::Ready(Ok(())) => self.stall = None,
+                    Poll::Ready(Err(_)) => return Poll::Ready(End::Gone),
+                    Poll::Pending => {
+                        let after = self.stall_after;
+                        let stall = self
+                            .stall
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+                        if stall.as_mut().poll(cx).is_ready() {
+                            tracing::debug!("a client took no event frame for the stall timeout");
+                            return Poll::Ready(End::Gone);
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            if self.ending {
+                return Poll::Ready(End::Done);
+            }
+            if self.stopping {
+                self.end();
+                continue;
+            }
+            match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
+                None => self.end(),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => {
+                        self.frame.start(data, self.framing == Framing::Chunked);
+                    }
+                    // Empty frames and trailers: nothing to send.
+                    _ => {}
+                },
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "response body failed");
+                    return Poll::Ready(End::Gone);
+                }
+            }
+        }
+    }
+}
+
+/// The body frame being written: its chunk size line, its data and the
+/// chunk's CRLF, each advanced past what the socket took.
+#[derive(Debug, Default)]
+struct Outgoing {
+    line: [u8; CHUNK_SIZE_LINE],
+    line_at: u8,
+    line_end: u8,
+    data: Bytes,
+    /// Bytes of the chunk's closing CRLF still to write.
+    crlf: u8,
+    /// Until written and flushed.
+    in_flight: bool,
+}
+
+impl Outgoing {
+    /// `data` in flight, as a chunk when `chunked`.
+    fn start(&mut self, data: Bytes, chunked: bool) {
+        if chunked {
+            let end = chunk_size_line(data.len(), &mut self.line).len();
+            self.line_end = u8::try_from(end).unwrap_or(u8::MAX);
+            self.crlf = 2;
+        } else {
+            self.line_end = 0;
+            self.crlf = 0;
+        }
+        self.line_at = 0;
+        self.data = data;
+        self.in_flight = true;
+    }
+
+    /// Writes what is left, then flushes (TLS keeps what the socket did not
+    /// take).
+    fn poll_write<S: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: &mut S,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let line = &self.line[usize::from(self.line_at)..usize::from(self.line_end)];
+            let crlf = &b"\r\n"[2 - usize::from(self.crlf)..];
+            if line.is_empty() && self.data.is_empty() && crlf.is_empty() {
+                break;
+            }
+            let slices = [
+                IoSlice::new(line),
+                IoSlice::new(&self.data),
+                IoSlice::new(crlf),
+            ];
+            let written =
+                std::task::ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices))?;
+            if written == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.consume(written);
+        }
+        std::task::ready!(Pin::new(&mut *stream).poll_flush(cx))?;
+        // The written frame's buffer is not kept for the stream's quiet time.
+        self.data = Bytes::new();
+        self.in_flight = false;
+        Poll::Ready(Ok(()))
+    }
+
+    fn consume(&mut self, mut written: usize) {
+        let line = usize::from(self.line_end - self.line_at).min(written);
+        self.line_at += u8::try_from(line).unwrap_or(u8::MAX);
+        written -= line;
+        let data = self.data.len().min(written);
+        self.data.advance(data);
+        written -= data;
+        self.crlf -= u8::try_from(written.min(usize::from(self.crlf))).unwrap_or(0);
+    }
 }
 
 /// The request out of its box, the box freed now (a `*boxed` moved out
@@ -325,38 +468,6 @@ fn chunk_size_line(length: usize, line: &mut [u8; CHUNK_SIZE_LINE]) -> &[u8] {
     let _ = write!(cursor, "{length:x}\r\n");
     let end = usize::try_from(cursor.position()).unwrap_or(CHUNK_SIZE_LINE);
     &line[..end]
-}
-
-/// Writes every slice and flushes (TLS keeps what the socket did not
-/// take), the whole frame within [`WRITE_STALL_TIMEOUT`].
-async fn write_all(
-    writer: &mut (impl AsyncWrite + Unpin),
-    slices: &mut [IoSlice<'_>],
-) -> io::Result<()> {
-    write_all_within(writer, slices, WRITE_STALL_TIMEOUT).await
-}
-
-/// One deadline for the whole frame, not one per write: a client reading
-/// a byte at a time makes every write progress, and would otherwise hold
-/// its connection, and the event it is being sent, for ever.
-async fn write_all_within(
-    writer: &mut (impl AsyncWrite + Unpin),
-    mut slices: &mut [IoSlice<'_>],
-    stall: Duration,
-) -> io::Result<()> {
-    let deadline = Instant::now() + stall;
-    while !slices.is_empty() {
-        let written = tokio::time::timeout_at(deadline, writer.write_vectored(slices))
-            .await
-            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut slices, written);
-    }
-    tokio::time::timeout_at(deadline, writer.flush())
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 /// A connection whose first bytes were already read: reads return those
@@ -434,6 +545,24 @@ mod tests {
     /// A client that reads a byte every 10 ms makes progress on every
     /// write, yet would take a second for this 100-byte frame: the frame as
     /// a whole must be written within the stall timeout.
+    /// Runs a [`Pump`] of `head` and `body` on `stream` to its end.
+    async fn pump(
+        stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+        head: &'static [u8],
+        mut body: Body,
+        framing: Framing,
+        stall_after: Duration,
+    ) -> End {
+        let (_stop, mut stopping) = watch::channel(false);
+        let stopped = stopping.changed();
+        tokio::pin!(stopped);
+        let mut pump = Pump::new(Bytes::from_static(head), framing, stall_after);
+        std::future::poll_fn(|cx| pump.poll(cx, stream, &mut body, stopped.as_mut())).await
+    }
+
+    /// A client that reads a byte every 10 ms makes progress on every
+    /// write, yet would take a second for this 100-byte frame: the frame as
+    /// a whole must be written within the stall timeout.
     #[tokio::test]
     async fn a_reader_that_trickles_trips_the_stall_timeout() {
         let (mut writer, mut reader) = tokio::io::duplex(1);
@@ -443,20 +572,70 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
-        let frame = [b'x'; 100];
         let started = Instant::now();
-        let written = write_all_within(
+        let end = pump(
             &mut writer,
-            &mut [IoSlice::new(&frame)],
+            &[b'x'; 100],
+            Body::empty(),
+            Framing::Length(0),
             Duration::from_millis(200),
         )
         .await;
-        assert_eq!(
-            written.map_err(|error| error.kind()),
-            Err(io::ErrorKind::TimedOut)
-        );
+        assert_eq!(end, End::Gone);
         assert!(started.elapsed() < Duration::from_millis(900));
         trickle.abort();
+    }
+
+    /// The head, each frame as a chunk, the last chunk; written through a
+    /// pipe of 7 bytes, so every piece is cut somewhere.
+    #[tokio::test]
+    async fn frames_are_written_whole_in_their_framing() {
+        let (mut writer, mut reader) = tokio::io::duplex(7);
+        let read = tokio::spawn(async move {
+            let mut all = Vec::new();
+            reader.read_to_end(&mut all).await.map(|_| all)
+        });
+        let frames = futures_util::stream::iter(
+            ["data: a\n\n", "", "data: bcdefghijklmnopq\n\n"]
+                .map(|frame| Ok::<_, io::Error>(Bytes::from_static(frame.as_bytes()))),
+        );
+        let body = Body::from_stream(frames);
+        let end = pump(
+            &mut writer,
+            b"HEAD\r\n\r\n",
+            body,
+            Framing::Chunked,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(end, End::Done);
+        drop(writer);
+        let written = read.await.unwrap().unwrap();
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            "HEAD\r\n\r\n9\r\ndata: a\n\n\r\n18\r\ndata: bcdefghijklmnopq\n\n\r\n0\r\n\r\n"
+        );
+    }
+
+    /// A client that closes its side ends the stream at once, without the
+    /// body's end: the body is never read again.
+    #[tokio::test]
+    async fn a_client_that_closes_ends_the_stream() {
+        let (mut writer, reader) = tokio::io::duplex(1024);
+        drop(reader);
+        let body = Body::from_stream(futures_util::stream::pending::<Result<Bytes, io::Error>>());
+        let end = tokio::time::timeout(
+            Duration::from_secs(5),
+            pump(
+                &mut writer,
+                b"",
+                body,
+                Framing::Chunked,
+                Duration::from_secs(5),
+            ),
+        )
+        .await;
+        assert_eq!(end.ok(), Some(End::Gone));
     }
 
     fn classify_all(bytes: &[u8]) -> Head {
