@@ -275,7 +275,10 @@ async fn get_json_bytes(http: &reqwest::Client, url: &str) -> (u16, bytes::Bytes
 async fn large_values_keep_the_gateways_memory_within_a_small_multiple_of_the_values_in_flight() {
     let broker = Mosquitto::start().await;
     let _emulator = start_emulator(&broker).await;
-    let gateway = GatewayProcess::start(broker.port(), &[]).await;
+    // Four 16 MB reads at once through debug builds can take longer than
+    // the default 10 s request timeout on a busy machine (504); this test
+    // is about memory.
+    let gateway = GatewayProcess::start(broker.port(), &["--request-timeout", "60s"]).await;
     eprintln!("VmRSS at start {} KiB", gateway.rss_kib());
     let big = gateway.key(b"big");
     let zeros = vec![0u8; LARGE_VALUE];
