@@ -6,16 +6,14 @@
 //! When they are missing these tests fail and say so; they never skip.
 
 use std::ffi::OsStr;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
 use statestore_gateway::watch::WatchSettings;
 
+use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{GatewayOptions, Stack};
 use crate::support::sdk::{Calls, SdkClient};
 use crate::support::wait_until;
@@ -472,72 +470,6 @@ async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
     stack.gateway.shutdown().await;
 }
 
-/// A TCP proxy in front of the gateway that the test can cut: every
-/// connection through it ends at once, and new ones are closed on arrival
-/// until it lets them through again. (`support::fault_proxy` frames MQTT
-/// packets and ends anything else; this one forwards HTTP's bytes.)
-struct CuttableProxy {
-    addr: SocketAddr,
-    cuts: tokio::sync::watch::Sender<u64>,
-    refuse: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl CuttableProxy {
-    async fn start(upstream: SocketAddr) -> Self {
-        let listener = crate::support::fresh_tokio_listener();
-        let addr = listener.local_addr().expect("local addr");
-        let (cuts, _) = tokio::sync::watch::channel(0);
-        let refuse = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let (cuts, refuse) = (cuts.clone(), refuse.clone());
-            async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    if refuse.load(Ordering::SeqCst) {
-                        continue; // dropped: closed on arrival
-                    }
-                    let mut cut = cuts.subscribe();
-                    tokio::spawn(async move {
-                        let connect = tokio::net::TcpStream::connect(upstream);
-                        let Ok(Ok(mut outbound)) =
-                            tokio::time::timeout(Duration::from_secs(5), connect).await
-                        else {
-                            return;
-                        };
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                            _ = cut.changed() => {}
-                        }
-                    });
-                }
-            }
-        });
-        Self {
-            addr,
-            cuts,
-            refuse,
-            task,
-        }
-    }
-
-    /// Ends every connection and closes new ones until [`Self::let_through`].
-    fn cut_and_refuse(&self) {
-        self.refuse.store(true, Ordering::SeqCst);
-        self.cuts.send_modify(|n| *n += 1);
-    }
-
-    fn let_through(&self) {
-        self.refuse.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for CuttableProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-        self.cuts.send_modify(|n| *n += 1);
-    }
-}
-
 /// Two tabs showing a key through one shared stream, reached through a
 /// proxy: when the proxy cuts every connection and refuses new ones, both
 /// tabs say they are reconnecting; the key changes meanwhile; once
@@ -548,13 +480,14 @@ impl Drop for CuttableProxy {
 async fn dashboard_tabs_reconnect_their_shared_stream_and_catch_up() {
     let stack = Stack::start().await;
     let gateway = &stack.gateway;
-    let proxy = CuttableProxy::start(gateway.api).await;
+    let proxy = FaultProxy::start_bytes(gateway.api).await;
     let watchers = || gateway.metric(WATCHERS).unwrap_or(-1.0);
     let mut script = SteppedScript::start(&format!("http://{}", proxy.addr), "RECONNECT", "1");
 
     script.reached("RECONNECT_LIVE").await;
     assert_eq!(watchers(), 1.0, "two tabs, one stream");
-    proxy.cut_and_refuse();
+    proxy.set_refuse(true);
+    proxy.cut_all();
     let put = gateway
         .http
         .put(gateway.url("/keys/ui-reconnect%2Fkey"))
@@ -565,7 +498,7 @@ async fn dashboard_tabs_reconnect_their_shared_stream_and_catch_up() {
     assert_eq!(put.status(), 200);
     script.go_on().await;
     script.reached("RECONNECT_DOWN").await;
-    proxy.let_through();
+    proxy.set_refuse(false);
     script.go_on().await;
     script.reached("RECONNECT_BACK").await;
     wait_until(Duration::from_secs(10), "one stream again", || {

@@ -1,5 +1,8 @@
 //! A fault-injecting TCP proxy for MQTT, put between a client (gateway or
-//! emulator) and the broker, and steered by the test while it runs.
+//! emulator) and the broker, and steered by the test while it runs;
+//! [`FaultProxy::start_bytes`] is the same proxy for any protocol (an
+//! HTTP client before the gateway), with the faults that need no framing:
+//! cutting every connection and refusing new ones.
 //!
 //! It frames the bytes into MQTT packets (fixed header: type and remaining
 //! length), so a fault can hit an exact packet: "cut the connection right
@@ -19,7 +22,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -43,6 +46,8 @@ pub struct ProxyStats {
 
 #[derive(Debug, Default)]
 struct Control {
+    /// Bytes forwarded as they come, not framed as MQTT packets.
+    bytes: bool,
     delay_us: AtomicU64,
     black_hole: AtomicBool,
     refuse: AtomicBool,
@@ -63,11 +68,27 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// A proxy on a free loopback port forwarding to `upstream`.
+    /// A proxy on a free loopback port forwarding MQTT to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
+        Self::start_with(upstream, Control::default())
+    }
+
+    /// A proxy forwarding any protocol's bytes to `upstream`: only
+    /// [`Self::cut_all`] and [`Self::set_refuse`] apply.
+    pub async fn start_bytes(upstream: SocketAddr) -> Self {
+        Self::start_with(
+            upstream,
+            Control {
+                bytes: true,
+                ..Control::default()
+            },
+        )
+    }
+
+    fn start_with(upstream: SocketAddr, control: Control) -> Self {
         let listener = super::fresh_tokio_listener();
         let addr = listener.local_addr().expect("local addr");
-        let control = Arc::new(Control::default());
+        let control = Arc::new(control);
         let (cut, _) = watch::channel(0u64);
         let task = tokio::spawn({
             let control = control.clone();
@@ -149,38 +170,45 @@ enum Direction {
 }
 
 async fn serve(
-    client: TcpStream,
+    mut client: TcpStream,
     upstream: SocketAddr,
     control: Arc<Control>,
     mut cut: watch::Receiver<u64>,
 ) {
-    let Ok(Ok(broker)) =
+    let Ok(Ok(mut broker)) =
         tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(upstream)).await
     else {
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = broker.set_nodelay(true);
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut broker_read, mut broker_write) = broker.into_split();
-    // The pumps borrow the halves, so the sockets outlive the count below:
-    // a test that sees the gateway's answer to a cut also sees the cut.
-    let cut_by_proxy = tokio::select! {
-        cut_here = pump(&mut client_read, &mut broker_write, Direction::ToBroker, &control) => cut_here,
-        cut_here = pump(&mut broker_read, &mut client_write, Direction::ToClient, &control) => cut_here,
-        _ = cut.changed() => true,
+    // Borrowed halves, so the sockets outlive the count below: a test that
+    // sees the gateway's answer to a cut also sees the cut.
+    let cut_by_proxy = if control.bytes {
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut broker) => false,
+            _ = cut.changed() => true,
+        }
+    } else {
+        let (mut client_read, mut client_write) = client.split();
+        let (mut broker_read, mut broker_write) = broker.split();
+        tokio::select! {
+            cut_here = pump(&mut client_read, &mut broker_write, Direction::ToBroker, &control) => cut_here,
+            cut_here = pump(&mut broker_read, &mut client_write, Direction::ToClient, &control) => cut_here,
+            _ = cut.changed() => true,
+        }
     };
     if cut_by_proxy {
         control.stats.lock().unwrap().cuts += 1;
     }
-    // Both halves of both sockets drop here: the connections close.
+    // Both sockets drop here: the connections close.
 }
 
 /// Forwards whole packets from `from` to `to` with the faults applied;
 /// returns `true` if it cut the connection, `false` when a side closed.
 async fn pump(
-    from: &mut OwnedReadHalf,
-    to: &mut OwnedWriteHalf,
+    from: &mut ReadHalf<'_>,
+    to: &mut WriteHalf<'_>,
     direction: Direction,
     control: &Control,
 ) -> bool {
