@@ -29,8 +29,8 @@ use std::convert::Infallible;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64URL};
@@ -754,26 +754,20 @@ fn respond(
     next: Option<Position>,
 ) -> Response {
     let next = next.as_ref().map(|at| Cursor::encode(at, pattern, listing));
-    let mut response = match body {
-        Written::Text(body) => {
-            let mut response = (StatusCode::OK, body).into_response();
-            set_common_headers(response.headers_mut(), "text/plain; charset=utf-8");
-            response
-        }
+    let (body, content_type) = match body {
+        Written::Text(body) => (Body::from(body), "text/plain; charset=utf-8"),
         Written::Values(entries) => {
             let pieces = json_pieces(entries, form.key_base64, next.clone());
             let pieces = Joined::new(stream::iter(pieces)).map(Ok::<_, Infallible>);
-            let mut response = Response::new(Body::from_stream(pieces));
-            set_common_headers(response.headers_mut(), "application/json");
-            response
+            (Body::from_stream(pieces), "application/json")
         }
         Written::Json(mut body) => {
             json_end(&mut body, next.as_deref());
-            let mut response = (StatusCode::OK, body).into_response();
-            set_common_headers(response.headers_mut(), "application/json");
-            response
+            (Body::from(body), "application/json")
         }
     };
+    let mut response = Response::new(body);
+    set_common_headers(response.headers_mut(), content_type);
     if let Some(cursor) = next {
         // Pattern bytes that are not UTF-8 go out as %XX of each byte.
         let pattern = match std::str::from_utf8(pattern) {
@@ -1166,6 +1160,18 @@ mod tests {
         }
     }
 
+    /// The document [`json_pieces`] writes of `entries`, parsed.
+    fn pieces_json(
+        entries: &[Entry],
+        key_base64: KeyBase64,
+        next: Option<String>,
+    ) -> serde_json::Value {
+        let body: Vec<u8> = json_pieces(entries.to_vec(), key_base64, next)
+            .flatten()
+            .collect();
+        serde_json::from_slice(&body).unwrap()
+    }
+
     #[test]
     fn entries_read_for_values_carry_value_and_version() {
         let version = Hlc::new(1_700_000_000_000, "StateStore");
@@ -1185,12 +1191,8 @@ mod tests {
                 }),
             },
         ];
-        let body: Vec<u8> = json_pieces(entries.to_vec(), KeyBase64::Always, None)
-            .flatten()
-            .collect();
-        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
-            body,
+            pieces_json(&entries, KeyBase64::Always, None),
             serde_json::json!({
                 "keys": [
                     {"key": "sensor/1", "key_base64": "c2Vuc29yLzE=", "value": "21.5",
@@ -1201,12 +1203,8 @@ mod tests {
                 "next": null,
             })
         );
-        let body: Vec<u8> = json_pieces(entries.to_vec(), KeyBase64::IfNotUtf8, Some("AQ".into()))
-            .flatten()
-            .collect();
-        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
-            body,
+            pieces_json(&entries, KeyBase64::IfNotUtf8, Some("AQ".into())),
             serde_json::json!({
                 "keys": [
                     {"key": "sensor/1", "value": "21.5",
