@@ -10,8 +10,9 @@
 //!    direct, per percentile) and the throughput ratio;
 //! 3. **peer**: webdis in front of redis-server with the same wrk runs;
 //! 4. **watch fan-out**: 1,000 and 10,000 SSE watchers of one key, the time
-//!    from a PUT's reply to the event at every watcher, and the gateway's
-//!    RSS before, during and after;
+//!    from a PUT's request to the event at every watcher, and the gateway's
+//!    RSS before, during and after; then nginx + nchan, the reference SSE
+//!    pub/sub, with the same client and counts when it is installed;
 //! 5. **CPU against webdis**: each server's own CPU per GET at saturation,
 //!    its mCPU at a steady 1,000 req/s, and idle, in rounds;
 //! 6. **footprint**: idle and peak RSS, and the time from process start to
@@ -45,7 +46,7 @@ use support::locks::HandoverReport;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles};
-use support::watchers::{FanoutReport, fanout};
+use support::watchers::{FanoutReport, Server, fanout};
 use support::wrk::{self, WrkRun};
 
 /// Requests in flight for the saturated runs: wrk connections through the
@@ -192,7 +193,6 @@ impl Options {
                         }
                         "watch" => {
                             options.keys = false;
-                            options.peer = false;
                             options.cpu = false;
                             options.lock_waiters.clear();
                         }
@@ -267,20 +267,22 @@ struct Tools {
     wrk: PathBuf,
     redis: Option<PathBuf>,
     webdis: Option<PathBuf>,
+    /// nginx, with the nchan module installed.
+    nchan: Option<PathBuf>,
 }
 
 impl Tools {
-    /// mosquitto and wrk are needed; without webdis or redis-server (when
-    /// they could not be installed) the run goes on without the peer and
-    /// says so.
-    fn find(peer: bool) -> Result<Tools> {
+    /// mosquitto and wrk are needed; without webdis or redis-server, or
+    /// nginx with nchan (when they could not be installed), the run goes on
+    /// without that peer and says so.
+    fn find(options: &Options) -> Result<Tools> {
         let need = |names: &[&str]| {
             procs::find_program(names).with_context(|| {
                 format!("{} is not installed (scripts/bench installs it)", names[0])
             })
         };
         let (mut redis, mut webdis) = (None, None);
-        if peer {
+        if options.peer && (options.keys || options.cpu) {
             redis = procs::find_program(&["redis-server"]);
             webdis = procs::find_program(&["webdis"]);
             if redis.is_none() || webdis.is_none() {
@@ -295,11 +297,22 @@ impl Tools {
                 (redis, webdis) = (None, None);
             }
         }
+        let mut nchan = None;
+        if options.peer && options.watch {
+            nchan = procs::find_program(&["nginx"])
+                .filter(|_| std::path::Path::new(procs::NCHAN_MODULE).is_file());
+            if nchan.is_none() {
+                println!(
+                    "nchan comparison SKIPPED: nginx-light and libnginx-mod-nchan are not installed (scripts/bench installs them from Debian when it can)"
+                );
+            }
+        }
         Ok(Tools {
             mosquitto: need(&["mosquitto"])?,
             wrk: need(&["wrk"])?,
             redis,
             webdis,
+            nchan,
         })
     }
 }
@@ -349,7 +362,7 @@ struct Footprint {
 }
 
 async fn run(options: Options) -> Result<()> {
-    let tools = Tools::find(options.peer)?;
+    let tools = Tools::find(&options)?;
     let machine = machine(&tools, &options);
     let dir = tempfile::Builder::new()
         .prefix("statestore-bench-")
@@ -531,10 +544,27 @@ async fn run(options: Options) -> Result<()> {
     let watch_gateway = launch.start("gateway-watch").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut fanouts = Vec::new();
-    for &watchers in &options.watchers {
-        let report = fanout(&watch_gateway, watchers, options.rounds, options.settle).await?;
+    let mut runs = vec![Server::Gateway(&watch_gateway)];
+    let nchan = match (&tools.nchan, options.watchers.iter().max()) {
+        (Some(nginx), Some(&most)) => Some(procs::start_nchan(nginx, &dir_path, most + 1024)?),
+        _ => None,
+    };
+    if let Some((proc, port)) = &nchan {
+        runs.push(Server::Nchan {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], *port)),
+        });
+    }
+    for (server, &watchers) in runs.iter().flat_map(|server| {
+        options
+            .watchers
+            .iter()
+            .map(move |watchers| (server, watchers))
+    }) {
+        let report = fanout(*server, watchers, options.rounds, options.settle).await?;
         println!(
-            "{watchers} watchers: connected in {:?}, p50 {:.0} us p99 {:.0} us max {:.0} us, missing {}, RSS {} -> {} -> {} -> {} KiB",
+            "{}, {watchers} watchers: connected in {:?}, p50 {:.0} us p99 {:.0} us max {:.0} us, missing {}, RSS {} -> {} -> {} -> {} KiB, PSS {} KiB",
+            report.server,
             report.connect_time,
             report.latency.p50,
             report.latency.p99,
@@ -543,10 +573,12 @@ async fn run(options: Options) -> Result<()> {
             report.rss_before_kib,
             report.rss_during_kib,
             report.rss_after_kib,
-            report.rss_settled_kib
+            report.rss_settled_kib,
+            report.pss_during_kib,
         );
         fanouts.push(report);
     }
+    drop(nchan);
     drop(watch_gateway);
 
     // Lock hand-over on a fresh gateway, then etcd's when installed.
@@ -859,12 +891,13 @@ fn check(
     for fanout in fanouts {
         if fanout.missing > 0 {
             problems.push(format!(
-                "{} watchers: {} events never arrived",
-                fanout.watchers, fanout.missing
+                "{}, {} watchers: {} events never arrived",
+                fanout.server, fanout.watchers, fanout.missing
             ));
         }
     }
-    if options.watchers.len() != fanouts.len() {
+    let gateway_fanouts = fanouts.iter().filter(|f| f.server == "gateway").count();
+    if options.watchers.len() != gateway_fanouts {
         problems.push("a fan-out size did not run".into());
     }
     if problems.is_empty() {
@@ -1118,27 +1151,27 @@ fn report(
 
     let _ = writeln!(
         out,
-        "\n### Watch fan-out (one key, {} PUTs per size; ms from the PUT's reply to the event at each watcher)\n",
+        "\n### Watch fan-out (one key, {} writes per size; ms from the write's request to the event at each watcher; RSS summed over the server's processes, PSS counts shared pages once)\n",
         options.rounds
     );
     let _ = writeln!(
         out,
-        "| Watchers | connect all | events | missing | early | p50 | p99 | max | gateway CPU us/event | client CPU us/event | RSS before MiB | RSS during MiB | RSS 1 s after MiB | RSS {} s after MiB |",
+        "| Server | Watchers | connect all | events | missing | p50 | p99 | max | server CPU us/event | client CPU us/event | RSS before MiB | RSS during MiB | PSS during MiB | RSS 1 s after MiB | RSS {} s after MiB |",
         options.settle.as_secs()
     );
     let _ = writeln!(
         out,
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     for f in fanouts {
         let _ = writeln!(
             out,
-            "| {} | {:.2} s | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {:.2} s | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} |",
+            f.server,
             f.watchers,
             f.connect_time.as_secs_f64(),
             f.deliveries,
             f.missing,
-            f.early,
             ms(f.latency.p50),
             ms(f.latency.p99),
             ms(f.latency.max),
@@ -1146,6 +1179,7 @@ fn report(
             f.client_cpu_us_per_event,
             mib(f.rss_before_kib),
             mib(f.rss_during_kib),
+            mib(f.pss_during_kib),
             mib(f.rss_after_kib),
             mib(f.rss_settled_kib),
         );
@@ -1243,7 +1277,8 @@ fn report(
             yes(min_ratio >= 0.9)
         );
     }
-    if let Some(big) = fanouts.iter().max_by_key(|f| f.watchers) {
+    let ours = fanouts.iter().filter(|f| f.server == "gateway");
+    if let Some(big) = ours.clone().max_by_key(|f| f.watchers) {
         let _ = writeln!(
             out,
             "| {} watchers: p99 delivery < 50 ms | {} ms | {} |",
@@ -1258,9 +1293,47 @@ fn report(
             mib(big.rss_during_kib),
             yes(big.rss_during_kib <= 64 * 1024)
         );
+        // The same run's nchan with as many subscribers.
+        if let Some(nchan) = fanouts
+            .iter()
+            .find(|f| f.server != "gateway" && f.watchers == big.watchers)
+        {
+            // RSS against RSS summed over nginx's processes: how the
+            // issue of the goal measured both; then the gateway's RSS
+            // against nginx's PSS, which counts its shared pages once (the
+            // gateway's own PSS would be lower still: it shares its code
+            // with the emulator, which runs the same binary).
+            let memory = big.rss_during_kib as f64 / nchan.rss_during_kib.max(1) as f64;
+            let _ = writeln!(
+                out,
+                "| {} watchers: RSS <= 0.2x nginx + nchan's (summed) | {} MiB against {} MiB: {memory:.2}x | {} |",
+                big.watchers,
+                mib(big.rss_during_kib),
+                mib(nchan.rss_during_kib),
+                yes(memory <= 0.2)
+            );
+            let strict = big.rss_during_kib as f64 / nchan.pss_during_kib.max(1) as f64;
+            let _ = writeln!(
+                out,
+                "| {} watchers: RSS against nginx + nchan's PSS | {} MiB against {} MiB: {strict:.2}x | |",
+                big.watchers,
+                mib(big.rss_during_kib),
+                mib(nchan.pss_during_kib),
+            );
+            let p99 = big.latency.p99 / nchan.latency.p99.max(1.0);
+            let _ = writeln!(
+                out,
+                "| {} watchers: p99 delivery <= nginx + nchan's | {} ms against {} ms: {p99:.2}x | {} |",
+                big.watchers,
+                ms(big.latency.p99),
+                ms(nchan.latency.p99),
+                yes(p99 <= 1.0)
+            );
+        }
         // Idle: the fresh watch gateway before its first watcher.
-        let idle = fanouts
-            .first()
+        let idle = ours
+            .clone()
+            .next()
             .map_or(big.rss_before_kib, |f| f.rss_before_kib);
         let limit = idle as f64 * 1.1;
         let _ = writeln!(

@@ -57,16 +57,26 @@ impl HttpConn {
         path: &str,
         body: &[u8],
     ) -> Result<Response> {
+        let authorization = format!("Bearer {token}");
+        self.request_with_headers(method, path, &[("Authorization", &authorization)], body)
+            .await
+    }
+
+    /// [`HttpConn::request`] with more header fields.
+    pub async fn request_with_headers(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Response> {
         let addr = self.addr;
-        tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            self.exchange(method, path, body, Some(token)),
-        )
-        .await
-        .with_context(|| {
-            format!("{method} {path} on {addr}: no response within {REQUEST_TIMEOUT:?}")
-        })?
-        .with_context(|| format!("{method} {path} on {addr}"))
+        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path, body, headers))
+            .await
+            .with_context(|| {
+                format!("{method} {path} on {addr}: no response within {REQUEST_TIMEOUT:?}")
+            })?
+            .with_context(|| format!("{method} {path} on {addr}"))
     }
 
     /// [`HttpConn::request`] with its own timeout (a blocking acquire).
@@ -78,7 +88,7 @@ impl HttpConn {
         timeout: Duration,
     ) -> Result<Response> {
         let addr = self.addr;
-        tokio::time::timeout(timeout, self.exchange(method, path, body, None))
+        tokio::time::timeout(timeout, self.exchange(method, path, body, &[]))
             .await
             .with_context(|| format!("{method} {path} on {addr}: no response within {timeout:?}"))?
             .with_context(|| format!("{method} {path} on {addr}"))
@@ -89,11 +99,11 @@ impl HttpConn {
         method: &str,
         path: &str,
         body: &[u8],
-        bearer: Option<&str>,
+        headers: &[(&str, &str)],
     ) -> Result<Response> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
-        if let Some(token) = bearer {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
         }
         if !body.is_empty() || method == "PUT" || method == "POST" {
             // POST bodies here are JSON (the gateway's batches, etcd's API).

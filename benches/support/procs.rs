@@ -1,6 +1,7 @@
-//! The processes a run starts (mosquitto, the emulator, the gateway, redis
-//! and webdis) and what `/proc` says about them: resident memory and CPU
-//! time, so the gateway's footprint is its own and nobody else's.
+//! The processes a run starts (mosquitto, the emulator, the gateway, redis,
+//! webdis and nginx with nchan) and what `/proc` says about them: resident
+//! memory and CPU time, so the gateway's footprint is its own and nobody
+//! else's.
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -63,17 +64,79 @@ impl Proc {
         status_field(self.pid(), "VmRSS:")
     }
 
+    /// Proportional set size of the process and its children (nginx's
+    /// workers), in KiB: pages they share (the master's, a shared memory
+    /// zone) count once in all, not once per process as summed RSS would.
+    pub fn tree_pss_kib(&self) -> Result<u64> {
+        let mut total = 0;
+        for pid in tree(self.pid()) {
+            let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+                .with_context(|| format!("reading /proc/{pid}/smaps_rollup"))?;
+            total += rollup
+                .lines()
+                .find_map(|line| line.strip_prefix("Pss:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .with_context(|| format!("no Pss in /proc/{pid}/smaps_rollup"))?;
+        }
+        Ok(total)
+    }
+
+    /// Resident set size of the process and its children, summed, in KiB.
+    pub fn tree_rss_kib(&self) -> Result<u64> {
+        tree(self.pid())
+            .into_iter()
+            .map(|pid| status_field(pid, "VmRSS:"))
+            .sum()
+    }
+
     /// User plus system CPU time so far, in clock ticks.
     pub fn cpu_ticks(&self) -> Result<u64> {
         cpu_ticks(&format!("/proc/{}/stat", self.pid()))
+    }
+
+    /// [`Proc::cpu_ticks`] of the process and its live children.
+    pub fn tree_cpu_ticks(&self) -> Result<u64> {
+        tree(self.pid())
+            .into_iter()
+            .map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
+            .sum()
     }
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // nginx's workers outlive a killed master: they are killed too,
+        // after it (a live master would start new ones).
+        let children: Vec<String> = tree(self.pid())[1..].iter().map(u32::to_string).collect();
         let _ = self.child.kill();
+        if !children.is_empty() {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(&children)
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.wait();
     }
+}
+
+/// `pid` and its children (one level: nginx's master and its workers).
+fn tree(pid: u32) -> Vec<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    std::iter::once(pid)
+        .chain(
+            children
+                .split_whitespace()
+                .filter_map(|child| child.parse().ok()),
+        )
+        .collect()
 }
 
 fn status_field(pid: u32, field: &str) -> Result<u64> {
@@ -275,6 +338,58 @@ pub fn start_webdis(program: &Path, dir: &Path, redis_port: u16) -> Result<(Proc
     });
     std::fs::write(&config, serde_json::to_vec_pretty(&json)?)?;
     let mut proc = Proc::spawn("webdis", dir, Command::new(program).arg(&config))?;
+    wait_for_port(&mut proc, port, Duration::from_secs(10))?;
+    Ok((proc, port))
+}
+
+/// Where Debian's `libnginx-mod-nchan` puts the module.
+pub const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
+
+/// nginx with nchan on a free port, two workers: EventSource subscribers
+/// on `/sub/<channel>`, publishers on `/pub/<channel>` (a POST publishes
+/// its body; a GET with `Accept: text/json` tells the channel's
+/// subscribers). New subscribers get only messages published after they
+/// joined, as the gateway's watchers do.
+pub fn start_nchan(nginx: &Path, dir: &Path, connections: usize) -> Result<(Proc, u16)> {
+    let port = free_port()?;
+    let root = dir.join("nchan");
+    std::fs::create_dir_all(root.join("tmp"))?;
+    let config = root.join("nginx.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "load_module {NCHAN_MODULE};\n\
+             worker_processes 2;\n\
+             worker_rlimit_nofile {files};\n\
+             pid nginx.pid;\n\
+             error_log error.log warn;\n\
+             events {{ worker_connections {connections}; }}\n\
+             http {{\n\
+               access_log off;\n\
+               client_body_temp_path tmp;\n\
+               server {{\n\
+                 listen 127.0.0.1:{port} backlog=1024;\n\
+                 location ~ ^/sub/(.+)$ {{\n\
+                   nchan_subscriber eventsource;\n\
+                   nchan_channel_id $1;\n\
+                   nchan_subscriber_first_message newest;\n\
+                 }}\n\
+                 location ~ ^/pub/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}\n\
+               }}\n\
+             }}\n",
+            files = connections * 2,
+        ),
+    )?;
+    let mut proc = Proc::spawn(
+        "nchan",
+        dir,
+        Command::new(nginx)
+            .arg("-p")
+            .arg(&root)
+            .arg("-c")
+            .arg(&config)
+            .args(["-g", "daemon off;"]),
+    )?;
     wait_for_port(&mut proc, port, Duration::from_secs(10))?;
     Ok((proc, port))
 }

@@ -1,6 +1,9 @@
-//! Watch fan-out: many SSE watchers of one key, a PUT, and the time from
-//! the PUT's reply until each watcher has read the event; the gateway's
-//! memory before, while and after they watch.
+//! Watch fan-out: many SSE watchers of one key, a write, and the time from
+//! the write's request until each watcher has read the event; the server's
+//! memory before, while and after they watch. The server is the gateway
+//! (`GET /watch/<key>`, `PUT /keys/<key>`) or nginx with nchan, the
+//! reference SSE pub/sub (`GET /sub/<key>`, `POST /pub/<key>`), with the
+//! same client.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
-use super::procs::{clock_ticks_per_second, own_cpu_ticks};
+use super::procs::{Proc, clock_ticks_per_second, own_cpu_ticks};
 use super::stats::Percentiles;
 
 /// Watchers connecting at the same time (the gateway's accept backlog is
@@ -31,9 +34,111 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The prefix of the values the PUTs write; the round number follows.
 const TOKEN: &[u8] = b"tok-r";
 
+/// What a fan-out runs against.
+#[derive(Debug, Clone, Copy)]
+pub enum Server<'a> {
+    Gateway(&'a GatewayProc),
+    /// nginx with nchan (`procs::start_nchan`) listening on `addr`.
+    Nchan {
+        proc: &'a Proc,
+        addr: SocketAddr,
+    },
+}
+
+impl Server<'_> {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Server::Gateway(_) => "gateway",
+            Server::Nchan { .. } => "nginx + nchan",
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Server::Gateway(gateway) => gateway.api,
+            Server::Nchan { addr, .. } => *addr,
+        }
+    }
+
+    fn proc(&self) -> &Proc {
+        match self {
+            Server::Gateway(gateway) => &gateway.proc,
+            Server::Nchan { proc, .. } => proc,
+        }
+    }
+
+    fn subscribe_path(&self, key: &str) -> String {
+        match self {
+            Server::Gateway(_) => format!("/watch/{key}"),
+            Server::Nchan { .. } => format!("/sub/{key}"),
+        }
+    }
+
+    /// What a subscriber reads once it is subscribed: the gateway's first
+    /// `sync`, nchan's `: hi` comment.
+    fn subscribed(&self) -> &'static [u8] {
+        match self {
+            Server::Gateway(_) => b"event: sync",
+            Server::Nchan { .. } => b": hi",
+        }
+    }
+
+    /// Subscribers the server counts now.
+    async fn subscribers(&self, key: &str) -> Result<usize> {
+        match self {
+            Server::Gateway(gateway) => {
+                Ok(gateway.metric("statestore_gateway_watchers").await? as usize)
+            }
+            Server::Nchan { addr, .. } => {
+                let mut conn = HttpConn::connect(*addr).await?;
+                let info = conn
+                    .request_with_headers(
+                        "GET",
+                        &format!("/pub/{key}"),
+                        &[("Accept", "text/json")],
+                        b"",
+                    )
+                    .await?;
+                match info.status {
+                    // No channel: nobody subscribes.
+                    404 => Ok(0),
+                    200 => {
+                        let info: serde_json::Value =
+                            serde_json::from_slice(&info.body).context("nchan's channel info")?;
+                        info["subscribers"]
+                            .as_u64()
+                            .map(|n| n as usize)
+                            .context("no subscribers in nchan's channel info")
+                    }
+                    status => bail!("nchan's channel info answered {status}"),
+                }
+            }
+        }
+    }
+
+    /// Writes `value` to `key`.
+    async fn publish(&self, conn: &mut HttpConn, key: &str, value: &[u8]) -> Result<()> {
+        let (method, path, ok): (_, _, &[u16]) = match self {
+            Server::Gateway(_) => ("PUT", format!("/keys/{key}"), &[200]),
+            Server::Nchan { .. } => ("POST", format!("/pub/{key}"), &[201, 202]),
+        };
+        let response = conn.request(method, &path, value).await?;
+        if !ok.contains(&response.status) {
+            bail!(
+                "{method} {path} on {} answered {}",
+                self.name(),
+                response.status
+            );
+        }
+        Ok(())
+    }
+}
+
 /// What a fan-out run measured.
 #[derive(Debug, Clone)]
 pub struct FanoutReport {
+    /// `Server::name`.
+    pub server: &'static str,
     /// Watchers connected.
     pub watchers: usize,
     /// Time to connect all of them and get their first `sync`.
@@ -42,15 +147,18 @@ pub struct FanoutReport {
     pub deliveries: usize,
     /// Events that never arrived within the delivery timeout.
     pub missing: usize,
-    /// Events read before the PUT's reply arrived (counted as 0).
-    pub early: usize,
-    /// From the PUT's reply to the event at each watcher.
+    /// From the write's request to the event at each watcher.
     pub latency: Percentiles,
-    /// Gateway CPU time per delivered event over the PUT rounds, us.
+    /// The server's CPU time per delivered event over the write rounds, us.
     pub gateway_cpu_us_per_event: f64,
     /// This program's CPU time (reading every stream) per event, us.
     pub client_cpu_us_per_event: f64,
-    /// Gateway RSS before the watchers connect, KiB.
+    /// The server's processes' proportional set size, summed, at its
+    /// highest while they watch, KiB: the figure servers of one process
+    /// (the gateway) and of several (nginx) compare by.
+    pub pss_during_kib: u64,
+    /// The server's RSS before the watchers connect, KiB (summed over its
+    /// processes, so nginx's shared pages count once per process).
     pub rss_before_kib: u64,
     /// Highest gateway RSS while they watch, KiB.
     pub rss_during_kib: u64,
@@ -61,18 +169,19 @@ pub struct FanoutReport {
     pub rss_settled_kib: u64,
 }
 
-/// Connects `watchers` SSE streams to `/watch/<key>`, makes `rounds` PUTs
-/// (one at a time, each once every watcher got the previous one) and
+/// Connects `watchers` SSE streams to `key`, makes `rounds` writes (one
+/// at a time, each once every watcher got the previous one) and
 /// disconnects them all.
 pub async fn fanout(
-    gateway: &GatewayProc,
+    server: Server<'_>,
     watchers: usize,
     rounds: usize,
     settle: Duration,
 ) -> Result<FanoutReport> {
     let key = format!("fanout-{watchers}");
-    let path = format!("/watch/{key}");
-    let rss_before_kib = gateway.proc.rss_kib()?;
+    let path = server.subscribe_path(&key);
+    let proc = server.proc();
+    let rss_before_kib = proc.tree_rss_kib()?;
 
     let (events_tx, mut events) = mpsc::unbounded_channel::<(u32, Instant)>();
     let (ready_tx, mut ready) = mpsc::unbounded_channel::<Result<()>>();
@@ -82,8 +191,9 @@ pub async fn fanout(
     let mut tasks = JoinSet::new();
     for _ in 0..watchers {
         tasks.spawn(watcher(
-            gateway.api,
+            server.addr(),
             path.clone(),
+            server.subscribed(),
             events_tx.clone(),
             ready_tx.clone(),
             stop.clone(),
@@ -101,36 +211,43 @@ pub async fn fanout(
         }
     }
     let connect_time = started.elapsed();
-    let mut rss_during_kib = gateway.proc.rss_kib()?;
+    // Every subscriber is counted before the first write, so a missing
+    // event is the server's and not a late subscription's (nchan's workers
+    // tell each other of theirs a little later).
+    let deadline = Instant::now() + OPEN_TIMEOUT;
+    loop {
+        let counted = server.subscribers(&key).await?;
+        if counted == watchers {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} counts {counted} subscribers of {watchers} connected",
+                server.name()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut rss_during_kib = proc.tree_rss_kib()?;
+    let mut pss_during_kib = proc.tree_pss_kib()?;
 
-    let mut writer = HttpConn::connect(gateway.api).await?;
-    let gateway_cpu_before = gateway.proc.cpu_ticks()?;
+    let mut writer = HttpConn::connect(server.addr()).await?;
+    let gateway_cpu_before = proc.cpu_ticks()?;
     let client_cpu_before = own_cpu_ticks()?;
     let mut samples = Vec::with_capacity(watchers * rounds);
-    let (mut missing, mut early) = (0, 0);
+    let mut missing = 0;
     for round in 1..=rounds as u32 {
         let mut value = TOKEN.to_vec();
         value.extend_from_slice(format!("{round}-").as_bytes());
-        let response = writer
-            .request("PUT", &format!("/keys/{key}"), &value)
-            .await?;
-        let replied = Instant::now();
-        if response.status != 200 {
-            bail!("PUT of the watched key answered {}", response.status);
-        }
+        let sent = Instant::now();
+        server.publish(&mut writer, &key, &value).await?;
         let mut received = 0;
         let deadline = tokio::time::Instant::now() + DELIVERY_TIMEOUT;
         while received < watchers {
             match tokio::time::timeout_at(deadline, events.recv()).await {
                 Ok(Some((seen_round, at))) if seen_round == round => {
                     received += 1;
-                    match at.checked_duration_since(replied) {
-                        Some(latency) => samples.push(latency),
-                        None => {
-                            early += 1;
-                            samples.push(Duration::ZERO);
-                        }
-                    }
+                    samples.push(at.saturating_duration_since(sent));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => bail!("every watcher has gone"),
@@ -138,39 +255,45 @@ pub async fn fanout(
             }
         }
         missing += watchers - received;
-        rss_during_kib = rss_during_kib.max(gateway.proc.rss_kib()?);
+        rss_during_kib = rss_during_kib.max(proc.tree_rss_kib()?);
+        pss_during_kib = pss_during_kib.max(proc.tree_pss_kib()?);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let ticks = clock_ticks_per_second() as f64;
     let per_event = |cpu_ticks: u64| cpu_ticks as f64 / ticks * 1e6 / samples.len().max(1) as f64;
-    let gateway_cpu_us_per_event = per_event(gateway.proc.cpu_ticks()? - gateway_cpu_before);
+    // nginx's master only starts its workers: their CPU is all of it.
+    let gateway_cpu_us_per_event = per_event(proc.tree_cpu_ticks()? - gateway_cpu_before);
     let client_cpu_us_per_event = per_event(own_cpu_ticks()? - client_cpu_before);
 
     stop_tx.send_replace(true);
     while tasks.join_next().await.is_some() {}
     let deadline = Instant::now() + Duration::from_secs(30);
-    while gateway.metric("statestore_gateway_watchers").await? > 0.0 {
+    while server.subscribers(&key).await? > 0 {
         if Instant::now() > deadline {
-            bail!("the gateway still counts watchers 30 s after all left");
+            bail!(
+                "{} still counts subscribers 30 s after all left",
+                server.name()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let left = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_after_kib = gateway.proc.rss_kib()?;
+    let rss_after_kib = proc.tree_rss_kib()?;
     tokio::time::sleep_until((left + settle).into()).await;
-    let rss_settled_kib = gateway.proc.rss_kib()?;
+    let rss_settled_kib = proc.tree_rss_kib()?;
     let deliveries = samples.len();
     Ok(FanoutReport {
+        server: server.name(),
         watchers,
         connect_time,
         deliveries,
         missing,
-        early,
         latency: Percentiles::of(&mut samples),
         gateway_cpu_us_per_event,
         client_cpu_us_per_event,
+        pss_during_kib,
         rss_before_kib,
         rss_during_kib,
         rss_after_kib,
@@ -178,11 +301,12 @@ pub async fn fanout(
     })
 }
 
-/// One SSE watcher: opens the stream, reports once its first `sync`
-/// arrived, then reports every new round's value with the time it was read.
+/// One SSE watcher: opens the stream, reports once it is subscribed, then
+/// reports every new round's value with the time it was read.
 async fn watcher(
     addr: SocketAddr,
     path: String,
+    subscribed: &'static [u8],
     events: mpsc::UnboundedSender<(u32, Instant)>,
     ready: mpsc::UnboundedSender<Result<()>>,
     mut stop: watch::Receiver<bool>,
@@ -192,9 +316,9 @@ async fn watcher(
         let Ok(_permit) = permits.acquire().await else {
             return;
         };
-        tokio::time::timeout(OPEN_TIMEOUT, open(addr, &path))
+        tokio::time::timeout(OPEN_TIMEOUT, open(addr, &path, subscribed))
             .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("no sync event within {OPEN_TIMEOUT:?}")))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("not subscribed within {OPEN_TIMEOUT:?}")))
     };
     let (mut stream, mut window) = match opened {
         Ok(opened) => opened,
@@ -238,9 +362,9 @@ async fn watcher(
     }
 }
 
-/// Connects, sends the request and reads until the first `sync` event;
+/// Connects, sends the request and reads until the `subscribed` frame;
 /// returns the stream and what was read after it.
-async fn open(addr: SocketAddr, path: &str) -> Result<(TcpStream, Vec<u8>)> {
+async fn open(addr: SocketAddr, path: &str, subscribed: &[u8]) -> Result<(TcpStream, Vec<u8>)> {
     let mut stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting a watcher to {addr}"))?;
@@ -265,8 +389,8 @@ async fn open(addr: SocketAddr, path: &str) -> Result<(TcpStream, Vec<u8>)> {
                 String::from_utf8_lossy(&seen)
             );
         }
-        if let Some(at) = find(&seen, b"event: sync") {
-            // The sync's own data is before the next blank line.
+        if let Some(at) = find(&seen, subscribed) {
+            // The frame's own data is before the next blank line.
             if let Some(end) = find(&seen[at..], b"\n\n") {
                 return Ok((stream, seen[at + end..].to_vec()));
             }
