@@ -4,12 +4,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::StreamExt as _;
-use futures_util::future::BoxFuture;
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::BroadcastStream;
@@ -124,6 +124,11 @@ impl WatchHub {
         let last_version = last_version.filter(|_| keys.len() == 1 && patterns.is_empty());
         watcher.queue_named_syncs(keys, last_version.as_ref());
         watcher.start_patterns();
+        // Subscribed to every channel: a shutdown from now on reaches the
+        // stream through them, and one before is seen here.
+        if *self.inner.shutdown.borrow() {
+            return Err(WatchError::ShuttingDown);
+        }
         Ok(watcher)
     }
 
@@ -169,9 +174,22 @@ impl WatchHub {
         self.patterns.wrote(key);
     }
 
-    /// Ends every stream (graceful shutdown).
+    /// Ends every stream (graceful shutdown), through the channels the
+    /// streams read: a stream holds no shutdown signal of its own (10,000
+    /// of them in a fan-out). A stream that subscribes meanwhile sees the
+    /// flag, which is set first (see [`WatchHub::follow`]).
     pub fn shutdown(&self) {
         self.inner.shutdown.send_replace(true);
+        let keys: Vec<Arc<KeyWatch>> = self
+            .inner
+            .keys()
+            .iter()
+            .map(|watched| Arc::clone(&watched.0))
+            .collect();
+        for key_watch in keys {
+            key_watch.close();
+        }
+        self.patterns.close();
     }
 
     /// Keys with at least one watcher.
@@ -250,6 +268,102 @@ struct Cursor {
     announced: bool,
 }
 
+/// A stream's cursors by key: the first one inline, the others in a
+/// table. Most streams follow one key, and a table of one costs 152 bytes
+/// (a fan-out to 10,000 streams pays that 10,000 times).
+/// The table is boxed, so that a stream of one key holds 40 bytes here.
+#[derive(Debug, Default)]
+struct Cursors {
+    first: Option<(WatchedKey, Cursor)>,
+    #[allow(clippy::box_collection)] // 8 bytes inline rather than 48
+    others: Option<Box<HashMap<WatchedKey, Cursor>>>,
+}
+
+impl Cursors {
+    /// Room for `keys` without growing.
+    fn with_capacity(keys: usize) -> Self {
+        Self {
+            first: None,
+            others: (keys > 1).then(|| Box::new(HashMap::with_capacity(keys - 1))),
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.others.as_ref().map_or(0, |others| others.len())
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&WatchedKey, &Cursor)> {
+        self.first
+            .iter()
+            .map(|(watched, cursor)| (watched, cursor))
+            .chain(self.others.iter().flat_map(|others| others.iter()))
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &WatchedKey> {
+        self.iter().map(|(watched, _)| watched)
+    }
+
+    fn get_key_value(&self, key: &[u8]) -> Option<(&WatchedKey, &Cursor)> {
+        match &self.first {
+            Some((watched, cursor)) if *watched.0.key == *key => Some((watched, cursor)),
+            _ => self.others.as_ref()?.get_key_value(key),
+        }
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&Cursor> {
+        self.get_key_value(key).map(|(_, cursor)| cursor)
+    }
+
+    fn contains_key(&self, key: &[u8]) -> bool {
+        self.get_key_value(key).is_some()
+    }
+
+    fn get_mut(&mut self, key: &[u8]) -> Option<&mut Cursor> {
+        match &mut self.first {
+            Some((watched, cursor)) if *watched.0.key == *key => Some(cursor),
+            _ => self.others.as_mut()?.get_mut(key),
+        }
+    }
+
+    /// Sets the cursor of `watched`'s key, replacing any it had.
+    fn insert(&mut self, watched: WatchedKey, cursor: Cursor) {
+        match &mut self.first {
+            Some((first, kept)) if first.0.key == watched.0.key => {
+                *first = watched;
+                *kept = cursor;
+            }
+            Some(_) => {
+                self.others.get_or_insert_default().insert(watched, cursor);
+            }
+            None => match &mut self.others {
+                Some(others) if others.contains_key(&watched.0.key[..]) => {
+                    others.insert(watched, cursor);
+                }
+                _ => self.first = Some((watched, cursor)),
+            },
+        }
+    }
+
+    fn remove_entry(&mut self, key: &[u8]) -> Option<(WatchedKey, Cursor)> {
+        match &self.first {
+            Some((watched, _)) if *watched.0.key == *key => self.first.take(),
+            _ => self.others.as_mut()?.remove_entry(key),
+        }
+    }
+
+    /// Keeps the cursors `keep` says to, and gives the table's spare room
+    /// back.
+    fn retain(&mut self, mut keep: impl FnMut(&Cursor) -> bool) {
+        if self.first.as_ref().is_some_and(|(_, cursor)| !keep(cursor)) {
+            self.first = None;
+        }
+        if let Some(others) = &mut self.others {
+            others.retain(|_, cursor| keep(cursor));
+            others.shrink_to_fit();
+        }
+    }
+}
+
 /// Room the queue of events to send of a stream with patterns keeps once
 /// empty.
 const PENDING_KEPT: usize = 16;
@@ -280,15 +394,17 @@ pub struct Watcher {
     hub: Arc<Inner>,
     /// The hub's patterns, which the stream's patterns are released to.
     registry: Arc<Patterns>,
-    cursors: HashMap<WatchedKey, Cursor>,
+    cursors: Cursors,
     /// On a stream of one pattern: cursors of keys it was told of were
     /// added since the stream last dropped them.
     prune: bool,
     /// On a stream of one pattern: its keys the stream may not read,
     /// whose events it must not take for keys it was told of.
-    hidden: HashSet<Bytes>,
+    /// Boxed: most streams never hide a key, and every stream holds this.
+    #[allow(clippy::box_collection)] // 8 bytes inline rather than 48
+    hidden: Option<Box<HashSet<Bytes>>>,
     /// Each key's events, by key.
-    events: StreamMap<Bytes, BroadcastStream<Arc<Slot>>>,
+    events: StreamMap<Bytes, BroadcastStream<Option<Arc<Slot>>>>,
     /// The patterns followed, and their membership changes and their keys'
     /// events by index.
     patterns: Vec<Arc<PatternWatch>>,
@@ -298,10 +414,7 @@ pub struct Watcher {
     /// read: the keys whose last event is later moved since.
     read: Vec<u64>,
     pending: VecDeque<Pending>,
-    /// Resolves when the gateway shuts down. One future for the watcher's
-    /// life: making a new one per event registered and unregistered
-    /// 10,000 waiters on one lock for every event of a fan-out.
-    shutdown: BoxFuture<'static, ()>,
+    /// A channel told the hub shuts down (see [`WatchHub::shutdown`]).
     shut_down: bool,
     /// Which keys the stream may see; `None`: all.
     readable: Option<ReadFilter>,
@@ -323,22 +436,15 @@ impl Watcher {
         Self {
             hub: Arc::clone(&hub.inner),
             registry: Arc::clone(&hub.patterns),
-            cursors: HashMap::with_capacity(keys),
+            cursors: Cursors::with_capacity(keys),
             prune: false,
-            hidden: HashSet::new(),
+            hidden: None,
             events: StreamMap::with_capacity(keys),
             patterns: Vec::with_capacity(patterns),
             membership: StreamMap::with_capacity(patterns),
             pattern_events: StreamMap::with_capacity(patterns),
             read: Vec::with_capacity(patterns),
             pending: VecDeque::new(),
-            shutdown: {
-                let mut shutdown = hub.inner.shutdown.subscribe();
-                Box::pin(async move {
-                    // An error means the hub is gone: shut down too.
-                    let _ = shutdown.wait_for(|down| *down).await;
-                })
-            },
             shut_down: false,
             readable,
         }
@@ -424,6 +530,12 @@ impl Watcher {
     /// Events this watcher was already told of (by the event or by a sync
     /// from a newer state) are skipped: no duplicates, no going back.
     pub async fn next(&mut self) -> Option<Arc<KeyEvent>> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`Watcher::next`] as a poll, for a stream's body to hold the watcher
+    /// itself rather than a future of it besides.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Arc<KeyEvent>>> {
         loop {
             if let Some(pending) = self.pending.pop_front() {
                 let event = match pending {
@@ -446,7 +558,7 @@ impl Watcher {
                     continue;
                 }
                 self.hub.metrics.events_delivered.inc();
-                return Some(event);
+                return Poll::Ready(Some(event));
             }
             // The initial syncs of a large pattern grew the queue: give the
             // room back once they are out. A stream without patterns queues
@@ -460,41 +572,45 @@ impl Watcher {
                 self.pending.shrink_to(kept);
             }
             if self.shut_down {
-                return None;
+                return Poll::Ready(None);
             }
-            let (key, item, pattern) = tokio::select! {
-                biased;
-                () = &mut self.shutdown => {
-                    self.shut_down = true;
-                    return None;
-                }
-                Some((index, change)) = self.membership.next() => {
-                    self.follow_change(index, change);
-                    continue;
-                }
-                Some((index, item)) = self.pattern_events.next() => match item {
-                    Ok(event) => {
-                        self.read[index] = event.number;
-                        (event.slot.key.clone(), Ok(event.slot), Some(index))
+            // In this order: membership changes before the events they
+            // precede; an exhausted map (`Ready(None)`) has nothing to give.
+            if let Poll::Ready(Some((index, change))) = self.membership.poll_next_unpin(cx) {
+                self.follow_change(index, change);
+                continue;
+            }
+            let (key, item, pattern) =
+                if let Poll::Ready(Some((index, item))) = self.pattern_events.poll_next_unpin(cx) {
+                    match item {
+                        Ok(event) => {
+                            self.read[index] = event.number;
+                            (event.slot.key.clone(), Ok(event.slot), Some(index))
+                        }
+                        Err(BroadcastStreamRecvError::Lagged(skipped)) => {
+                            self.hub.metrics.events_dropped.inc_by(skipped);
+                            self.catch_up(index);
+                            continue;
+                        }
                     }
-                    Err(BroadcastStreamRecvError::Lagged(skipped)) => {
-                        self.hub.metrics.events_dropped.inc_by(skipped);
-                        self.catch_up(index);
-                        continue;
+                } else if let Poll::Ready(Some((key, item))) = self.events.poll_next_unpin(cx) {
+                    match item {
+                        Ok(Some(slot)) => (key, Ok(slot), None),
+                        Ok(None) => {
+                            self.shut_down = true;
+                            continue;
+                        }
+                        Err(BroadcastStreamRecvError::Lagged(skipped)) => (key, Err(skipped), None),
                     }
-                },
-                Some((key, item)) = self.events.next() => match item {
-                    Ok(slot) => (key, Ok(slot), None),
-                    Err(BroadcastStreamRecvError::Lagged(skipped)) => (key, Err(skipped), None),
-                },
-                // Reached only when no channel has an event ready: the
-                // stream read every event sent before now.
-                () = std::future::ready(()), if self.prune => {
+                } else if self.prune {
+                    // No channel has an event ready: the stream read every
+                    // event sent before now.
                     self.drop_cursors();
                     continue;
-                }
-                else => return None,
-            };
+                } else {
+                    // Every channel will wake this task.
+                    return Poll::Pending;
+                };
             if !self.may_read(&key) {
                 continue;
             }
@@ -511,7 +627,7 @@ impl Watcher {
                 match self.uncursored(index, &key, received) {
                     Some(event) => {
                         self.hub.metrics.events_delivered.inc();
-                        return Some(event);
+                        return Poll::Ready(Some(event));
                     }
                     None => continue,
                 }
@@ -536,7 +652,7 @@ impl Watcher {
                 // goes once the stream has read past it.
                 self.prune |= pattern.is_some() && self.single_pattern();
                 self.hub.metrics.events_delivered.inc();
-                return Some(event);
+                return Poll::Ready(Some(event));
             }
         }
     }
@@ -585,7 +701,7 @@ impl Watcher {
         key: &Bytes,
         received: Result<(Arc<KeyEvent>, u64), u64>,
     ) -> Option<Arc<KeyEvent>> {
-        if self.hidden.contains(key) {
+        if self.is_hidden(key) {
             return None;
         }
         let pattern = Arc::clone(&self.patterns[index]);
@@ -635,8 +751,7 @@ impl Watcher {
     fn drop_cursors(&mut self) {
         self.prune = false;
         self.cursors
-            .retain(|_, cursor| cursor.named || !cursor.announced);
-        self.cursors.shrink_to_fit();
+            .retain(|cursor| cursor.named || !cursor.announced);
     }
 
     /// After the stream fell behind the channel of the pattern at `index`:
@@ -654,7 +769,7 @@ impl Watcher {
             match self.cursors.get(&key_watch.key[..]) {
                 Some(cursor) if cursor.patterns & bit == 0 => continue,
                 Some(_) => {}
-                None if self.single_pattern() && !self.hidden.contains(&key_watch.key) => {
+                None if self.single_pattern() && !self.is_hidden(&key_watch.key) => {
                     self.told_of(index, &key_watch);
                 }
                 None => continue,
@@ -678,6 +793,7 @@ impl Watcher {
                 self.remove_from_pattern(index, &key_watch.key);
             }
             Ok(Membership::Refused(event)) => self.pending.push_back(Pending::Event(event)),
+            Ok(Membership::Closing) => self.shut_down = true,
             Err(BroadcastStreamRecvError::Lagged(_)) => {
                 // Changes were lost: the pattern's membership now is the
                 // word. Adding is idempotent; keys it left are dropped.
@@ -709,7 +825,7 @@ impl Watcher {
         let key = &key_watch.key;
         if !self.single_pattern()
             || self.cursors.contains_key(&key[..])
-            || self.hidden.contains(key)
+            || self.is_hidden(key)
             || last <= self.read[index]
         {
             return;
@@ -723,6 +839,23 @@ impl Watcher {
         }
     }
 
+    fn is_hidden(&self, key: &[u8]) -> bool {
+        self.hidden
+            .as_ref()
+            .is_some_and(|hidden| hidden.contains(key))
+    }
+
+    fn unhide(&mut self, key: &[u8]) {
+        if let Some(hidden) = &mut self.hidden {
+            hidden.remove(key);
+        }
+    }
+
+    /// How long the stream may stay quiet before its keep-alive.
+    pub fn keep_alive(&self) -> Duration {
+        self.hub.settings.keep_alive
+    }
+
     /// Whether the stream may see `key`.
     fn may_read(&self, key: &[u8]) -> bool {
         self.readable.as_ref().is_none_or(|readable| readable(key))
@@ -734,11 +867,13 @@ impl Watcher {
     fn add_to_pattern(&mut self, index: usize, key_watch: Arc<KeyWatch>) -> bool {
         if !self.may_read(&key_watch.key) {
             if self.single_pattern() {
-                self.hidden.insert(key_watch.key.clone());
+                self.hidden
+                    .get_or_insert_default()
+                    .insert(key_watch.key.clone());
             }
             return false;
         }
-        self.hidden.remove(&key_watch.key);
+        self.unhide(&key_watch.key);
         let bit = 1 << index;
         if let Some(cursor) = self.cursors.get_mut(&key_watch.key[..]) {
             cursor.patterns |= bit;
@@ -777,7 +912,7 @@ impl Watcher {
     /// The pattern at `index` no longer follows `key`; neither does the
     /// stream unless it named it or another of its patterns follows it.
     fn remove_from_pattern(&mut self, index: usize, key: &Bytes) {
-        self.hidden.remove(key);
+        self.unhide(key);
         let Some(cursor) = self.cursors.get_mut(&key[..]) else {
             return;
         };
@@ -860,6 +995,42 @@ mod tests {
             None,
             None,
         ))
+    }
+
+    fn watched(key: &[u8]) -> WatchedKey {
+        WatchedKey(Arc::new(KeyWatch::new(key, 4, 1024, None)))
+    }
+
+    #[test]
+    fn cursors_hold_one_per_key_whether_inline_or_in_the_table() {
+        let mut cursors = Cursors::with_capacity(1);
+        cursors.insert(watched(b"a"), cursor(1, true));
+        cursors.insert(watched(b"b"), cursor(2, true));
+        cursors.insert(watched(b"a"), cursor(3, true));
+        assert_eq!(cursors.len(), 2);
+        assert_eq!(cursors.get(b"a").map(|c| c.delivered), Some(3));
+        // The inline one gone, a key of the table is still found once.
+        assert_eq!(
+            cursors.remove_entry(b"a").map(|(_, c)| c.delivered),
+            Some(3)
+        );
+        cursors.insert(watched(b"b"), cursor(4, true));
+        assert_eq!(cursors.len(), 1);
+        assert_eq!(cursors.get(b"b").map(|c| c.delivered), Some(4));
+        cursors.insert(watched(b"c"), cursor(5, false));
+        if let Some(c) = cursors.get_mut(b"c") {
+            c.delivered = 6;
+        }
+        let mut seen: Vec<(Vec<u8>, u64)> = cursors
+            .iter()
+            .map(|(w, c)| (w.0.key.to_vec(), c.delivered))
+            .collect();
+        seen.sort();
+        assert_eq!(seen, [(b"b".to_vec(), 4), (b"c".to_vec(), 6)]);
+        cursors.retain(|c| !c.announced);
+        assert!(!cursors.contains_key(b"b"));
+        assert_eq!(cursors.keys().count(), 1);
+        assert!(cursors.contains_key(b"c"));
     }
 
     #[test]

@@ -166,8 +166,9 @@ pub(super) struct KeyWatch {
     pub(super) key: Bytes,
     pub(super) state: Mutex<KeyState>,
     /// The key's own channel, for the streams that name it; made when the
-    /// first one subscribes (a pattern's streams use the pattern's).
-    events: OnceLock<broadcast::Sender<Arc<Slot>>>,
+    /// first one subscribes (a pattern's streams use the pattern's). `None`
+    /// is its last item: the hub shuts down (see [`KeyWatch::close`]).
+    events: OnceLock<broadcast::Sender<Option<Arc<Slot>>>>,
     /// The channel's capacity in events, and the bytes it may hold.
     pub(super) buffer: usize,
     pub(super) buffer_bytes: usize,
@@ -209,7 +210,13 @@ impl KeyWatch {
 
     /// A subscription to the key's own channel, with the snapshot and its
     /// sequence number taken together: every later event is in the channel.
-    pub(super) fn subscribe(&self) -> (broadcast::Receiver<Arc<Slot>>, Option<Snapshot>, u64) {
+    pub(super) fn subscribe(
+        &self,
+    ) -> (
+        broadcast::Receiver<Option<Arc<Slot>>>,
+        Option<Snapshot>,
+        u64,
+    ) {
         let state = self.state();
         let receiver = self
             .events
@@ -360,7 +367,16 @@ impl KeyWatch {
             *last = follower.send(Arc::clone(&slot));
         }
         if let Some(events) = self.events.get() {
-            let _ = events.send(slot);
+            let _ = events.send(Some(slot));
+        }
+    }
+
+    /// Ends the streams that name the key: the hub shuts down. Told through
+    /// the channel they read anyway, so that a stream keeps no shutdown
+    /// signal of its own.
+    pub(super) fn close(&self) {
+        if let Some(events) = self.events.get() {
+            let _ = events.send(None);
         }
     }
 }

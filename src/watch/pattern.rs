@@ -77,6 +77,8 @@ pub(super) enum Membership {
     Removed { key_watch: Arc<KeyWatch>, last: u64 },
     /// The pattern takes no new keys (an `error` event naming the limit).
     Refused(Arc<KeyEvent>),
+    /// The hub shuts down: the stream ends.
+    Closing,
 }
 
 /// A stream's start on a pattern: see [`PatternWatch::subscribe`].
@@ -257,6 +259,13 @@ impl Patterns {
 
     fn patterns(&self) -> MutexGuard<'_, HashMap<Bytes, Arc<PatternWatch>>> {
         lock(&self.patterns)
+    }
+
+    /// Ends the streams of every pattern: the hub shuts down.
+    pub(super) fn close(&self) {
+        for pattern in self.patterns().values() {
+            let _ = pattern.changes.send(Membership::Closing);
+        }
     }
 
     /// Adds a stream to each of `globs` (distinct), creating each pattern

@@ -656,12 +656,24 @@ async fn a_watch_head_in_pieces_with_bytes_behind_it_streams() {
 async fn streams_end_with_their_last_chunk_at_shutdown() {
     let stack = Stack::start().await;
     put(&stack, "bye", "one").await;
-    let mut raw = sse::open_raw(
-        stack.gateway.api,
-        &["GET /watch/bye HTTP/1.1\r\nHost: x\r\n\r\n"],
-    )
-    .await;
-    raw.stream.expect("sync").await;
+    // Both ways a stream is served (on a new connection, and by hyper after
+    // another request), a key's stream and a pattern's.
+    let mut streams = Vec::new();
+    for (first, watch) in [
+        (None, "/watch/bye"),
+        (Some("/keys/bye"), "/watch/bye"),
+        (Some("/keys/bye"), "/watch?match=by*"),
+    ] {
+        let requests: Vec<String> = first
+            .into_iter()
+            .chain([watch])
+            .map(|path| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"))
+            .collect();
+        let requests: Vec<&str> = requests.iter().map(String::as_str).collect();
+        let mut raw = sse::open_raw(stack.gateway.api, &requests).await;
+        raw.stream.expect("sync").await;
+        streams.push((watch, raw));
+    }
     let Stack {
         gateway,
         broker,
@@ -669,11 +681,15 @@ async fn streams_end_with_their_last_chunk_at_shutdown() {
         ..
     } = stack;
     let shutdown = tokio::spawn(gateway.shutdown());
-    // `open_raw` asserts the terminating chunk is well formed.
-    assert!(
-        raw.stream.ends_within(Duration::from_secs(10)).await,
-        "the stream ends"
-    );
+    // Well before the grace period (5 s), whose end would cut them short.
+    for (watch, mut raw) in streams {
+        assert!(
+            raw.stream
+                .ends_with_last_chunk_within(Duration::from_secs(3))
+                .await,
+            "{watch} ends with its last chunk"
+        );
+    }
     shutdown.await.unwrap();
     drop((broker, emulator));
 }

@@ -230,6 +230,19 @@ impl SseStream {
             .is_ok()
     }
 
+    /// Whether a chunked body of [`open_raw`] ends within `within` with its
+    /// last chunk (read as an empty item): one cut short ends without it.
+    pub async fn ends_with_last_chunk_within(&mut self, within: Duration) -> bool {
+        let ending = async {
+            let mut last_chunk = false;
+            while let Some(item) = self.body.next().await {
+                last_chunk = matches!(&item, Ok(chunk) if chunk.is_empty());
+            }
+            last_chunk
+        };
+        tokio::time::timeout(within, ending).await.unwrap_or(false)
+    }
+
     /// The next event within `within`, or `None` if none came (or the stream ended).
     pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
         match self.next_or_end(within).await {
