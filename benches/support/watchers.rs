@@ -20,9 +20,9 @@ use super::http::HttpConn;
 use super::procs::{Proc, clock_ticks_per_second, own_cpu_ticks};
 use super::stats::Percentiles;
 
-/// Watchers connecting at the same time (the gateway's accept backlog is
-/// 1024; staying well under it avoids SYN retries that would only measure
-/// the kernel).
+/// Watchers connecting at the same time (the gateway's listen backlog is
+/// 4,096, nginx's here 1,024; staying well under both avoids SYN retries
+/// that would only measure the kernel).
 const CONNECT_CONCURRENCY: usize = 256;
 
 /// How long one watcher may take to get its first `sync` event.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -293,14 +293,29 @@ impl Server {
     }
 }
 
+/// Connections the kernel completes before the gateway accepts them (it
+/// caps this at `net.core.somaxconn`). std's and tokio's 128 dropped the
+/// SYNs of a burst, such as dashboards reconnecting after a restart, and
+/// their clients retried only a second later.
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(setting: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            setting,
-            addr,
-            source,
-        })
+    let listen = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }?;
+        // As std's bind: a restarted gateway rebinds while old connections linger.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| ServeError::Bind {
+        setting,
+        addr,
+        source,
+    })
 }
 
 fn local_addr(
@@ -355,5 +370,33 @@ pub async fn termination_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_burst_of_connections_waits_in_the_backlog_until_accepted() {
+        // Dashboards reconnecting at once after a restart: the kernel
+        // completes their handshakes while the gateway is busy, rather than
+        // dropping SYNs past a short backlog (the clients then retry a
+        // second later).
+        let listener = bind("listen", SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut waiting = Vec::new();
+        for n in 0..600 {
+            let connected = tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("connection {n} was not queued"));
+            waiting.push(connected.unwrap());
+        }
+        drop(listener);
     }
 }
