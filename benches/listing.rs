@@ -223,9 +223,11 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// A response as a client that wants the keys' bytes reads it: typed, the
-/// base64 borrowed from the body, the text form of each key skipped (the
-/// SDK's pager likewise hands out the keys and nothing else).
+/// A response as a client that wants the keys' bytes reads it, in either
+/// form: the text key where there is one (borrowed unless it has escapes:
+/// the same bytes), else the base64 of a key that is not UTF-8. In the
+/// default form the `key_base64` beside a text key is parsed and not
+/// decoded; the SDK's pager likewise hands out the keys and nothing else.
 #[derive(serde::Deserialize)]
 struct Listed<'a> {
     #[serde(borrow)]
@@ -235,22 +237,6 @@ struct Listed<'a> {
 
 #[derive(serde::Deserialize)]
 struct ListedKey<'a> {
-    #[serde(borrow)]
-    key_base64: std::borrow::Cow<'a, str>,
-}
-
-/// A `key_base64=if_not_utf8` response as such a client reads it: the
-/// text key (borrowed unless it has escapes), or the base64 of one that is
-/// not UTF-8.
-#[derive(serde::Deserialize)]
-struct ListedOnce<'a> {
-    #[serde(borrow)]
-    keys: Vec<ListedKeyOnce<'a>>,
-    next: Option<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct ListedKeyOnce<'a> {
     #[serde(borrow)]
     key: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -282,25 +268,17 @@ async fn list_through_gateway(
                 String::from_utf8_lossy(&response.body)
             );
         }
-        let next = if once {
-            let page: ListedOnce = serde_json::from_slice(&response.body).context("JSON")?;
-            for entry in page.keys {
-                keys.push(match (entry.key, entry.key_base64) {
-                    (Some(key), _) => key.into_owned().into_bytes(),
-                    (None, Some(base64)) => {
-                        base64::engine::general_purpose::STANDARD.decode(&*base64)?
-                    }
-                    (None, None) => bail!("an entry without its key"),
-                });
-            }
-            page.next
-        } else {
-            let page: Listed = serde_json::from_slice(&response.body).context("JSON")?;
-            for entry in page.keys {
-                keys.push(base64::engine::general_purpose::STANDARD.decode(&*entry.key_base64)?);
-            }
-            page.next
-        };
+        let page: Listed = serde_json::from_slice(&response.body).context("JSON")?;
+        for entry in page.keys {
+            keys.push(match (entry.key, entry.key_base64) {
+                (Some(key), _) => key.into_owned().into_bytes(),
+                (None, Some(base64)) => {
+                    base64::engine::general_purpose::STANDARD.decode(&*base64)?
+                }
+                (None, None) => bail!("an entry without its key"),
+            });
+        }
+        let next = page.next;
         match next {
             Some(next) => cursor = Some(next),
             None => return Ok(keys),
