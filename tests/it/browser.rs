@@ -432,6 +432,31 @@ impl SteppedScript {
 /// Lock (it says goodbye on `pagehide`) and one that never says goodbye
 /// (the worker learns from its lock). With all tabs but one closed the last
 /// stays live on the same two streams; once it closes, none is left.
+/// The shared worker's rule for tabs without a Web Lock (an insecure
+/// context), which a real browser would take minutes to show: a tab silent
+/// past the limit is dropped (its streams close; it is told to start again
+/// when it speaks), and one that pings keeps its stream. Under Node's
+/// mocked clock (`tests/browser/stream-worker.test.mjs`).
+#[tokio::test]
+async fn the_stream_worker_drops_a_silent_tab_and_keeps_one_that_pings() {
+    require_browser_tools();
+    let run = tokio::process::Command::new("node")
+        .arg("--test")
+        .arg(browser_dir().join("stream-worker.test.mjs"))
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("node --test finishes within 60 s")
+        .expect("node runs");
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[tokio::test]
 async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
     let stack = Stack::start().await;
