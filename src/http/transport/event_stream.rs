@@ -171,13 +171,14 @@ fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 }
 
 /// Answers `request` with `router` on `stream`, then closes it. Returns
-/// when the response has ended, the client has gone, a write stalled for
-/// [`WRITE_STALL_TIMEOUT`], or `stopping` changed.
+/// when the response has ended, the client has gone, or a write stalled
+/// for [`WRITE_STALL_TIMEOUT`]. A shutdown ends watch streams through
+/// their bodies (the watch hub closes the channels they read), so a
+/// stream, 10,000 of them in a fan-out, waits on no shutdown signal here.
 pub async fn respond(
     mut stream: impl AsyncRead + AsyncWrite + Unpin,
     router: Router,
     request: Box<Request<Body>>,
-    mut stopping: watch::Receiver<bool>,
 ) {
     // What only the start needs (the request, the router's future, the
     // response's head) is freed before the stream's long life, and kept
@@ -198,10 +199,8 @@ pub async fn respond(
     drop(parts);
     // Scoped: what the stream's life holds is gone before the shutdown.
     let end = {
-        let stopped = stopping.changed();
-        tokio::pin!(stopped);
         let mut pump = Pump::new(head, framing, WRITE_STALL_TIMEOUT);
-        std::future::poll_fn(|cx| pump.poll(cx, &mut stream, &mut body, stopped.as_mut())).await
+        std::future::poll_fn(|cx| pump.poll(cx, &mut stream, &mut body)).await
     };
     drop(body);
     if end == End::Gone {
@@ -213,7 +212,7 @@ pub async fn respond(
 /// How a stream's [`Pump`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
-    /// The body ended, or the server is stopping, and its end was told.
+    /// The body ended, and its end was told.
     Done,
     /// The client left, a write failed or stalled, or the body failed:
     /// close without telling the end, so the client sees the truncation.
@@ -223,8 +222,8 @@ enum End {
 /// A stream's whole life on the socket: the head, then each body frame
 /// written whole (one `writev` when the socket takes it), then the body's
 /// end (the last chunk), while the client's side is read (bytes it sends
-/// after its request are dropped; its close is noticed at once) and
-/// `stopping` is watched. The connection's task holds this for as long as
+/// after its request are dropped; its close is noticed at once). The
+/// connection's task holds this for as long as
 /// the stream lives, one per watcher, so it is kept small: one frame in
 /// flight, and a stall timer only while a write waits.
 #[derive(Debug)]
@@ -236,8 +235,6 @@ struct Pump {
     /// a client reading a byte at a time still has the whole frame to take
     /// within `stall_after`.
     stall: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The server is stopping: end once the frame in flight is out.
-    stopping: bool,
     /// The body's end is being written.
     ending: bool,
     discard: [u8; 16],
@@ -253,7 +250,6 @@ impl Pump {
             frame,
             stall_after,
             stall: None,
-            stopping: false,
             ending: false,
             discard: [0; 16],
         }
@@ -272,11 +268,7 @@ impl Pump {
         cx: &mut Context<'_>,
         stream: &mut S,
         body: &mut Body,
-        stopped: Pin<&mut impl Future>,
     ) -> Poll<End> {
-        if !self.stopping && stopped.poll(cx).is_ready() {
-            self.stopping = true;
-        }
         loop {
             let mut read = ReadBuf::new(&mut self.discard);
             match Pin::new(&mut *stream).poll_read(cx, &mut read) {
@@ -305,10 +297,6 @@ impl Pump {
             }
             if self.ending {
                 return Poll::Ready(End::Done);
-            }
-            if self.stopping {
-                self.end();
-                continue;
             }
             match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
                 None => self.end(),
@@ -542,9 +530,6 @@ mod tests {
 
     const MAX: usize = 64 * 1024;
 
-    /// A client that reads a byte every 10 ms makes progress on every
-    /// write, yet would take a second for this 100-byte frame: the frame as
-    /// a whole must be written within the stall timeout.
     /// Runs a [`Pump`] of `head` and `body` on `stream` to its end.
     async fn pump(
         stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
@@ -553,11 +538,8 @@ mod tests {
         framing: Framing,
         stall_after: Duration,
     ) -> End {
-        let (_stop, mut stopping) = watch::channel(false);
-        let stopped = stopping.changed();
-        tokio::pin!(stopped);
         let mut pump = Pump::new(Bytes::from_static(head), framing, stall_after);
-        std::future::poll_fn(|cx| pump.poll(cx, stream, &mut body, stopped.as_mut())).await
+        std::future::poll_fn(|cx| pump.poll(cx, stream, &mut body)).await
     }
 
     /// A client that reads a byte every 10 ms makes progress on every

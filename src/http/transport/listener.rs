@@ -231,7 +231,7 @@ async fn connection<I>(
     {
         FirstRequest::Gone => {}
         FirstRequest::Stream(request) => {
-            event_stream::respond(io, router, request, stopping).await;
+            event_stream::respond(io, router, request).await;
         }
         // hyper's connections are boxed: held inline, the larger of them
         // (HTTP/2's) would size every connection's task, watch streams'
