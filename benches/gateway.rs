@@ -915,17 +915,8 @@ fn machine(tools: &Tools, options: &Options) -> String {
         .and_then(|rest| rest.split_once(':'))
         .map_or("unknown".to_owned(), |(_, model)| model.trim().to_owned());
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
+    let memory = procs::kib_field("/proc/meminfo", "MemTotal:")
+        .ok()
         .map_or("unknown".to_owned(), |kib| {
             format!("{:.0} GiB", kib as f64 / 1048576.0)
         });
@@ -1298,11 +1289,11 @@ fn report(
             .iter()
             .find(|f| f.server != "gateway" && f.watchers == big.watchers)
         {
-            // RSS against RSS summed over nginx's processes: how the
-            // issue of the goal measured both; then the gateway's RSS
-            // against nginx's PSS, which counts its shared pages once (the
-            // gateway's own PSS would be lower still: it shares its code
-            // with the emulator, which runs the same binary).
+            // The gateway's RSS against nginx's RSS summed over its
+            // processes (as nchan's memory is usually quoted), then against
+            // nginx's PSS, which counts its shared pages once. The
+            // gateway's own PSS would flatter it: it shares its code with
+            // the emulator, which runs the same binary.
             let memory = big.rss_during_kib as f64 / nchan.rss_during_kib.max(1) as f64;
             let _ = writeln!(
                 out,

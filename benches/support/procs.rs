@@ -68,23 +68,10 @@ impl Proc {
     /// workers), in KiB: pages they share (the master's, a shared memory
     /// zone) count once in all, not once per process as summed RSS would.
     pub fn tree_pss_kib(&self) -> Result<u64> {
-        let mut total = 0;
-        for pid in tree(self.pid()) {
-            let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-                .with_context(|| format!("reading /proc/{pid}/smaps_rollup"))?;
-            total += rollup
-                .lines()
-                .find_map(|line| line.strip_prefix("Pss:"))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .with_context(|| format!("no Pss in /proc/{pid}/smaps_rollup"))?;
-        }
-        Ok(total)
+        tree(self.pid())
+            .into_iter()
+            .map(|pid| kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:"))
+            .sum()
     }
 
     /// Resident set size of the process and its children, summed, in KiB.
@@ -140,13 +127,17 @@ fn tree(pid: u32) -> Vec<u32> {
 }
 
 fn status_field(pid: u32, field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("reading /proc/{pid}/status"))?;
-    status
-        .lines()
+    kib_field(&format!("/proc/{pid}/status"), field)
+}
+
+/// The figure of a `<field> <n> kB` line of a `/proc` file (`status`,
+/// `smaps_rollup`, `meminfo`).
+pub fn kib_field(path: &str, field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    text.lines()
         .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+        .with_context(|| format!("no {field} in {path}"))
 }
 
 /// utime + stime (fields 14 and 15 of `stat`, counted after the command
