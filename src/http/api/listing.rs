@@ -834,7 +834,7 @@ fn json_str(out: &mut Vec<u8>, text: &str) {
 /// The length of a key's entry as [`key_fields`] writes it, a `}` and a
 /// `,` included (exact unless its text needs escapes).
 fn json_entry_len(key: &[u8], key_base64: KeyBase64) -> usize {
-    let base64 = key.len().div_ceil(3) * 4;
+    let base64 = base64::encoded_len(key.len(), true).unwrap_or(0);
     match (std::str::from_utf8(key).is_ok(), key_base64) {
         (true, KeyBase64::IfNotUtf8) => 11 + key.len(),
         (true, KeyBase64::Always) => 27 + key.len() + base64,

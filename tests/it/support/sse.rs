@@ -223,13 +223,6 @@ impl SseStream {
         text
     }
 
-    /// Whether the stream ends (the server closes it) within `within`.
-    pub async fn ends_within(&mut self, within: Duration) -> bool {
-        tokio::time::timeout(within, async { while self.body.next().await.is_some() {} })
-            .await
-            .is_ok()
-    }
-
     /// Whether a chunked body of [`open_raw`] ends within `within` with its
     /// last chunk (read as an empty item): one cut short ends without it.
     pub async fn ends_with_last_chunk_within(&mut self, within: Duration) -> bool {
