@@ -239,25 +239,9 @@ impl Read {
     }
 }
 
-/// The gateway's CPU time so far in nanoseconds, user and kernel, summed
-/// over its threads (`/proc/<pid>/task/*/schedstat`: precise where
-/// `/proc/<pid>/stat` counts 10 ms ticks).
+/// The gateway's CPU time so far in nanoseconds, user and kernel.
 fn cpu_ns(gateway: &GatewayProc) -> Result<u64> {
-    let tasks = format!("/proc/{}/task", gateway.proc.pid());
-    let mut total = 0;
-    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
-        let path = task?.path().join("schedstat");
-        // A thread that just ended has no file any more.
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        total += text
-            .split_whitespace()
-            .next()
-            .and_then(|ns| ns.parse::<u64>().ok())
-            .with_context(|| format!("unexpected {}", path.display()))?;
-    }
-    Ok(total)
+    procs::cpu_ns(gateway.proc.pid())
 }
 
 /// One way of reading, over every round.

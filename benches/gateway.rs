@@ -46,7 +46,7 @@ use support::locks::HandoverReport;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles};
-use support::watchers::{FanoutReport, Server, fanout};
+use support::watchers::{FanoutReport, Server, fan_out};
 use support::wrk::{self, WrkRun};
 
 /// Requests in flight for the saturated runs: wrk connections through the
@@ -555,28 +555,27 @@ async fn run(options: Options) -> Result<()> {
             addr: SocketAddr::from(([127, 0, 0, 1], *port)),
         });
     }
-    for (server, &watchers) in runs.iter().flat_map(|server| {
-        options
-            .watchers
-            .iter()
-            .map(move |watchers| (server, watchers))
-    }) {
-        let report = fanout(*server, watchers, options.rounds, options.settle).await?;
-        println!(
-            "{}, {watchers} watchers: connected in {:?}, p50 {:.0} us p99 {:.0} us max {:.0} us, missing {}, RSS {} -> {} -> {} -> {} KiB, PSS {} KiB",
-            report.server,
-            report.connect_time,
-            report.latency.p50,
-            report.latency.p99,
-            report.latency.max,
-            report.missing,
-            report.rss_before_kib,
-            report.rss_during_kib,
-            report.rss_after_kib,
-            report.rss_settled_kib,
-            report.pss_during_kib,
-        );
-        fanouts.push(report);
+    // Both servers' watchers are connected together and their rounds
+    // alternate, when this program may open that many sockets.
+    for &watchers in &options.watchers {
+        for report in fan_out(&runs, watchers, options.rounds, options.settle).await? {
+            println!(
+                "{}, {watchers} watchers: connected in {:?}, p50 {:.0} us p99 {:.0} us max {:.0} us, rounds' p99 {:.0?} us, missing {}, RSS {} -> {} -> {} -> {} KiB, PSS {} KiB",
+                report.server,
+                report.connect_time,
+                report.latency.p50,
+                report.latency.p99,
+                report.latency.max,
+                report.round_p99s,
+                report.missing,
+                report.rss_before_kib,
+                report.rss_during_kib,
+                report.rss_after_kib,
+                report.rss_settled_kib,
+                report.pss_during_kib,
+            );
+            fanouts.push(report);
+        }
     }
     drop(nchan);
     drop(watch_gateway);
@@ -1166,7 +1165,7 @@ fn report(
             ms(f.latency.p50),
             ms(f.latency.p99),
             ms(f.latency.max),
-            f.gateway_cpu_us_per_event,
+            f.server_cpu_us_per_event,
             f.client_cpu_us_per_event,
             mib(f.rss_before_kib),
             mib(f.rss_during_kib),
@@ -1320,6 +1319,30 @@ fn report(
                 ms(nchan.latency.p99),
                 yes(p99 <= 1.0)
             );
+            // Round i of one against round i of the other: the pooled p99
+            // above is mostly the slowest round's.
+            let mut ratios: Vec<f64> = big
+                .round_p99s
+                .iter()
+                .zip(&nchan.round_p99s)
+                .map(|(ours, theirs)| ours / theirs.max(1.0))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            if let Some(&paired) = ratios.get(ratios.len() / 2) {
+                let rounds = if big.beside && nchan.beside {
+                    "alternating"
+                } else {
+                    "one server's after the other's"
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} watchers: p99 delivery <= nginx + nchan's, round by round ({rounds}) | median of the rounds' ratios {paired:.2}x (from {:.2}x to {:.2}x) | {} |",
+                    big.watchers,
+                    ratios[0],
+                    ratios[ratios.len() - 1],
+                    yes(paired <= 1.0)
+                );
+            }
         }
         // Idle: the fresh watch gateway before its first watcher.
         let idle = ours

@@ -87,12 +87,9 @@ impl Proc {
         cpu_ticks(&format!("/proc/{}/stat", self.pid()))
     }
 
-    /// [`Proc::cpu_ticks`] of the process and its live children.
-    pub fn tree_cpu_ticks(&self) -> Result<u64> {
-        tree(self.pid())
-            .into_iter()
-            .map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
-            .sum()
+    /// [`cpu_ns`] of the process and its live children.
+    pub fn tree_cpu_ns(&self) -> Result<u64> {
+        tree(self.pid()).into_iter().map(cpu_ns).sum()
     }
 }
 
@@ -158,6 +155,27 @@ pub fn cpu_ticks(stat_path: &str) -> Result<u64> {
     };
     // fields[0] is field 3 (state), so utime (14) and stime (15) are 11 and 12.
     Ok(field(11)? + field(12)?)
+}
+
+/// The CPU time of process `pid` so far in nanoseconds, user and kernel,
+/// summed over its threads (`/proc/<pid>/task/*/schedstat`: precise where
+/// `stat` counts 10 ms ticks). A thread that has ended is no longer in it.
+pub fn cpu_ns(pid: u32) -> Result<u64> {
+    let tasks = format!("/proc/{pid}/task");
+    let mut total = 0;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that just ended has no file any more.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .with_context(|| format!("unexpected {}", path.display()))?;
+    }
+    Ok(total)
 }
 
 /// Busy and total CPU ticks of the whole machine (first line of
@@ -336,6 +354,11 @@ pub fn start_webdis(program: &Path, dir: &Path, redis_port: u16) -> Result<(Proc
 /// Where Debian's `libnginx-mod-nchan` puts the module.
 pub const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
 
+/// nchan's EventSource keep-alive comment, every this many seconds: the
+/// gateway's default (`--watch-keepalive`, 15 s), so that both servers
+/// keep idle streams open through proxies the same way.
+const PING_SECONDS: u64 = 15;
+
 /// nginx with nchan on a free port, two workers: EventSource subscribers
 /// on `/sub/<channel>`, publishers on `/pub/<channel>` (a POST publishes
 /// its body; a GET with `Accept: text/json` tells the channel's
@@ -364,6 +387,7 @@ pub fn start_nchan(nginx: &Path, dir: &Path, connections: usize) -> Result<(Proc
                    nchan_subscriber eventsource;\n\
                    nchan_channel_id $1;\n\
                    nchan_subscriber_first_message newest;\n\
+                   nchan_eventsource_ping_interval {PING_SECONDS};\n\
                  }}\n\
                  location ~ ^/pub/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}\n\
                }}\n\

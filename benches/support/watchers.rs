@@ -17,13 +17,21 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
-use super::procs::{Proc, clock_ticks_per_second, own_cpu_ticks};
+use super::procs::{Proc, cpu_ns};
 use super::stats::Percentiles;
+
+/// This program's CPU time so far, ns.
+fn own_cpu_ns() -> Result<u64> {
+    cpu_ns(std::process::id())
+}
 
 /// Watchers connecting at the same time (the gateway's listen backlog is
 /// 4,096, nginx's here 1,024; staying well under both avoids SYN retries
 /// that would only measure the kernel).
 const CONNECT_CONCURRENCY: usize = 256;
+
+/// Files this program keeps for other things than watchers' sockets.
+const SPARE_FILES: usize = 1_024;
 
 /// How long one watcher may take to get its first `sync` event.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -149,8 +157,13 @@ pub struct FanoutReport {
     pub missing: usize,
     /// From the write's request to the event at each watcher.
     pub latency: Percentiles,
+    /// Each round's p99, in order, us.
+    pub round_p99s: Vec<f64>,
+    /// Whether its watchers were connected beside another server's, with
+    /// their rounds alternating (round i of each, one after the other).
+    pub beside: bool,
     /// The server's CPU time per delivered event over the write rounds, us.
-    pub gateway_cpu_us_per_event: f64,
+    pub server_cpu_us_per_event: f64,
     /// This program's CPU time (reading every stream) per event, us.
     pub client_cpu_us_per_event: f64,
     /// The server's processes' proportional set size, summed, at its
@@ -169,136 +182,227 @@ pub struct FanoutReport {
     pub rss_settled_kib: u64,
 }
 
-/// Connects `watchers` SSE streams to `key`, makes `rounds` writes (one
-/// at a time, each once every watcher got the previous one) and
-/// disconnects them all.
-pub async fn fanout(
-    server: Server<'_>,
+/// One server's watchers, connected: writes are made one round at a time,
+/// so that the rounds of two servers' fan-outs can alternate under the
+/// same conditions, then [`Fanout::close`] disconnects them and reports.
+pub struct Fanout<'a> {
+    server: Server<'a>,
     watchers: usize,
-    rounds: usize,
-    settle: Duration,
-) -> Result<FanoutReport> {
-    let key = format!("fanout-{watchers}");
-    let path = server.subscribe_path(&key);
-    let proc = server.proc();
-    let rss_before_kib = proc.tree_rss_kib()?;
+    key: String,
+    events: mpsc::UnboundedReceiver<(u32, Instant)>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    writer: HttpConn,
+    connect_time: Duration,
+    rounds: u32,
+    samples: Vec<Duration>,
+    round_p99s: Vec<f64>,
+    missing: usize,
+    server_cpu_ns: u64,
+    client_cpu_ns: u64,
+    rss_before_kib: u64,
+    rss_during_kib: u64,
+    pss_during_kib: u64,
+}
 
-    let (events_tx, mut events) = mpsc::unbounded_channel::<(u32, Instant)>();
-    let (ready_tx, mut ready) = mpsc::unbounded_channel::<Result<()>>();
-    let (stop_tx, stop) = watch::channel(false);
-    let permits = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for _ in 0..watchers {
-        tasks.spawn(watcher(
-            server.addr(),
-            path.clone(),
-            server.subscribed(),
-            events_tx.clone(),
-            ready_tx.clone(),
-            stop.clone(),
-            permits.clone(),
-        ));
-    }
-    drop((events_tx, ready_tx));
-    for opened in 0..watchers {
-        match tokio::time::timeout(OPEN_TIMEOUT * 2, ready.recv()).await {
-            Ok(Some(Ok(()))) => {}
-            Ok(Some(Err(error))) => {
-                return Err(error.context(format!("watcher {opened} of {watchers}")));
+impl<'a> Fanout<'a> {
+    /// Connects `watchers` SSE streams to a key of their own and waits
+    /// until the server counts every one.
+    pub async fn open(server: Server<'a>, watchers: usize) -> Result<Fanout<'a>> {
+        let key = format!("fanout-{watchers}");
+        let path = server.subscribe_path(&key);
+        let rss_before_kib = server.proc().tree_rss_kib()?;
+
+        let (events_tx, events) = mpsc::unbounded_channel::<(u32, Instant)>();
+        let (ready_tx, mut ready) = mpsc::unbounded_channel::<Result<()>>();
+        let (stop_tx, stop) = watch::channel(false);
+        let permits = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for _ in 0..watchers {
+            tasks.spawn(watcher(
+                server.addr(),
+                path.clone(),
+                server.subscribed(),
+                events_tx.clone(),
+                ready_tx.clone(),
+                stop.clone(),
+                permits.clone(),
+            ));
+        }
+        drop((events_tx, ready_tx));
+        for opened in 0..watchers {
+            match tokio::time::timeout(OPEN_TIMEOUT * 2, ready.recv()).await {
+                Ok(Some(Ok(()))) => {}
+                Ok(Some(Err(error))) => {
+                    return Err(error.context(format!("watcher {opened} of {watchers}")));
+                }
+                Ok(None) | Err(_) => bail!("only {opened} of {watchers} watchers opened"),
             }
-            Ok(None) | Err(_) => bail!("only {opened} of {watchers} watchers opened"),
         }
+        let connect_time = started.elapsed();
+        // Every subscriber is counted before the first write, so a missing
+        // event is the server's and not a late subscription's (nchan's
+        // workers tell each other of theirs a little later).
+        let deadline = Instant::now() + OPEN_TIMEOUT;
+        loop {
+            let counted = server.subscribers(&key).await?;
+            if counted == watchers {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} counts {counted} subscribers of {watchers} connected",
+                    server.name()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Fanout {
+            server,
+            watchers,
+            writer: HttpConn::connect(server.addr()).await?,
+            key,
+            events,
+            stop: stop_tx,
+            tasks,
+            connect_time,
+            rounds: 0,
+            samples: Vec::new(),
+            round_p99s: Vec::new(),
+            missing: 0,
+            server_cpu_ns: 0,
+            client_cpu_ns: 0,
+            rss_before_kib,
+            rss_during_kib: server.proc().tree_rss_kib()?,
+            pss_during_kib: server.proc().tree_pss_kib()?,
+        })
     }
-    let connect_time = started.elapsed();
-    // Every subscriber is counted before the first write, so a missing
-    // event is the server's and not a late subscription's (nchan's workers
-    // tell each other of theirs a little later).
-    let deadline = Instant::now() + OPEN_TIMEOUT;
-    loop {
-        let counted = server.subscribers(&key).await?;
-        if counted == watchers {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} counts {counted} subscribers of {watchers} connected",
-                server.name()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut rss_during_kib = proc.tree_rss_kib()?;
-    let mut pss_during_kib = proc.tree_pss_kib()?;
 
-    let mut writer = HttpConn::connect(server.addr()).await?;
-    let gateway_cpu_before = proc.cpu_ticks()?;
-    let client_cpu_before = own_cpu_ticks()?;
-    let mut samples = Vec::with_capacity(watchers * rounds);
-    let mut missing = 0;
-    for round in 1..=rounds as u32 {
+    /// One write, then the time until each watcher has read its event
+    /// (every one, or the delivery timeout); returns this round's p99, us.
+    pub async fn round(&mut self) -> Result<f64> {
+        self.rounds += 1;
+        let round = self.rounds;
+        let proc = self.server.proc();
+        let server_cpu_before = proc.tree_cpu_ns()?;
+        let client_cpu_before = own_cpu_ns()?;
         let mut value = TOKEN.to_vec();
         value.extend_from_slice(format!("{round}-").as_bytes());
         let sent = Instant::now();
-        server.publish(&mut writer, &key, &value).await?;
-        let mut received = 0;
+        self.server
+            .publish(&mut self.writer, &self.key, &value)
+            .await?;
+        let mut latencies = Vec::with_capacity(self.watchers);
         let deadline = tokio::time::Instant::now() + DELIVERY_TIMEOUT;
-        while received < watchers {
-            match tokio::time::timeout_at(deadline, events.recv()).await {
+        while latencies.len() < self.watchers {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some((seen_round, at))) if seen_round == round => {
-                    received += 1;
-                    samples.push(at.saturating_duration_since(sent));
+                    latencies.push(at.saturating_duration_since(sent));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => bail!("every watcher has gone"),
                 Err(_) => break,
             }
         }
-        missing += watchers - received;
-        rss_during_kib = rss_during_kib.max(proc.tree_rss_kib()?);
-        pss_during_kib = pss_during_kib.max(proc.tree_pss_kib()?);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.server_cpu_ns += proc.tree_cpu_ns()?.saturating_sub(server_cpu_before);
+        self.client_cpu_ns += own_cpu_ns()?.saturating_sub(client_cpu_before);
+        self.missing += self.watchers - latencies.len();
+        self.samples.extend_from_slice(&latencies);
+        let p99 = Percentiles::of(&mut latencies).p99;
+        self.round_p99s.push(p99);
+        self.rss_during_kib = self.rss_during_kib.max(proc.tree_rss_kib()?);
+        self.pss_during_kib = self.pss_during_kib.max(proc.tree_pss_kib()?);
+        Ok(p99)
     }
 
-    let ticks = clock_ticks_per_second() as f64;
-    let per_event = |cpu_ticks: u64| cpu_ticks as f64 / ticks * 1e6 / samples.len().max(1) as f64;
-    // nginx's master only starts its workers: their CPU is all of it.
-    let gateway_cpu_us_per_event = per_event(proc.tree_cpu_ticks()? - gateway_cpu_before);
-    let client_cpu_us_per_event = per_event(own_cpu_ticks()? - client_cpu_before);
+    /// Disconnects every watcher, waits until the server counts none, and
+    /// reads its RSS 1 s and `settle` after.
+    /// `beside`: its rounds alternated with another server's.
+    pub async fn close(mut self, settle: Duration, beside: bool) -> Result<FanoutReport> {
+        let per_event = |ns: u64| ns as f64 / 1e3 / self.samples.len().max(1) as f64;
+        let server_cpu_us_per_event = per_event(self.server_cpu_ns);
+        let client_cpu_us_per_event = per_event(self.client_cpu_ns);
+        let (server, proc) = (self.server, self.server.proc());
 
-    stop_tx.send_replace(true);
-    while tasks.join_next().await.is_some() {}
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.subscribers(&key).await? > 0 {
-        if Instant::now() > deadline {
-            bail!(
-                "{} still counts subscribers 30 s after all left",
-                server.name()
-            );
+        self.stop.send_replace(true);
+        while self.tasks.join_next().await.is_some() {}
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.subscribers(&self.key).await? > 0 {
+            if Instant::now() > deadline {
+                bail!(
+                    "{} still counts subscribers 30 s after all left",
+                    server.name()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let left = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_after_kib = proc.tree_rss_kib()?;
+        tokio::time::sleep_until((left + settle).into()).await;
+        let rss_settled_kib = proc.tree_rss_kib()?;
+        Ok(FanoutReport {
+            server: server.name(),
+            watchers: self.watchers,
+            connect_time: self.connect_time,
+            deliveries: self.samples.len(),
+            missing: self.missing,
+            latency: Percentiles::of(&mut self.samples),
+            round_p99s: self.round_p99s,
+            beside,
+            server_cpu_us_per_event,
+            client_cpu_us_per_event,
+            pss_during_kib: self.pss_during_kib,
+            rss_before_kib: self.rss_before_kib,
+            rss_during_kib: self.rss_during_kib,
+            rss_after_kib,
+            rss_settled_kib,
+        })
     }
-    let left = Instant::now();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_after_kib = proc.tree_rss_kib()?;
-    tokio::time::sleep_until((left + settle).into()).await;
-    let rss_settled_kib = proc.tree_rss_kib()?;
-    let deliveries = samples.len();
-    Ok(FanoutReport {
-        server: server.name(),
-        watchers,
-        connect_time,
-        deliveries,
-        missing,
-        latency: Percentiles::of(&mut samples),
-        gateway_cpu_us_per_event,
-        client_cpu_us_per_event,
-        pss_during_kib,
-        rss_before_kib,
-        rss_during_kib,
-        rss_after_kib,
-        rss_settled_kib,
-    })
+}
+
+/// `watchers` SSE streams on each of `servers` and `rounds` writes to each.
+/// When this program may open enough files, every server's watchers are
+/// connected together and the rounds alternate, the servers in an order
+/// that rotates, so that one server's rounds do not all fall in a quieter
+/// or busier stretch than another's; otherwise one server's fan-out
+/// follows the other's.
+pub async fn fan_out(
+    servers: &[Server<'_>],
+    watchers: usize,
+    rounds: usize,
+    settle: Duration,
+) -> Result<Vec<FanoutReport>> {
+    let files = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(soft, _)| soft);
+    let beside = servers.len() > 1 && files >= (servers.len() * watchers + SPARE_FILES) as u64;
+    let mut reports = Vec::with_capacity(servers.len());
+    if !beside {
+        for server in servers {
+            let mut fanout = Fanout::open(*server, watchers).await?;
+            for _ in 0..rounds {
+                fanout.round().await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            reports.push(fanout.close(settle, false).await?);
+        }
+        return Ok(reports);
+    }
+    let mut open = Vec::with_capacity(servers.len());
+    for server in servers {
+        open.push(Fanout::open(*server, watchers).await?);
+    }
+    for round in 0..rounds {
+        for turn in 0..open.len() {
+            let at = (round + turn) % open.len();
+            open[at].round().await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for fanout in open {
+        reports.push(fanout.close(settle, true).await?);
+    }
+    Ok(reports)
 }
 
 /// One SSE watcher: opens the stream, reports once it is subscribed, then
