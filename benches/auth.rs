@@ -218,7 +218,7 @@ async fn run(options: Options) -> Result<()> {
         .context("mosquitto is needed (scripts/bench installs it)")?;
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_statestore-gateway"));
     let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
-    let _emulator = procs::start_emulator(&binary, dir.path(), port)?;
+    let _emulator = procs::start_emulator(&binary, dir.path(), port).await?;
     let open_launch = GatewayLaunch {
         binary: &binary,
         dir: dir.path(),

@@ -109,7 +109,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("a temporary directory")?;
     let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
-    let _emulator = procs::start_emulator(&binary, dir.path(), port)?;
+    let _emulator = procs::start_emulator(&binary, dir.path(), port).await?;
     write_keys(port, options.ops).await?;
 
     let gateway = GatewayLaunch {

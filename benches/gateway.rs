@@ -378,7 +378,7 @@ async fn run(options: Options) -> Result<()> {
     );
 
     let (mut broker, broker_port) = procs::start_mosquitto(&tools.mosquitto, &dir_path)?;
-    let mut emulator = procs::start_emulator(&options.binary, &dir_path, broker_port)?;
+    let mut emulator = procs::start_emulator(&options.binary, &dir_path, broker_port).await?;
     let pool = direct::start_pool(broker_port, POOL_SIZE).await?;
     emulator.check_alive()?;
     println!("broker on {broker_port}, emulator and direct pool ready");

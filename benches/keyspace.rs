@@ -161,7 +161,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("a temporary directory")?;
     let (_broker, port) = support::procs::start_mosquitto(&mosquitto, dir.path())?;
-    let _emulator = support::procs::start_emulator(&binary, dir.path(), port)?;
+    let _emulator = support::procs::start_emulator(&binary, dir.path(), port).await?;
     let pool = direct::start_pool(port, 4).await?;
 
     let bulk = options.store_keys - options.pattern_keys - SHARED_KEYS;

@@ -100,7 +100,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("a temporary directory")?;
     let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
-    let _emulator = procs::start_emulator(&binary, dir.path(), port)?;
+    let _emulator = procs::start_emulator(&binary, dir.path(), port).await?;
     let pool = direct::start_pool(port, 4).await?;
 
     println!("listing benchmark: writing {} keys", options.keys);

@@ -158,7 +158,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("a temporary directory")?;
     let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
-    let _emulator = procs::start_emulator(&binary, dir.path(), port)?;
+    let _emulator = procs::start_emulator(&binary, dir.path(), port).await?;
 
     let key = rcgen::KeyPair::generate()?;
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])?.self_signed(&key)?;

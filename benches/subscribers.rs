@@ -239,7 +239,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("creating a temporary directory")?;
     let (_broker, broker_port) = procs::start_mosquitto(&mosquitto, dir.path())?;
-    let mut emulator = procs::start_emulator(&binary, dir.path(), broker_port)?;
+    let mut emulator = procs::start_emulator(&binary, dir.path(), broker_port).await?;
     let mut gateway = GatewayChild::start(broker_port, dir.path())?;
     let (api, admin) = (gateway.api, gateway.admin);
     wait_ready(admin).await?;

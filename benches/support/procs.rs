@@ -296,9 +296,11 @@ pub fn start_mosquitto(program: &Path, dir: &Path) -> Result<(Proc, u16)> {
     Ok((proc, port))
 }
 
-/// The emulator, a separate process of the gateway binary.
-pub fn start_emulator(binary: &Path, dir: &Path, broker_port: u16) -> Result<Proc> {
-    Proc::spawn(
+/// The emulator serving the broker on `broker_port`, once it answers a
+/// GET: it subscribes to its request topic a moment after it starts, and a
+/// gateway asked before that answers 503.
+pub async fn start_emulator(binary: &Path, dir: &Path, broker_port: u16) -> Result<Proc> {
+    let proc = Proc::spawn(
         "emulator",
         dir,
         Command::new(binary)
@@ -308,7 +310,14 @@ pub fn start_emulator(binary: &Path, dir: &Path, broker_port: u16) -> Result<Pro
             .arg("--client-id")
             .arg("bench-emulator")
             .env("RUST_LOG", "warn"),
-    )
+    )?;
+    // The direct pool is ready once the emulator answers it.
+    super::direct::start_pool(broker_port, 1)
+        .await
+        .with_context(|| format!("the emulator: {}", proc.log_tail()))?
+        .shutdown()
+        .await;
+    Ok(proc)
 }
 
 /// redis-server without persistence on a free port.
