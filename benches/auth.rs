@@ -37,6 +37,7 @@ use statestore_gateway::metrics::Metrics;
 use support::gateway::GatewayLaunch;
 use support::http::HttpConn;
 use support::procs;
+use support::stats::median;
 
 const ISSUER: &str = "https://issuer.bench.invalid";
 const AUDIENCE: &str = "statestore-gateway-bench";
@@ -130,11 +131,6 @@ impl Signer {
 }
 
 /// Median of a list of seconds.
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Microseconds per call of `verify` on `tokens`, in order.
 async fn verify_each(verifier: &Verifier, tokens: &[String]) -> Result<f64> {
     let started = Instant::now();

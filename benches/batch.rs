@@ -35,6 +35,7 @@ use support::http::HttpConn;
 use support::memory::PeakRss;
 use support::procs;
 use support::sdk::Sdk;
+use support::stats::median;
 
 /// Bytes of every value.
 const VALUE_BYTES: usize = 1024;
@@ -270,11 +271,6 @@ async fn batch(conn: &mut HttpConn, body: &str, ops: usize, status: u64) -> Resu
         bail!("a batch op answered {result}");
     }
     Ok(results)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn report(

@@ -34,7 +34,7 @@ use prost::Message as _;
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::HttpConn;
 use support::procs;
-use support::stats::Percentiles;
+use support::stats::{Percentiles, median_low_high};
 
 struct Options {
     requests: usize,
@@ -239,11 +239,6 @@ impl Read {
     }
 }
 
-/// The gateway's CPU time so far in nanoseconds, user and kernel.
-fn cpu_ns(gateway: &GatewayProc) -> Result<u64> {
-    procs::cpu_ns(gateway.proc.pid())
-}
-
 /// One way of reading, over every round.
 #[derive(Default)]
 struct Tally {
@@ -270,7 +265,7 @@ async fn interleaved_reads(
             let index = (round + offset) % READS.len();
             let read = READS[index];
             let tally = &mut tallies[index];
-            let before = cpu_ns(gateway)?;
+            let before = procs::cpu_ns(gateway.proc.pid())?;
             for _ in 0..per_round {
                 let started = Instant::now();
                 let body = read.once(h1, h2).await?;
@@ -283,7 +278,7 @@ async fn interleaved_reads(
                     );
                 }
             }
-            let used = cpu_ns(gateway)?.saturating_sub(before);
+            let used = procs::cpu_ns(gateway.proc.pid())?.saturating_sub(before);
             tally.cpu_ns += used;
             tally.per_round.push(used as f64 / per_round as f64);
         }
@@ -293,18 +288,8 @@ async fn interleaved_reads(
 
 /// The median, lowest and highest of each round's ratio `a / b`.
 fn round_ratios(a: &Tally, b: &Tally) -> (f64, f64, f64) {
-    let mut ratios: Vec<f64> = a
-        .per_round
-        .iter()
-        .zip(&b.per_round)
-        .map(|(a, b)| a / b)
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    (
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1],
-    )
+    let ratios = a.per_round.iter().zip(&b.per_round).map(|(a, b)| a / b);
+    median_low_high(ratios).unwrap_or((f64::NAN, f64::NAN, f64::NAN))
 }
 
 /// The gateway's store requests so far (every op and outcome).

@@ -45,7 +45,7 @@ use support::http::request_once;
 use support::locks::HandoverReport;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
-use support::stats::{Measurement, Percentiles};
+use support::stats::{Measurement, Percentiles, median_low_high};
 use support::watchers::{FanoutReport, Server, fan_out};
 use support::wrk::{self, WrkRun};
 
@@ -1321,14 +1321,12 @@ fn report(
             );
             // Round i of one against round i of the other: the pooled p99
             // above is mostly the slowest round's.
-            let mut ratios: Vec<f64> = big
+            let ratios = big
                 .round_p99s
                 .iter()
                 .zip(&nchan.round_p99s)
-                .map(|(ours, theirs)| ours / theirs.max(1.0))
-                .collect();
-            ratios.sort_by(f64::total_cmp);
-            if let Some(&paired) = ratios.get(ratios.len() / 2) {
+                .map(|(ours, theirs)| ours / theirs.max(1.0));
+            if let Some((paired, low, high)) = median_low_high(ratios) {
                 let rounds = if big.beside && nchan.beside {
                     "alternating"
                 } else {
@@ -1336,10 +1334,8 @@ fn report(
                 };
                 let _ = writeln!(
                     out,
-                    "| {} watchers: p99 delivery <= nginx + nchan's, round by round ({rounds}) | median of the rounds' ratios {paired:.2}x (from {:.2}x to {:.2}x) | {} |",
+                    "| {} watchers: p99 delivery <= nginx + nchan's, round by round ({rounds}) | median of the rounds' ratios {paired:.2}x (from {low:.2}x to {high:.2}x) | {} |",
                     big.watchers,
-                    ratios[0],
-                    ratios[ratios.len() - 1],
                     yes(paired <= 1.0)
                 );
             }

@@ -40,6 +40,7 @@ use support::http::HttpConn;
 use support::memory::PeakRss;
 use support::procs;
 use support::sdk::Sdk;
+use support::stats::median;
 
 /// Gateway listings measured: page size, and whether the client asks for
 /// `key_base64=if_not_utf8` (each text key once, as `key`).
@@ -260,11 +261,6 @@ fn check_listed(listed: &[Vec<u8>], expected: usize, by: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// A response as a client that wants the keys' bytes reads it, in either

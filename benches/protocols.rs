@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, bail};
 
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::procs;
-use support::stats::Percentiles;
+use support::stats::{Percentiles, median};
 
 /// Requests in flight for the saturated runs, as the gateway benchmark's.
 const CONCURRENCY: usize = 64;
@@ -323,14 +323,14 @@ where
     Ok(done.load(Ordering::Relaxed))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 fn report(options: &Options, rounds: &[[Figures; 4]]) -> String {
     let of = |at: usize, pick: fn(&Figures) -> f64| {
-        median(rounds.iter().map(|round| pick(&round[at])).collect())
+        median(
+            &mut rounds
+                .iter()
+                .map(|round| pick(&round[at]))
+                .collect::<Vec<_>>(),
+        )
     };
     let mut out = String::new();
     let _ = writeln!(

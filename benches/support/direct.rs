@@ -64,7 +64,9 @@ pub async fn start_pool(broker_port: u16, pool_size: usize) -> Result<Pool> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Let the remaining members subscribe too.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    if pool_size > 1 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     Ok(pool)
 }
 

@@ -208,6 +208,11 @@ pub fn own_cpu_ticks() -> Result<u64> {
     cpu_ticks("/proc/self/stat")
 }
 
+/// [`cpu_ns`] of this process (the benchmark client).
+pub fn own_cpu_ns() -> Result<u64> {
+    cpu_ns(std::process::id())
+}
+
 /// `getconf CLK_TCK` (100 on Linux unless someone rebuilt the kernel).
 pub fn clock_ticks_per_second() -> u64 {
     Command::new("getconf")
@@ -363,11 +368,6 @@ pub fn start_webdis(program: &Path, dir: &Path, redis_port: u16) -> Result<(Proc
 /// Where Debian's `libnginx-mod-nchan` puts the module.
 pub const NCHAN_MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
 
-/// nchan's EventSource keep-alive comment, every this many seconds: the
-/// gateway's default (`--watch-keepalive`, 15 s), so that both servers
-/// keep idle streams open through proxies the same way.
-const PING_SECONDS: u64 = 15;
-
 /// nginx with nchan on a free port, two workers: EventSource subscribers
 /// on `/sub/<channel>`, publishers on `/pub/<channel>` (a POST publishes
 /// its body; a GET with `Accept: text/json` tells the channel's
@@ -396,12 +396,15 @@ pub fn start_nchan(nginx: &Path, dir: &Path, connections: usize) -> Result<(Proc
                    nchan_subscriber eventsource;\n\
                    nchan_channel_id $1;\n\
                    nchan_subscriber_first_message newest;\n\
-                   nchan_eventsource_ping_interval {PING_SECONDS};\n\
+                   nchan_eventsource_ping_interval {ping};\n\
                  }}\n\
                  location ~ ^/pub/(.+)$ {{ nchan_publisher; nchan_channel_id $1; }}\n\
                }}\n\
              }}\n",
             files = connections * 2,
+            // As often as the gateway's keep-alive, so that both servers
+            // keep idle streams open through proxies alike.
+            ping = statestore_gateway::settings::DEFAULT_WATCH_KEEPALIVE.as_secs(),
         ),
     )?;
     let mut proc = Proc::spawn(

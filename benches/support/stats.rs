@@ -2,6 +2,21 @@
 
 use std::time::Duration;
 
+/// The middle of `values`, sorted here (the upper middle of an even
+/// count); NaN when there are none.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The median, lowest and highest of `ratios` (those of paired rounds);
+/// `None` when there are none.
+pub fn median_low_high(ratios: impl IntoIterator<Item = f64>) -> Option<(f64, f64, f64)> {
+    let mut ratios: Vec<f64> = ratios.into_iter().collect();
+    let middle = median(&mut ratios);
+    Some((middle, *ratios.first()?, *ratios.last()?))
+}
+
 /// Latency percentiles, in microseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Percentiles {

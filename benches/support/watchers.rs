@@ -17,13 +17,8 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
-use super::procs::{Proc, cpu_ns};
+use super::procs::{Proc, own_cpu_ns};
 use super::stats::Percentiles;
-
-/// This program's CPU time so far, ns.
-fn own_cpu_ns() -> Result<u64> {
-    cpu_ns(std::process::id())
-}
 
 /// Watchers connecting at the same time (the gateway's listen backlog is
 /// 4,096, nginx's here 1,024; staying well under both avoids SYN retries
@@ -280,7 +275,8 @@ impl<'a> Fanout<'a> {
     }
 
     /// One write, then the time until each watcher has read its event
-    /// (every one, or the delivery timeout); returns this round's p99, us.
+    /// (every one, or the delivery timeout), then a pause of 100 ms before
+    /// the next round on any server; returns this round's p99, us.
     pub async fn round(&mut self) -> Result<f64> {
         self.rounds += 1;
         let round = self.rounds;
@@ -313,6 +309,7 @@ impl<'a> Fanout<'a> {
         self.round_p99s.push(p99);
         self.rss_during_kib = self.rss_during_kib.max(proc.tree_rss_kib()?);
         self.pss_during_kib = self.pss_during_kib.max(proc.tree_pss_kib()?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         Ok(p99)
     }
 
@@ -382,7 +379,6 @@ pub async fn fan_out(
             let mut fanout = Fanout::open(*server, watchers).await?;
             for _ in 0..rounds {
                 fanout.round().await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             reports.push(fanout.close(settle, false).await?);
         }
@@ -396,7 +392,6 @@ pub async fn fan_out(
         for turn in 0..open.len() {
             let at = (round + turn) % open.len();
             open[at].round().await?;
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     for fanout in open {

@@ -223,9 +223,9 @@ enum End {
 /// written whole (one `writev` when the socket takes it), then the body's
 /// end (the last chunk), while the client's side is read (bytes it sends
 /// after its request are dropped; its close is noticed at once). The
-/// connection's task holds this for as long as
-/// the stream lives, one per watcher, so it is kept small: one frame in
-/// flight, and a stall timer only while a write waits.
+/// connection's task holds this for as long as the stream lives, one per
+/// watcher, so it is kept small: one frame in flight, and a stall timer
+/// only while a write waits.
 #[derive(Debug)]
 struct Pump {
     framing: Framing,
