@@ -9,7 +9,9 @@ import { readFileSync } from 'node:fs';
 import vm from 'node:vm';
 
 const SOURCE = readFileSync(new URL('../../src/ui/stream-worker.js', import.meta.url), 'utf8');
-// The worker's limit and sweep period: a silent tab is dropped within both.
+// The worker's limit (two and a half minutes, as docs/observability.md says)
+// and sweep period: a silent tab is dropped within both. Copies of the
+// worker's, on purpose: a change to them must fail here.
 const SILENT_MS = 150_000;
 const SWEEP_MS = 30_000;
 const URL_K = 'http://gateway.test/watch/k';

@@ -424,14 +424,6 @@ impl SteppedScript {
     }
 }
 
-/// [`TABS`] tabs of one browser watching the same key and following the
-/// same pattern share two streams through the page's SharedWorker: every
-/// tab is live and shows a change made with plain HTTP, while the gateway
-/// holds two watch streams, not two per tab. A tab watching a key of its
-/// own holds one more stream until it closes: one that cannot hold a Web
-/// Lock (it says goodbye on `pagehide`) and one that never says goodbye
-/// (the worker learns from its lock). With all tabs but one closed the last
-/// stays live on the same two streams; once it closes, none is left.
 /// The shared worker's rule for tabs without a Web Lock (an insecure
 /// context), which a real browser would take minutes to show: a tab silent
 /// past the limit is dropped (its streams close; it is told to start again
@@ -457,6 +449,14 @@ async fn the_stream_worker_drops_a_silent_tab_and_keeps_one_that_pings() {
     );
 }
 
+/// [`TABS`] tabs of one browser watching the same key and following the
+/// same pattern share two streams through the page's SharedWorker: every
+/// tab is live and shows a change made with plain HTTP, while the gateway
+/// holds two watch streams, not two per tab. A tab watching a key of its
+/// own holds one more stream until it closes: one that cannot hold a Web
+/// Lock (it says goodbye on `pagehide`) and one that never says goodbye
+/// (the worker learns from its lock). With all tabs but one closed the last
+/// stays live on the same two streams; once it closes, none is left.
 #[tokio::test]
 async fn dashboard_tabs_beyond_the_connection_limit_share_their_streams() {
     let stack = Stack::start().await;
