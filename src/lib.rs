@@ -6,12 +6,13 @@
 //!
 //! - [`cli`]: the command line (clap, with environment fallbacks), one
 //!   module per subcommand, each turning its arguments into its settings.
-//! - [`http`]: the APIs' routes and request parsing, their transport
+//! - [`http`]: the APIs' routes and request parsing (the gateway's own,
+//!   and Dapr's over HTTP and gRPC in a room of their own), their transport
 //!   (listener, TLS, watch streams), problem+json errors, `serve`.
 //! - [`access`]: who may call (the API token, JWTs) and what each caller
 //!   may do to which keys (the per-key rules).
 //! - [`dapr`]: Dapr's state and lock building blocks as store commands
-//!   (the HTTP and gRPC routes in [`http`] translate shapes only), with
+//!   (`http::dapr`'s HTTP and gRPC front ends translate shapes only), with
 //!   etag writes made safe across gateways by per-key leases and fencing.
 //! - [`locks`]: locks as the SDKs keep them, with lines of waiters that
 //!   share one hub watch per lock.

@@ -34,11 +34,9 @@
 use bytes::Bytes;
 
 use super::error::DaprError;
-use super::keys::lease_key;
+use super::lease::{self, Resolve, fenced, is_outdated, lease_key};
 use super::settings::DaprSettings;
-use super::transaction::take_lease;
-use crate::mqtt::RequestOptions;
-use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
+use crate::protocol::{Hlc, SetCondition, SetOptions};
 use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 /// What a conditional write does once the etag matched.
@@ -57,30 +55,30 @@ pub(super) enum Write {
 }
 
 /// Runs `write` on `key` under the key's lease, if `expected` (when given)
-/// is the key's version.
+/// is the key's version; a transaction holding the lease is resolved by
+/// `resolve`.
 pub(super) async fn run(
     store: &StoreClient,
     settings: &DaprSettings,
     key: Bytes,
     expected: Option<Hlc>,
     write: Write,
+    resolve: Resolve,
 ) -> Result<(), DaprError> {
     let lease = lease_key(&key);
     let holder = Bytes::from(format!("{:032x}", rand::random::<u128>()));
     let expires_in_ms = u64::try_from(settings.etag_lease.as_millis()).unwrap_or(u64::MAX);
-    let token = take_lease(
+    let token = lease::take(
         store,
         &lease,
         &holder,
         Some(expires_in_ms),
         settings.lease_wait,
+        resolve,
     )
     .await?;
     let result = apply(store, key, expected, write, token).await;
-    // A failed release is no error: the lease expires.
-    if let Err(error) = store.vdel(lease, holder, None).await {
-        tracing::debug!(%error, "releasing an etag lease failed; it expires");
-    }
+    lease::release(store, lease, holder).await;
     result
 }
 
@@ -92,10 +90,7 @@ async fn apply(
     write: Write,
     token: Hlc,
 ) -> Result<(), DaprError> {
-    let fenced = RequestOptions {
-        fencing_token: Some(token.clone()),
-        ..RequestOptions::default()
-    };
+    let fenced = fenced(&token);
     let Some(expected) = expected else {
         // No etag: the write wins; a refusal for an older token means a
         // newer holder's write came after it, which is as good. A
@@ -154,15 +149,4 @@ fn fenced_outcome<T>(result: Result<T, RequestError>) -> Result<T, DaprError> {
         Err(error) if is_outdated(&error) => Err(DaprError::EtagMismatch),
         other => other.map_err(DaprError::from),
     }
-}
-
-/// The store refused a token older than the key's: a newer holder wrote.
-fn is_outdated(error: &RequestError) -> bool {
-    matches!(
-        error,
-        RequestError::Refused {
-            error: StoreError::FencingTokenLowerVersion,
-            ..
-        }
-    )
 }

@@ -8,14 +8,6 @@ pub const LEASE_PREFIX: &str = "dapr-etag-lease||";
 /// The prefix of intent records: `<prefix><transaction id>`.
 pub const INTENT_PREFIX: &str = "dapr-txn||";
 
-/// The lease key of `key`.
-pub(super) fn lease_key(key: &[u8]) -> Bytes {
-    let mut lease = Vec::with_capacity(LEASE_PREFIX.len() + key.len());
-    lease.extend_from_slice(LEASE_PREFIX.as_bytes());
-    lease.extend_from_slice(key);
-    Bytes::from(lease)
-}
-
 /// The intent record of transaction `id`.
 pub(super) fn intent_key(id: &str) -> Bytes {
     Bytes::from(format!("{INTENT_PREFIX}{id}"))

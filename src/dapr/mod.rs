@@ -1,14 +1,15 @@
 //! Dapr's state and lock building blocks over the store: what each Dapr
-//! operation does in store commands, shared by the HTTP routes and the
-//! gRPC service (`http::dapr`, `http::grpc`), which only translate shapes.
+//! operation does in store commands, shared by Dapr's HTTP routes and gRPC
+//! service ([`crate::http::dapr`]), which only translate shapes.
 //!
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
 //!   without an etag is `SET NX` ("only if absent"). With transactions on,
 //!   each takes its key's lease first (see below).
 //! - A write or delete **with** an etag is a [`conditional`] write: the
-//!   store has no compare-and-set on versions, so it is built from a lease
-//!   per key and fencing tokens, correct across any number of gateways.
+//!   store has no compare-and-set on versions, so it is built from a
+//!   [`lease`] per key and fencing tokens, correct across any number of
+//!   gateways.
 //! - A transaction (with `--dapr-transactions`) takes every key's lease,
 //!   checks every etag, commits by one intent record and applies it; see
 //!   [`transaction`], which a reader of a key resolves before reading it.
@@ -19,6 +20,7 @@
 mod conditional;
 mod error;
 mod keys;
+mod lease;
 mod settings;
 mod transaction;
 
@@ -41,6 +43,24 @@ pub use transaction::TxOp;
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
 /// The lock store's component type.
 pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
+/// The runtime version Dapr's metadata names.
+pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG_VERSION"));
+
+/// How many saves of one request run at once.
+const SAVE_PARALLELISM: usize = 16;
+
+/// One component as Dapr's metadata lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Component<'a> {
+    /// The name apps call it by.
+    pub name: &'a str,
+    /// Its type (`state.azure.iotoperations`).
+    pub kind: &'static str,
+    /// Its version.
+    pub version: &'static str,
+    /// The capabilities that hold with the gateway's settings.
+    pub capabilities: &'static [&'static str],
+}
 
 /// Dapr's concurrency option of a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -138,6 +158,25 @@ impl DaprStore {
         } else {
             &["ETAG", "TTL"]
         }
+    }
+
+    /// The components Dapr's metadata lists: the state store, then the
+    /// lock store.
+    pub fn components(&self) -> [Component<'_>; 2] {
+        [
+            Component {
+                name: &self.settings.state_store,
+                kind: STATE_COMPONENT_TYPE,
+                version: "v1",
+                capabilities: self.capabilities(),
+            },
+            Component {
+                name: &self.settings.lock_store,
+                kind: LOCK_COMPONENT_TYPE,
+                version: "v1",
+                capabilities: &[],
+            },
+        ]
     }
 
     /// A checked save as a transaction's op (`delete`: the key is deleted
@@ -244,6 +283,17 @@ impl DaprStore {
         }
     }
 
+    /// Saves every item, each as its own write, a few at once; the first
+    /// failure in the items' order is the answer (the others ran).
+    pub async fn save_all(&self, saves: Vec<Save>) -> Result<(), DaprError> {
+        let results: Vec<_> = stream::iter(saves)
+            .map(|save| self.save(save))
+            .buffered(SAVE_PARALLELISM)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
     /// Deletes one key (an absent key without an etag is no error).
     pub async fn delete(&self, delete: Delete) -> Result<(), DaprError> {
         let key = self.store_key(&delete.key);
@@ -322,7 +372,15 @@ impl DaprStore {
         expected: Option<Hlc>,
         write: conditional::Write,
     ) -> Result<(), DaprError> {
-        conditional::run(&self.store, &self.settings, key, expected, write).await
+        conditional::run(
+            &self.store,
+            &self.settings,
+            key,
+            expected,
+            write,
+            transaction::RESOLVE,
+        )
+        .await
     }
 }
 

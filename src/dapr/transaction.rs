@@ -35,11 +35,14 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use futures_util::future::FutureExt as _;
+
 use super::error::DaprError;
-use super::keys::{intent_key, lease_key};
+use super::keys::intent_key;
+use super::lease::{self, FIRST_PAUSE, LONGEST_PAUSE, fenced, is_outdated, lease_key};
 use super::settings::DaprSettings;
 use crate::mqtt::RequestOptions;
-use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError, hlc};
+use crate::protocol::{Hlc, SetCondition, SetOptions, hlc};
 use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
 
 /// A lease held by a transaction: `txn:<id>:<deadline ms>`.
@@ -49,9 +52,6 @@ const TXN_LEASE: &str = "txn:";
 /// plausibly come back from.
 const ABORTED_FOR: Duration = Duration::from_secs(24 * 3600);
 const ABORTED: &[u8] = b"aborted";
-
-const FIRST_PAUSE: Duration = Duration::from_millis(2);
-const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
 /// One operation of a transaction, on a store key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +114,16 @@ pub(super) async fn execute(
     let held = async {
         for op in &ops {
             let lease = lease_key(&op.key);
-            tokens.push(take_lease(store, &lease, &lease_value, None, settings.lease_wait).await?);
+            let token = lease::take(
+                store,
+                &lease,
+                &lease_value,
+                None,
+                settings.lease_wait,
+                RESOLVE,
+            )
+            .await?;
+            tokens.push(token);
         }
         check(store, &ops).await
     }
@@ -167,51 +176,6 @@ pub(super) async fn execute(
     finish(store, &id, &intent, record).await
 }
 
-/// Takes the lease `lease` for `holder` (`SET NX`, expiring when given):
-/// a transaction holding it is resolved (applied or aborted, its gateway
-/// may be gone), a conditional write holding it is waited for, up to
-/// `wait`. The lease's version is the fencing token.
-pub(super) async fn take_lease(
-    store: &StoreClient,
-    lease: &Bytes,
-    holder: &Bytes,
-    expires_in_ms: Option<u64>,
-    wait: Duration,
-) -> Result<Hlc, DaprError> {
-    let deadline = Instant::now() + wait;
-    let options = SetOptions {
-        condition: SetCondition::OnlyIfMissing,
-        expires_in_ms,
-    };
-    let mut pause = FIRST_PAUSE;
-    loop {
-        let set = store
-            .set(
-                lease.clone(),
-                holder.clone(),
-                options,
-                &RequestOptions::default(),
-            )
-            .await?;
-        match set {
-            SetOutcome::Applied(Some(token)) => return Ok(token),
-            SetOutcome::Applied(None) => {
-                return Err(RequestError::UnexpectedReply {
-                    verb: "SET",
-                    reply: "+OK without the key's version".to_owned(),
-                }
-                .into());
-            }
-            SetOutcome::NotApplied if resolve(store, lease).await? => {}
-            SetOutcome::NotApplied if Instant::now() + pause < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(LONGEST_PAUSE);
-            }
-            SetOutcome::NotApplied => return Err(DaprError::LeaseBusy(wait)),
-        }
-    }
-}
-
 /// Every op's etag or condition against the keys as they are now.
 async fn check(store: &StoreClient, ops: &[TxOp]) -> Result<(), DaprError> {
     for op in ops {
@@ -241,10 +205,7 @@ async fn finish(
             continue;
         };
         let key = Bytes::from(key);
-        let fenced = RequestOptions {
-            fencing_token: Some(token.clone()),
-            ..RequestOptions::default()
-        };
+        let fenced = fenced(&token);
         let written = match op.v.as_ref().and_then(|v| BASE64.decode(v).ok()) {
             Some(value) => {
                 let options = SetOptions {
@@ -260,10 +221,7 @@ async fn finish(
         };
         match written {
             // A newer holder already wrote after this transaction.
-            Err(RequestError::Refused {
-                error: StoreError::FencingTokenLowerVersion,
-                ..
-            }) => {}
+            Err(error) if is_outdated(&error) => {}
             other => other?,
         }
     }
@@ -285,11 +243,12 @@ async fn release<'a>(
     lease_value: &Bytes,
 ) {
     for key in keys {
-        if let Err(error) = store.vdel(lease_key(key), lease_value.clone(), None).await {
-            tracing::debug!(%error, "releasing a transaction's lease failed");
-        }
+        lease::release(store, lease_key(key), lease_value.clone()).await;
     }
 }
+
+/// [`resolve`] as the leases of conditional writes and transactions take it.
+pub(super) const RESOLVE: lease::Resolve = |store, lease| resolve(store, lease).boxed();
 
 /// Resolves the transaction holding `lease`, if one does: applies a
 /// committed one, aborts one past its deadline. True when the lease may

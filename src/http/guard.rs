@@ -13,7 +13,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
 
-use super::api::{extract, grpc, locks, watch};
+use super::api::{extract, locks, watch};
+use super::dapr::grpc;
 use super::problem::ApiError;
 use crate::access::rules::Principal;
 use crate::access::{self, AuthFailure, Caller, CallerChecks, presented_token};

@@ -1,8 +1,10 @@
 //! The gateway's HTTP side: the APIs, their transport, and the `serve`
 //! runner with graceful shutdown.
 //!
-//! - [`api`]: the routes (keys, batches, listing, locks, watches, Dapr over
-//!   HTTP and gRPC, admin, OpenAPI) and request parsing.
+//! - [`api`]: the gateway's own routes (keys, batches, listing, locks,
+//!   watches, admin, OpenAPI) and request parsing.
+//! - [`dapr`]: Dapr's state and lock API over HTTP and gRPC, on the same
+//!   listener.
 //! - [`transport`]: the accept loop, TLS and watch stream writing.
 //! - [`problem`]: the one error enum and its RFC 9457 responses.
 //! - `guard`: the middleware that establishes who calls (through
@@ -15,6 +17,7 @@
 //!   [`Server::shutdown`].
 
 pub mod api;
+pub mod dapr;
 mod guard;
 mod headers;
 pub mod problem;

@@ -18,7 +18,8 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tracing::Instrument as _;
 
-use super::api::{batch, dapr, extract, grpc, keys, listing, locks, openapi, watch};
+use super::api::{batch, extract, keys, listing, locks, openapi, watch};
+use super::dapr;
 use super::guard::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
 use super::state::AppState;
@@ -56,8 +57,7 @@ pub fn router(state: AppState) -> Router {
 /// The API's routes; the watch routes merge in here.
 fn api_routes(state: &AppState) -> Router<AppState> {
     Router::new()
-        .merge(dapr::routes())
-        .merge(grpc::routes(state))
+        .merge(dapr::routes(state))
         .merge(keys::routes())
         .merge(batch::routes())
         .merge(listing::routes())

@@ -1,4 +1,4 @@
-//! The routes: each API's handlers, which parse a request into a typed
+//! The gateway's own routes (Dapr's are [`super::dapr`]'s): each API's handlers, which parse a request into a typed
 //! command, run it, and map its outcome to a status.
 //!
 //! - [`keys`]: the one-key routes, `/keys/{key}`.
@@ -7,8 +7,6 @@
 //! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
 //! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
-//! - [`dapr`], [`grpc`]: Dapr's state and lock API over HTTP (`/v1.0/...`)
-//!   and gRPC (`dapr.proto.runtime.v1.Dapr`), on the same listener.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //! - [`extract`]: request parsing as extractors (key, query, conditions,
@@ -17,9 +15,7 @@
 
 pub mod admin;
 pub mod batch;
-pub mod dapr;
 pub mod extract;
-pub mod grpc;
 pub mod keys;
 pub mod listing;
 pub mod locks;

@@ -1,0 +1,279 @@
+//! Every rule Dapr's two front ends apply to a request before it reaches
+//! the store, written once: the store's name, keys, saves, lock names and
+//! expiry, counts and operation names. A broken rule is a [`Refusal`],
+//! which [`super::answer`] turns into Dapr's HTTP answer or gRPC status.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::access::rules::{Access, Need};
+use crate::dapr::{Concurrency, Save, ttl_from_metadata};
+use crate::http::state::AppState;
+
+/// Why a Dapr request was refused before it reached the store.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Refusal {
+    /// No state store of that name.
+    #[error("state store {0} is not found")]
+    StateStoreNotFound(String),
+    /// No lock store of that name.
+    #[error("lock store {0} is not found")]
+    LockStoreNotFound(String),
+    /// An empty key.
+    #[error("a key must not be empty")]
+    EmptyKey,
+    /// A key (with its prefix) longer than `--max-key-bytes`.
+    #[error("a key may have at most {0} bytes")]
+    KeyTooLong(usize),
+    /// The caller's rules do not allow what it asked on this key or lock.
+    #[error("access to key {0:?} is not allowed")]
+    Forbidden(String),
+    /// More items, keys or operations than `--max-batch-ops`.
+    #[error("at most {max} {what}")]
+    TooMany {
+        /// The limit.
+        max: usize,
+        /// What was counted, as the message names it.
+        what: Counted,
+    },
+    /// A value larger than the store takes.
+    #[error("a value may have at most {0} bytes")]
+    ValueTooLarge(usize),
+    /// `metadata.ttlInSeconds` that is not a whole number.
+    #[error("{0}")]
+    Ttl(String),
+    /// A concurrency option Dapr does not have.
+    #[error("unknown concurrency {0:?}: expected first-write or last-write")]
+    Concurrency(String),
+    /// A transaction operation other than `upsert` and `delete`.
+    #[error("unknown operation {0:?}: expected upsert or delete")]
+    Operation(String),
+    /// A transaction operation without its request.
+    #[error("an operation without its request")]
+    OperationWithoutRequest,
+    /// A lock request without a resource.
+    #[error("resourceId is empty")]
+    EmptyResource,
+    /// A lock request without an owner.
+    #[error("lockOwner is empty")]
+    EmptyOwner,
+    /// A lock resource longer than `--max-key-bytes`.
+    #[error("resourceId may have at most {0} bytes")]
+    ResourceTooLong(usize),
+    /// A lock owner longer than the lock holder limit.
+    #[error("lockOwner may have at most {0} bytes")]
+    OwnerTooLong(usize),
+    /// A lock's expiry of zero seconds or less.
+    #[error("expiryInSeconds must be greater than zero")]
+    Expiry,
+    /// A body or parameter that cannot be read as Dapr's request.
+    #[error("{0}")]
+    Malformed(String),
+    /// The gateway cannot reach the store (Dapr's health routes).
+    #[error("the gateway is not connected to the state store")]
+    NotReady,
+}
+
+/// What [`Refusal::TooMany`] counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Items of a save.
+    Items,
+    /// Keys of a bulk get.
+    Keys,
+    /// Operations of a transaction.
+    Operations,
+}
+
+impl std::fmt::Display for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Counted::Items => "items per request",
+            Counted::Keys => "keys per request",
+            Counted::Operations => "operations per transaction",
+        })
+    }
+}
+
+/// One item to save as either front end reads it off the wire.
+#[derive(Debug)]
+pub(super) struct SaveItem {
+    /// The key as the app names it.
+    pub key: String,
+    /// The bytes to store.
+    pub value: Bytes,
+    /// The etag, empty for none.
+    pub etag: Option<String>,
+    /// The concurrency option.
+    pub concurrency: Concurrency,
+    /// `metadata.ttlInSeconds`, as text.
+    pub ttl: Option<String>,
+}
+
+/// A transaction operation: an upsert, or a delete of the item's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OperationKind {
+    /// `upsert`.
+    Upsert,
+    /// `delete`.
+    Delete,
+}
+
+/// The rules as one caller's request meets them.
+pub(super) struct Check<'a> {
+    state: &'a AppState,
+    access: &'a Access,
+}
+
+/// The state store a request names must be the gateway's.
+pub(super) fn state_store(state: &AppState, name: &str) -> Result<(), Refusal> {
+    if name == state.dapr.settings().state_store {
+        return Ok(());
+    }
+    Err(Refusal::StateStoreNotFound(name.to_owned()))
+}
+
+/// The lock store a request names must be the gateway's.
+pub(super) fn lock_store(state: &AppState, name: &str) -> Result<(), Refusal> {
+    if name == state.dapr.settings().lock_store {
+        return Ok(());
+    }
+    Err(Refusal::LockStoreNotFound(name.to_owned()))
+}
+
+/// A concurrency option by Dapr's name (none or empty: `last-write`).
+pub(super) fn concurrency(name: Option<&str>) -> Result<Concurrency, Refusal> {
+    match name {
+        None | Some("" | "last-write") => Ok(Concurrency::LastWrite),
+        Some("first-write") => Ok(Concurrency::FirstWrite),
+        Some(other) => Err(Refusal::Concurrency(other.to_owned())),
+    }
+}
+
+/// A transaction operation by Dapr's name.
+pub(super) fn operation(name: &str) -> Result<OperationKind, Refusal> {
+    match name {
+        "upsert" => Ok(OperationKind::Upsert),
+        "delete" => Ok(OperationKind::Delete),
+        other => Err(Refusal::Operation(other.to_owned())),
+    }
+}
+
+/// A lock's expiry: whole seconds, more than zero.
+pub(super) fn expiry(seconds: i64) -> Result<Duration, Refusal> {
+    u64::try_from(seconds)
+        .ok()
+        .filter(|&s| s > 0)
+        .map(Duration::from_secs)
+        .ok_or(Refusal::Expiry)
+}
+
+impl<'a> Check<'a> {
+    /// The rules for `access`'s requests to the gateway in `state`.
+    pub(super) fn new(state: &'a AppState, access: &'a Access) -> Self {
+        Self { state, access }
+    }
+
+    /// At most `--max-batch-ops` of `what`.
+    pub(super) fn count(&self, count: usize, what: Counted) -> Result<(), Refusal> {
+        let max = self.state.limits.max_batch_ops;
+        if count <= max {
+            return Ok(());
+        }
+        Err(Refusal::TooMany { max, what })
+    }
+
+    /// The key's store key: not empty, within the key limit with its
+    /// prefix, and the caller may do `need` to it.
+    pub(super) fn key(&self, key: &str, need: Need) -> Result<Bytes, Refusal> {
+        if key.is_empty() {
+            return Err(Refusal::EmptyKey);
+        }
+        let store_key = self.state.dapr.store_key(key);
+        if store_key.len() > self.state.limits.max_key_bytes {
+            return Err(Refusal::KeyTooLong(self.state.limits.max_key_bytes));
+        }
+        self.allowed(&store_key, need)?;
+        Ok(store_key)
+    }
+
+    /// A save of one item: its key may be written, its expiry is the
+    /// item's `ttlInSeconds`, else `query_ttl` (the request's), its value
+    /// within the value limit.
+    pub(super) fn save(&self, item: SaveItem, query_ttl: Option<&str>) -> Result<Save, Refusal> {
+        self.key(&item.key, Need::Write)?;
+        let ttl = item.ttl.as_deref().or(query_ttl);
+        let ttl_ms = ttl_from_metadata(ttl).map_err(Refusal::Ttl)?;
+        let limit = self.state.value_limit();
+        if item.value.len() > limit {
+            return Err(Refusal::ValueTooLarge(limit));
+        }
+        Ok(Save {
+            key: item.key,
+            value: item.value,
+            etag: item.etag.filter(|etag| !etag.is_empty()),
+            concurrency: item.concurrency,
+            ttl_ms,
+        })
+    }
+
+    /// A lock request's resource and owner: present, within their limits,
+    /// and the caller may write the resource.
+    pub(super) fn lock(&self, resource: &str, owner: &str) -> Result<(), Refusal> {
+        if resource.is_empty() {
+            return Err(Refusal::EmptyResource);
+        }
+        if owner.is_empty() {
+            return Err(Refusal::EmptyOwner);
+        }
+        let max_owner = self.state.locks.settings().max_holder_bytes;
+        if owner.len() > max_owner {
+            return Err(Refusal::OwnerTooLong(max_owner));
+        }
+        let max_resource = self.state.limits.max_key_bytes;
+        if resource.len() > max_resource {
+            return Err(Refusal::ResourceTooLong(max_resource));
+        }
+        self.allowed(resource.as_bytes(), Need::Write)
+    }
+
+    fn allowed(&self, store_key: &[u8], need: Need) -> Result<(), Refusal> {
+        self.access
+            .require(store_key, need)
+            .map_err(|_| Refusal::Forbidden(String::from_utf8_lossy(store_key).into_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_and_concurrency_are_read_by_daprs_names() {
+        assert_eq!(operation("upsert"), Ok(OperationKind::Upsert));
+        assert_eq!(operation("delete"), Ok(OperationKind::Delete));
+        assert_eq!(
+            operation("merge"),
+            Err(Refusal::Operation("merge".to_owned()))
+        );
+        assert_eq!(concurrency(None), Ok(Concurrency::LastWrite));
+        assert_eq!(concurrency(Some("")), Ok(Concurrency::LastWrite));
+        assert_eq!(
+            concurrency(Some("first-write")),
+            Ok(Concurrency::FirstWrite)
+        );
+        assert!(matches!(
+            concurrency(Some("eventual")),
+            Err(Refusal::Concurrency(_))
+        ));
+    }
+
+    #[test]
+    fn a_lock_expires_after_a_positive_number_of_seconds() {
+        assert_eq!(expiry(5), Ok(Duration::from_secs(5)));
+        assert_eq!(expiry(0), Err(Refusal::Expiry));
+        assert_eq!(expiry(-1), Err(Refusal::Expiry));
+    }
+}

@@ -1,0 +1,354 @@
+//! Dapr's gRPC API (`dapr.proto.runtime.v1.Dapr`): the state and lock
+//! methods the Python, Go, .NET and Java SDKs call, served on the key
+//! API's port through its router (gRPC is HTTP/2: h2c with prior knowledge,
+//! or h2 by ALPN over TLS), behind the same guard, metrics and spans.
+//! Every other method of the service answers `UNIMPLEMENTED`. Only the
+//! wire shapes live here: the rules are [`super::check`]'s, the codes
+//! [`super::answer`]'s.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::response::{IntoResponse as _, Response};
+use tonic::{Code, Request, Status};
+
+use super::answer::{Failure, Operation};
+use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
+use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
+use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
+use super::proto::runtime::v1::{
+    BulkStateItem, DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest,
+    GetBulkStateResponse, GetMetadataRequest, GetMetadataResponse, GetStateRequest,
+    GetStateResponse, RegisteredComponents, SaveStateRequest, TryLockRequest, TryLockResponse,
+    UnlockRequest, UnlockResponse,
+};
+use crate::access::rules::{Access, Need, Principal};
+use crate::dapr::{Concurrency, DaprError, Delete};
+use crate::http::state::AppState;
+use crate::store::Versioned;
+
+/// The service's path prefix.
+const SERVICE_PREFIX: &str = "/dapr.proto.runtime.v1.Dapr/";
+
+/// The methods served, each its own route (so metrics and spans name it).
+const METHODS: [&str; 8] = [
+    "GetState",
+    "GetBulkState",
+    "SaveState",
+    "DeleteState",
+    "ExecuteStateTransaction",
+    "GetMetadata",
+    "TryLockAlpha1",
+    "UnlockAlpha1",
+];
+
+/// The gRPC routes: one per method served, and the rest of the service
+/// (answered `UNIMPLEMENTED` by the generated server).
+pub(super) fn routes(state: &AppState) -> Router<AppState> {
+    let server = DaprServer::new(DaprGrpc {
+        state: state.clone(),
+    })
+    .max_decoding_message_size(state.limits.max_batch_bytes);
+    let mut router = Router::new();
+    for method in METHODS {
+        router = router.route_service(&format!("{SERVICE_PREFIX}{method}"), server.clone());
+    }
+    router.route_service(&format!("{SERVICE_PREFIX}{{*method}}"), server)
+}
+
+/// Whether a request is a gRPC call (its answers must be gRPC statuses).
+pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A gRPC status as a whole answer (trailers only), for refusals made
+/// before the service runs (the guard's 401, its backstop).
+pub fn status_response(code: Code, message: impl Into<String>) -> Response {
+    Status::new(code, message)
+        .into_http::<axum::body::Body>()
+        .into_response()
+}
+
+/// The service: Dapr's shapes onto [`crate::dapr`].
+#[derive(Debug, Clone)]
+struct DaprGrpc {
+    state: AppState,
+}
+
+type Answer<T> = Result<tonic::Response<T>, Status>;
+
+fn refused(refusal: Refusal) -> Status {
+    Failure::from(refusal).into()
+}
+
+fn failed(operation: Operation) -> impl Fn(DaprError) -> Status {
+    move |error| Failure::of(operation, error).into()
+}
+
+fn concurrency(options: Option<&StateOptions>) -> Concurrency {
+    match options.map(StateOptions::concurrency) {
+        Some(StateConcurrency::ConcurrencyFirstWrite) => Concurrency::FirstWrite,
+        _ => Concurrency::LastWrite,
+    }
+}
+
+/// A state item as the rules read it.
+fn save_item(item: StateItem) -> SaveItem {
+    SaveItem {
+        concurrency: concurrency(item.options.as_ref()),
+        etag: item.etag.map(|etag| etag.value),
+        ttl: item.metadata.get("ttlInSeconds").cloned(),
+        value: item.value.into(),
+        key: item.key,
+    }
+}
+
+impl DaprGrpc {
+    /// The caller's access, as the guard put it on the request.
+    fn access<T>(&self, request: &Request<T>) -> Access {
+        match &self.state.callers.authz {
+            None => Access::default(),
+            Some(authz) => request
+                .extensions()
+                .get::<Access>()
+                .cloned()
+                .unwrap_or_else(|| authz.access(Principal::Nobody)),
+        }
+    }
+}
+
+fn item_of(key: String, read: Result<Option<Versioned<bytes::Bytes>>, DaprError>) -> BulkStateItem {
+    match read {
+        Ok(None) => BulkStateItem {
+            key,
+            ..BulkStateItem::default()
+        },
+        Ok(Some(Versioned { value, version })) => BulkStateItem {
+            key,
+            data: value.into(),
+            etag: version.map(|version| version.encode()).unwrap_or_default(),
+            ..BulkStateItem::default()
+        },
+        Err(error) => BulkStateItem {
+            key,
+            error: error.to_string(),
+            ..BulkStateItem::default()
+        },
+    }
+}
+
+#[tonic::async_trait]
+impl Dapr for DaprGrpc {
+    async fn get_state(&self, request: Request<GetStateRequest>) -> Answer<GetStateResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        Check::new(&self.state, &access)
+            .key(&request.key, Need::Read)
+            .map_err(refused)?;
+        let read = self
+            .state
+            .dapr
+            .get(&request.key)
+            .await
+            .map_err(failed(Operation::Get))?;
+        let response = match read {
+            None => GetStateResponse::default(),
+            Some(Versioned { value, version }) => GetStateResponse {
+                data: value.into(),
+                etag: version.map(|version| version.encode()).unwrap_or_default(),
+                metadata: HashMap::new(),
+            },
+        };
+        Ok(tonic::Response::new(response))
+    }
+
+    async fn get_bulk_state(
+        &self,
+        request: Request<GetBulkStateRequest>,
+    ) -> Answer<GetBulkStateResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        let check = Check::new(&self.state, &access);
+        check
+            .count(request.keys.len(), Counted::Keys)
+            .map_err(refused)?;
+        for key in &request.keys {
+            check.key(key, Need::Read).map_err(refused)?;
+        }
+        let parallelism = usize::try_from(request.parallelism).unwrap_or(0);
+        let items = self
+            .state
+            .dapr
+            .get_bulk(request.keys, parallelism)
+            .await
+            .into_iter()
+            .map(|(key, read)| item_of(key, read))
+            .collect();
+        Ok(tonic::Response::new(GetBulkStateResponse { items }))
+    }
+
+    async fn save_state(&self, request: Request<SaveStateRequest>) -> Answer<()> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        let check = Check::new(&self.state, &access);
+        check
+            .count(request.states.len(), Counted::Items)
+            .map_err(refused)?;
+        let saves = request
+            .states
+            .into_iter()
+            .map(|item| check.save(save_item(item), None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(refused)?;
+        self.state
+            .dapr
+            .save_all(saves)
+            .await
+            .map_err(failed(Operation::Save))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn delete_state(&self, request: Request<DeleteStateRequest>) -> Answer<()> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        Check::new(&self.state, &access)
+            .key(&request.key, Need::Write)
+            .map_err(refused)?;
+        let delete = Delete {
+            concurrency: concurrency(request.options.as_ref()),
+            etag: request
+                .etag
+                .map(|etag| etag.value)
+                .filter(|etag| !etag.is_empty()),
+            key: request.key,
+        };
+        self.state
+            .dapr
+            .delete(delete)
+            .await
+            .map_err(failed(Operation::Delete))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn execute_state_transaction(
+        &self,
+        request: Request<ExecuteStateTransactionRequest>,
+    ) -> Answer<()> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        let check = Check::new(&self.state, &access);
+        check
+            .count(request.operations.len(), Counted::Operations)
+            .map_err(refused)?;
+        let mut ops = Vec::with_capacity(request.operations.len());
+        for operation in request.operations {
+            let kind = check::operation(&operation.operation_type).map_err(refused)?;
+            let item = operation
+                .request
+                .ok_or_else(|| refused(Refusal::OperationWithoutRequest))?;
+            let save = check.save(save_item(item), None).map_err(refused)?;
+            ops.push(
+                self.state
+                    .dapr
+                    .tx_op(save, kind == OperationKind::Delete)
+                    .map_err(failed(Operation::Transaction))?,
+            );
+        }
+        self.state
+            .dapr
+            .transaction(ops)
+            .await
+            .map_err(failed(Operation::Transaction))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn get_metadata(
+        &self,
+        _request: Request<GetMetadataRequest>,
+    ) -> Answer<GetMetadataResponse> {
+        let registered_components = self
+            .state
+            .dapr
+            .components()
+            .into_iter()
+            .map(|component| RegisteredComponents {
+                name: component.name.to_owned(),
+                r#type: component.kind.to_owned(),
+                version: component.version.to_owned(),
+                capabilities: component
+                    .capabilities
+                    .iter()
+                    .map(|&capability| capability.to_owned())
+                    .collect(),
+            })
+            .collect();
+        Ok(tonic::Response::new(GetMetadataResponse {
+            id: self.state.dapr.settings().app_id.clone(),
+            registered_components,
+            runtime_version: crate::dapr::RUNTIME_VERSION.to_owned(),
+            ..GetMetadataResponse::default()
+        }))
+    }
+
+    async fn try_lock_alpha1(&self, request: Request<TryLockRequest>) -> Answer<TryLockResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::lock_store(&self.state, &request.store_name).map_err(refused)?;
+        Check::new(&self.state, &access)
+            .lock(&request.resource_id, &request.lock_owner)
+            .map_err(refused)?;
+        let expiry = check::expiry(i64::from(request.expiry_in_seconds)).map_err(refused)?;
+        let success = self
+            .state
+            .dapr
+            .try_lock(&request.resource_id, &request.lock_owner, expiry)
+            .await
+            .map_err(failed(Operation::TryLock))?;
+        Ok(tonic::Response::new(TryLockResponse { success }))
+    }
+
+    async fn unlock_alpha1(&self, request: Request<UnlockRequest>) -> Answer<UnlockResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::lock_store(&self.state, &request.store_name).map_err(refused)?;
+        Check::new(&self.state, &access)
+            .lock(&request.resource_id, &request.lock_owner)
+            .map_err(refused)?;
+        let status = self
+            .state
+            .dapr
+            .unlock(&request.resource_id, &request.lock_owner)
+            .await
+            .map_err(failed(Operation::Unlock))?;
+        // Numbered as Dapr's `UnlockResponse.Status`.
+        Ok(tonic::Response::new(UnlockResponse {
+            status: status as i32,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::proto::runtime::v1::unlock_response::Status as Proto;
+    use crate::dapr::UnlockStatus;
+
+    #[test]
+    fn unlock_statuses_are_numbered_as_daprs() {
+        assert_eq!(UnlockStatus::Success as i32, Proto::Success as i32);
+        assert_eq!(
+            UnlockStatus::LockDoesNotExist as i32,
+            Proto::LockDoesNotExist as i32
+        );
+        assert_eq!(
+            UnlockStatus::LockBelongsToOthers as i32,
+            Proto::LockBelongsToOthers as i32
+        );
+    }
+}
