@@ -15,6 +15,7 @@ use tonic::Code;
 
 use super::api::{extract, grpc, locks, watch};
 use super::problem::ApiError;
+use super::transport::watch_request::is_watch_request;
 use crate::access::rules::Principal;
 use crate::access::{self, AuthFailure, Caller, CallerChecks, presented_token};
 use crate::metrics::Metrics;
@@ -115,7 +116,7 @@ async fn authenticate(
 /// header, so a dashboard on a gateway with a token has no other way.
 /// Only watch streams take it; the gateway logs paths, never queries.
 fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
-    if method != Method::GET || !watch::is_watch_path(uri.path()) {
+    if !is_watch_request(method, uri.path()) {
         return None;
     }
     let (_, value) = extract::query_pairs(uri.query())
