@@ -33,8 +33,8 @@ use prost::Message as _;
 
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::HttpConn;
-use support::procs;
 use support::stats::{Percentiles, median_low_high};
+use support::{proc_fs, procs};
 
 struct Options {
     requests: usize,
@@ -265,7 +265,7 @@ async fn interleaved_reads(
             let index = (round + offset) % READS.len();
             let read = READS[index];
             let tally = &mut tallies[index];
-            let before = procs::cpu_ns(gateway.proc.pid())?;
+            let before = proc_fs::cpu_ns(gateway.proc.pid())?;
             for _ in 0..per_round {
                 let started = Instant::now();
                 let body = read.once(h1, h2).await?;
@@ -278,7 +278,7 @@ async fn interleaved_reads(
                     );
                 }
             }
-            let used = procs::cpu_ns(gateway.proc.pid())?.saturating_sub(before);
+            let used = proc_fs::cpu_ns(gateway.proc.pid())?.saturating_sub(before);
             tally.cpu_ns += used;
             tally.per_round.push(used as f64 / per_round as f64);
         }

@@ -43,6 +43,7 @@ use support::direct::{self, Op};
 use support::gateway::GatewayLaunch;
 use support::http::request_once;
 use support::locks::HandoverReport;
+use support::proc_fs;
 use support::procs::{self, Proc};
 use support::rate::fixed_rate;
 use support::stats::{Measurement, Percentiles, median_low_high};
@@ -369,7 +370,7 @@ async fn run(options: Options) -> Result<()> {
         .tempdir()
         .context("creating a temporary directory")?;
     let dir_path = dir.path().to_owned();
-    let ticks = procs::clock_ticks_per_second() as f64;
+    let ticks = proc_fs::clock_ticks_per_second() as f64;
     let started = Instant::now();
     println!(
         "gateway benchmark ({}), gateway binary {}",
@@ -422,10 +423,10 @@ async fn run(options: Options) -> Result<()> {
             case.direct_seq =
                 direct::measure(&pool, request.clone(), size, 1, options.direct).await?;
             let before = [emulator.cpu_ticks()?, broker.cpu_ticks()?];
-            let machine_before = procs::machine_ticks()?;
+            let machine_before = proc_fs::machine_ticks()?;
             case.direct_sat =
                 direct::measure(&pool, request, size, CONCURRENCY, options.direct).await?;
-            case.machine_busy.0 = procs::busy_cores(machine_before, procs::machine_ticks()?);
+            case.machine_busy.0 = proc_fs::busy_cores(machine_before, proc_fs::machine_ticks()?);
             let seconds = case.direct_sat.elapsed.as_secs_f64();
             case.direct_sat_cores = [
                 case.direct_sat.cpu_seconds.unwrap_or_default() / seconds,
@@ -446,7 +447,7 @@ async fn run(options: Options) -> Result<()> {
             )
             .await?
             .0;
-            let machine_before = procs::machine_ticks()?;
+            let machine_before = proc_fs::machine_ticks()?;
             let (sat, others) = observed(
                 &tools,
                 &dir_path,
@@ -459,7 +460,7 @@ async fn run(options: Options) -> Result<()> {
                 &[&emulator, &broker],
             )
             .await?;
-            case.machine_busy.1 = procs::busy_cores(machine_before, procs::machine_ticks()?);
+            case.machine_busy.1 = proc_fs::busy_cores(machine_before, proc_fs::machine_ticks()?);
             let seconds = sat.elapsed.as_secs_f64();
             case.gateway_sat_cores = [
                 sat.cpu_seconds.unwrap_or_default() / seconds,
@@ -642,7 +643,7 @@ async fn cpu_against_webdis(
     emulator: &Proc,
     broker: &Proc,
 ) -> Result<CpuComparison> {
-    let ticks = procs::clock_ticks_per_second() as f64;
+    let ticks = proc_fs::clock_ticks_per_second() as f64;
     let value = vec![b'v'; CPU_VALUE_BYTES];
     let gateway = launch.start("gateway-cpu").await?;
     let gateway_path = format!("/keys/cpu-{CPU_VALUE_BYTES}");
@@ -750,7 +751,7 @@ async fn fixed_with_cpu(
     )
     .await?;
     run.cpu_seconds =
-        Some((server.cpu_ticks()? - before) as f64 / procs::clock_ticks_per_second() as f64);
+        Some((server.cpu_ticks()? - before) as f64 / proc_fs::clock_ticks_per_second() as f64);
     Ok(run)
 }
 
@@ -797,7 +798,7 @@ async fn observed(
             _ = sampling.tick() => peak = peak.max(server.rss_kib()?),
         }
     };
-    let ticks = procs::clock_ticks_per_second() as f64;
+    let ticks = proc_fs::clock_ticks_per_second() as f64;
     measurement.cpu_seconds = Some((server.cpu_ticks()? - cpu_before) as f64 / ticks);
     measurement.peak_rss_kib = Some(peak.max(server.rss_kib()?));
     let others_ticks = others
@@ -914,7 +915,7 @@ fn machine(tools: &Tools, options: &Options) -> String {
         .and_then(|rest| rest.split_once(':'))
         .map_or("unknown".to_owned(), |(_, model)| model.trim().to_owned());
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    let memory = procs::kib_field("/proc/meminfo", "MemTotal:")
+    let memory = proc_fs::kib_field("/proc/meminfo", "MemTotal:")
         .ok()
         .map_or("unknown".to_owned(), |kib| {
             format!("{:.0} GiB", kib as f64 / 1048576.0)

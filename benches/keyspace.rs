@@ -58,7 +58,7 @@ use tokio::sync::mpsc;
 use support::direct;
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::{HttpConn, request_once};
-use support::procs::clock_ticks_per_second;
+use support::proc_fs::clock_ticks_per_second;
 use support::stats::Percentiles;
 
 /// Counts this process's heap, for the in-process hub's memory per key

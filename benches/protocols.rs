@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use support::gateway::{GatewayLaunch, GatewayProc};
-use support::procs;
 use support::stats::{Percentiles, median};
+use support::{proc_fs, procs};
 
 /// Requests in flight for the saturated runs, as the gateway benchmark's.
 const CONCURRENCY: usize = 64;
@@ -280,7 +280,8 @@ async fn measure(
     let started = Instant::now();
     let requests = saturate(&client, &url, seconds, get).await? as f64;
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu = (gateway.proc.cpu_ticks()? - before) as f64 / procs::clock_ticks_per_second() as f64;
+    let cpu =
+        (gateway.proc.cpu_ticks()? - before) as f64 / proc_fs::clock_ticks_per_second() as f64;
     Ok(Figures {
         latency,
         sequential_rate,

@@ -11,7 +11,7 @@ use statestore_gateway::metrics::Metrics;
 use statestore_gateway::mqtt::{BrokerSettings, Pool, PoolSettings, RequestOptions};
 use statestore_gateway::protocol::{Reply, Request, SetOptions};
 
-use super::procs::own_cpu_ticks;
+use super::proc_fs::{clock_ticks_per_second, own_cpu_ticks};
 use super::stats::{Measurement, Percentiles};
 
 /// A GET or a SET of one key.
@@ -143,7 +143,7 @@ pub async fn measure(
         errors,
         elapsed,
         latency: Percentiles::of(&mut latencies),
-        cpu_seconds: Some(cpu_ticks as f64 / super::procs::clock_ticks_per_second() as f64),
+        cpu_seconds: Some(cpu_ticks as f64 / clock_ticks_per_second() as f64),
         peak_rss_kib: None,
     })
 }

@@ -18,7 +18,8 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
-use super::procs::{Proc, clock_ticks_per_second, free_port, wait_for_port};
+use super::proc_fs::clock_ticks_per_second;
+use super::procs::{Proc, free_port, wait_for_port};
 use super::stats::Percentiles;
 
 /// How long one blocking acquire may wait for its turn.

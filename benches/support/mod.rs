@@ -8,6 +8,7 @@ pub mod http;
 pub mod locks;
 #[allow(dead_code)] // the listing and batch benchmarks' part
 pub mod memory;
+pub mod proc_fs;
 pub mod procs;
 pub mod rate;
 #[allow(dead_code)] // the listing and batch benchmarks' peer

@@ -17,7 +17,8 @@ use tokio::task::JoinSet;
 
 use super::gateway::GatewayProc;
 use super::http::HttpConn;
-use super::procs::{Proc, own_cpu_ns};
+use super::proc_fs::own_cpu_ns;
+use super::procs::Proc;
 use super::stats::Percentiles;
 
 /// Watchers connecting at the same time (the gateway's listen backlog is

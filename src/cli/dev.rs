@@ -1,7 +1,8 @@
-//! `dev`: its arguments (the dev stack reads them as they are).
+//! `dev`: its arguments and the [`DevSettings`] they make.
 
 use clap::Args;
 
+use crate::dev::DevSettings;
 use crate::settings;
 
 /// Settings of `dev`. Everything listens on loopback by default: the
@@ -22,4 +23,16 @@ pub struct DevArgs {
     /// it the store lives in memory only.
     #[arg(long, env = settings::DEV_DATA_DIR.env)]
     pub data_dir: Option<std::path::PathBuf>,
+}
+
+impl DevArgs {
+    /// The dev stack's settings.
+    pub fn settings(&self) -> DevSettings {
+        DevSettings {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            broker_listen: self.broker_listen,
+            data_dir: self.data_dir.clone(),
+        }
+    }
 }

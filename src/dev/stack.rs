@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::broker::EmbeddedBroker;
 use super::error::DevError;
-use crate::cli::dev::DevArgs;
+use super::settings::DevSettings;
 use crate::emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use crate::http::{ServeSettings, Server};
 use crate::metrics::Metrics;
@@ -38,29 +38,29 @@ pub struct DevStack {
 impl DevStack {
     /// Starts the broker, then the emulator on it, then the gateway on it,
     /// and returns once the gateway is subscribed (ready to serve keys).
-    pub async fn start(args: &DevArgs) -> Result<DevStack, DevError> {
-        let broker = EmbeddedBroker::start(args.broker_listen).await?;
+    pub async fn start(settings: &DevSettings) -> Result<DevStack, DevError> {
+        let broker = EmbeddedBroker::start(settings.broker_listen).await?;
         let broker_addr = connectable(broker.local_addr());
 
         // Subscribed before the emulator exists, so no disconnect is missed.
         let disconnected = broker.disconnects();
         let mut emulator_config =
             EmulatorConfig::new(broker_addr.ip().to_string(), broker_addr.port());
-        emulator_config.data_dir = args.data_dir.clone();
+        emulator_config.data_dir = settings.data_dir.clone();
         let emulator = Emulator::start(emulator_config).await?;
         let disconnects = tokio::spawn(forward_disconnects(emulator.handle(), disconnected));
 
         // The code's defaults, never the environment's: dev mode must not
         // pick up a cluster's `AIO_*` broker, TLS or token settings.
         let broker_settings = BrokerSettings::new(broker_addr.ip().to_string(), broker_addr.port());
-        let settings = ServeSettings {
-            listen: args.listen,
-            admin_listen: args.admin_listen,
+        let gateway_settings = ServeSettings {
+            listen: settings.listen,
+            admin_listen: settings.admin_listen,
             pool: PoolSettings::new(broker_settings, GATEWAY_CLIENT_ID),
             shutdown_grace: SHUTDOWN_GRACE,
             ..ServeSettings::default()
         };
-        let gateway = match Server::start(settings, Metrics::new()).await {
+        let gateway = match Server::start(gateway_settings, Metrics::new()).await {
             Ok(gateway) => gateway,
             Err(error) => {
                 disconnects.abort();
@@ -74,7 +74,7 @@ impl DevStack {
             emulator,
             gateway,
             disconnects,
-            data_dir: args.data_dir.clone(),
+            data_dir: settings.data_dir.clone(),
         };
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         while !stack.gateway.state().store.pool().is_ready() {

@@ -16,6 +16,7 @@ use tonic::Code;
 use super::api::{extract, locks, watch};
 use super::dapr::grpc;
 use super::problem::ApiError;
+use super::transport::watch_request::is_watch_request;
 use crate::access::rules::Principal;
 use crate::access::{self, AuthFailure, Caller, CallerChecks, presented_token};
 use crate::metrics::Metrics;
@@ -116,7 +117,7 @@ async fn authenticate(
 /// header, so a dashboard on a gateway with a token has no other way.
 /// Only watch streams take it; the gateway logs paths, never queries.
 fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
-    if method != Method::GET || !watch::is_watch_path(uri.path()) {
+    if !is_watch_request(method, uri.path()) {
         return None;
     }
     let (_, value) = extract::query_pairs(uri.query())

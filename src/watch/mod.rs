@@ -31,7 +31,10 @@
 //! - `shared`: what the hub's handles, watchers and tasks share.
 //! - `selection`: [`Selection`], what one stream follows, within its
 //!   limits.
-//! - `hub`: [`WatchHub`] (admission) and [`Watcher`] (one stream's events).
+//! - `hub`: [`WatchHub`], which admits streams and ends them at shutdown.
+//! - `watcher`: [`Watcher`], one stream's events: a cursor per key it
+//!   follows and the events queued to send; [`ReadFilter`], which keys it
+//!   may see.
 //! - `pattern`: the patterns streams follow: their listing, rescans and
 //!   the keys this gateway writes.
 //! - `reconciler`: the tasks that route notifications to keys and keep the
@@ -46,9 +49,11 @@ mod reconciler;
 mod selection;
 mod settings;
 mod shared;
+mod watcher;
 
 pub use error::WatchError;
 pub use event::{EventKind, KeyEvent, MAX_EVENT_VALUE_BYTES, Snapshot, WatchedValue};
-pub use hub::{ReadFilter, WatchHub, Watcher};
+pub use hub::WatchHub;
 pub use selection::Selection;
 pub use settings::WatchSettings;
+pub use watcher::{ReadFilter, Watcher};

@@ -10,8 +10,7 @@ use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event};
-use statestore_gateway::cli::dev::DevArgs;
-use statestore_gateway::dev::{DevStack, EmbeddedBroker};
+use statestore_gateway::dev::{DevSettings, DevStack, EmbeddedBroker};
 use statestore_gateway::protocol::Request;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
@@ -483,13 +482,13 @@ async fn request_response_round_trips_are_not_delayed_by_nagle() {
 async fn start_stack(data_dir: Option<std::path::PathBuf>) -> DevStack {
     init_logging();
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    let args = DevArgs {
+    let settings = DevSettings {
         listen: any_port,
         admin_listen: any_port,
         broker_listen: any_port,
         data_dir,
     };
-    DevStack::start(&args).await.expect("dev mode starts")
+    DevStack::start(&settings).await.expect("dev mode starts")
 }
 
 /// Polls `condition` every 20 ms until it holds or [`WAIT`] passes.
@@ -580,13 +579,13 @@ async fn dev_stack_keeps_persisted_keys_in_its_data_dir_across_restarts() {
 async fn dev_refuses_a_broker_port_in_use_with_a_clear_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    let args = DevArgs {
+    let settings = DevSettings {
         listen: any_port,
         admin_listen: any_port,
         broker_listen: taken.local_addr().unwrap(),
         data_dir: None,
     };
-    let error = DevStack::start(&args).await.unwrap_err();
+    let error = DevStack::start(&settings).await.unwrap_err();
     let message = error.to_string();
     assert!(
         message.contains("cannot listen")

@@ -40,7 +40,8 @@ const RETRY_FRAME: &[u8] = b"retry: 2000\n\n";
 /// proxies and load balancers do not close it as idle.
 const KEEP_ALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 
-/// The watch routes.
+/// The watch routes: their GETs are the requests that
+/// `transport::watch_request` recognises as watch requests.
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/watch", get(watch_query).fallback(method_not_allowed))
@@ -71,14 +72,8 @@ async fn empty_key() -> ApiError {
 }
 
 /// The query parameter that may carry the API token on watch requests
-/// (see `query_token` in the parent module); not a key.
+/// (see `query_token` in the HTTP guard); not a key.
 pub const ACCESS_TOKEN_PARAMETER: &str = "access_token";
-
-/// Whether `path` is one of the watch routes.
-pub fn is_watch_path(path: &str) -> bool {
-    path.strip_prefix("/watch")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
 
 /// `GET /watch?key=a&key=b&match=sensor/*`
 async fn watch_query(

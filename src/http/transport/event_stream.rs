@@ -32,9 +32,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-/// Request lines served here start with this; other bytes go to hyper as
-/// soon as they differ from it.
-const PREFIX: &[u8] = b"GET /watch";
+use super::watch_request::{REQUEST_LINE_START, is_watch_request};
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113,
 /// section 3.4); a connection that starts with it goes to hyper's HTTP/2.
@@ -113,8 +111,10 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
             Head::Incomplete
         };
     }
-    let seen = buffer.len().min(PREFIX.len());
-    if buffer[..seen] != PREFIX[..seen] {
+    // Request lines served here start so; other bytes go to hyper as soon
+    // as they differ from it.
+    let seen = buffer.len().min(REQUEST_LINE_START.len());
+    if buffer[..seen] != REQUEST_LINE_START[..seen] {
         return Head::Other;
     }
     if buffer.len() > max_header_bytes {
@@ -123,7 +123,7 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
     }
     // A head ends with a line feed: parse only when a new one arrived, so
     // a client trickling bytes costs one scan per line, not per byte.
-    if seen < PREFIX.len() || !buffer[scanned..].contains(&b'\n') {
+    if seen < REQUEST_LINE_START.len() || !buffer[scanned..].contains(&b'\n') {
         return Head::Incomplete;
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -141,9 +141,10 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
 /// The request, if it is one served here: a watch route, no body, nothing
 /// hyper would treat specially.
 fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
+    let method = Method::from_bytes(parsed.method?.as_bytes()).ok()?;
     let path = parsed.path?;
     let route = path.split_once('?').map_or(path, |(route, _)| route);
-    if !crate::http::api::watch::is_watch_path(route) {
+    if !is_watch_request(&method, route) {
         return None;
     }
     let version = match parsed.version? {
@@ -152,7 +153,7 @@ fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
         _ => return None,
     };
     let mut request = Request::new(Body::empty());
-    *request.method_mut() = Method::GET;
+    *request.method_mut() = method;
     *request.uri_mut() = Uri::try_from(path).ok()?;
     *request.version_mut() = version;
     let headers = request.headers_mut();

@@ -5,9 +5,12 @@
 //! - [`listener`]: the accept loop and its connection limits.
 //! - [`event_stream`]: watch streams written to their sockets (it explains
 //!   why not through hyper).
+//! - [`watch_request`]: which requests are watch requests, for the stream
+//!   writer and for the API's guard (the only query that may carry a token).
 //! - [`tls`]: a listener's serving certificate, read again when its files
 //!   change.
 
 pub mod event_stream;
 pub mod listener;
 pub mod tls;
+pub mod watch_request;
