@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::proc_fs;
+
 /// The peak RSS of a process, sampled from `/proc` until stopped.
 pub struct PeakRss {
     peak: Arc<AtomicU64>,
@@ -20,7 +22,7 @@ impl PeakRss {
             let (peak, stop) = (peak.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(kib) = rss_kib(pid) {
+                    if let Ok(kib) = proc_fs::status_field(pid, "VmRSS:") {
                         peak.fetch_max(kib, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(2));
@@ -36,10 +38,4 @@ impl PeakRss {
         let _ = self.thread.join();
         self.peak.load(Ordering::Relaxed)
     }
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }

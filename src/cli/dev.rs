@@ -5,7 +5,7 @@ use clap::Args;
 use crate::dev::DevSettings;
 use crate::settings;
 
-/// Settings of `dev`. Everything listens on loopback by default: the
+/// The arguments of `dev`. Everything listens on loopback by default: the
 /// embedded broker accepts anonymous clients and nothing uses TLS.
 #[derive(Debug, Clone, Args)]
 pub struct DevArgs {
