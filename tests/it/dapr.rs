@@ -934,25 +934,32 @@ async fn a_read_concurrent_with_an_etag_save_sees_each_value_under_one_etag() {
         .unwrap();
     assert_eq!(saved.status(), 204);
 
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let reads = std::sync::Arc::new(AtomicUsize::new(0));
     let reader = tokio::spawn({
-        let (client, url, done) = (client.clone(), url.clone(), done.clone());
+        let (client, url, done, reads) = (client.clone(), url.clone(), done.clone(), reads.clone());
         async move {
             let mut seen = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while !done.load(Ordering::Relaxed) {
                 seen.push(read(client.clone(), url.clone()).await);
+                reads.fetch_add(1, Ordering::Relaxed);
             }
             seen
         }
     });
     let mut seen = Vec::new();
-    for n in 1..=150 {
+    // 150 saves, and more (up to 1,500) until 50 reads ran beside them: on
+    // a loaded machine the reader may get fewer turns.
+    let mut n = 0;
+    while n < 150 || (reads.load(Ordering::Relaxed) < 50 && n < 1500) {
+        n += 1;
         let (value, etag) = read(client.clone(), url.clone()).await;
         seen.push((value, etag.clone()));
         let saved = save_with_etag(&client, &api, "claimed", &format!("v{n}"), &etag).await;
         assert_eq!(saved, 204, "the only writer's etag save {n}");
     }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    done.store(true, Ordering::Relaxed);
     let concurrent = reader.await.unwrap();
     assert!(
         concurrent.len() >= 50,
