@@ -448,7 +448,7 @@ async fn run(options: Options) -> Result<()> {
     )?;
     writeln!(
         report,
-        "| with the current etag (lease, read, claim, write, release) | {} | {} | {etag_trips:.1} |",
+        "| with the current etag (lease, read beside the expiry record, claim, write, release) | {} | {} | {etag_trips:.1} |",
         us(etag.p50),
         us(etag.p99)
     )?;

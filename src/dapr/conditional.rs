@@ -7,9 +7,10 @@
 //!
 //! 1. `SET lease holder NX PX ttl` (waiting while another holds it): the
 //!    reply's version is this write's fencing token `T`.
-//! 2. `GET key`: its version must be the etag (an absent key never matches).
-//! 3. A save first **claims** the key: `SET key <the value read> NEX` with
-//!    `__ft=T`. It lands only if the key still holds what was read, and
+//! 2. `GET key`: its version must be the etag (an absent key never
+//!    matches); the key's expiry record is read beside it.
+//! 3. A save first **claims** the key: `SET key <the value read> NEX
+//!    [PX <the time it has left>]` with `__ft=T`. It lands only if the key still holds what was read, and
 //!    from then on the store refuses every write fenced with an older
 //!    token: a gateway that was paused past its lease between its own
 //!    steps 2 and 4 is refused, whatever order the two writes reach the
@@ -19,11 +20,20 @@
 //!    still the one read).
 //! 5. `VDEL lease holder`, or the lease expires.
 //!
-//! A store refusal for an older token at 3 or 4 means a newer holder
-//! wrote first: the etag no longer matches. Writes without an etag to a
-//! key that carries a token take the same lease (without 2 and 3), since
-//! the store refuses them without one; with transactions on, every write
+//! A refusal for an older token at 3 means a newer holder wrote first
+//! (the etag no longer matches), unless the key was not written since the
+//! lease was taken: then it carries a token from a writer outside the Dapr
+//! API ahead of every lease, and the answer says so
+//! ([`DaprError::FencedOut`]; see [`refused_for_token`]). At 4 it means a
+//! newer holder wrote after the claim. Writes without an etag to a key
+//! that carries a token take the same lease (without 2 and 3), since the
+//! store refuses them without one; with transactions on, every write
 //! without an etag does (a `first-write` as a fenced `SET NX`).
+//!
+//! The claim writes the key again, and a write replaces its expiry: it
+//! carries the time the key has left when the Dapr API recorded it
+//! ([`expiry`]), so a save that fails after its claim leaves the value
+//! and its expiry as they were; only the etag (the key's version) changes.
 //!
 //! What fencing cannot cover (documented in docs/dapr.md): the store
 //! forgets a deleted key's token, so a save whose gateway was paused past
@@ -34,10 +44,11 @@
 use bytes::Bytes;
 
 use super::error::DaprError;
-use super::lease::{self, Resolve, fenced, is_outdated, lease_key};
+use super::expiry;
+use super::lease::{self, Resolve, fenced, is_outdated, lease_key, refused_for_token};
 use super::settings::DaprSettings;
 use crate::protocol::{Hlc, SetCondition, SetOptions};
-use crate::store::{RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
+use crate::store::{SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 /// What a conditional write does once the etag matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,63 +101,91 @@ async fn apply(
     write: Write,
     token: Hlc,
 ) -> Result<(), DaprError> {
-    let fenced = fenced(&token);
     let Some(expected) = expected else {
-        // No etag: the write wins; a refusal for an older token means a
-        // newer holder's write came after it, which is as good. A
-        // `first-write` finds the key present then, as when `NX` fails.
-        let only_if_absent = matches!(
-            &write,
-            Write::Set { options, .. } if options.condition == SetCondition::OnlyIfMissing
-        );
-        // Whether it landed (an absent key is deleted all the same).
-        let landed = match write {
-            Write::Set { value, options } => store
-                .set(key, value, options, &fenced)
-                .await
-                .map(|outcome| matches!(outcome, SetOutcome::Applied(_))),
-            Write::Delete => store.del(key, Some(token)).await.map(|_| true),
-        };
-        return match landed {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(DaprError::EtagMismatch),
-            Err(error) if is_outdated(&error) && only_if_absent => Err(DaprError::EtagMismatch),
-            Err(error) if is_outdated(&error) => Ok(()),
-            Err(error) => Err(error.into()),
-        };
+        return unconditional(store, key, write, &token).await;
     };
-    let read = match store.get(key.clone()).await? {
+    let fenced = fenced(&token);
+    let (read, recorded) = tokio::join!(store.get(key.clone()), expiry::lookup(store, &key));
+    let read = match read? {
         Some(Versioned {
             value,
             version: Some(version),
         }) if version == expected => value,
         _ => return Err(DaprError::EtagMismatch),
     };
+    // When the key expires, for the claim to keep it.
+    let deadline = recorded?.and_then(|recorded| recorded.deadline_at(&expected));
+    let mismatch = Err(DaprError::EtagMismatch);
     match write {
         Write::Set { value, options } => {
             let claim = SetOptions {
                 condition: SetCondition::OnlyIfMissingOrEqual,
-                expires_in_ms: None,
+                expires_in_ms: deadline.map(expiry::time_left),
             };
-            match fenced_outcome(store.set(key.clone(), read, claim, &fenced).await)? {
-                SetOutcome::Applied(_) => {}
-                SetOutcome::NotApplied => return Err(DaprError::EtagMismatch),
+            let claimed = match store.set(key.clone(), read, claim, &fenced).await {
+                Ok(SetOutcome::Applied(version)) => version,
+                Ok(SetOutcome::NotApplied) => return mismatch,
+                Err(error) if is_outdated(&error) => {
+                    return refused_for_token(store, &key, &token, mismatch).await;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            match expiry::set_recorded(store, key.clone(), value, options, &fenced).await {
+                Ok(_) => Ok(()),
+                Err(error) if is_outdated(&error) => mismatch,
+                Err(error) => {
+                    // The claim stands: the value read, expiring when it
+                    // did, under a new version; a later claim keeps it too.
+                    if let (Some(deadline), Some(version)) = (deadline, claimed) {
+                        expiry::record(store, &key, version, deadline).await;
+                    }
+                    Err(error.into())
+                }
             }
-            fenced_outcome(store.set(key, value, options, &fenced).await)?;
-            Ok(())
         }
-        Write::Delete => match fenced_outcome(store.vdel(key, read, Some(token)).await)? {
-            VdelOutcome::Deleted(_) => Ok(()),
-            VdelOutcome::Missing | VdelOutcome::ValueDiffers => Err(DaprError::EtagMismatch),
+        Write::Delete => match store.vdel(key.clone(), read, Some(token.clone())).await {
+            Ok(VdelOutcome::Deleted(_)) => Ok(()),
+            Ok(VdelOutcome::Missing | VdelOutcome::ValueDiffers) => mismatch,
+            Err(error) if is_outdated(&error) => {
+                refused_for_token(store, &key, &token, mismatch).await
+            }
+            Err(error) => Err(error.into()),
         },
     }
 }
 
-/// A fenced request's result, with a refusal for an older token read as
-/// the etag mismatch it is.
-fn fenced_outcome<T>(result: Result<T, RequestError>) -> Result<T, DaprError> {
-    match result {
-        Err(error) if is_outdated(&error) => Err(DaprError::EtagMismatch),
-        other => other.map_err(DaprError::from),
+/// A write without an etag under the lease whose version is `token`: it
+/// wins, unless a `first-write` finds the key present (as when `NX`
+/// fails). A refusal for an older token is a later write, ordered after
+/// this one, or a key fenced ahead of every lease ([`refused_for_token`]).
+async fn unconditional(
+    store: &StoreClient,
+    key: Bytes,
+    write: Write,
+    token: &Hlc,
+) -> Result<(), DaprError> {
+    let written = match write {
+        Write::Set { value, options } => {
+            let fenced = fenced(token);
+            match expiry::set_recorded(store, key.clone(), value, options, &fenced).await {
+                Ok(SetOutcome::Applied(_)) => return Ok(()),
+                Ok(SetOutcome::NotApplied) => return Err(DaprError::EtagMismatch),
+                // A key with a token is present: a first-write fails.
+                Err(error)
+                    if is_outdated(&error) && options.condition == SetCondition::OnlyIfMissing =>
+                {
+                    return Err(DaprError::EtagMismatch);
+                }
+                Err(error) => error,
+            }
+        }
+        Write::Delete => match store.del(key.clone(), Some(token.clone())).await {
+            Ok(_) => return Ok(()),
+            Err(error) => error,
+        },
+    };
+    if is_outdated(&written) {
+        return refused_for_token(store, &key, token, Ok(())).await;
     }
+    Err(written.into())
 }

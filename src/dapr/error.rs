@@ -23,9 +23,30 @@ pub enum DaprError {
         "this state store does not support transactions: turn them on with --dapr-transactions (every Dapr read and write then checks its key's lease)"
     )]
     TransactionsOff,
-    /// A transaction names one key twice.
-    #[error("a transaction may name each key once")]
-    DuplicateKey,
+    /// The key carries a fencing token newer than this write's lease: a
+    /// writer outside the Dapr API wrote it with a token ahead of the
+    /// store's clock. Nothing was written.
+    #[error(
+        "the key carries a fencing token newer than the gateway's lease (written outside the Dapr API with a token ahead of the store's clock): nothing was written"
+    )]
+    FencedOut,
+    /// A transaction committed (it will be applied whole), but applying it
+    /// failed: the next Dapr read or write of any of its keys applies it.
+    #[error(
+        "the transaction committed but applying it failed ({0}): the next Dapr read or write of its keys applies it"
+    )]
+    Unapplied(Box<DaprError>),
+    /// A transaction's intent record, which carries every value it
+    /// writes, is larger than the broker takes. Nothing was written.
+    #[error(
+        "the transaction's intent record, which carries every value it writes, would be {size} bytes with the request's envelope, more than the broker's maximum packet size of {max} bytes: nothing was written"
+    )]
+    RecordTooLarge {
+        /// The commit's packet size.
+        size: usize,
+        /// The largest packet the broker takes.
+        max: usize,
+    },
     /// Another etag write of the key held its lease for the whole wait.
     #[error("another conditional write of this key held it for {0:?}")]
     LeaseBusy(Duration),

@@ -20,14 +20,11 @@ use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{RequestError, SetOutcome, StoreClient};
 
-use super::keys::LEASE_PREFIX;
+use super::keys::{LEASE_PREFIX, prefixed};
 
 /// The lease key of `key`.
 pub(super) fn lease_key(key: &[u8]) -> Bytes {
-    let mut lease = Vec::with_capacity(LEASE_PREFIX.len() + key.len());
-    lease.extend_from_slice(LEASE_PREFIX.as_bytes());
-    lease.extend_from_slice(key);
-    Bytes::from(lease)
+    prefixed(LEASE_PREFIX, key)
 }
 
 /// The first pause of a wait for a busy lease; each pause doubles up to
@@ -87,11 +84,15 @@ pub(super) async fn take(
     }
 }
 
-/// Releases the lease if `holder` still holds it. A failed release is no
-/// error: the lease expires, or the next finder resolves it.
-pub(super) async fn release(store: &StoreClient, lease: Bytes, holder: Bytes) {
-    if let Err(error) = store.vdel(lease, holder, None).await {
-        tracing::debug!(%error, "releasing a lease failed; it expires or is resolved");
+/// Releases the lease if `holder` still holds it; false when that failed.
+/// A failed release is no error: the lease expires, or is resolved.
+pub(super) async fn release(store: &StoreClient, lease: Bytes, holder: Bytes) -> bool {
+    match store.vdel(lease, holder, None).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::debug!(%error, "releasing a lease failed; it expires or is resolved");
+            false
+        }
     }
 }
 
@@ -112,4 +113,31 @@ pub(super) fn is_outdated(error: &RequestError) -> bool {
             ..
         }
     )
+}
+
+/// What a refusal of a write of `key` fenced with `token` for an older
+/// token means, read from the key: written (or deleted) since the lease
+/// was taken, a later write is ordered after this one, which `later` says;
+/// otherwise the key carries a token from a writer outside the Dapr API
+/// that is ahead of every lease, and nothing can be written yet
+/// ([`DaprError::FencedOut`]). Versions and lease tokens come from the
+/// store's one clock, so "since" is a comparison.
+pub(super) async fn refused_for_token(
+    store: &StoreClient,
+    key: &Bytes,
+    token: &Hlc,
+    later: Result<(), DaprError>,
+) -> Result<(), DaprError> {
+    let written_since = match store.get(key.clone()).await? {
+        None => true,
+        Some(current) => current
+            .version
+            .as_ref()
+            .is_some_and(|version| version > token),
+    };
+    if written_since {
+        later
+    } else {
+        Err(DaprError::FencedOut)
+    }
 }

@@ -5,12 +5,14 @@
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
 //!   without an etag is `SET NX` ("only if absent"). With transactions on,
-//!   each takes its key's lease first (see below).
+//!   each takes its key's lease first (see below). A write that gives the
+//!   key an expiry records it ([`expiry`]) for the claims of etag writes.
 //! - A write or delete **with** an etag is a [`conditional`] write: the
 //!   store has no compare-and-set on versions, so it is built from a
 //!   [`lease`] per key and fencing tokens, correct across any number of
 //!   gateways.
-//! - A transaction (with `--dapr-transactions`) takes every key's lease,
+//! - A transaction (with `--dapr-transactions`) applies its operations in
+//!   order: it folds those on one key into one, takes every key's lease,
 //!   checks every etag, commits by one intent record and applies it; see
 //!   [`transaction`], which a reader of a key resolves before reading it.
 //! - `tryLock` is `SET resource owner NX PX` (not re-entrant, as Dapr's);
@@ -19,6 +21,7 @@
 
 mod conditional;
 mod error;
+mod expiry;
 mod keys;
 mod lease;
 mod settings;
@@ -35,7 +38,7 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use keys::{INTENT_PREFIX, LEASE_PREFIX};
+pub use keys::{EXPIRY_PREFIX, INTENT_PREFIX, LEASE_PREFIX};
 pub use settings::{DaprSettings, KeyPrefix};
 pub use transaction::TxOp;
 
@@ -180,14 +183,17 @@ impl DaprStore {
     }
 
     /// A checked save as a transaction's op (`delete`: the key is deleted
-    /// instead), its etag read as a version.
+    /// instead), its etag read as a version. A delete without an etag
+    /// ignores `first-write`, as a single delete does.
     pub fn tx_op(&self, save: Save, delete: bool) -> Result<TxOp, DaprError> {
         let etag = save.etag.as_deref().map(parse_etag).transpose()?;
         Ok(TxOp {
             key: self.store_key(&save.key),
             value: (!delete).then_some(save.value),
             ttl_ms: save.ttl_ms,
-            only_if_absent: etag.is_none() && save.concurrency == Concurrency::FirstWrite,
+            only_if_absent: !delete
+                && etag.is_none()
+                && save.concurrency == Concurrency::FirstWrite,
             etag,
         })
     }
@@ -255,15 +261,14 @@ impl DaprStore {
             };
             return self.conditional(key, None, write).await;
         }
-        let set = self
-            .store
-            .set(
-                key.clone(),
-                save.value.clone(),
-                options,
-                &RequestOptions::default(),
-            )
-            .await;
+        let set = expiry::set_recorded(
+            &self.store,
+            key.clone(),
+            save.value.clone(),
+            options,
+            &RequestOptions::default(),
+        )
+        .await;
         match set {
             Ok(SetOutcome::Applied(_)) => Ok(()),
             Ok(SetOutcome::NotApplied) => Err(DaprError::EtagMismatch),

@@ -84,6 +84,27 @@ pub enum RequestError {
     },
 }
 
+impl RequestError {
+    /// Whether the request surely did not change the store: the store
+    /// refused it, or it never left the gateway. A timeout or a lost
+    /// connection after sending leaves the outcome unknown.
+    pub fn surely_not_applied(&self) -> bool {
+        match self {
+            RequestError::Refused { .. } => true,
+            RequestError::Transport(error) => matches!(
+                error,
+                PoolError::Unavailable
+                    | PoolError::Overloaded
+                    | PoolError::ConnectionLost
+                    | PoolError::Clock(_)
+                    | PoolError::TooLarge { .. }
+                    | PoolError::ShuttingDown
+            ),
+            RequestError::UnexpectedReply { .. } => false,
+        }
+    }
+}
+
 /// The store, through the pool. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct StoreClient {
@@ -443,6 +464,24 @@ mod tests {
                 fenced: true
             })
         ));
+    }
+
+    #[test]
+    fn only_a_refusal_or_a_request_never_sent_surely_changed_nothing() {
+        let unknown: Vec<&str> = PoolError::one_of_each()
+            .into_iter()
+            .filter(|error| !RequestError::Transport(error.clone()).surely_not_applied())
+            .map(|error| error.kind())
+            .collect();
+        assert_eq!(
+            unknown,
+            ["timeout", "outcome_unknown", "decode", "bad_version"]
+        );
+        let refused = RequestError::Refused {
+            error: StoreError::QuotaExceeded,
+            fenced: false,
+        };
+        assert!(refused.surely_not_applied());
     }
 
     #[test]

@@ -22,6 +22,8 @@ use crate::support::gateway::{GatewayOptions, Stack, http_client};
 use crate::support::gateway_process::GatewayProcess;
 use crate::support::{freeze, thaw};
 
+mod answers;
+
 const TOKEN: &str = "dapr-api-t0ken";
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -806,8 +808,6 @@ async fn committed_unapplied_transaction(
     key: &str,
     value: &str,
 ) {
-    use base64::Engine as _;
-    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     let id = format!("{:032x}", rand::random::<u128>());
     let deadline = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -826,14 +826,24 @@ async fn committed_unapplied_transaction(
         .as_str()
         .unwrap()
         .to_owned();
-    let record = json!({
-        "lease": lease_value,
-        "ops": [{"k": b64(key.as_bytes()), "t": token, "v": b64(json!(value).to_string().as_bytes()), "px": null}],
-    });
+    // The record's bytes: its format's name, then length-prefixed fields
+    // (u32, big-endian): the lease, one op of the key, its token, kind 1
+    // (a set without expiry) and the value.
+    let field = |record: &mut Vec<u8>, bytes: &[u8]| {
+        record.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
+        record.extend_from_slice(bytes);
+    };
+    let mut record = b"dapr-txn/2\n".to_vec();
+    field(&mut record, lease_value.as_bytes());
+    record.extend_from_slice(&1u32.to_be_bytes());
+    field(&mut record, key.as_bytes());
+    field(&mut record, token.as_bytes());
+    record.push(1);
+    field(&mut record, json!(value).to_string().as_bytes());
     let put = gw
         .at(format!("{INTENT_PREFIX}{id}").as_bytes())
         .header("authorization", &bearer)
-        .put(record.to_string())
+        .put(record)
         .await;
     assert_eq!(put.status(), 200);
 }
@@ -924,25 +934,32 @@ async fn a_read_concurrent_with_an_etag_save_sees_each_value_under_one_etag() {
         .unwrap();
     assert_eq!(saved.status(), 204);
 
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let reads = std::sync::Arc::new(AtomicUsize::new(0));
     let reader = tokio::spawn({
-        let (client, url, done) = (client.clone(), url.clone(), done.clone());
+        let (client, url, done, reads) = (client.clone(), url.clone(), done.clone(), reads.clone());
         async move {
             let mut seen = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while !done.load(Ordering::Relaxed) {
                 seen.push(read(client.clone(), url.clone()).await);
+                reads.fetch_add(1, Ordering::Relaxed);
             }
             seen
         }
     });
     let mut seen = Vec::new();
-    for n in 1..=150 {
+    // 150 saves, and more (up to 1,500) until 50 reads ran beside them: on
+    // a loaded machine the reader may get fewer turns.
+    let mut n = 0;
+    while n < 150 || (reads.load(Ordering::Relaxed) < 50 && n < 1500) {
+        n += 1;
         let (value, etag) = read(client.clone(), url.clone()).await;
         seen.push((value, etag.clone()));
         let saved = save_with_etag(&client, &api, "claimed", &format!("v{n}"), &etag).await;
         assert_eq!(saved, 204, "the only writer's etag save {n}");
     }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    done.store(true, Ordering::Relaxed);
     let concurrent = reader.await.unwrap();
     assert!(
         concurrent.len() >= 50,

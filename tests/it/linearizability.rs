@@ -574,6 +574,11 @@ fn dapr_input(
             let mut chosen: Vec<&String> = keys.iter().collect();
             rand::seq::SliceRandom::shuffle(chosen.as_mut_slice(), rng);
             chosen.truncate(rng.random_range(2..=keys.len()));
+            // Now and then a key twice: the items apply in order.
+            if rng.random_bool(0.3) {
+                let again = chosen[rng.random_range(0..chosen.len())];
+                chosen.insert(rng.random_range(0..=chosen.len()), again);
+            }
             let items = chosen
                 .into_iter()
                 .map(|key| {

@@ -102,9 +102,8 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
         Operation::Unlock => "ERR_UNLOCK",
     };
     let (status, grpc) = match (operation, error) {
-        (_, DaprError::MalformedEtag(_) | DaprError::DuplicateKey) => {
-            (S::BAD_REQUEST, Code::InvalidArgument)
-        }
+        (_, DaprError::MalformedEtag(_)) => (S::BAD_REQUEST, Code::InvalidArgument),
+        (_, DaprError::RecordTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument),
         (Operation::Get | Operation::Save | Operation::Delete, DaprError::EtagMismatch) => {
             (S::CONFLICT, Code::Aborted)
         }
@@ -229,7 +228,9 @@ mod tests {
             DaprError::EtagMismatch,
             DaprError::MalformedEtag("nope".into()),
             DaprError::TransactionsOff,
-            DaprError::DuplicateKey,
+            DaprError::FencedOut,
+            DaprError::Unapplied(Box::new(DaprError::FencedOut)),
+            DaprError::RecordTooLarge { size: 2, max: 1 },
             DaprError::LeaseBusy(Duration::from_secs(1)),
             DaprError::Store(crate::store::RequestError::UnexpectedReply {
                 verb: "SET",
@@ -298,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn an_etag_mismatch_is_a_conflict_except_in_a_transaction() {
+    fn an_etag_mismatch_is_a_conflict_except_in_a_transaction_and_a_fenced_key_is_no_mismatch() {
         let save = Failure::of(Operation::Save, DaprError::EtagMismatch);
         assert_eq!((save.status, save.code), (S::CONFLICT, "ERR_STATE_SAVE"));
         let transaction = Failure::of(Operation::Transaction, DaprError::EtagMismatch);
@@ -306,10 +307,18 @@ mod tests {
             (transaction.status, transaction.grpc),
             (S::INTERNAL_SERVER_ERROR, Code::Internal)
         );
-        let duplicate = Failure::of(Operation::Transaction, DaprError::DuplicateKey);
+        let too_large = Failure::of(
+            Operation::Transaction,
+            DaprError::RecordTooLarge { size: 2, max: 1 },
+        );
         assert_eq!(
-            (duplicate.status, duplicate.grpc),
-            (S::BAD_REQUEST, Code::InvalidArgument)
+            (too_large.status, too_large.grpc),
+            (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument)
+        );
+        let fenced_out = Failure::of(Operation::Save, DaprError::FencedOut);
+        assert_eq!(
+            (fenced_out.status, fenced_out.grpc),
+            (S::INTERNAL_SERVER_ERROR, Code::Internal)
         );
     }
 }

@@ -199,12 +199,13 @@ impl<'a> Check<'a> {
         Ok(store_key)
     }
 
-    /// A save of one item: its key may be written, its expiry is the
-    /// item's `ttlInSeconds`, else `query_ttl` (the request's), its value
+    /// A save of one item: its key may be written, its expiry is
+    /// `query_ttl` (the request's `metadata.ttlInSeconds`, which Dapr
+    /// merges over each item's metadata), else the item's, its value
     /// within the value limit.
     pub(super) fn save(&self, item: SaveItem, query_ttl: Option<&str>) -> Result<Save, Refusal> {
         self.key(&item.key, Need::Write)?;
-        let ttl = item.ttl.as_deref().or(query_ttl);
+        let ttl = query_ttl.or(item.ttl.as_deref());
         let ttl_ms = ttl_from_metadata(ttl).map_err(Refusal::Ttl)?;
         let limit = self.state.value_limit();
         if item.value.len() > limit {

@@ -229,7 +229,8 @@ impl StateItem {
     }
 }
 
-/// `POST /v1.0/state/{store}`: saves every item (each as its own write).
+/// `POST /v1.0/state/{store}`: saves every item (each as its own write),
+/// the query's metadata over each item's.
 async fn save(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
@@ -405,20 +406,22 @@ struct TransactionOperation {
     request: StateItem,
 }
 
-/// `POST|PUT /v1.0/state/{store}/transaction`: every op or none (see
-/// [`crate::dapr`]); any failure is 500 `ERR_STATE_TRANSACTION`, as Dapr
-/// answers.
+/// `POST|PUT /v1.0/state/{store}/transaction`: every op or none, in order
+/// (see [`crate::dapr`]), the query's metadata over each op's; any
+/// failure is 500 `ERR_STATE_TRANSACTION`, as Dapr answers.
 async fn transaction(
     State(state): State<AppState>,
+    RawQuery(query): RawQuery,
     access: Access,
     StateBody(request): StateBody<TransactionRequest>,
 ) -> Answer {
     let check = Check::new(&state, &access);
     check.count(request.operations.len(), Counted::Operations)?;
+    let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
     let mut ops = Vec::with_capacity(request.operations.len());
     for operation in request.operations {
         let kind = check::operation(&operation.operation)?;
-        let save = check.save(operation.request.into_save()?, None)?;
+        let save = check.save(operation.request.into_save()?, query_ttl.as_deref())?;
         ops.push(
             state
                 .dapr

@@ -1,7 +1,8 @@
 //! Dapr's state API as a multi-key store, for the same search: single-key
 //! reads, saves and deletes (each with or without an etag, saves also as
 //! `first-write`) and transactions, which apply every item or, on a
-//! conflict, none, as one atomic operation.
+//! conflict, none, as one atomic operation; items apply in order, each
+//! condition against what the earlier items left (one key may repeat).
 //!
 //! Etags are the store's versions, which the model cannot predict; a key's
 //! state is its value (unique per write) and the etag a read last saw for
@@ -176,16 +177,18 @@ fn step(state: &State, op: &Operation) -> Option<State> {
             })
             .collect(),
     };
-    let holds = items
-        .iter()
-        .all(|&(key, _, etag, first_write)| condition_holds(state, key, etag, first_write));
-    let applied = || {
+    // In order: each item's condition meets what the earlier ones left.
+    let applied = {
         let mut next = state.clone();
-        for &(key, value, _, _) in &items {
+        let mut holds = true;
+        for &(key, value, etag, first_write) in &items {
+            holds = holds && condition_holds(&next, key, etag, first_write);
             write(&mut next, key, value);
         }
-        next
+        holds.then_some(next)
     };
+    let holds = applied.is_some();
+    let applied = || applied.clone().unwrap_or_else(|| state.clone());
     match op.output {
         Output::Applied => holds.then(applied),
         // A conflict changes nothing; an etag may have stopped matching
@@ -333,6 +336,54 @@ mod tests {
             ),
             op(2, get("b"), 80, 90, Output::Read(None)),
         ]));
+    }
+
+    #[test]
+    fn a_transaction_applies_the_items_on_one_key_in_order() {
+        let delete = |key: &str| TxItem {
+            key: key.into(),
+            value: None,
+            etag: None,
+            first_write: false,
+        };
+        let saved_then_deleted = || {
+            op(
+                0,
+                Input::Transaction(vec![upsert("a", "a1", None), delete("a")]),
+                0,
+                10,
+                Output::Applied,
+            )
+        };
+        assert!(linearizable(&[
+            saved_then_deleted(),
+            op(1, get("a"), 20, 30, Output::Read(None)),
+        ]));
+        assert!(!linearizable(&[
+            saved_then_deleted(),
+            op(1, get("a"), 20, 30, read("a1", "e1")),
+        ]));
+        // A later item's etag meets the version the earlier item gave.
+        let etag_after_a_write = |output| {
+            op(
+                1,
+                Input::Transaction(vec![upsert("a", "a1", None), upsert("a", "a2", Some("e0"))]),
+                20,
+                30,
+                output,
+            )
+        };
+        let seen = [
+            op(0, save("a", "a0", None), 0, 5, Output::Applied),
+            op(0, get("a"), 6, 10, read("a0", "e0")),
+        ];
+        let mut applied = seen.to_vec();
+        applied.push(etag_after_a_write(Output::Applied));
+        assert!(!linearizable(&applied));
+        let mut refused = seen.to_vec();
+        refused.push(etag_after_a_write(Output::NotApplied));
+        refused.push(op(0, get("a"), 40, 50, read("a0", "e0")));
+        assert!(linearizable(&refused));
     }
 
     #[test]
