@@ -66,8 +66,9 @@ impl StderrLines {
 
 impl GatewayProcess {
     /// Starts `serve` against the plain-TCP broker on `broker_port` with a
-    /// pool of 2, then `args` (later flags win), and waits until `/readyz`
-    /// is 200.
+    /// pool of 2 and a client id of its own, then `args` (a flag may be
+    /// given once: a `--client-id` among them replaces the random one), and
+    /// waits until `/readyz` is 200.
     pub async fn start(broker_port: u16, args: &[&str]) -> Self {
         Self::start_with_open_file_limit(broker_port, args, None).await
     }
@@ -125,14 +126,17 @@ impl GatewayProcess {
             Stderr::Default if std::env::var_os("TEST_LOG").is_some() => Stdio::inherit(),
             Stderr::Default => Stdio::null(),
         };
+        command.arg("serve");
+        // A flag may not be given twice: a test's own id replaces ours.
+        if !args.contains(&"--client-id") {
+            command.args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())]);
+        }
         let mut child = command
-            .arg("serve")
             .args(["--listen", &api.to_string()])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--broker-host", "127.0.0.1"])
             .args(["--broker-port", &broker_port.to_string()])
             .args(["--use-tls", "false"])
-            .args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())])
             .args(["--pool-size", "2"])
             .args(args)
             .env("RUST_LOG", "warn")
