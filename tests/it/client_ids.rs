@@ -1,6 +1,7 @@
 //! MQTT client ids: two gateways that share one take each other's broker
 //! sessions over and over, and say so (an error naming the id and the
-//! setting, a metric, `/readyz` 503) instead of reconnecting silently.
+//! setting, a metric, `/readyz` 503) instead of reconnecting silently; by
+//! default two gateways on one host never share one.
 
 use std::time::{Duration, Instant};
 
@@ -150,4 +151,36 @@ async fn a_takeover_the_broker_reports_is_told_at_once() {
     first.shutdown().await;
     // The stack's own gateway, with an id of its own, saw none of it.
     assert_eq!(stack.gateway.readyz().await, 200);
+}
+
+#[tokio::test]
+async fn two_gateways_on_one_host_get_a_client_id_each_by_default() {
+    let stack = Stack::start().await;
+    let first = GatewayProcess::start_with_default_client_id(stack.broker.port(), &[]).await;
+    let second = GatewayProcess::start_with_default_client_id(stack.broker.port(), &[]).await;
+    // Long enough for several reconnects, were they fighting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for gateway in [&first, &second] {
+        assert_eq!(gateway.readyz().await, 200);
+        assert_eq!(
+            gateway
+                .metric("statestore_gateway_pool_session_takeovers_total")
+                .await,
+            0.0
+        );
+        assert_eq!(
+            gateway
+                .metric("statestore_gateway_pool_reconnects_total")
+                .await,
+            0.0
+        );
+        let response = gateway
+            .http
+            .put(gateway.key(b"default-id"))
+            .body("v")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+    }
 }

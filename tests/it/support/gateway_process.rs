@@ -32,6 +32,16 @@ enum Stderr {
     Kept,
 }
 
+/// The MQTT client id a gateway is started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientId {
+    /// `--client-id gwp-<random>` (unless the test gives its own): no two
+    /// tests' gateways share one.
+    Random,
+    /// None given: the gateway's own default.
+    Default,
+}
+
 /// The lines a gateway wrote to stderr so far, read by a thread as it
 /// writes them.
 #[derive(Debug, Clone, Default)]
@@ -81,13 +91,43 @@ impl GatewayProcess {
         args: &[&str],
         soft_limit: Option<u64>,
     ) -> Self {
-        Self::spawn(broker_port, args, soft_limit, &[], Stderr::Default).await
+        Self::spawn(
+            broker_port,
+            args,
+            soft_limit,
+            &[],
+            Stderr::Default,
+            ClientId::Random,
+        )
+        .await
     }
 
     /// As [`start`](Self::start), with these environment variables (the
     /// `OTEL_*` ones of span export, which have no flags).
     pub async fn start_with_env(broker_port: u16, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn(broker_port, args, None, env, Stderr::Default).await
+        Self::spawn(
+            broker_port,
+            args,
+            None,
+            env,
+            Stderr::Default,
+            ClientId::Random,
+        )
+        .await
+    }
+
+    /// As [`start`](Self::start), without `--client-id`: the gateway
+    /// derives its own, as it does when nobody sets one.
+    pub async fn start_with_default_client_id(broker_port: u16, args: &[&str]) -> Self {
+        Self::spawn(
+            broker_port,
+            args,
+            None,
+            &[],
+            Stderr::Default,
+            ClientId::Default,
+        )
+        .await
     }
 
     /// As [`start_with_env`](Self::start_with_env), keeping what it writes
@@ -97,7 +137,7 @@ impl GatewayProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        Self::spawn(broker_port, args, None, env, Stderr::Kept).await
+        Self::spawn(broker_port, args, None, env, Stderr::Kept, ClientId::Random).await
     }
 
     async fn spawn(
@@ -106,6 +146,7 @@ impl GatewayProcess {
         soft_limit: Option<u64>,
         env: &[(&str, &str)],
         keep: Stderr,
+        client_id: ClientId,
     ) -> Self {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -128,7 +169,7 @@ impl GatewayProcess {
         };
         command.arg("serve");
         // A flag may not be given twice: a test's own id replaces ours.
-        if !args.contains(&"--client-id") {
+        if client_id == ClientId::Random && !args.contains(&"--client-id") {
             command.args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())]);
         }
         let mut child = command
