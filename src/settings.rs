@@ -458,11 +458,12 @@ pub const MQTT_PASSWORD_FILE: Setting = Setting {
     helm: Helm::Derived("broker.passwordSecret.name"),
 };
 
+/// The chart makes it one per pod: `<broker.clientId>-<pod name>`.
 pub const MQTT_CLIENT_ID: Setting = Setting {
     flag: "--client-id",
     env: "AIO_MQTT_CLIENT_ID",
     default: "",
-    helm: Helm::IfSet("broker.clientId"),
+    helm: Helm::Derived("broker.clientId"),
 };
 
 pub const MQTT_KEEP_ALIVE: Setting = Setting {

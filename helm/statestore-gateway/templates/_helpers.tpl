@@ -259,8 +259,14 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $dir }}/mqtt-password/password
     {{- end }}
     {{- if $v.broker.clientId }}
+    # One client id per pod: pods sharing one (a Deployment's, or an old
+    # and a new one in a rollout) would take each other's broker sessions.
+    - name: STATESTORE_GATEWAY_POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
     - name: AIO_MQTT_CLIENT_ID
-      value: {{ $v.broker.clientId | quote }}
+      value: {{ printf "%s-$(STATESTORE_GATEWAY_POD_NAME)" (replace "$" "$$" $v.broker.clientId) | quote }}
     {{- end }}
     - name: AIO_MQTT_KEEP_ALIVE
       value: {{ int $v.broker.keepAlive | quote }}
