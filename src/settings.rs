@@ -458,11 +458,12 @@ pub const MQTT_PASSWORD_FILE: Setting = Setting {
     helm: Helm::Derived("broker.passwordSecret.name"),
 };
 
+/// The chart makes it one per pod: `<broker.clientId>-<pod name>`.
 pub const MQTT_CLIENT_ID: Setting = Setting {
     flag: "--client-id",
     env: "AIO_MQTT_CLIENT_ID",
     default: "",
-    helm: Helm::IfSet("broker.clientId"),
+    helm: Helm::Derived("broker.clientId"),
 };
 
 pub const MQTT_KEEP_ALIVE: Setting = Setting {
@@ -801,16 +802,31 @@ pub fn slot_wait(request_timeout: Duration) -> Duration {
     request_timeout.min(Duration::from_secs(1))
 }
 
-/// `statestore-gateway-<hostname>` (the pod name in Kubernetes), or a random
-/// suffix when the host name is unknown, so two gateways never share ids.
-pub fn default_client_id() -> String {
+/// `statestore-gateway-<hostname>-<port>`: the host name (the pod name in
+/// Kubernetes) and the key API's listen port, which no other process on the
+/// host listens on while this one does (with port 0, any free one, the
+/// process id stands in). So two gateways on one host never share an id
+/// (the broker would give each one's session to the other, over and over),
+/// and a pod's gateway gets the same one back when its container restarts.
+/// A random suffix stands in for an unknown host name.
+pub fn default_client_id(listen_port: u16) -> String {
     let hostname = std::env::var("HOSTNAME")
         .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|name| name.trim().to_owned())
-        .filter(|name| !name.is_empty());
-    let suffix = hostname.unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
-    format!("statestore-gateway-{suffix}")
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok());
+    client_id_for(hostname.as_deref(), listen_port, std::process::id())
+}
+
+/// [`default_client_id`] for this host name, port and process id.
+fn client_id_for(hostname: Option<&str>, listen_port: u16, pid: u32) -> String {
+    let host = hostname
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map_or_else(|| format!("{:08x}", rand::random::<u32>()), str::to_owned);
+    let process = match listen_port {
+        0 => format!("pid{pid}"),
+        port => port.to_string(),
+    };
+    format!("statestore-gateway-{host}-{process}")
 }
 
 /// A setting that parsed but cannot be used: the one error every layer
@@ -905,6 +921,28 @@ mod tests {
         assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration(" 3s "), Ok(Duration::from_secs(3)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_default_client_id_names_the_host_and_the_listen_port() {
+        assert_eq!(
+            client_id_for(Some("web-7d9f8-abcde\n"), 8080, 7),
+            "statestore-gateway-web-7d9f8-abcde-8080"
+        );
+        // Two gateways on one host listen on two ports.
+        assert_ne!(
+            client_id_for(Some("laptop"), 8080, 7),
+            client_id_for(Some("laptop"), 9080, 8)
+        );
+        // Any free port: the process id tells them apart.
+        assert_eq!(
+            client_id_for(Some("laptop"), 0, 4242),
+            "statestore-gateway-laptop-pid4242"
+        );
+        let unknown = client_id_for(Some(" "), 8080, 7);
+        assert!(unknown.starts_with("statestore-gateway-"), "{unknown}");
+        assert!(unknown.ends_with("-8080"), "{unknown}");
+        assert_ne!(unknown, client_id_for(None, 8080, 7));
     }
 
     #[test]

@@ -231,7 +231,8 @@ pub struct BrokerArgs {
     #[arg(long, env = settings::MQTT_PASSWORD_FILE.env)]
     pub mqtt_password_file: Option<PathBuf>,
     /// MQTT client id prefix (members are `<id>-<n>`); default
-    /// `statestore-gateway-<hostname>`.
+    /// `statestore-gateway-<hostname>-<listen port>`: one per gateway on a
+    /// host. Two gateways with one id take each other's broker sessions.
     #[arg(long, env = settings::MQTT_CLIENT_ID.env)]
     pub client_id: Option<String>,
     /// MQTT keep-alive in seconds (5 to 65535: rumqttc refuses less).
@@ -272,7 +273,7 @@ impl ServeArgs {
             .transpose()?;
         let client_id = match &self.broker.client_id {
             Some(id) => id.clone(),
-            None => settings::default_client_id(),
+            None => settings::default_client_id(self.listen.port()),
         };
         let settings = ServeSettings {
             listen: self.listen,
@@ -540,6 +541,19 @@ mod tests {
         let fits = "a".repeat(crate::mqtt::MAX_CLIENT_ID_BYTES);
         let args = serve_args(&["--client-id", &fits, "--use-tls", "false"]).unwrap();
         assert_eq!(args.settings().unwrap().pool.client_id, fits);
+    }
+
+    #[test]
+    fn without_a_client_id_each_listen_port_gets_its_own() {
+        let client_id = |listen: &str| {
+            let args = serve_args(&["--listen", listen, "--use-tls", "false"]).unwrap();
+            args.settings().unwrap().pool.client_id
+        };
+        let first = client_id("127.0.0.1:8080");
+        assert!(first.starts_with("statestore-gateway-"), "{first}");
+        assert!(first.ends_with("-8080"), "{first}");
+        assert_ne!(first, client_id("127.0.0.1:9080"));
+        assert_eq!(first, client_id("0.0.0.0:8080"));
     }
 
     #[test]

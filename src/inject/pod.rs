@@ -98,27 +98,50 @@ pub const DAPR_PORT_VARIABLES: [&str; 2] = ["DAPR_HTTP_PORT", "DAPR_GRPC_PORT"];
 
 /// Points the Dapr SDKs in the pod's containers at the gateway, which
 /// serves Dapr's API over HTTP and gRPC on its key API's `port`: each of
-/// [`DAPR_PORT_VARIABLES`] that a container does not set itself.
+/// [`DAPR_PORT_VARIABLES`] that a container does not or may not set itself
+/// (see [`may_set`]).
 fn set_dapr_ports(spec: &mut Map<String, Value>, port: u16) -> Result<(), PodError> {
     let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) else {
         return Ok(());
     };
     for container in containers.iter_mut().filter_map(Value::as_object_mut) {
+        let missing: Vec<&str> = DAPR_PORT_VARIABLES
+            .into_iter()
+            .filter(|name| !may_set(container, name))
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
         let env = container
             .entry("env")
             .or_insert_with(|| Value::Array(Vec::new()))
             .as_array_mut()
             .ok_or_else(|| PodError("a container's env is not a list".into()))?;
-        for name in DAPR_PORT_VARIABLES {
-            if !env
-                .iter()
-                .any(|var| var.get("name").and_then(Value::as_str) == Some(name))
-            {
-                env.push(json!({"name": name, "value": port.to_string()}));
-            }
+        for name in missing {
+            env.push(json!({"name": name, "value": port.to_string()}));
         }
     }
     Ok(())
+}
+
+/// Whether `container` sets variable `name` itself, or may: an `env` entry
+/// of that name, or an `envFrom` source (ConfigMap or Secret) whose prefix
+/// (none by default) begins `name`. The keys of a ConfigMap or Secret are
+/// not in the pod spec, and Kubernetes gives `env` priority over `envFrom`:
+/// an entry added beside such a source could hide the app's own value.
+fn may_set(container: &Map<String, Value>, name: &str) -> bool {
+    let list = |key: &str| {
+        container
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    };
+    list("env").any(|var| var.get("name").and_then(Value::as_str) == Some(name))
+        || list("envFrom").any(|source| {
+            let prefix = source.get("prefix").and_then(Value::as_str).unwrap_or("");
+            name.starts_with(prefix)
+        })
 }
 
 /// Whether `container` is the sidecar, as `inject`, the webhook or the
@@ -412,6 +435,67 @@ mod tests {
             &sidecar(&["sidecar.daprPorts=true", "gateway.port=9080"]),
         )
         .unwrap();
+        assert_eq!(spec, once);
+    }
+
+    /// The Dapr port variables `add_sidecar` gives each container, by name.
+    fn dapr_ports_given(containers: &[Value]) -> Vec<(String, Vec<&str>)> {
+        containers
+            .iter()
+            .map(|container| {
+                let given = container["env"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|var| var["value"] == "9080")
+                    .filter_map(|var| var["name"].as_str())
+                    .collect();
+                (container["name"].as_str().unwrap().to_owned(), given)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dapr_ports_leave_what_a_container_may_get_from_env_from() {
+        let mut spec = json!({"containers": [
+            // The keys of a ConfigMap or Secret are not in the pod spec:
+            // without a prefix it may hold either variable.
+            {"name": "config-map", "envFrom": [{"configMapRef": {"name": "app"}}]},
+            {"name": "secret", "envFrom": [{"secretRef": {"name": "app"}}]},
+            // A prefix that begins a variable's name may make it.
+            {"name": "dapr-prefix", "envFrom": [{"prefix": "DAPR_", "configMapRef": {"name": "dapr"}}]},
+            {"name": "http-prefix", "envFrom": [{"prefix": "DAPR_HTTP_", "secretRef": {"name": "http"}}]},
+            {"name": "d-prefix", "envFrom": [{"prefix": "D", "configMapRef": {"name": "d"}}]},
+            // Other prefixes cannot.
+            {"name": "other-prefix", "envFrom": [
+                {"prefix": "APP_", "configMapRef": {"name": "app"}},
+                {"prefix": "DAPR_GRPC_PORT_", "secretRef": {"name": "grpc"}},
+            ]},
+            // An env entry of its own, beside an envFrom that cannot make the other.
+            {"name": "both", "env": [{"name": "DAPR_GRPC_PORT", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
+             "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "app"}}]},
+        ]});
+        let ports = sidecar(&["sidecar.daprPorts=true", "gateway.port=9080"]);
+        add_sidecar(&mut spec, &ports).unwrap();
+        let containers = spec["containers"].as_array().unwrap();
+        let given = dapr_ports_given(&containers[..containers.len() - 1]);
+        let expected: Vec<(String, Vec<&str>)> = [
+            ("config-map", vec![]),
+            ("secret", vec![]),
+            ("dapr-prefix", vec![]),
+            ("http-prefix", vec!["DAPR_GRPC_PORT"]),
+            ("d-prefix", vec![]),
+            ("other-prefix", vec!["DAPR_HTTP_PORT", "DAPR_GRPC_PORT"]),
+            ("both", vec!["DAPR_HTTP_PORT"]),
+        ]
+        .into_iter()
+        .map(|(name, vars)| (name.to_owned(), vars))
+        .collect();
+        assert_eq!(given, expected);
+        // A container given nothing keeps no empty env list.
+        assert!(containers[0].get("env").is_none(), "{}", containers[0]);
+        let once = spec.clone();
+        add_sidecar(&mut spec, &ports).unwrap();
         assert_eq!(spec, once);
     }
 

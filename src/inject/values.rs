@@ -536,7 +536,17 @@ enum Var {
     /// A variable that is no setting of the gateway's (`RUST_LOG`), and
     /// the chart value it gets as it is.
     Other(&'static str, &'static str),
+    /// The row's chart value, when set, made one per pod: the pod's name
+    /// appended (from the downward API, in [`POD_NAME_VAR`], which
+    /// Kubernetes expands in the value). Every pod that gets the sidecar
+    /// would otherwise share the value: the pods of a Deployment, and an
+    /// old and a new pod during a rollout, whose gateways would take each
+    /// other's broker sessions over and over.
+    PerPod(&'static Setting),
 }
+
+/// The variable holding the pod's name, for [`Var::PerPod`] values.
+pub const POD_NAME_VAR: &str = "STATESTORE_GATEWAY_POD_NAME";
 
 /// The container's variables, in the order of the chart's template (its
 /// `extraEnv` follows). Serve's settings that are missing here are the
@@ -591,7 +601,7 @@ const CONTAINER_ENV: &[Var] = &[
     Var::File(&env::SAT_FILE),
     Var::Chart(&env::MQTT_USERNAME),
     Var::File(&env::MQTT_PASSWORD_FILE),
-    Var::Chart(&env::MQTT_CLIENT_ID),
+    Var::PerPod(&env::MQTT_CLIENT_ID),
     Var::Chart(&env::MQTT_KEEP_ALIVE),
     Var::Chart(&env::MQTT_SESSION_EXPIRY),
     Var::Chart(&env::OTEL_EXPORTER_OTLP_ENDPOINT),
@@ -622,6 +632,35 @@ fn is_unset(value: &Value) -> bool {
 }
 
 impl Var {
+    /// The container's entries for this variable: none, its own, or (for
+    /// [`Var::PerPod`]) the pod's name and then its own.
+    fn entries(&self, sidecar: &Sidecar) -> Vec<Value> {
+        let Var::PerPod(row) = self else {
+            return self
+                .resolve(sidecar)
+                .map(|(name, value)| json!({"name": name, "value": value}))
+                .into_iter()
+                .collect();
+        };
+        let value = row
+            .helm
+            .path()
+            .and_then(|path| chart_value(&sidecar.tree, path))
+            .filter(|value| !is_unset(value));
+        let Some(value) = value else {
+            return Vec::new();
+        };
+        // `$$` is a literal `$` where Kubernetes expands `$(NAME)`.
+        let prefix = text(value).replace('$', "$$");
+        vec![
+            json!({
+                "name": POD_NAME_VAR,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+            }),
+            json!({"name": row.env, "value": format!("{prefix}-$({POD_NAME_VAR})")}),
+        ]
+    }
+
     /// The variable's name and value, or `None` when the container has
     /// no such variable.
     fn resolve(&self, sidecar: &Sidecar) -> Option<(&'static str, String)> {
@@ -639,6 +678,7 @@ impl Var {
             Var::Derived(row, value) => Some((row.env, value(sidecar))),
             Var::File(row) => secrets::path(row, sidecar).map(|path| (row.env, path)),
             Var::Other(name, path) => Some((name, text(chart_value(&sidecar.tree, path)?))),
+            Var::PerPod(_) => None,
         }
     }
 }
@@ -647,8 +687,7 @@ impl Var {
 pub fn container_env(sidecar: &Sidecar) -> Vec<Value> {
     CONTAINER_ENV
         .iter()
-        .filter_map(|var| var.resolve(sidecar))
-        .map(|(name, value)| json!({"name": name, "value": value}))
+        .flat_map(|var| var.entries(sidecar))
         .chain(sidecar.gateway.extra_env.iter().cloned())
         .collect()
 }
@@ -1030,6 +1069,10 @@ mod tests {
                     );
                     Some(*row)
                 }
+                Var::PerPod(row) => {
+                    assert!(matches!(row.helm, Helm::Derived(_)), "{}", row.env);
+                    Some(*row)
+                }
                 Var::Other(..) => None,
             })
             .collect();
@@ -1038,6 +1081,37 @@ mod tests {
             let expected = usize::from(row.helm.path().is_some() && !standalone.contains(row));
             assert_eq!(times, expected, "{} in the container", row.env);
         }
+    }
+
+    /// Every pod that gets the sidecar would share a fixed client id, and
+    /// their gateways would take each other's broker sessions: the pod's
+    /// name makes it one per pod, stable across container restarts.
+    #[test]
+    fn a_fixed_client_id_is_made_one_per_pod() {
+        let env = |sets: &[&str]| container_env(&values(sets).unwrap().sidecar().unwrap());
+        let named = |env: &[Value], name: &str| {
+            env.iter()
+                .position(|var| var["name"] == name)
+                .map(|at| (at, env[at].clone()))
+        };
+        let fixed = env(&["broker.clientId=orders"]);
+        let (pod_at, pod) = named(&fixed, POD_NAME_VAR).unwrap();
+        assert_eq!(
+            pod["valueFrom"],
+            json!({"fieldRef": {"fieldPath": "metadata.name"}})
+        );
+        let (id_at, id) = named(&fixed, "AIO_MQTT_CLIENT_ID").unwrap();
+        assert_eq!(id["value"], "orders-$(STATESTORE_GATEWAY_POD_NAME)");
+        // Kubernetes expands only names defined before.
+        assert!(pod_at < id_at);
+        // A `$` of the value's own stays one.
+        let dollar = env(&["broker.clientId=a$b"]);
+        let (_, id) = named(&dollar, "AIO_MQTT_CLIENT_ID").unwrap();
+        assert_eq!(id["value"], "a$$b-$(STATESTORE_GATEWAY_POD_NAME)");
+        // Unset: the gateway's own default, from the pod name and port.
+        let default = env(&[]);
+        assert!(named(&default, POD_NAME_VAR).is_none());
+        assert!(named(&default, "AIO_MQTT_CLIENT_ID").is_none());
     }
 
     #[test]

@@ -35,6 +35,7 @@ use super::error::PoolError;
 use super::events::{KeyNotification, MemberEvent};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use super::settings::BrokerSettings;
+use super::takeover::{self, Ending, Evidence, TakeoverWatch};
 use crate::metrics::Metrics;
 use crate::protocol::{self, Hlc, Notification, property};
 
@@ -132,6 +133,9 @@ pub(crate) struct MemberContext {
     pub request_timeout: Duration,
     /// The largest packet both sides accept, from the latest CONNACK.
     pub broker_limit: PacketLimit,
+    /// When a session takeover was last logged as an error (by any
+    /// member: one line for the pool, at most once a minute).
+    pub takeover_logged: Mutex<Option<Instant>>,
 }
 
 /// The largest packet the broker accepts, capped by our own
@@ -175,6 +179,8 @@ pub(crate) struct Member {
     reconnect: Notify,
     /// Whether any connection got a CONNACK (later ones are reconnects).
     ever_connected: AtomicBool,
+    /// When another client with this client id last took the session.
+    taken_over_at: Mutex<Option<Instant>>,
     state: Mutex<MemberState>,
 }
 
@@ -199,6 +205,8 @@ struct MemberState {
 struct Progress {
     /// CONNACK received.
     connected: bool,
+    /// When CONNACK arrived.
+    connected_at: Option<Instant>,
     /// When SUBACK arrived.
     subscribed_at: Option<Instant>,
 }
@@ -209,8 +217,16 @@ enum End {
     Shutdown,
     /// A planned reconnect (new SAT token); requests were drained.
     Reconnect,
-    /// The connection failed or was lost.
-    Lost(String),
+    /// The connection failed or was lost: why, and how it ended as far
+    /// as session takeovers go.
+    Lost(String, Ending),
+}
+
+impl End {
+    /// Lost for a reason of our own (a deadline, a refused subscription).
+    fn lost(reason: impl Into<String>) -> Self {
+        End::Lost(reason.into(), Ending::Other)
+    }
 }
 
 impl Member {
@@ -226,6 +242,7 @@ impl Member {
             max_packet_size: AtomicU32::new(0),
             reconnect: Notify::new(),
             ever_connected: AtomicBool::new(false),
+            taken_over_at: Mutex::new(None),
             state: Mutex::new(MemberState {
                 client: None,
                 pending: HashMap::new(),
@@ -265,6 +282,68 @@ impl Member {
     /// Asks the member to finish its requests and reconnect.
     pub(crate) fn request_reconnect(&self) {
         self.reconnect.notify_one();
+    }
+
+    /// Whether another client with this client id took the session within
+    /// the last [`takeover::UNREADY_FOR`].
+    pub(crate) fn recently_taken_over(&self) -> bool {
+        self.taken_over_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < takeover::UNREADY_FOR)
+    }
+
+    /// Another client took the session: counted, remembered for
+    /// `/readyz`, and logged as an error at most once a minute for the
+    /// pool (repeats at debug), naming the client id and the setting.
+    fn taken_over(&self, evidence: Evidence, reason: &str, ctx: &MemberContext) {
+        ctx.metrics
+            .session_takeovers
+            .with_label_values(&[evidence.label()])
+            .inc();
+        let now = Instant::now();
+        *self
+            .taken_over_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(now);
+        let log_now = {
+            let mut logged = ctx
+                .takeover_logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let due = logged.is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING_AFTER);
+            if due {
+                *logged = Some(now);
+            }
+            due
+        };
+        let client_id = &self.client_id;
+        let what = match evidence {
+            Evidence::ReasonCode => {
+                "the broker gave this connection's MQTT session to another client with the same \
+                 client id (DISCONNECT reason 0x8E, session taken over)"
+                    .to_owned()
+            }
+            Evidence::QuickCloses(times) => format!(
+                "the broker closed this connection {times} times in a row within seconds of \
+                 accepting it, without a reason: most likely another client with the same client \
+                 id takes the MQTT session over each time it connects"
+            ),
+        };
+        if log_now {
+            tracing::error!(
+                member = self.index,
+                %client_id,
+                %reason,
+                "{what}. Another gateway (or any MQTT client) connects as {client_id}, and the two \
+                 keep taking the session from each other: requests fail and /readyz answers 503. \
+                 Give each gateway its own client id (--client-id, AIO_MQTT_CLIENT_ID, Helm value \
+                 broker.clientId), or leave it unset: the default is one per process and host. \
+                 (Repeats within a minute are logged at debug.)"
+            );
+        } else {
+            tracing::debug!(member = self.index, %client_id, %reason, "{what}");
+        }
     }
 
     /// Registers the reply waiter and hands the request to rumqttc without
@@ -484,6 +563,7 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
     let mut shutdown = ctx.shutdown.subscribe();
     let mut backoff = Backoff::default();
     let mut repeated = RepeatedFailure::default();
+    let mut takeovers = TakeoverWatch::default();
     loop {
         if *shutdown.borrow() {
             break;
@@ -533,8 +613,12 @@ pub(crate) async fn run(member: Arc<Member>, ctx: Arc<MemberContext>) {
                 }
                 member.lost(|| PoolError::ConnectionLost, &ctx);
             }
-            End::Lost(reason) => {
-                if connected {
+            End::Lost(reason, ending) => {
+                let connected_for = progress.connected_at.map(|at| at.elapsed());
+                if let Some(evidence) = takeovers.connection_ended(ending, connected_for) {
+                    member.taken_over(evidence, &reason, &ctx);
+                    repeated.clear();
+                } else if connected {
                     tracing::warn!(member = member.index, client_id = %member.client_id, %reason, "broker connection lost");
                     repeated.clear();
                 } else if repeated.is_new(&reason) {
@@ -606,7 +690,7 @@ async fn drive(
                         drain_deadline = Some(Instant::now() + ctx.request_timeout);
                     }
                     () = &mut connect_deadline, if !subscribed => {
-                        return End::Lost("no CONNACK and SUBACK within the connect deadline".into());
+                        return End::lost("no CONNACK and SUBACK within the connect deadline");
                     }
                     () = sleep(DRAIN_CHECK), if drain_deadline.is_some() => {
                         if drain_deadline.is_some_and(|deadline| {
@@ -619,7 +703,7 @@ async fn drive(
                         let now = Instant::now();
                         ack_check.as_mut().reset(now + ACK_CHECK);
                         if unacked.values().any(|(_, sent)| now.duration_since(*sent) >= ctx.request_timeout) {
-                            return End::Lost(format!(
+                            return End::lost(format!(
                                 "the broker acknowledged no request for {:?}",
                                 ctx.request_timeout
                             ));
@@ -630,16 +714,17 @@ async fn drive(
             }
         };
         match event {
-            Err(error) => return End::Lost(error.to_string()),
+            Err(error) => return End::Lost(error.to_string(), Ending::of(&error)),
             Ok(Event::Incoming(Packet::ConnAck(connack))) => {
                 progress.connected = true;
+                progress.connected_at = Some(Instant::now());
                 member.on_connack(&connack, client, ctx);
                 let filters = [
                     Filter::new(member.response_topic.clone(), QoS::AtLeastOnce),
                     Filter::new(member.notify_filter.clone(), QoS::AtLeastOnce),
                 ];
                 if let Err(error) = client.try_subscribe_many(filters) {
-                    return End::Lost(format!("cannot queue SUBSCRIBE: {error}"));
+                    return End::lost(format!("cannot queue SUBSCRIBE: {error}"));
                 }
                 connect_deadline
                     .as_mut()
@@ -652,12 +737,17 @@ async fn drive(
                     .filter(|code| !matches!(code, SubscribeReasonCode::Success(_)))
                     .collect();
                 if !refused.is_empty() {
-                    return End::Lost(format!("the broker refused the subscriptions: {refused:?}"));
+                    return End::lost(format!("the broker refused the subscriptions: {refused:?}"));
                 }
                 subscribed = true;
                 progress.subscribed_at = Some(Instant::now());
                 member.on_subscribed(ctx);
-                tracing::info!(member = member.index, client_id = %member.client_id, "connected and subscribed");
+                if member.recently_taken_over() {
+                    // Again and again while another client takes it back.
+                    tracing::debug!(member = member.index, client_id = %member.client_id, "connected and subscribed");
+                } else {
+                    tracing::info!(member = member.index, client_id = %member.client_id, "connected and subscribed");
+                }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => member.route(publish, ctx),
             Ok(Event::Outgoing(Outgoing::Publish(packet_id))) => {
@@ -779,6 +869,7 @@ mod tests {
             shutdown: watch::channel(false).0,
             request_timeout: Duration::from_secs(1),
             broker_limit: PacketLimit::default(),
+            takeover_logged: Mutex::new(None),
         };
         (context, receiver)
     }

@@ -10,6 +10,8 @@
 //! - `auth`: TLS, `K8S-SAT` and passwords, read anew at every connect.
 //! - `backoff`: [`Backoff`], the reconnect delays of every connection.
 //! - `connection`: one member: poll loop, pending requests, reconnects.
+//! - `takeover`: telling a session taken over by a client with the same
+//!   client id from other connection losses.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope.
 
 mod auth;
@@ -20,6 +22,7 @@ mod events;
 mod options;
 mod pool;
 mod settings;
+mod takeover;
 
 pub use auth::tls_client_config;
 pub use backoff::Backoff;

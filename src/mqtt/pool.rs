@@ -201,6 +201,7 @@ impl Pool {
             shutdown: watch::channel(false).0,
             request_timeout: settings.request_timeout,
             broker_limit: Default::default(),
+            takeover_logged: Mutex::new(None),
         });
         let mut tasks: Vec<JoinHandle<()>> = members
             .iter()
@@ -339,6 +340,18 @@ impl Pool {
                 .members
                 .iter()
                 .any(|member| member.status() == Status::Subscribed)
+    }
+
+    /// The client id of a member whose MQTT session another client with
+    /// the same client id took within the last few seconds, if any:
+    /// `/readyz` answers 503 while two clients keep taking the session
+    /// from each other.
+    pub fn session_taken_over(&self) -> Option<&str> {
+        self.inner
+            .members
+            .iter()
+            .find(|member| member.recently_taken_over())
+            .map(|member| member.client_id.as_str())
     }
 
     /// The largest value a SET can carry: the broker's CONNACK maximum

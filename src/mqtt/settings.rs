@@ -187,12 +187,12 @@ pub struct PoolSettings {
 }
 
 /// The command line's defaults, with the client id
-/// `statestore-gateway-<hostname>`.
+/// `statestore-gateway-<hostname>-<port>` (the default listen port).
 impl Default for PoolSettings {
     fn default() -> Self {
         Self {
             broker: BrokerSettings::default(),
-            client_id: settings::default_client_id(),
+            client_id: settings::default_client_id(settings::DEFAULT_LISTEN.port()),
             size: settings::DEFAULT_POOL_SIZE,
             request_timeout: settings::DEFAULT_REQUEST_TIMEOUT,
             max_in_flight_per_member: settings::DEFAULT_MAX_IN_FLIGHT,

@@ -580,6 +580,73 @@ fn the_dapr_ports_annotation_points_the_apps_dapr_sdk_at_the_sidecar() {
     assert!(!plain.contains("DAPR_GRPC_PORT"), "{plain}");
 }
 
+/// What the webhook's patch makes of `pod`.
+async fn patched_by(injector: &Injector, pod: &Value) -> Value {
+    let (status, body) = injector
+        .post(
+            serde_json::to_vec(&review(pod)).unwrap(),
+            "application/json",
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    use base64::Engine as _;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    patched
+}
+
+#[tokio::test]
+async fn dapr_ports_keep_what_the_app_sets_through_env_from_with_inject_and_the_webhook() {
+    let sets = [
+        "sidecar.daprPorts=true",
+        "gateway.port=9080",
+        "gateway.adminPort=9081",
+    ];
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orders", "annotations": {"statestore-gateway/inject": "enabled"}},
+        "spec": {"containers": [
+            {"name": "config-map", "image": "app", "envFrom": [{"configMapRef": {"name": "dapr"}}]},
+            {"name": "secret", "image": "app", "envFrom": [{"secretRef": {"name": "dapr"}}]},
+            {"name": "prefixed", "image": "app", "envFrom": [{"prefix": "DAPR_", "configMapRef": {"name": "ports"}}]},
+            {"name": "other", "image": "app", "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "app"}}]},
+            {"name": "own", "image": "app", "env": [{"name": "DAPR_HTTP_PORT", "value": "3500"}]},
+        ]},
+    });
+    let injector = Injector::start(&sets).await;
+    let patched = patched_by(&injector, &pod).await;
+    let set_args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+    let (code, injected, stderr) = inject(&set_args, &serde_json::to_string(&pod).unwrap());
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(documents(&injected), std::slice::from_ref(&patched));
+    let containers = patched["spec"]["containers"].as_array().unwrap();
+    let env = |index: usize| containers[index].get("env").cloned();
+    // The ConfigMap or Secret may hold the variables: the app's value stays theirs.
+    for container in &containers[..3] {
+        assert_eq!(container.get("env"), None, "{container}");
+    }
+    assert_eq!(
+        env(3),
+        Some(json!([
+            {"name": "DAPR_HTTP_PORT", "value": "9080"},
+            {"name": "DAPR_GRPC_PORT", "value": "9080"},
+        ]))
+    );
+    assert_eq!(
+        env(4),
+        Some(json!([
+            {"name": "DAPR_HTTP_PORT", "value": "3500"},
+            {"name": "DAPR_GRPC_PORT", "value": "9080"},
+        ]))
+    );
+}
+
 #[test]
 fn inject_refuses_a_pod_whose_own_container_or_volume_has_the_sidecars_name() {
     let pod = |extra: &str| {

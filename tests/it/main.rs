@@ -17,6 +17,7 @@ mod auth;
 mod authz;
 mod batch;
 mod browser;
+mod client_ids;
 mod dapr;
 mod docs;
 mod emulator;

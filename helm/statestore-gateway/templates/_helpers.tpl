@@ -259,8 +259,14 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $dir }}/mqtt-password/password
     {{- end }}
     {{- if $v.broker.clientId }}
+    # One client id per pod: pods sharing one (a Deployment's, or an old
+    # and a new one in a rollout) would take each other's broker sessions.
+    - name: STATESTORE_GATEWAY_POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
     - name: AIO_MQTT_CLIENT_ID
-      value: {{ $v.broker.clientId | quote }}
+      value: {{ printf "%s-$(STATESTORE_GATEWAY_POD_NAME)" (replace "$" "$$" $v.broker.clientId) | quote }}
     {{- end }}
     - name: AIO_MQTT_KEEP_ALIVE
       value: {{ int $v.broker.keepAlive | quote }}
@@ -367,17 +373,40 @@ declares its port; used by this chart's standalone Deployment.
 {{- end -}}
 
 {{/*
-statestore-gateway.sidecar.appEnv: env items for the app's containers, next
-to the sidecar: DAPR_HTTP_PORT and DAPR_GRPC_PORT (gateway.port, where the
-gateway serves Dapr's API) when values.sidecar.daprPorts is true; nothing
-otherwise.
+statestore-gateway.sidecar.appEnv: env items for one of the app's
+containers, next to the sidecar: DAPR_HTTP_PORT and DAPR_GRPC_PORT
+(gateway.port, where the gateway serves Dapr's API) when
+values.sidecar.daprPorts is true; nothing otherwise.
+Extra key: container (a dict with the container's own `env` and `envFrom`
+lists, as in its spec). A variable the container sets in `env`, or may get
+from an `envFrom` source (any without a prefix, or whose prefix begins the
+variable's name: the ConfigMap's or Secret's keys are not known here), is
+left out, so the app's own value stays (Kubernetes gives `env` priority
+over `envFrom`). Without container both variables are rendered: any own
+entry of the app must then follow the include in `env` (the kubelet takes
+the last entry of a name), and an `envFrom` value is hidden.
 */}}
 {{- define "statestore-gateway.sidecar.appEnv" -}}
+{{- include "statestore-gateway.sidecar.appEnvItems" . | trim -}}
+{{- end -}}
+
+{{/* The items of statestore-gateway.sidecar.appEnv, untrimmed. */}}
+{{- define "statestore-gateway.sidecar.appEnvItems" -}}
 {{- if .values.sidecar.daprPorts -}}
-- name: DAPR_HTTP_PORT
-  value: {{ int .values.gateway.port | quote }}
-- name: DAPR_GRPC_PORT
-  value: {{ int .values.gateway.port | quote }}
+{{- $container := .container | default dict -}}
+{{- range $name := list "DAPR_HTTP_PORT" "DAPR_GRPC_PORT" -}}
+{{- $own := false -}}
+{{- range ($container.env | default list) -}}
+{{- if eq .name $name -}}{{- $own = true -}}{{- end -}}
+{{- end -}}
+{{- range ($container.envFrom | default list) -}}
+{{- if hasPrefix (.prefix | default "") $name -}}{{- $own = true -}}{{- end -}}
+{{- end -}}
+{{- if not $own }}
+- name: {{ $name }}
+  value: {{ int $.values.gateway.port | quote }}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

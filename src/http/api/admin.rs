@@ -26,13 +26,26 @@ async fn livez() -> &'static str {
     "ok\n"
 }
 
-/// 200 once a pool member is subscribed; 503 while none is and once
-/// shutdown has started (so load balancers stop sending first).
+/// 200 once a pool member is subscribed; 503 while none is, while
+/// another client with the gateway's client id keeps taking its MQTT
+/// sessions, and once shutdown has started (so load balancers stop
+/// sending first).
 async fn readyz(State(state): State<AppState>) -> Response {
     if state.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     }
-    if !state.store.pool().is_ready() {
+    let pool = state.store.pool();
+    if let Some(client_id) = pool.session_taken_over() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "another MQTT client connects with client id {client_id} and takes this \
+                 gateway's session: give each gateway its own client id (--client-id)\n"
+            ),
+        )
+            .into_response();
+    }
+    if !pool.is_ready() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "no broker connection is subscribed\n",

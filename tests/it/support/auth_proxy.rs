@@ -193,7 +193,7 @@ fn binary_at<'a>(bytes: &'a [u8], at: &mut usize) -> &'a [u8] {
 
 /// Parses an MQTT5 CONNECT body (after the fixed header) and returns what
 /// it says plus the body without the authentication properties.
-fn parse_connect(body: &[u8]) -> (ConnectInfo, Vec<u8>) {
+pub(super) fn parse_connect(body: &[u8]) -> (ConnectInfo, Vec<u8>) {
     let mut at = 0;
     assert_eq!(binary_at(body, &mut at), b"MQTT", "protocol name");
     assert_eq!(body[at], 5, "MQTT version 5");

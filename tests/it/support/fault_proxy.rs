@@ -9,11 +9,15 @@
 //! after forwarding the 3rd PUBLISH from the client". Faults: a delay on
 //! every packet, a black hole (packets are swallowed, the connection stays
 //! up), cutting every connection now or after the Nth client PUBLISH, and
-//! refusing new connections. [`AuthProxy`](super::AuthProxy) is the proxy
-//! for the CONNECT handshake; this one is for what follows.
+//! refusing new connections. [`FaultProxy::start_reporting_takeovers`]
+//! tells a client whose session another connection with its client id
+//! takes over, as MQTT 5 asks (DISCONNECT 0x8E), where mosquitto 2.0.11
+//! only closes the connection. [`AuthProxy`](super::AuthProxy) is the
+//! proxy for the CONNECT handshake; this one is for what follows.
 
 #![allow(clippy::unwrap_used)] // test helper
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,11 +27,14 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// MQTT control packet type of PUBLISH.
 const PUBLISH: u8 = 3;
+
+/// DISCONNECT, reason 0x8E (session taken over), no properties.
+const DISCONNECT_SESSION_TAKEN_OVER: [u8; 4] = [0xe0, 0x02, 0x8e, 0x00];
 
 /// What the proxy has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,6 +61,18 @@ struct Control {
     /// Cut after this many more client PUBLISHes (0: no cut armed).
     cut_after_publishes: AtomicU64,
     stats: Mutex<ProxyStats>,
+    /// With takeovers reported: the open connection of each client id, and
+    /// how to tell it its session was taken (it answers once the
+    /// DISCONNECT is written).
+    sessions: Option<Mutex<HashMap<String, Session>>>,
+}
+
+/// An open connection of a client id.
+#[derive(Debug)]
+struct Session {
+    /// Which connection, so that a closing one removes only itself.
+    serial: u64,
+    taken_over: oneshot::Sender<oneshot::Sender<()>>,
 }
 
 /// The proxy; its listener and connections end when it is dropped.
@@ -71,6 +90,20 @@ impl FaultProxy {
     /// A proxy on a free loopback port forwarding MQTT to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
         Self::start_with(upstream, Control::default())
+    }
+
+    /// A proxy forwarding MQTT to `upstream` that tells a client its
+    /// session was taken over (DISCONNECT 0x8E, then the close) before it
+    /// forwards the CONNECT of another connection with the same client id:
+    /// a broker that reports takeovers as MQTT 5 asks.
+    pub async fn start_reporting_takeovers(upstream: SocketAddr) -> Self {
+        Self::start_with(
+            upstream,
+            Control {
+                sessions: Some(Mutex::new(HashMap::new())),
+                ..Control::default()
+            },
+        )
     }
 
     /// A proxy forwarding any protocol's bytes to `upstream`: only
@@ -182,6 +215,13 @@ async fn serve(
     };
     let _ = client.set_nodelay(true);
     let _ = broker.set_nodelay(true);
+    let mut taken_over = None;
+    if let Some(sessions) = &control.sessions {
+        match take_session(&mut client, &mut broker, sessions).await {
+            Some(session) => taken_over = Some(session),
+            None => return,
+        }
+    }
     // Borrowed halves, so the sockets outlive the count below: a test that
     // sees the gateway's answer to a cut also sees the cut.
     let cut_by_proxy = if control.bytes {
@@ -192,16 +232,78 @@ async fn serve(
     } else {
         let (mut client_read, mut client_write) = client.split();
         let (mut broker_read, mut broker_write) = broker.split();
-        tokio::select! {
-            cut_here = pump(&mut client_read, &mut broker_write, Direction::ToBroker, &control) => cut_here,
-            cut_here = pump(&mut broker_read, &mut client_write, Direction::ToClient, &control) => cut_here,
-            _ = cut.changed() => true,
+        let (serial, told) = match taken_over.take() {
+            Some((serial, told)) => (Some(serial), Some(told)),
+            None => (None, None),
+        };
+        let reported = async {
+            match told {
+                Some(told) => told.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let ended = tokio::select! {
+            cut_here = pump(&mut client_read, &mut broker_write, Direction::ToBroker, &control) => Ok(cut_here),
+            cut_here = pump(&mut broker_read, &mut client_write, Direction::ToClient, &control) => Ok(cut_here),
+            _ = cut.changed() => Ok(true),
+            Some(done) = reported => Err(done),
+        };
+        if let (Some(sessions), Some(serial)) = (&control.sessions, serial) {
+            let mut sessions = sessions.lock().unwrap();
+            sessions.retain(|_, session| session.serial != serial);
+        }
+        match ended {
+            Ok(cut_here) => cut_here,
+            Err(done) => {
+                let _ = client_write.write_all(&DISCONNECT_SESSION_TAKEN_OVER).await;
+                let _ = client_write.flush().await;
+                let _ = done.send(());
+                true
+            }
         }
     };
     if cut_by_proxy {
         control.stats.lock().unwrap().cuts += 1;
     }
     // Both sockets drop here: the connections close.
+}
+
+/// Reads the client's CONNECT, tells the connection that holds its client
+/// id (if any) that its session is taken over and waits until it has been
+/// told, then forwards the CONNECT and registers this connection as the
+/// client id's. `None` when the client or the broker went away.
+async fn take_session(
+    client: &mut TcpStream,
+    broker: &mut TcpStream,
+    sessions: &Mutex<HashMap<String, Session>>,
+) -> Option<(u64, oneshot::Receiver<oneshot::Sender<()>>)> {
+    static SERIAL: AtomicU64 = AtomicU64::new(0);
+    let mut buffer = BytesMut::with_capacity(1024);
+    let length = loop {
+        if let Some(length) = packet_length(&buffer) {
+            break length?;
+        }
+        if client.read_buf(&mut buffer).await.ok()? == 0 {
+            return None;
+        }
+    };
+    // The body follows the type byte and the remaining length.
+    let header = 1 + buffer[1..].iter().position(|byte| byte & 0x80 == 0)? + 1;
+    let (connect, _) = super::auth_proxy::parse_connect(&buffer[header..length]);
+    let serial = SERIAL.fetch_add(1, Ordering::SeqCst);
+    let (taken_over, told) = oneshot::channel();
+    let previous = sessions
+        .lock()
+        .unwrap()
+        .insert(connect.client_id, Session { serial, taken_over });
+    if let Some(previous) = previous {
+        let (done, reported) = oneshot::channel();
+        if previous.taken_over.send(done).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reported).await;
+        }
+    }
+    broker.write_all(&buffer).await.ok()?;
+    Some((serial, told))
 }
 
 /// Forwards whole packets from `from` to `to` with the faults applied;

@@ -32,6 +32,16 @@ enum Stderr {
     Kept,
 }
 
+/// The MQTT client id a gateway is started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientId {
+    /// `--client-id gwp-<random>` (unless the test gives its own): no two
+    /// tests' gateways share one.
+    Random,
+    /// None given: the gateway's own default.
+    Default,
+}
+
 /// The lines a gateway wrote to stderr so far, read by a thread as it
 /// writes them.
 #[derive(Debug, Clone, Default)]
@@ -66,8 +76,9 @@ impl StderrLines {
 
 impl GatewayProcess {
     /// Starts `serve` against the plain-TCP broker on `broker_port` with a
-    /// pool of 2, then `args` (later flags win), and waits until `/readyz`
-    /// is 200.
+    /// pool of 2 and a client id of its own, then `args` (a flag may be
+    /// given once: a `--client-id` among them replaces the random one), and
+    /// waits until `/readyz` is 200.
     pub async fn start(broker_port: u16, args: &[&str]) -> Self {
         Self::start_with_open_file_limit(broker_port, args, None).await
     }
@@ -80,13 +91,43 @@ impl GatewayProcess {
         args: &[&str],
         soft_limit: Option<u64>,
     ) -> Self {
-        Self::spawn(broker_port, args, soft_limit, &[], Stderr::Default).await
+        Self::spawn(
+            broker_port,
+            args,
+            soft_limit,
+            &[],
+            Stderr::Default,
+            ClientId::Random,
+        )
+        .await
     }
 
     /// As [`start`](Self::start), with these environment variables (the
     /// `OTEL_*` ones of span export, which have no flags).
     pub async fn start_with_env(broker_port: u16, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn(broker_port, args, None, env, Stderr::Default).await
+        Self::spawn(
+            broker_port,
+            args,
+            None,
+            env,
+            Stderr::Default,
+            ClientId::Random,
+        )
+        .await
+    }
+
+    /// As [`start`](Self::start), without `--client-id`: the gateway
+    /// derives its own, as it does when nobody sets one.
+    pub async fn start_with_default_client_id(broker_port: u16, args: &[&str]) -> Self {
+        Self::spawn(
+            broker_port,
+            args,
+            None,
+            &[],
+            Stderr::Default,
+            ClientId::Default,
+        )
+        .await
     }
 
     /// As [`start_with_env`](Self::start_with_env), keeping what it writes
@@ -96,7 +137,7 @@ impl GatewayProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
-        Self::spawn(broker_port, args, None, env, Stderr::Kept).await
+        Self::spawn(broker_port, args, None, env, Stderr::Kept, ClientId::Random).await
     }
 
     async fn spawn(
@@ -105,6 +146,7 @@ impl GatewayProcess {
         soft_limit: Option<u64>,
         env: &[(&str, &str)],
         keep: Stderr,
+        client_id: ClientId,
     ) -> Self {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -125,14 +167,17 @@ impl GatewayProcess {
             Stderr::Default if std::env::var_os("TEST_LOG").is_some() => Stdio::inherit(),
             Stderr::Default => Stdio::null(),
         };
+        command.arg("serve");
+        // A flag may not be given twice: a test's own id replaces ours.
+        if client_id == ClientId::Random && !args.contains(&"--client-id") {
+            command.args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())]);
+        }
         let mut child = command
-            .arg("serve")
             .args(["--listen", &api.to_string()])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--broker-host", "127.0.0.1"])
             .args(["--broker-port", &broker_port.to_string()])
             .args(["--use-tls", "false"])
-            .args(["--client-id", &format!("gwp-{:08x}", rand::random::<u32>())])
             .args(["--pool-size", "2"])
             .args(args)
             .env("RUST_LOG", "warn")
