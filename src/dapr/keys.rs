@@ -1,12 +1,11 @@
 //! The store keys the Dapr API keeps beside the app's: a lease per key
-//! (conditional writes and transactions) and a transaction's intent record.
+//! (conditional writes and transactions, [`super::lease::lease_key`]) and
+//! a transaction's intent record, both under the gateway's reserved
+//! prefixes ([`crate::store::reserved`]), which no caller reaches.
 
 use bytes::Bytes;
 
-/// The prefix of the lease keys of conditional writes: `<prefix><key>`.
-pub const LEASE_PREFIX: &str = "dapr-etag-lease||";
-/// The prefix of intent records: `<prefix><transaction id>`.
-pub const INTENT_PREFIX: &str = "dapr-txn||";
+use crate::store::reserved::INTENT_PREFIX;
 
 /// The intent record of transaction `id`.
 pub(super) fn intent_key(id: &str) -> Bytes {

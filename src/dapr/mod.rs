@@ -35,7 +35,6 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use keys::{INTENT_PREFIX, LEASE_PREFIX};
 pub use settings::{DaprSettings, KeyPrefix};
 pub use transaction::TxOp;
 

@@ -22,7 +22,12 @@
 //! op with the same token is the same write), then cleaned up; one past
 //! its deadline without a record is aborted by writing `aborted` to its
 //! record's key with `NX`, so its own gateway, if it is only paused,
-//! cannot commit afterwards. Readers of the Dapr API read a key's lease
+//! cannot commit afterwards. A finder acts on a record only if it names
+//! the lease value that led to it and that lease's key, and applies an op
+//! only while the op's key's lease holds that value ([`bound_ops`]): a record
+//! moves only keys whose leases name its transaction. Leases and records
+//! live under the gateway's reserved prefixes, which no caller reaches.
+//! Readers of the Dapr API read a key's lease
 //! between two reads of the key ([`read`]), and resolve a transaction they
 //! find, so a read never sees a committed transaction's keys half applied. Writers of the Dapr
 //! API take the same lease, so they resolve it too.
@@ -43,6 +48,7 @@ use super::lease::{self, FIRST_PAUSE, LONGEST_PAUSE, fenced, is_outdated, lease_
 use super::settings::DaprSettings;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, hlc};
+use crate::store::reserved::is_reserved;
 use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
 
 /// A lease held by a transaction: `txn:<id>:<deadline ms>`.
@@ -87,6 +93,19 @@ struct IntentOp {
     v: Option<String>,
     /// Its expiry in milliseconds.
     px: Option<u64>,
+}
+
+impl Intent {
+    /// Whether this is the record of the transaction holding `lease` with
+    /// `lease_value`: it names that lease value and the lease's key.
+    fn binds(&self, lease_value: &[u8], lease: &[u8]) -> bool {
+        self.lease.as_bytes() == lease_value
+            && self.ops.iter().any(|op| {
+                BASE64
+                    .decode(&op.k)
+                    .is_ok_and(|key| lease_key(&key).as_ref() == lease)
+            })
+    }
 }
 
 /// The transaction a lease value names, and its deadline.
@@ -173,7 +192,8 @@ pub(super) async fn execute(
         // resolves it either way, so the keys are never half applied.
         Err(error) => return Err(error.into()),
     }
-    finish(store, &id, &intent, record).await
+    let ops: Vec<&IntentOp> = intent.ops.iter().collect();
+    finish(store, &id, &intent, &ops, record).await
 }
 
 /// Every op's etag or condition against the keys as they are now.
@@ -192,15 +212,17 @@ async fn check(store: &StoreClient, ops: &[TxOp]) -> Result<(), DaprError> {
     Ok(())
 }
 
-/// Applies a committed transaction's ops and cleans up after it; `record`
+/// Applies `ops` of a committed transaction (all of them, or those of a
+/// found record that [`bound_ops`] keeps) and cleans up after it; `record`
 /// is the intent record as stored (its delete is conditional on it).
 async fn finish(
     store: &StoreClient,
     id: &str,
     intent: &Intent,
+    ops: &[&IntentOp],
     record: Bytes,
 ) -> Result<(), DaprError> {
-    for op in &intent.ops {
+    for op in ops {
         let (Ok(key), Ok(token)) = (BASE64.decode(&op.k), Hlc::parse(&op.t)) else {
             continue;
         };
@@ -235,6 +257,32 @@ async fn finish(
     Ok(())
 }
 
+/// The ops of a record found by [`resolve`] that it may apply: those whose
+/// key's lease holds the transaction's lease value. A transaction holds
+/// every key's lease from before its record exists until all its ops are
+/// applied, so every op of a record a gateway wrote passes (an op whose
+/// lease was released was applied by whoever released it), and a record
+/// moves only keys whose leases name its transaction.
+async fn bound_ops<'a>(
+    store: &StoreClient,
+    intent: &'a Intent,
+) -> Result<Vec<&'a IntentOp>, DaprError> {
+    let mut bound = Vec::with_capacity(intent.ops.len());
+    for op in &intent.ops {
+        let Ok(key) = BASE64.decode(&op.k) else {
+            continue;
+        };
+        if is_reserved(&key) {
+            continue;
+        }
+        let held = store.get(lease_key(&key)).await?;
+        if held.is_some_and(|held| held.value.as_ref() == intent.lease.as_bytes()) {
+            bound.push(op);
+        }
+    }
+    Ok(bound)
+}
+
 /// Releases the leases the transaction holds (failures are left for the
 /// next finder to resolve).
 async fn release<'a>(
@@ -266,12 +314,15 @@ pub(super) async fn resolve(store: &StoreClient, lease: &Bytes) -> Result<bool, 
             store.vdel(lease.clone(), held.value, None).await?;
             Ok(true)
         }
+        // Acted on only if it is the record of the transaction whose
+        // lease led here; any other is waited for as a live holder.
         Some(record) => match serde_json::from_slice::<Intent>(&record.value) {
-            Ok(intent) => {
-                finish(store, &id, &intent, record.value).await?;
+            Ok(intent) if intent.binds(&held.value, lease) => {
+                let ops = bound_ops(store, &intent).await?;
+                finish(store, &id, &intent, &ops, record.value).await?;
                 Ok(true)
             }
-            Err(_) => Ok(false),
+            _ => Ok(false),
         },
         None if hlc::now_ms() > deadline => {
             let abort = store
