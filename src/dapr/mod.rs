@@ -45,6 +45,10 @@ pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
 /// The runtime version Dapr's metadata names.
 pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG_VERSION"));
 
+/// What separates a key prefix from the key (`<app-id>||<key>`): Dapr
+/// refuses keys and lock resources that hold it.
+pub const SEPARATOR: &str = "||";
+
 /// How many saves of one request run at once.
 const SAVE_PARALLELISM: usize = 16;
 
@@ -137,7 +141,7 @@ impl DaprStore {
     pub fn store_key(&self, key: &str) -> Bytes {
         match self.settings.key_prefix {
             KeyPrefix::None => Bytes::copy_from_slice(key.as_bytes()),
-            KeyPrefix::AppId => Bytes::from(format!("{}||{key}", self.settings.app_id)),
+            KeyPrefix::AppId => Bytes::from(format!("{}{SEPARATOR}{key}", self.settings.app_id)),
         }
     }
 

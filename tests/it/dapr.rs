@@ -736,6 +736,215 @@ async fn a_tenant_cannot_forge_the_gateways_records_through_daprs_grpc_api() {
     assert_forgery_changed_nothing(&tenancy, Through::DaprGrpc).await;
 }
 
+/// Dapr's refusal of a key with `||`, as its state API words it over gRPC.
+fn illegal(key: &str) -> String {
+    format!("input key/keyPrefix '{key}' can't contain '||'")
+}
+
+/// Asserts Dapr's HTTP answer to a state key with `||`: 400
+/// `ERR_MALFORMED_REQUEST`, its message wrapped as Dapr's HTTP handlers
+/// wrap it, and its three details.
+async fn assert_illegal_key_over_http(response: reqwest::Response, key: &str, what: &str) {
+    assert_eq!(response.status(), 400, "{what}");
+    let body: Value = response.json().await.unwrap();
+    let message = format!("api error: code = InvalidArgument desc = {}", illegal(key));
+    assert_eq!(
+        body,
+        json!({
+            "errorCode": "ERR_MALFORMED_REQUEST",
+            "message": message,
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.BadRequest",
+                 "field_violations": [{"field": key, "description": message}]},
+                {"@type": "type.googleapis.com/google.rpc.ResourceInfo",
+                 "resource_type": "state", "resource_name": "statestore", "owner": "", "description": ""},
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                 "reason": "DAPR_STATE_ILLEGAL_KEY", "domain": "dapr.io", "metadata": null},
+            ],
+        }),
+        "{what}"
+    );
+}
+
+#[tokio::test]
+async fn keys_with_the_separator_are_refused_over_http_as_dapr_refuses_them() {
+    let stack = transactional_stack().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let state = gw.url("/v1.0/state/statestore");
+    let key = "dapr-etag-lease||victim";
+    let get = client.get(format!("{state}/{key}")).send().await.unwrap();
+    assert_illegal_key_over_http(get, key, "get").await;
+    let delete = client
+        .delete(format!("{state}/{key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_illegal_key_over_http(delete, key, "delete").await;
+    let save = client
+        .post(&state)
+        .json(&json!([{"key": "fine", "value": 1}, {"key": key, "value": 1}]))
+        .send()
+        .await
+        .unwrap();
+    assert_illegal_key_over_http(save, key, "save").await;
+    let bulk = client
+        .post(format!("{state}/bulk"))
+        .json(&json!({"keys": ["fine", "a||"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_illegal_key_over_http(bulk, "a||", "bulk get").await;
+    for operation in ["upsert", "delete"] {
+        let transaction = client
+            .post(format!("{state}/transaction"))
+            .json(&json!({"operations": [
+                {"operation": "upsert", "request": {"key": "fine", "value": 1}},
+                {"operation": operation, "request": {"key": "||b", "value": 1}},
+            ]}))
+            .send()
+            .await
+            .unwrap();
+        assert_illegal_key_over_http(transaction, "||b", operation).await;
+    }
+    for (path, code, failed) in [
+        ("lock", "ERR_TRY_LOCK", "failed to try acquiring lock"),
+        ("unlock", "ERR_UNLOCK", "failed to release lock"),
+    ] {
+        let answer = client
+            .post(gw.url(&format!("/v1.0-alpha1/{path}/lockstore")))
+            .json(&json!({"resourceId": "dapr-etag-lease||victim3", "lockOwner": "me", "expiryInSeconds": 30}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 500, "{path}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"errorCode": code, "message": format!("{failed}: {}", illegal("dapr-etag-lease||victim3"))}),
+            "{path}"
+        );
+    }
+
+    // Nothing was written: the keys those names would have blocked take
+    // every write at once.
+    let started = Instant::now();
+    let etag = save_and_read_etag(&client, &gw.url(""), "victim", "v1").await;
+    assert_eq!(
+        save_with_etag(&client, &gw.url(""), "victim", "v2", &etag).await,
+        204
+    );
+    let etag = save_and_read_etag(&client, &gw.url(""), "victim3", "v1").await;
+    assert_eq!(
+        save_with_etag(&client, &gw.url(""), "victim3", "v2", &etag).await,
+        204
+    );
+    let transaction = client
+        .post(format!("{state}/transaction"))
+        .json(&json!({"operations": [
+            {"operation": "upsert", "request": {"key": "victim", "value": 3}},
+            {"operation": "delete", "request": {"key": "victim3"}},
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(transaction.status(), 204);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn keys_with_the_separator_are_refused_over_grpc_as_dapr_refuses_them() {
+    let stack = transactional_stack().await;
+    let script = r#"
+from google.rpc import status_pb2, error_details_pb2
+
+def answer(call):
+    try:
+        call()
+        return {"code": "OK"}
+    except grpc.RpcError as error:
+        details = []
+        for name, value in error.trailing_metadata() or ():
+            if name == "grpc-status-details-bin":
+                status = status_pb2.Status.FromString(value)
+                for any in status.details:
+                    if any.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                        info = error_details_pb2.ErrorInfo()
+                        any.Unpack(info)
+                        details.append({"ErrorInfo": [info.reason, info.domain, dict(info.metadata)]})
+                    elif any.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                        bad = error_details_pb2.BadRequest()
+                        any.Unpack(bad)
+                        details.append({"BadRequest": [[v.field, v.description] for v in bad.field_violations]})
+                    elif any.Is(error_details_pb2.ResourceInfo.DESCRIPTOR):
+                        info = error_details_pb2.ResourceInfo()
+                        any.Unpack(info)
+                        details.append({"ResourceInfo": [info.resource_type, info.resource_name, info.owner, info.description]})
+                    else:
+                        details.append({"other": any.type_url})
+        return {"code": error.code().name, "message": error.details(), "details": details}
+
+key = "dapr-etag-lease||victim"
+item = lambda k: common_v1.StateItem(key=k, value=b"1")
+op = lambda kind, k: api_v1.TransactionalStateOperation(operationType=kind, request=item(k))
+answers = {
+    "get": answer(lambda: stub.GetState(api_v1.GetStateRequest(store_name="statestore", key=key), metadata=md)),
+    "bulk": answer(lambda: stub.GetBulkState(api_v1.GetBulkStateRequest(store_name="statestore", keys=["fine", key]), metadata=md)),
+    "save": answer(lambda: stub.SaveState(api_v1.SaveStateRequest(store_name="statestore", states=[item("fine"), item(key)]), metadata=md)),
+    "delete": answer(lambda: stub.DeleteState(api_v1.DeleteStateRequest(store_name="statestore", key=key), metadata=md)),
+    "upsert": answer(lambda: stub.ExecuteStateTransaction(api_v1.ExecuteStateTransactionRequest(storeName="statestore",
+        operations=[op("upsert", "fine"), op("upsert", key)]), metadata=md)),
+    "transaction delete": answer(lambda: stub.ExecuteStateTransaction(api_v1.ExecuteStateTransactionRequest(storeName="statestore",
+        operations=[op("delete", key)]), metadata=md)),
+    "tryLock": answer(lambda: stub.TryLockAlpha1(api_v1.TryLockRequest(store_name="lockstore", resource_id=key, lock_owner="me", expiry_in_seconds=30), metadata=md)),
+    "unlock": answer(lambda: stub.UnlockAlpha1(api_v1.UnlockRequest(store_name="lockstore", resource_id=key, lock_owner="me"), metadata=md)),
+}
+print(json.dumps(answers))
+"#;
+    let printed = grpc_python(stack.gateway.api, script, &[]).await;
+    let answers: Value = serde_json::from_str(printed.trim()).unwrap();
+    let key = "dapr-etag-lease||victim";
+    let state = json!({
+        "code": "INVALID_ARGUMENT",
+        "message": illegal(key),
+        "details": [
+            {"BadRequest": [[key, illegal(key)]]},
+            {"ResourceInfo": ["state", "statestore", "", ""]},
+            {"ErrorInfo": ["DAPR_STATE_ILLEGAL_KEY", "dapr.io", {}]},
+        ],
+    });
+    for call in [
+        "get",
+        "bulk",
+        "save",
+        "delete",
+        "upsert",
+        "transaction delete",
+    ] {
+        assert_eq!(answers[call], state, "{call}");
+    }
+    for (call, failed) in [
+        ("tryLock", "failed to try acquiring lock"),
+        ("unlock", "failed to release lock"),
+    ] {
+        assert_eq!(
+            answers[call],
+            json!({"code": "INTERNAL", "message": format!("{failed}: {}", illegal(key)), "details": []}),
+            "{call}"
+        );
+    }
+    let store = broker_store(stack.broker.addr).await;
+    assert_eq!(
+        raw_get(&store, b"fine").await,
+        None,
+        "no item of a refused request"
+    );
+}
+
 #[tokio::test]
 async fn the_app_id_prefix_names_keys_as_dapr_does() {
     let stack = Stack::builder()
