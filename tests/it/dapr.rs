@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use statestore_gateway::access::rules::AuthzSettings;
-use statestore_gateway::dapr::{DaprSettings, KeyPrefix};
+use statestore_gateway::dapr::{DaprSettings, KeyPrefix, LOCK_KEY_PREFIX, LockKeyPrefix};
 use statestore_gateway::store::StoreClient;
 use statestore_gateway::store::reserved::{INTENT_PREFIX, LEASE_PREFIX};
 
 use crate::support::fault_proxy::FaultProxy;
-use crate::support::gateway::{Gateway, GatewayOptions, Stack, http_client};
+use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, http_client};
 use crate::support::gateway_process::GatewayProcess;
 use crate::support::{broker_store, freeze, raw_get, raw_set, thaw};
 
@@ -89,6 +89,17 @@ async fn stack_with_token() -> Stack {
     Stack::builder()
         .gateway(GatewayOptions {
             api_token: Some(TOKEN.into()),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await
+}
+
+/// A stack whose gateway has these Dapr settings (and no API token).
+async fn stack_with_dapr(dapr: DaprSettings) -> Stack {
+    Stack::builder()
+        .gateway(GatewayOptions {
+            dapr,
             ..GatewayOptions::default()
         })
         .start()
@@ -377,9 +388,14 @@ async fn http_answers_with_daprs_statuses_and_bodies() {
 
 #[tokio::test]
 async fn dapr_locks_and_the_locks_routes_exclude_each_other() {
+    // A Dapr lock's store key is Dapr's: `lock||<app-id>||<resource>`.
     let stack = stack_with_token().await;
     let gw = &stack.gateway;
     let client = dapr_client();
+    let lock_url = gw.url(&format!(
+        "/locks/{}?holder=http-app&ttl=5s",
+        encode(format!("{LOCK_KEY_PREFIX}statestore-gateway||shared/lock").as_bytes())
+    ));
     let lock = json!({"resourceId": "shared/lock", "lockOwner": "dapr-app", "expiryInSeconds": 30});
     let taken: Value = client
         .post(gw.url("/v1.0-alpha1/lock/lockstore"))
@@ -393,7 +409,7 @@ async fn dapr_locks_and_the_locks_routes_exclude_each_other() {
     assert_eq!(taken["success"], true);
     let http = gw
         .http
-        .put(gw.url("/locks/shared/lock?holder=http-app&ttl=5s"))
+        .put(&lock_url)
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -408,7 +424,7 @@ async fn dapr_locks_and_the_locks_routes_exclude_each_other() {
         .unwrap();
     let http = gw
         .http
-        .put(gw.url("/locks/shared/lock?holder=http-app&ttl=5s"))
+        .put(&lock_url)
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -434,6 +450,132 @@ async fn dapr_locks_and_the_locks_routes_exclude_each_other() {
         .await
         .unwrap();
     assert_eq!(status["status"], 2, "the lock belongs to the /locks holder");
+}
+
+/// A Dapr lock call over HTTP (`lock` or `unlock`): its JSON answer.
+async fn lock_call(client: &reqwest::Client, gw: &Gateway, call: &str, body: Value) -> Value {
+    let answer = client
+        .post(gw.url(&format!("/v1.0-alpha1/{call}/lockstore")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    answer.json().await.unwrap()
+}
+
+/// A Dapr `tryLock` over HTTP: whether it was taken.
+async fn try_lock(client: &reqwest::Client, gw: &Gateway, resource: &str, owner: &str) -> bool {
+    let body = json!({"resourceId": resource, "lockOwner": owner, "expiryInSeconds": 30});
+    let answer = lock_call(client, gw, "lock", body).await;
+    answer["success"].as_bool().expect("success")
+}
+
+/// A Dapr `unlock` over HTTP: its status (0 released, 1 no such lock, 2
+/// held by another).
+async fn unlock(client: &reqwest::Client, gw: &Gateway, resource: &str, owner: &str) -> u64 {
+    let body = json!({"resourceId": resource, "lockOwner": owner});
+    let answer = lock_call(client, gw, "unlock", body).await;
+    answer["status"].as_u64().expect("status")
+}
+
+#[tokio::test]
+async fn locks_and_state_keep_apart_as_dapr_keeps_them() {
+    let stack = stack_with_token().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let state = gw.url("/v1.0/state/statestore");
+
+    // A lock is not state: the state key of its name stays absent, and a
+    // save of it leaves the lock held.
+    assert!(try_lock(&client, gw, "order-42", "owner-1").await);
+    let read = client
+        .get(format!("{state}/order-42"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 204, "the lock's name read as state");
+    save_one(&client, &state, "order-42", json!("state")).await;
+    assert!(
+        !try_lock(&client, gw, "order-42", "owner-2").await,
+        "still held"
+    );
+    // `/locks` reaches the lock by its store key.
+    let held = gw
+        .http
+        .get(gw.url(&format!(
+            "/locks/{}",
+            encode(b"lock||statestore-gateway||order-42")
+        )))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    assert_eq!(held.json::<Value>().await.unwrap()["holder"], "owner-1");
+    assert_eq!(
+        unlock(&client, gw, "order-42", "owner-1").await,
+        0,
+        "owner-1 releases its lock"
+    );
+    let read = client
+        .get(format!("{state}/order-42"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.text().await.unwrap(), "\"state\"");
+
+    // State is not a lock: a key's value does not hold its name's lock.
+    save_one(&client, &state, "cart-7", json!(1)).await;
+    assert!(try_lock(&client, gw, "cart-7", "owner-1").await);
+
+    // Over gRPC too.
+    let script = r#"
+taken = stub.TryLockAlpha1(api_v1.TryLockRequest(store_name="lockstore", resource_id="grpc-1", lock_owner="me", expiry_in_seconds=30), metadata=md).success
+read = stub.GetState(api_v1.GetStateRequest(store_name="statestore", key="grpc-1"), metadata=md)
+print(json.dumps([taken, read.data.decode(), read.etag]))
+"#;
+    let printed = grpc_python(gw.api, script, &[]).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(printed.trim()).unwrap(),
+        json!([true, "", ""])
+    );
+}
+
+#[tokio::test]
+async fn the_lock_key_prefix_names_lock_keys_as_daprs_lock_component_does() {
+    // The lock prefix applies to locks only, the state prefix to state only.
+    let stack = stack_with_dapr(DaprSettings {
+        app_id: "myapp".into(),
+        key_prefix: KeyPrefix::AppId,
+        lock_key_prefix: LockKeyPrefix::Custom("team".into()),
+        ..DaprSettings::default()
+    })
+    .await;
+    let gw = &stack.gateway;
+    let client = http_client();
+    assert!(try_lock(&client, gw, "order-42", "owner-1").await);
+    save_one(
+        &client,
+        &gw.url("/v1.0/state/statestore"),
+        "order-42",
+        json!("state"),
+    )
+    .await;
+    let store = broker_store(stack.broker.addr).await;
+    assert_eq!(
+        raw_get(
+            &store,
+            format!("{LOCK_KEY_PREFIX}team||order-42").as_bytes()
+        )
+        .await
+        .as_deref(),
+        Some(&b"owner-1"[..])
+    );
+    assert_eq!(
+        raw_get(&store, b"myapp||order-42").await.as_deref(),
+        Some(&b"\"state\""[..])
+    );
+    assert_eq!(raw_get(&store, b"order-42").await, None);
 }
 
 #[tokio::test]
@@ -947,17 +1089,12 @@ print(json.dumps(answers))
 
 #[tokio::test]
 async fn the_app_id_prefix_names_keys_as_dapr_does() {
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            dapr: DaprSettings {
-                app_id: "myapp".into(),
-                key_prefix: KeyPrefix::AppId,
-                ..DaprSettings::default()
-            },
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let stack = stack_with_dapr(DaprSettings {
+        app_id: "myapp".into(),
+        key_prefix: KeyPrefix::AppId,
+        ..DaprSettings::default()
+    })
+    .await;
     let gw = &stack.gateway;
     let save = gw
         .http
@@ -973,17 +1110,23 @@ async fn the_app_id_prefix_names_keys_as_dapr_does() {
     assert_eq!(gw.get(b"order-1").await.status(), 404);
 }
 
-/// Saves `key` (a JSON string `value`) through the Dapr API at `url` and
-/// reads it back: its etag.
-async fn save_and_read_etag(client: &reqwest::Client, url: &str, key: &str, value: &str) -> String {
-    let state = format!("{url}/v1.0/state/statestore");
+/// Saves `key` as `value` with one Dapr save to `state` (the state
+/// store's URL), which must answer 204.
+async fn save_one(client: &reqwest::Client, state: &str, key: &str, value: Value) {
     let saved = client
-        .post(&state)
+        .post(state)
         .json(&json!([{"key": key, "value": value}]))
         .send()
         .await
         .unwrap();
-    assert_eq!(saved.status(), 204);
+    assert_eq!(saved.status(), 204, "saving {key}");
+}
+
+/// Saves `key` (a JSON string `value`) through the Dapr API at `url` and
+/// reads it back: its etag.
+async fn save_and_read_etag(client: &reqwest::Client, url: &str, key: &str, value: &str) -> String {
+    let state = format!("{url}/v1.0/state/statestore");
+    save_one(client, &state, key, json!(value)).await;
     let read = client.get(format!("{state}/{key}")).send().await.unwrap();
     read.headers()["etag"].to_str().unwrap().to_owned()
 }
@@ -1012,16 +1155,11 @@ async fn two_gateways_never_both_win_with_one_etag_even_when_one_is_paused_mid_w
     // delays each packet, so its five round trips take long enough to be
     // frozen in the middle; gateway B shares the store directly.
     let lease = Duration::from_millis(800);
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            dapr: DaprSettings {
-                etag_lease: lease,
-                ..DaprSettings::default()
-            },
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let stack = stack_with_dapr(DaprSettings {
+        etag_lease: lease,
+        ..DaprSettings::default()
+    })
+    .await;
     let proxy = FaultProxy::start(stack.broker.addr).await;
     let a = GatewayProcess::start(proxy.port(), &["--dapr-etag-lease", "800ms"]).await;
     proxy.set_delay(Duration::from_millis(10));
@@ -1144,17 +1282,12 @@ async fn a_transaction_cut_by_a_gateway_crash_is_never_seen_half_applied() {
     // and is killed (SIGKILL) at a different point of each; gateway B then
     // reads the keys through the Dapr API: all of a transaction or none.
     let lease = Duration::from_millis(500);
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            dapr: DaprSettings {
-                transactions: true,
-                etag_lease: lease,
-                ..DaprSettings::default()
-            },
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let stack = stack_with_dapr(DaprSettings {
+        transactions: true,
+        etag_lease: lease,
+        ..DaprSettings::default()
+    })
+    .await;
     let b = &stack.gateway;
     let client = http_client();
     let b_url = format!("http://{}", b.api);
@@ -1370,17 +1503,12 @@ async fn a_transactions_record_moves_only_keys_whose_leases_name_it() {
     // Records written past the gateway (with broker credentials): a record
     // is acted on only if it names the lease value that led to it and that
     // lease's key, and each op only while its key's lease holds that value.
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            dapr: DaprSettings {
-                transactions: true,
-                lease_wait: Duration::from_millis(500),
-                ..DaprSettings::default()
-            },
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let stack = stack_with_dapr(DaprSettings {
+        transactions: true,
+        lease_wait: Duration::from_millis(500),
+        ..DaprSettings::default()
+    })
+    .await;
     let gw = &stack.gateway;
     let store = broker_store(stack.broker.addr).await;
     assert_eq!(gw.put(b"admin/config", "original").await.status(), 200);

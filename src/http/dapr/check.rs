@@ -76,8 +76,8 @@ pub enum Refusal {
     /// A lock request without an owner.
     #[error("lockOwner is empty")]
     EmptyOwner,
-    /// A lock resource longer than `--max-key-bytes`.
-    #[error("resourceId may have at most {0} bytes")]
+    /// A lock resource whose lock key is longer than `--max-key-bytes`.
+    #[error("resourceId may have at most {0} bytes with its lock key prefix")]
     ResourceTooLong(usize),
     /// A lock owner longer than the lock holder limit.
     #[error("lockOwner may have at most {0} bytes")]
@@ -273,8 +273,8 @@ impl<'a> Check<'a> {
     }
 
     /// A lock request's resource and owner: present, the resource without
-    /// `||` (as Dapr's lock key), both within their limits, and the caller
-    /// may write the resource.
+    /// `||` (as Dapr's lock key), both within their limits (the resource
+    /// as its lock key), and the caller may write the lock key.
     fn lock(&self, resource: &str, owner: &str, call: LockCall) -> Result<(), Refusal> {
         if resource.is_empty() {
             return Err(Refusal::EmptyResource);
@@ -292,11 +292,12 @@ impl<'a> Check<'a> {
         if owner.len() > max_owner {
             return Err(Refusal::OwnerTooLong(max_owner));
         }
-        let max_resource = self.state.limits.max_key_bytes;
-        if resource.len() > max_resource {
-            return Err(Refusal::ResourceTooLong(max_resource));
+        let lock_key = self.state.dapr.lock_key(resource);
+        let max_key = self.state.limits.max_key_bytes;
+        if lock_key.len() > max_key {
+            return Err(Refusal::ResourceTooLong(max_key));
         }
-        self.allowed(resource.as_bytes(), Need::Write)
+        self.allowed(&lock_key, Need::Write)
     }
 
     fn allowed(&self, store_key: &[u8], need: Need) -> Result<(), Refusal> {
