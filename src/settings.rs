@@ -366,6 +366,15 @@ pub const DAPR_KEY_PREFIX: Setting = Setting {
     helm: Helm::Default("gateway.daprKeyPrefix"),
 };
 
+/// Dapr's lock `keyPrefix`: `appid` (Dapr's default:
+/// `lock||<app-id>||<resource>`), `name`, `none` or a custom prefix.
+pub const DAPR_LOCK_KEY_PREFIX: Setting = Setting {
+    flag: "--dapr-lock-key-prefix",
+    env: "STATESTORE_GATEWAY_DAPR_LOCK_KEY_PREFIX",
+    default: "appid",
+    helm: Helm::Default("gateway.daprLockKeyPrefix"),
+};
+
 /// Dapr transactions: on, every Dapr read and write checks its key's lease.
 pub const DAPR_TRANSACTIONS: Setting = Setting {
     flag: "--dapr-transactions",
@@ -522,6 +531,7 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_LOCK_STORE,
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
+    &DAPR_LOCK_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &BROKER_HOSTNAME,

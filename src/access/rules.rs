@@ -37,16 +37,31 @@ use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::metrics::Metrics;
 use crate::protocol::glob;
 use crate::settings::{self, SettingError};
+use crate::store::reserved::{is_reserved, reserved_prefix};
 use crate::watch::ReadFilter;
 
-/// The rules do not let a caller do something to a key (a 403).
+/// Why a caller may not do something to a key (a 403).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("the authorization rules do not allow {caller} to {need} this key")]
-pub struct Denied {
-    /// Who asked, as the 403 names it.
-    pub caller: String,
-    /// The rules' method the request needed (`Read`, `Write`).
-    pub need: &'static str,
+pub enum Denied {
+    /// The rules do not let the caller do it.
+    #[error("the authorization rules do not allow {caller} to {need} this key")]
+    Rules {
+        /// Who asked, as the 403 names it.
+        caller: String,
+        /// The rules' method the request needed (`Read`, `Write`).
+        need: &'static str,
+    },
+    /// The key is one of the gateway's own records, which no caller may
+    /// use, whatever the rules say (and without rules).
+    #[error(
+        "keys starting with {prefix:?} are reserved for the gateway's own records: no caller may {need} them"
+    )]
+    Reserved {
+        /// The reserved prefix the key starts with.
+        prefix: &'static str,
+        /// The rules' method the request needed (`Read`, `Write`).
+        need: &'static str,
+    },
 }
 
 /// What a request does to a key: the rules' `method` it needs.
@@ -85,8 +100,12 @@ pub struct Grants {
 }
 
 impl Grants {
-    /// Whether these grants let a caller do `need` to `key`.
+    /// Whether these grants let a caller do `need` to `key`: never to a
+    /// reserved key, which no grant matches.
     pub fn allows(&self, key: &[u8], need: Need) -> bool {
+        if is_reserved(key) {
+            return false;
+        }
         match need {
             Need::Read => self.read.contains(key),
             Need::Write => self.write.contains(key),
@@ -351,9 +370,11 @@ impl Principal {
 
 /// What the caller of one request may do, put into the request's
 /// extensions by the guard when rules are configured; without rules it is
-/// absent and everything is allowed. An extractor (in `extract`), so that
-/// any handler can take it; the key routes check through
-/// [`Key`](crate::http::api::extract::Key).
+/// absent and every key but the gateway's reserved ones
+/// ([`crate::store::reserved`]) is allowed. An extractor (in `extract`),
+/// so that any handler can take it; the key routes check through
+/// [`Key`](crate::http::api::extract::Key). Every check of a key a caller
+/// names goes through here: this is where reserved keys are refused.
 #[derive(Debug, Clone, Default)]
 pub struct Access(Option<Checked>);
 
@@ -378,9 +399,9 @@ impl Authz {
 }
 
 impl Access {
-    /// The access of a request under `authz` (none: everything is
-    /// allowed): the one the guard put into its extensions; a request the
-    /// guard did not see is nobody's.
+    /// The access of a request under `authz` (none: every key but the
+    /// reserved ones is allowed): the one the guard put into its
+    /// extensions; a request the guard did not see is nobody's.
     pub fn of(parts: &Parts, authz: Option<&Authz>) -> Access {
         match authz {
             None => Access(None),
@@ -394,19 +415,28 @@ impl Access {
 
     /// Whether the caller may do `need` to `key`.
     pub fn allows(&self, key: &[u8], need: Need) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|checked| checked.grants.allows(key, need))
+        match &self.0 {
+            Some(checked) => checked.grants.allows(key, need),
+            None => !is_reserved(key),
+        }
     }
 
-    /// Whether every key is allowed (no rules configured).
-    pub fn is_unrestricted(&self) -> bool {
-        self.0.is_none()
+    /// Whether the caller may read every one of `keys` (for a listing's
+    /// page: true lets it skip the key by key check).
+    pub fn reads_all(&self, keys: &[Bytes]) -> bool {
+        self.0.is_none() && !keys.iter().any(|key| is_reserved(key))
     }
 
-    /// `Ok` when the caller may do `need` to `key`, else 403 naming the
-    /// caller and `need` (and counted by `need`).
+    /// `Ok` when the caller may do `need` to `key`, else 403: a reserved
+    /// key whatever the rules, or one the rules refuse (naming the caller
+    /// and `need`, and counted by `need`).
     pub fn require(&self, key: &[u8], need: Need) -> Result<(), Denied> {
+        if let Some(prefix) = reserved_prefix(key) {
+            return Err(Denied::Reserved {
+                prefix,
+                need: need.as_str(),
+            });
+        }
         match &self.0 {
             Some(checked) if !checked.grants.allows(key, need) => Err(self.denied(need)),
             _ => Ok(()),
@@ -416,16 +446,17 @@ impl Access {
     /// Whether the caller may do `need` to `key` under the rules in force
     /// now, not those of when the request came: for a request that waited.
     pub fn allows_now(&self, key: &[u8], need: Need) -> bool {
-        self.0.as_ref().is_none_or(|checked| {
-            checked
+        match &self.0 {
+            Some(checked) => checked
                 .authz
                 .rules()
                 .grants(&checked.principal)
-                .allows(key, need)
-        })
+                .allows(key, need),
+            None => !is_reserved(key),
+        }
     }
 
-    /// The 403 of a caller refused `need` (counted by `need`).
+    /// The 403 of a caller the rules refuse `need` (counted by `need`).
     pub fn denied(&self, need: Need) -> Denied {
         let caller = match &self.0 {
             Some(checked) => {
@@ -441,7 +472,7 @@ impl Access {
             }
             None => Principal::Nobody.name(),
         };
-        Denied {
+        Denied::Rules {
             caller,
             need: need.as_str(),
         }
@@ -449,7 +480,9 @@ impl Access {
 
     /// For a watch stream: whether the caller may read a key under the
     /// rules in force when it is asked (a reload applies to open streams);
-    /// `None` without rules.
+    /// a reserved key never. `None` without rules: the hub's patterns
+    /// never follow reserved keys, and a named key was checked by
+    /// [`Access::require`].
     pub fn live_read_filter(&self) -> Option<ReadFilter> {
         let checked = self.0.as_ref()?;
         let authz = checked.authz.clone();
@@ -702,6 +735,51 @@ rules:
         for name in ["apiToken", "api-token", "*"] {
             assert!(!rules.allows(&subject(name), b"any", Need::Read), "{name}");
         }
+    }
+
+    #[test]
+    fn no_grant_matches_the_gateways_own_records() {
+        use crate::store::reserved::{INTENT_PREFIX, LEASE_PREFIX};
+        let rules = rules(
+            r#"
+rules:
+  - principals: {apiToken: true}
+    stateStoreResources:
+      - {keyType: Pattern, keys: ["*", "*/orders/*"], method: ReadWrite}
+      - {keyType: String, keys: ["dapr-txn||x"], method: ReadWrite}
+"#,
+        );
+        let caller = &Principal::ApiToken;
+        for key in [&b"dapr-txn||x"[..], b"dapr-etag-lease||t1/orders/1"] {
+            for need in [Need::Read, Need::Write] {
+                assert!(!rules.allows(caller, key, need), "{key:?} {need:?}");
+            }
+        }
+        assert!(rules.allows(caller, b"t1/orders/1", Need::Write));
+
+        // Without rules too, and through every check of a request.
+        let open = Access::default();
+        assert!(open.allows(b"x", Need::Write));
+        assert!(!open.allows(b"dapr-txn||x", Need::Read));
+        assert!(!open.allows_now(b"dapr-etag-lease||x", Need::Write));
+        assert_eq!(open.require(b"x", Need::Write), Ok(()));
+        assert_eq!(
+            open.require(b"dapr-txn||x", Need::Write),
+            Err(Denied::Reserved {
+                prefix: INTENT_PREFIX,
+                need: "Write"
+            })
+        );
+        assert_eq!(
+            open.require(b"dapr-etag-lease||x", Need::Read),
+            Err(Denied::Reserved {
+                prefix: LEASE_PREFIX,
+                need: "Read"
+            })
+        );
+        let page = [Bytes::from_static(b"x"), Bytes::from_static(b"dapr-txn||x")];
+        assert!(open.reads_all(&page[..1]));
+        assert!(!open.reads_all(&page));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::access::ApiToken;
 use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::access::rules::AuthzSettings;
-use crate::dapr::{DaprSettings, KeyPrefix};
+use crate::dapr::{DaprSettings, KeyPrefix, LockKeyPrefix};
 use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
@@ -167,6 +167,12 @@ pub struct ServeArgs {
     /// state component store them).
     #[arg(long, env = settings::DAPR_KEY_PREFIX.env, default_value = settings::DAPR_KEY_PREFIX.default, value_parser = parse_key_prefix)]
     pub dapr_key_prefix: KeyPrefix,
+    /// How Dapr lock resources are named in the store, as Dapr's lock
+    /// component's `keyPrefix`: `appid` (`lock||<app-id>||<resource>`),
+    /// `name` (`lock||<lock store>||<resource>`), `none`
+    /// (`lock||<resource>`) or a custom prefix (`lock||<prefix>||<resource>`).
+    #[arg(long, env = settings::DAPR_LOCK_KEY_PREFIX.env, default_value = settings::DAPR_LOCK_KEY_PREFIX.default, value_parser = LockKeyPrefix::parse)]
+    pub dapr_lock_key_prefix: LockKeyPrefix,
     /// How long the per-key lease of a Dapr etag write lasts (a gateway that
     /// dies holding one delays other etag writes of that key this long).
     #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
@@ -326,6 +332,7 @@ impl ServeArgs {
                 lock_store: self.dapr_lock_store.clone(),
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
+                lock_key_prefix: self.dapr_lock_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
                 ..DaprSettings::default()

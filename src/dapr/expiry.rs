@@ -12,9 +12,10 @@
 
 use bytes::Bytes;
 
-use super::keys::{EXPIRY_PREFIX, prefixed};
+use super::keys::prefixed;
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, hlc};
+use crate::store::reserved::EXPIRY_PREFIX;
 use crate::store::{RequestError, SetOutcome, StoreClient};
 
 /// How long a record outlives its key, so that a claim in the key's last

@@ -20,7 +20,8 @@ use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{RequestError, SetOutcome, StoreClient};
 
-use super::keys::{LEASE_PREFIX, prefixed};
+use super::keys::prefixed;
+use crate::store::reserved::LEASE_PREFIX;
 
 /// The lease key of `key`.
 pub(super) fn lease_key(key: &[u8]) -> Bytes {

@@ -15,9 +15,12 @@
 //!   order: it folds those on one key into one, takes every key's lease,
 //!   checks every etag, commits by one intent record and applies it; see
 //!   [`transaction`], which a reader of a key resolves before reading it.
-//! - `tryLock` is `SET resource owner NX PX` (not re-entrant, as Dapr's);
-//!   `unlock` is `VDEL resource owner`. These are the SDKs' lease/lock
-//!   keys, so Dapr locks, `/locks` and SDK lock clients exclude each other.
+//! - `tryLock` is `SET lock||<prefix>||<resource> owner NX PX` (not
+//!   re-entrant, as Dapr's); `unlock` is `VDEL` of that key with the
+//!   owner. The key is Dapr's lock key ([`DaprStore::lock_key`]), apart
+//!   from every state key; `/locks` and the SDKs' lock clients reach the
+//!   same lock by that key, and exclude Dapr's holders as they exclude
+//!   each other.
 
 mod conditional;
 mod error;
@@ -38,8 +41,7 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use keys::{EXPIRY_PREFIX, INTENT_PREFIX, LEASE_PREFIX};
-pub use settings::{DaprSettings, KeyPrefix};
+pub use settings::{DaprSettings, KeyPrefix, LOCK_KEY_PREFIX, LockKeyPrefix, SEPARATOR};
 pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.
@@ -141,8 +143,14 @@ impl DaprStore {
     pub fn store_key(&self, key: &str) -> Bytes {
         match self.settings.key_prefix {
             KeyPrefix::None => Bytes::copy_from_slice(key.as_bytes()),
-            KeyPrefix::AppId => Bytes::from(format!("{}||{key}", self.settings.app_id)),
+            KeyPrefix::AppId => Bytes::from(format!("{}{SEPARATOR}{key}", self.settings.app_id)),
         }
+    }
+
+    /// The store key of the lock `resource`: `lock||[<prefix>||]<resource>`,
+    /// as Dapr's lock component names it, apart from every state key.
+    pub fn lock_key(&self, resource: &str) -> Bytes {
+        keys::lock_key(&self.settings, resource)
     }
 
     /// The value and etag of `key`, or `None` when it is absent.
@@ -338,7 +346,7 @@ impl DaprStore {
         let set = self
             .store
             .set(
-                Bytes::copy_from_slice(resource.as_bytes()),
+                self.lock_key(resource),
                 Bytes::copy_from_slice(owner.as_bytes()),
                 options,
                 &RequestOptions::default(),
@@ -358,7 +366,7 @@ impl DaprStore {
         let vdel = self
             .store
             .vdel(
-                Bytes::copy_from_slice(resource.as_bytes()),
+                self.lock_key(resource),
                 Bytes::copy_from_slice(owner.as_bytes()),
                 None,
             )

@@ -16,6 +16,49 @@ pub enum KeyPrefix {
     AppId,
 }
 
+/// How lock resources are named in the store, as Dapr's lock component
+/// names them by its `keyPrefix` (`lock||<prefix>||<resource>`): apart
+/// from every state key, whatever the state keys' prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LockKeyPrefix {
+    /// `lock||<app-id>||<resource>`: Dapr's default (`appid`).
+    #[default]
+    AppId,
+    /// `lock||<lock store name>||<resource>` (`name`).
+    StoreName,
+    /// `lock||<resource>` (`none`).
+    None,
+    /// `lock||<prefix>||<resource>`: any other value, lower-cased as Dapr
+    /// lower-cases it.
+    Custom(String),
+}
+
+/// What separates a key prefix from the key (`<app-id>||<key>`): Dapr
+/// refuses keys and lock resources that hold it.
+pub const SEPARATOR: &str = "||";
+
+/// What every lock key starts with, as in Dapr.
+pub const LOCK_KEY_PREFIX: &str = "lock||";
+
+impl LockKeyPrefix {
+    /// Dapr's lock `keyPrefix` values, read as Dapr reads them (whatever
+    /// their case): `appid` (`app-id` too, as `--dapr-key-prefix` spells
+    /// it), `name`, `none`, or a custom prefix without `||`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.to_lowercase();
+        match text.as_str() {
+            "appid" | "app-id" => Ok(Self::AppId),
+            "name" => Ok(Self::StoreName),
+            "none" => Ok(Self::None),
+            "" => Err("expected appid, name, none or a prefix".to_owned()),
+            custom if custom.contains(SEPARATOR) => Err(format!(
+                "input key/keyPrefix '{custom}' can't contain '{SEPARATOR}'"
+            )),
+            custom => Ok(Self::Custom(custom.to_owned())),
+        }
+    }
+}
+
 /// The Dapr API's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaprSettings {
@@ -27,6 +70,8 @@ pub struct DaprSettings {
     pub app_id: String,
     /// How state keys are named in the store.
     pub key_prefix: KeyPrefix,
+    /// How lock resources are named in the store.
+    pub lock_key_prefix: LockKeyPrefix,
     /// How long a conditional write's per-key lease lasts: a gateway that
     /// dies holding one delays other etag writes of that key this long.
     pub etag_lease: Duration,
@@ -44,9 +89,42 @@ impl Default for DaprSettings {
             lock_store: settings::DAPR_LOCK_STORE.default.to_owned(),
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
+            lock_key_prefix: LockKeyPrefix::AppId,
             etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
             transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_key_prefixes_are_read_as_dapr_reads_them() {
+        assert_eq!(LockKeyPrefix::parse("appid"), Ok(LockKeyPrefix::AppId));
+        assert_eq!(LockKeyPrefix::parse("AppId"), Ok(LockKeyPrefix::AppId));
+        assert_eq!(LockKeyPrefix::parse("app-id"), Ok(LockKeyPrefix::AppId));
+        assert_eq!(LockKeyPrefix::parse("name"), Ok(LockKeyPrefix::StoreName));
+        assert_eq!(LockKeyPrefix::parse("NONE"), Ok(LockKeyPrefix::None));
+        assert_eq!(
+            LockKeyPrefix::parse("Orders"),
+            Ok(LockKeyPrefix::Custom("orders".into()))
+        );
+        // Dapr has no `namespace` strategy for locks: a custom prefix.
+        assert_eq!(
+            LockKeyPrefix::parse("namespace"),
+            Ok(LockKeyPrefix::Custom("namespace".into()))
+        );
+        assert!(LockKeyPrefix::parse("").is_err());
+        assert_eq!(
+            LockKeyPrefix::parse("a||b"),
+            Err("input key/keyPrefix 'a||b' can't contain '||'".to_owned())
+        );
+        assert_eq!(
+            LockKeyPrefix::parse(settings::DAPR_LOCK_KEY_PREFIX.default),
+            Ok(LockKeyPrefix::default())
+        );
     }
 }

@@ -35,7 +35,12 @@
 //! op with the same token is the same write), then cleaned up; one past
 //! its deadline without a record is aborted by writing `aborted` to its
 //! record's key with `NX`, so its own gateway, if it is only paused,
-//! cannot commit afterwards. Readers of the Dapr API read a key's lease
+//! cannot commit afterwards. A finder acts on a record only if it names
+//! the lease value that led to it and that lease's key, and applies an op
+//! only while the op's key's lease holds that value ([`bound_ops`]): a record
+//! moves only keys whose leases name its transaction. Leases and records
+//! live under the gateway's reserved prefixes, which no caller reaches.
+//! Readers of the Dapr API read a key's lease
 //! between two reads of the key ([`read`]), and resolve a transaction they
 //! find, so a read never sees a committed transaction's keys half applied.
 //! Writers of the Dapr API take the same lease, so they resolve it too.
@@ -63,6 +68,7 @@ use super::lease::{
 use super::settings::DaprSettings;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetCondition, SetOptions, hlc};
+use crate::store::reserved::is_reserved;
 use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
 
 /// A lease held by a transaction: `txn:<id>:<deadline ms>`.
@@ -204,6 +210,13 @@ impl Intent {
 
     fn keys(&self) -> impl Iterator<Item = &Bytes> {
         self.ops.iter().map(|op| &op.key)
+    }
+
+    /// Whether this is the record of the transaction holding `lease` with
+    /// `lease_value`: it names that lease value and the lease's key.
+    fn binds(&self, lease_value: &[u8], lease: &[u8]) -> bool {
+        self.lease.as_ref() == lease_value
+            && self.keys().any(|key| lease_key(key).as_ref() == lease)
     }
 }
 
@@ -410,7 +423,7 @@ pub(super) async fn execute(
             return Err(error.into());
         }
     }
-    if let Err(error) = apply(store, &intent).await {
+    if let Err(error) = apply(store, intent.ops.iter()).await {
         settle_later(store, intent.keys(), deadline);
         return Err(DaprError::Unapplied(Box::new(error)));
     }
@@ -460,9 +473,13 @@ async fn probe(store: &StoreClient, op: &TxOp, token: &Hlc) -> Result<(), DaprEr
     }
 }
 
-/// Applies a committed transaction's ops, each fenced with its key's token.
-async fn apply(store: &StoreClient, intent: &Intent) -> Result<(), DaprError> {
-    for op in &intent.ops {
+/// Applies a committed transaction's `ops`, each fenced with its key's
+/// token.
+async fn apply<'a>(
+    store: &StoreClient,
+    ops: impl Iterator<Item = &'a IntentOp>,
+) -> Result<(), DaprError> {
+    for op in ops {
         let fenced = fenced(&op.token);
         let written = match &op.value {
             Some(value) => {
@@ -503,16 +520,42 @@ async fn clean_up(
     Ok(release(store, intent.keys(), &intent.lease).await)
 }
 
-/// Applies a committed transaction and cleans up after it.
+/// Applies `ops` of a committed transaction (all of them, or those of a
+/// found record that [`bound_ops`] keeps) and cleans up after it; `record`
+/// is the intent record as stored (its delete is conditional on it).
 async fn finish(
     store: &StoreClient,
     id: &str,
     intent: &Intent,
+    ops: &[&IntentOp],
     record: Bytes,
 ) -> Result<(), DaprError> {
-    apply(store, intent).await?;
+    apply(store, ops.iter().copied()).await?;
     // A lease left held is the next finder's to resolve.
     clean_up(store, id, intent, record).await.map(drop)
+}
+
+/// The ops of a record found by [`resolve`] that it may apply: those whose
+/// key's lease holds the transaction's lease value. A transaction holds
+/// every key's lease from before its record exists until all its ops are
+/// applied, so every op of a record a gateway wrote passes (an op whose
+/// lease was released was applied by whoever released it), and a record
+/// moves only keys whose leases name its transaction.
+async fn bound_ops<'a>(
+    store: &StoreClient,
+    intent: &'a Intent,
+) -> Result<Vec<&'a IntentOp>, DaprError> {
+    let mut bound = Vec::with_capacity(intent.ops.len());
+    for op in &intent.ops {
+        if is_reserved(&op.key) {
+            continue;
+        }
+        let held = store.get(lease_key(&op.key)).await?;
+        if held.is_some_and(|held| held.value == intent.lease) {
+            bound.push(op);
+        }
+    }
+    Ok(bound)
 }
 
 /// Releases the leases the transaction holds; the keys whose release
@@ -581,12 +624,15 @@ pub(super) async fn resolve(store: &StoreClient, lease: &Bytes) -> Result<bool, 
             store.vdel(lease.clone(), held.value, None).await?;
             Ok(true)
         }
+        // Acted on only if it is the record of the transaction whose
+        // lease led here; any other is waited for as a live holder.
         Some(record) => match Intent::decode(&record.value) {
-            Some(intent) => {
-                finish(store, &id, &intent, record.value).await?;
+            Some(intent) if intent.binds(&held.value, lease) => {
+                let ops = bound_ops(store, &intent).await?;
+                finish(store, &id, &intent, &ops, record.value).await?;
                 Ok(true)
             }
-            None => Ok(false),
+            _ => Ok(false),
         },
         None if hlc::now_ms() > deadline => {
             let abort = store

@@ -433,7 +433,10 @@ impl ApiError {
             Self::BodyRead(_) => (400, "/problems/bad-body", "Unreadable body", Info),
             Self::BodyTimeout(_) => (408, "/problems/request-timeout", "Request timeout", Info),
             Self::Unauthorized(_) => (401, "/problems/unauthorized", "Unauthorized", Info),
-            Self::Forbidden(_) => FORBIDDEN,
+            Self::Forbidden(Denied::Rules { .. }) => FORBIDDEN,
+            Self::Forbidden(Denied::Reserved { .. }) => {
+                (403, "/problems/reserved-key", "Reserved key", Warn)
+            }
             Self::HandlerTimeout(_) => (504, "/problems/timeout", "Gateway timeout", Warn),
             Self::BadBatch(_) => (400, "/problems/invalid-batch", "Invalid batch", Info),
             // Answered above, with the op's own problem.

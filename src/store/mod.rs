@@ -11,6 +11,7 @@
 //! [`Request`], an outcome type if "done" is not enough, its arm in
 //! [`decode`], and its [`Labelled`] impl.
 
+pub mod reserved;
 pub mod scan_ahead;
 
 use bytes::Bytes;

@@ -19,6 +19,10 @@
 //! with one task (its rescan loop). Streams follow its membership channel
 //! ([`Membership`]): a key is announced once it is registered and read, so
 //! a stream's first event for it can be a `sync` with its value.
+//!
+//! A pattern never follows the gateway's own records
+//! ([`crate::store::reserved`]): no stream sees them, and they count
+//! against no limit.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -37,6 +41,7 @@ use super::key::{KeyWatch, PatternChannel, PatternEvent, wait_registered};
 use super::reconciler::CONCURRENT_REQUESTS;
 use super::shared::Inner;
 use crate::protocol::glob;
+use crate::store::reserved::is_reserved;
 
 /// Events kept per key a pattern creates the entry of (a key watcher that
 /// comes first gets `--watch-buffer`), for streams behind on it: a pattern
@@ -457,7 +462,7 @@ async fn rescan(inner: &Inner, pattern: &PatternWatch, initial: bool) -> Result<
     let mut over_limit = false;
     loop {
         let page = inner.store.scan(pattern.glob.clone(), token).await?;
-        found.extend(page.keys);
+        found.extend(page.keys.into_iter().filter(|key| !is_reserved(key)));
         if found.len() > limit {
             over_limit = true;
             break;

@@ -11,14 +11,15 @@ use reqwest::header;
 use serde_json::{Value, json};
 use statestore_gateway::access::jwt::JwtSettings;
 use statestore_gateway::access::rules::AuthzSettings;
+use statestore_gateway::store::reserved::{INTENT_PREFIX, LEASE_PREFIX};
 use statestore_gateway::watch::WatchSettings;
 
-use crate::support::TestPki;
 use crate::support::gateway::{Gateway, GatewayOptions, Stack, encode, etag, json as body_json};
 use crate::support::sse::{self, SseStream};
 use crate::support::tokens::{
     SigningKey, claims, jwt_settings, service_account_claims, write_jwks,
 };
+use crate::support::{TestPki, broker_store, raw_get, raw_set};
 
 const TOKEN: &str = "shared-api-t0ken";
 
@@ -946,4 +947,141 @@ async fn over_tls_and_http2_signed_tokens_get_their_rules_and_keys_rotate() {
     let rotated = over_tls(&second.sign(&service_account_claims("apps", "dashboard")));
     assert_eq!(status(rotated.get(url(b"sensors/1"))).await, 200);
     assert_eq!(status(rotated.get(url(b"other"))).await, 403);
+}
+
+/// Asserts that `client` reaches none of the gateway's own records through
+/// `gw` (a gateway of `stack` whose patterns are rescanned every 200 ms):
+/// a key, a batch op, a lock and a key watch on one are 403
+/// `/problems/reserved-key`; listings and pattern watches leave them out;
+/// the records, written with broker credentials, stay as they were.
+async fn assert_reserved_keys_out_of_reach(stack: &Stack, gw: &Gateway, client: &reqwest::Client) {
+    let store = broker_store(stack.broker.addr).await;
+    let reserved = [
+        format!("{INTENT_PREFIX}room/1"),
+        format!("{LEASE_PREFIX}room/1"),
+    ];
+    for key in &reserved {
+        raw_set(&store, key.as_bytes(), b"the gateway's").await;
+    }
+    raw_set(&store, b"room/0", b"ordinary").await;
+    let refused = |body: &Value, what: &str| {
+        assert_eq!(body["type"], "/problems/reserved-key", "{what}: {body}");
+        assert_eq!(body["status"], 403, "{what}: {body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("reserved for the gateway's own records"),
+            "{what}: {body}"
+        );
+    };
+    for key in &reserved {
+        let url = gw.key(key.as_bytes());
+        let lock = gw.url(&format!("/locks/{}", encode(key.as_bytes())));
+        for (what, request) in [
+            ("GET", client.get(&url)),
+            ("PUT", client.put(&url).body("mine")),
+            ("DELETE", client.delete(&url)),
+            ("lock PUT", client.put(format!("{lock}?holder=me&ttl=5s"))),
+            ("lock GET", client.get(&lock)),
+            ("lock DELETE", client.delete(format!("{lock}?holder=me"))),
+        ] {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 403, "{what} {key}");
+            refused(&body_json(response).await, &format!("{what} {key}"));
+        }
+        let head = client.head(&url).send().await.unwrap();
+        assert_eq!(head.status(), 403, "HEAD {key}");
+        let ops = json!({"ops": [
+            {"op": "get", "key": key},
+            {"op": "set", "key": key, "value": "mine"},
+            {"op": "delete", "key": key},
+            {"op": "get", "key": "room/0"},
+        ]});
+        let batch = client
+            .post(gw.url("/batch"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(ops.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(batch.status(), 200);
+        let results = body_json(batch).await["results"].clone();
+        for result in &results.as_array().unwrap()[..3] {
+            refused(&result["problem"], &format!("batch {key}"));
+        }
+        assert_eq!(results[3]["status"], 200, "{results}");
+        let encoded = encode(key.as_bytes());
+        for path in [format!("/watch/{encoded}"), format!("/watch?key={encoded}")] {
+            match sse::open(client, &gw.url(&path), None).await {
+                Err((403, _, body)) => refused(&serde_json::from_str(&body).unwrap(), &path),
+                Err((status, _, body)) => panic!("{path}: {status} {body}"),
+                Ok(_) => panic!("{path}: a stream"),
+            }
+        }
+    }
+
+    for query in ["match=*", "match=dapr-*", "match=*room*&values=true"] {
+        let entries = list_all(client, gw, &format!("/keys?{query}")).await;
+        let listed: Vec<&str> = entries.iter().map(|e| e["key"].as_str().unwrap()).collect();
+        let expected: &[&str] = if query.contains("dapr") {
+            &[]
+        } else {
+            &["room/0"]
+        };
+        assert_eq!(listed, expected, "{query}");
+    }
+
+    // A pattern watch: the ordinary key, never a record, at the start or
+    // when one is written later.
+    let mut stream = sse::open(client, &gw.url("/watch?match=*"), None)
+        .await
+        .unwrap_or_else(|(status, _, body)| panic!("watch: {status} {body}"));
+    assert_eq!(stream.expect("sync").await.data["key"], "room/0");
+    assert_eq!(
+        stream.expect("listed").await.data,
+        json!({"match": "*", "keys": 1})
+    );
+    raw_set(
+        &store,
+        format!("{INTENT_PREFIX}room/2").as_bytes(),
+        b"later",
+    )
+    .await;
+    raw_set(&store, b"room/3", b"later").await;
+    let sync = stream.expect("sync").await;
+    assert_eq!(sync.data["key"], "room/3", "{sync:?}");
+    stream.expect_silence(Duration::from_millis(700)).await;
+
+    for key in &reserved {
+        assert_eq!(
+            raw_get(&store, key.as_bytes()).await.as_deref(),
+            Some(&b"the gateway's"[..]),
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_grant_reaches_the_gateways_own_records() {
+    let rules = Rules::new(&api_token_rules(&[
+        "{keyType: Pattern, keys: [\"*\"], method: ReadWrite}",
+    ]));
+    let (stack, _owner) = stack(&rules).await;
+    assert_reserved_keys_out_of_reach(&stack, &stack.gateway, &caller()).await;
+}
+
+#[tokio::test]
+async fn without_rules_no_caller_reaches_the_gateways_own_records() {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            watch: WatchSettings {
+                rescan_interval: Duration::from_millis(200),
+                ..WatchSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    assert_reserved_keys_out_of_reach(&stack, &stack.gateway, &stack.gateway.http).await;
 }

@@ -175,6 +175,8 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprAppId | quote }}
     - name: STATESTORE_GATEWAY_DAPR_KEY_PREFIX
       value: {{ $g.daprKeyPrefix | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_LOCK_KEY_PREFIX
+      value: {{ $g.daprLockKeyPrefix | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

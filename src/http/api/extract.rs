@@ -31,9 +31,10 @@ fn original_path(parts: &Parts) -> &str {
 }
 
 /// The key the path names after its route's first segment, decoded
-/// strictly and within `--max-key-bytes`, and, with rules configured,
-/// allowed to the caller for the request's method (GET and HEAD read,
-/// others write: keys, locks and key watches alike); else 403.
+/// strictly and within `--max-key-bytes`, allowed to the caller for the
+/// request's method (GET and HEAD read, others write: keys, locks and key
+/// watches alike): never a reserved key, and with rules configured only
+/// what they allow; else 403.
 #[derive(Debug, Clone)]
 pub struct Key(pub Bytes);
 
@@ -42,10 +43,7 @@ impl FromRequestParts<AppState> for Key {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = key_from_path(original_path(parts), state.limits.max_key_bytes)?;
-        if state.callers.authz.is_some() {
-            Access::of(parts, state.callers.authz.as_ref())
-                .require(&key, Need::of(&parts.method))?;
-        }
+        Access::of(parts, state.callers.authz.as_ref()).require(&key, Need::of(&parts.method))?;
         Ok(Self(key))
     }
 }

@@ -15,6 +15,9 @@
 //! ([`crate::store::scan_ahead`]) so that the store works while a page
 //! goes out; the cursor's listing id finds it.
 //!
+//! The gateway's own records ([`crate::store::reserved`]) are never
+//! listed, whatever the caller's rules.
+//!
 //! With `values=true` each listed key is then read (GET, a bounded number
 //! at a time) and its entry carries `value`, `value_base64` and `version`;
 //! a key deleted between the SCAN and its GET is left out. Such a response
@@ -533,7 +536,7 @@ async fn fill(
             }
         };
         let skip = resume_at(&at, &page.keys);
-        let take = if access.is_unrestricted() {
+        let take = if access.reads_all(&page.keys[skip..]) {
             let take = (limit - listed.count).min(page.keys.len() - skip);
             let keys = &page.keys[skip..skip + take];
             listed.reserve(keys, limit);

@@ -62,6 +62,14 @@ mod tests {
             ApiError::BodyRead("x".into()),
             ApiError::BodyTimeout(Duration::from_secs(1)),
             ApiError::Unauthorized(crate::access::AuthFailure::Missing),
+            ApiError::Forbidden(crate::access::rules::Denied::Rules {
+                caller: "x".into(),
+                need: "Read",
+            }),
+            ApiError::Forbidden(crate::access::rules::Denied::Reserved {
+                prefix: "dapr-txn||",
+                need: "Read",
+            }),
             ApiError::Watch(WatchError::TooManyWatchers(1)),
             ApiError::Watch(WatchError::TooManyWatchedKeys(1)),
             ApiError::Watch(WatchError::TooManyPatterns(1)),

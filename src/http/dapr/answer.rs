@@ -2,13 +2,18 @@
 //! in `{"errorCode", "message"}`) and over gRPC (a status code), side by
 //! side in one table: a [`Refusal`] of the request, or a [`DaprError`] of
 //! the operation it ran. Both front ends answer through [`Failure`], so a
-//! case means the same over either.
+//! case means the same over either. A refusal Dapr builds with its errors
+//! kit also carries its [`Details`] (google.rpc messages): in the gRPC
+//! status, and in the HTTP body's `details`.
+
+use std::collections::HashMap;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
+use tonic_types::{BadRequest, ErrorDetail, ErrorInfo, ResourceInfo, StatusExt as _};
 
-use super::check::Refusal;
+use super::check::{LockCall, Refusal};
 use crate::dapr::DaprError;
 use crate::http::problem::{FailureLog, Severity};
 
@@ -39,17 +44,56 @@ pub struct Failure {
     pub code: &'static str,
     /// The gRPC status code.
     pub grpc: Code,
-    /// What went wrong, the same over both.
+    /// What went wrong, the same over both (over HTTP, a failure with
+    /// details wraps it as Dapr's HTTP handlers do).
     pub message: String,
+    /// Dapr's error details, when it sends them.
+    pub details: Option<Details>,
 }
+
+/// The error details Dapr's errors kit attaches, in its order: a
+/// `BadRequest` with one field violation, a `ResourceInfo` and an
+/// `ErrorInfo` (domain `dapr.io`, no metadata).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Details {
+    /// The field violation's field: the key as the app named it.
+    pub field: String,
+    /// The resource's type (`state`) and name (the store's).
+    pub resource: (&'static str, String),
+    /// `ErrorInfo`'s reason.
+    pub reason: &'static str,
+}
+
+/// `ErrorInfo`'s domain in every Dapr error.
+const DAPR_DOMAIN: &str = "dapr.io";
 
 use StatusCode as S;
 
 const MALFORMED: &str = "ERR_MALFORMED_REQUEST";
 
+/// A refusal's answer: its status, error code, gRPC code and, when Dapr
+/// sends details, their `ErrorInfo` reason.
+type Row = (StatusCode, &'static str, Code, Option<&'static str>);
+
 /// The table of refusals: one row per case.
-fn refusal_row(refusal: &Refusal) -> (StatusCode, &'static str, Code) {
-    match refusal {
+fn refusal_row(refusal: &Refusal) -> Row {
+    let (status, code, grpc) = match refusal {
+        Refusal::IllegalKey { .. } => {
+            return (
+                S::BAD_REQUEST,
+                MALFORMED,
+                Code::InvalidArgument,
+                Some("DAPR_STATE_ILLEGAL_KEY"),
+            );
+        }
+        Refusal::IllegalResource {
+            call: LockCall::TryLock,
+            ..
+        } => (S::INTERNAL_SERVER_ERROR, "ERR_TRY_LOCK", Code::Internal),
+        Refusal::IllegalResource {
+            call: LockCall::Unlock,
+            ..
+        } => (S::INTERNAL_SERVER_ERROR, "ERR_UNLOCK", Code::Internal),
         Refusal::StateStoreNotFound(_) => (
             S::BAD_REQUEST,
             "ERR_STATE_STORE_NOT_FOUND",
@@ -85,7 +129,8 @@ fn refusal_row(refusal: &Refusal) -> (StatusCode, &'static str, Code) {
             "ERR_HEALTH_NOT_READY",
             Code::Unavailable,
         ),
-    }
+    };
+    (status, code, grpc, None)
 }
 
 /// The table of operation failures: the error code is the operation's,
@@ -114,12 +159,21 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
 
 impl From<Refusal> for Failure {
     fn from(refusal: Refusal) -> Self {
-        let (status, code, grpc) = refusal_row(&refusal);
+        let (status, code, grpc, reason) = refusal_row(&refusal);
+        let details = match (&refusal, reason) {
+            (Refusal::IllegalKey { key, store }, Some(reason)) => Some(Details {
+                field: key.clone(),
+                resource: ("state", store.clone()),
+                reason,
+            }),
+            _ => None,
+        };
         Self {
             status,
             code,
             grpc,
             message: refusal.to_string(),
+            details,
         }
     }
 }
@@ -133,6 +187,7 @@ impl Failure {
             code,
             grpc,
             message: error.to_string(),
+            details: None,
         }
     }
 
@@ -142,9 +197,53 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// The HTTP message: with details, Dapr's HTTP handlers wrap the
+    /// message of its errors kit once more.
+    fn http_message(&self) -> String {
+        match self.details {
+            Some(_) => format!("api error: code = {:?} desc = {}", self.grpc, self.message),
+            None => self.message.clone(),
+        }
+    }
+
+    /// The HTTP body: `errorCode`, `message` and Dapr's `details`, each
+    /// as the JSON of its google.rpc message.
+    fn http_body(&self) -> serde_json::Value {
+        let message = self.http_message();
+        let Some(details) = &self.details else {
+            return serde_json::json!({"errorCode": self.code, "message": message});
+        };
+        let (resource_type, resource_name) = &details.resource;
+        serde_json::json!({
+            "errorCode": self.code,
+            "message": message,
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.BadRequest",
+                    "field_violations": [{"field": details.field, "description": message}],
+                },
+                {
+                    "@type": "type.googleapis.com/google.rpc.ResourceInfo",
+                    "resource_type": resource_type,
+                    "resource_name": resource_name,
+                    "owner": "",
+                    "description": "",
+                },
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": details.reason,
+                    "domain": DAPR_DOMAIN,
+                    "metadata": null,
+                },
+            ],
+        })
+    }
+}
+
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"errorCode": self.code, "message": self.message});
+        let body = self.http_body();
         let severity = if self.status.is_server_error() {
             Severity::Error
         } else {
@@ -161,7 +260,16 @@ impl IntoResponse for Failure {
 
 impl From<Failure> for tonic::Status {
     fn from(failure: Failure) -> Self {
-        tonic::Status::new(failure.grpc, failure.message)
+        let Some(details) = failure.details else {
+            return tonic::Status::new(failure.grpc, failure.message);
+        };
+        let (resource_type, resource_name) = details.resource;
+        let details: [ErrorDetail; 3] = [
+            BadRequest::with_violation(details.field, failure.message.clone()).into(),
+            ResourceInfo::new(resource_type, resource_name, "", "").into(),
+            ErrorInfo::new(details.reason, DAPR_DOMAIN, HashMap::new()).into(),
+        ];
+        tonic::Status::with_error_details_vec(failure.grpc, failure.message, details)
     }
 }
 
@@ -179,6 +287,18 @@ mod tests {
             Refusal::StateStoreNotFound("other".into()),
             Refusal::LockStoreNotFound("other".into()),
             Refusal::EmptyKey,
+            Refusal::IllegalKey {
+                key: "a||b".into(),
+                store: "statestore".into(),
+            },
+            Refusal::IllegalResource {
+                resource: "a||b".into(),
+                call: LockCall::TryLock,
+            },
+            Refusal::IllegalResource {
+                resource: "a||b".into(),
+                call: LockCall::Unlock,
+            },
             Refusal::KeyTooLong(8),
             Refusal::Forbidden("admin/x".into()),
             Refusal::TooMany {
@@ -203,6 +323,8 @@ mod tests {
                 Refusal::StateStoreNotFound(_)
                 | Refusal::LockStoreNotFound(_)
                 | Refusal::EmptyKey
+                | Refusal::IllegalKey { .. }
+                | Refusal::IllegalResource { .. }
                 | Refusal::KeyTooLong(_)
                 | Refusal::Forbidden(_)
                 | Refusal::TooMany { .. }
@@ -278,8 +400,60 @@ mod tests {
         );
         assert_eq!(body["errorCode"], failure.code);
         assert!(failure.code.starts_with("ERR_"), "{failure:?}");
-        assert_eq!(body["message"], grpc.message(), "{failure:?}");
         assert!(!grpc.message().is_empty(), "{failure:?}");
+        let Some(details) = &failure.details else {
+            assert_eq!(body["message"], grpc.message(), "{failure:?}");
+            assert_eq!(body.get("details"), None, "{failure:?}");
+            assert!(grpc.details().is_empty(), "{failure:?}");
+            return;
+        };
+        // Dapr's HTTP handlers wrap its errors kit's message once more.
+        let wrapped = format!(
+            "api error: code = {:?} desc = {}",
+            grpc.code(),
+            grpc.message()
+        );
+        assert_eq!(body["message"], wrapped, "{failure:?}");
+        // The same three details, in Dapr's order, over both.
+        let sent = grpc.get_error_details_vec();
+        let [
+            ErrorDetail::BadRequest(bad),
+            ErrorDetail::ResourceInfo(resource),
+            ErrorDetail::ErrorInfo(info),
+        ] = &sent[..]
+        else {
+            panic!("{failure:?}: gRPC details {sent:?}");
+        };
+        let http = &body["details"];
+        assert_eq!(bad.field_violations.len(), 1);
+        assert_eq!(bad.field_violations[0].field, details.field);
+        assert_eq!(bad.field_violations[0].description, grpc.message());
+        assert_eq!(http[0]["field_violations"][0]["field"], details.field);
+        assert_eq!(http[0]["field_violations"][0]["description"], wrapped);
+        assert_eq!(
+            (resource.resource_type.as_str(), &resource.resource_name),
+            (details.resource.0, &details.resource.1)
+        );
+        assert_eq!(http[1]["resource_type"], details.resource.0);
+        assert_eq!(http[1]["resource_name"], details.resource.1);
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            (details.reason, "dapr.io")
+        );
+        assert!(info.metadata.is_empty());
+        assert_eq!(http[2]["reason"], details.reason);
+        assert_eq!(http[2]["domain"], "dapr.io");
+        for (detail, kind) in
+            http.as_array()
+                .unwrap()
+                .iter()
+                .zip(["BadRequest", "ResourceInfo", "ErrorInfo"])
+        {
+            assert_eq!(
+                detail["@type"],
+                format!("type.googleapis.com/google.rpc.{kind}")
+            );
+        }
     }
 
     #[tokio::test]
@@ -295,6 +469,53 @@ mod tests {
             for error in every_error() {
                 assert_same_over_both(Failure::of(operation, error)).await;
             }
+        }
+    }
+
+    #[test]
+    fn a_key_with_the_separator_is_daprs_illegal_key_and_a_lock_resource_its_lock_failure() {
+        let key = Failure::from(Refusal::IllegalKey {
+            key: "a||b".into(),
+            store: "statestore".into(),
+        });
+        assert_eq!(
+            (key.status, key.code, key.grpc),
+            (
+                S::BAD_REQUEST,
+                "ERR_MALFORMED_REQUEST",
+                Code::InvalidArgument
+            )
+        );
+        assert_eq!(key.message, "input key/keyPrefix 'a||b' can't contain '||'");
+        assert_eq!(
+            key.details,
+            Some(Details {
+                field: "a||b".into(),
+                resource: ("state", "statestore".into()),
+                reason: "DAPR_STATE_ILLEGAL_KEY",
+            })
+        );
+        for (call, code, message) in [
+            (
+                LockCall::TryLock,
+                "ERR_TRY_LOCK",
+                "failed to try acquiring lock",
+            ),
+            (LockCall::Unlock, "ERR_UNLOCK", "failed to release lock"),
+        ] {
+            let lock = Failure::from(Refusal::IllegalResource {
+                resource: "a||b".into(),
+                call,
+            });
+            assert_eq!(
+                (lock.status, lock.code, lock.grpc),
+                (S::INTERNAL_SERVER_ERROR, code, Code::Internal)
+            );
+            assert_eq!(
+                lock.message,
+                format!("{message}: input key/keyPrefix 'a||b' can't contain '||'")
+            );
+            assert_eq!(lock.details, None);
         }
     }
 

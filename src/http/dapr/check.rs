@@ -9,7 +9,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::access::rules::{Access, Need};
-use crate::dapr::{Concurrency, Save, ttl_from_metadata};
+use crate::dapr::{Concurrency, SEPARATOR, Save, ttl_from_metadata};
 use crate::http::state::AppState;
 
 /// Why a Dapr request was refused before it reached the store.
@@ -24,6 +24,23 @@ pub enum Refusal {
     /// An empty key.
     #[error("a key must not be empty")]
     EmptyKey,
+    /// A key with `||`, the separator of Dapr's key prefixes.
+    #[error("input key/keyPrefix '{key}' can't contain '{SEPARATOR}'")]
+    IllegalKey {
+        /// The key as the app named it.
+        key: String,
+        /// The state store it named.
+        store: String,
+    },
+    /// A lock resource with `||`, which Dapr refuses as the lock
+    /// operation's failure.
+    #[error("{}: input key/keyPrefix '{resource}' can't contain '{SEPARATOR}'", call.failed())]
+    IllegalResource {
+        /// The resource as the app named it.
+        resource: String,
+        /// The operation refused.
+        call: LockCall,
+    },
     /// A key (with its prefix) longer than `--max-key-bytes`.
     #[error("a key may have at most {0} bytes")]
     KeyTooLong(usize),
@@ -59,8 +76,8 @@ pub enum Refusal {
     /// A lock request without an owner.
     #[error("lockOwner is empty")]
     EmptyOwner,
-    /// A lock resource longer than `--max-key-bytes`.
-    #[error("resourceId may have at most {0} bytes")]
+    /// A lock resource whose lock key is longer than `--max-key-bytes`.
+    #[error("resourceId may have at most {0} bytes with its lock key prefix")]
     ResourceTooLong(usize),
     /// A lock owner longer than the lock holder limit.
     #[error("lockOwner may have at most {0} bytes")]
@@ -94,6 +111,25 @@ impl std::fmt::Display for Counted {
             Counted::Keys => "keys per request",
             Counted::Operations => "operations per transaction",
         })
+    }
+}
+
+/// A lock operation, which Dapr names in a refused lock request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockCall {
+    /// `tryLock`.
+    TryLock,
+    /// `unlock`.
+    Unlock,
+}
+
+impl LockCall {
+    /// How Dapr's message of a failed call begins.
+    fn failed(self) -> &'static str {
+        match self {
+            LockCall::TryLock => "failed to try acquiring lock",
+            LockCall::Unlock => "failed to release lock",
+        }
     }
 }
 
@@ -185,11 +221,18 @@ impl<'a> Check<'a> {
         Err(Refusal::TooMany { max, what })
     }
 
-    /// The key's store key: not empty, within the key limit with its
-    /// prefix, and the caller may do `need` to it.
+    /// The key's store key: not empty, without `||` (Dapr keeps it for
+    /// its key prefixes), within the key limit with its prefix, and the
+    /// caller may do `need` to it.
     pub(super) fn key(&self, key: &str, need: Need) -> Result<Bytes, Refusal> {
         if key.is_empty() {
             return Err(Refusal::EmptyKey);
+        }
+        if key.contains(SEPARATOR) {
+            return Err(Refusal::IllegalKey {
+                key: key.to_owned(),
+                store: self.state.dapr.settings().state_store.clone(),
+            });
         }
         let store_key = self.state.dapr.store_key(key);
         if store_key.len() > self.state.limits.max_key_bytes {
@@ -220,24 +263,42 @@ impl<'a> Check<'a> {
         })
     }
 
-    /// A lock request's resource and owner: present, within their limits,
-    /// and the caller may write the resource.
-    pub(super) fn lock(&self, resource: &str, owner: &str) -> Result<(), Refusal> {
+    /// A `tryLock` request's resource and owner: see [`Check::lock`].
+    pub(super) fn try_lock(&self, resource: &str, owner: &str) -> Result<(), Refusal> {
+        self.lock(resource, owner, LockCall::TryLock)
+    }
+
+    /// An `unlock` request's resource and owner: see [`Check::lock`].
+    pub(super) fn unlock(&self, resource: &str, owner: &str) -> Result<(), Refusal> {
+        self.lock(resource, owner, LockCall::Unlock)
+    }
+
+    /// A lock request's resource and owner: present, the resource without
+    /// `||` (as Dapr's lock key), both within their limits (the resource
+    /// as its lock key), and the caller may write the lock key.
+    fn lock(&self, resource: &str, owner: &str, call: LockCall) -> Result<(), Refusal> {
         if resource.is_empty() {
             return Err(Refusal::EmptyResource);
         }
         if owner.is_empty() {
             return Err(Refusal::EmptyOwner);
         }
+        if resource.contains(SEPARATOR) {
+            return Err(Refusal::IllegalResource {
+                resource: resource.to_owned(),
+                call,
+            });
+        }
         let max_owner = self.state.locks.settings().max_holder_bytes;
         if owner.len() > max_owner {
             return Err(Refusal::OwnerTooLong(max_owner));
         }
-        let max_resource = self.state.limits.max_key_bytes;
-        if resource.len() > max_resource {
-            return Err(Refusal::ResourceTooLong(max_resource));
+        let lock_key = self.state.dapr.lock_key(resource);
+        let max_key = self.state.limits.max_key_bytes;
+        if lock_key.len() > max_key {
+            return Err(Refusal::ResourceTooLong(max_key));
         }
-        self.allowed(resource.as_bytes(), Need::Write)
+        self.allowed(&lock_key, Need::Write)
     }
 
     fn allowed(&self, store_key: &[u8], need: Need) -> Result<(), Refusal> {

@@ -302,7 +302,7 @@ impl Dapr for DaprGrpc {
         let request = request.into_inner();
         check::lock_store(&self.state, &request.store_name).map_err(refused)?;
         Check::new(&self.state, &access)
-            .lock(&request.resource_id, &request.lock_owner)
+            .try_lock(&request.resource_id, &request.lock_owner)
             .map_err(refused)?;
         let expiry = check::expiry(i64::from(request.expiry_in_seconds)).map_err(refused)?;
         let success = self
@@ -319,7 +319,7 @@ impl Dapr for DaprGrpc {
         let request = request.into_inner();
         check::lock_store(&self.state, &request.store_name).map_err(refused)?;
         Check::new(&self.state, &access)
-            .lock(&request.resource_id, &request.lock_owner)
+            .unlock(&request.resource_id, &request.lock_owner)
             .map_err(refused)?;
         let status = self
             .state

@@ -453,7 +453,7 @@ async fn try_lock(
     access: Access,
     LockBody(request): LockBody<LockRequest>,
 ) -> Answer {
-    Check::new(&state, &access).lock(&request.resource_id, &request.lock_owner)?;
+    Check::new(&state, &access).try_lock(&request.resource_id, &request.lock_owner)?;
     let expiry = check::expiry(request.expiry_in_seconds)?;
     let success = state
         .dapr
@@ -469,7 +469,7 @@ async fn unlock(
     access: Access,
     LockBody(request): LockBody<LockRequest>,
 ) -> Answer {
-    Check::new(&state, &access).lock(&request.resource_id, &request.lock_owner)?;
+    Check::new(&state, &access).unlock(&request.resource_id, &request.lock_owner)?;
     let status = state
         .dapr
         .unlock(&request.resource_id, &request.lock_owner)

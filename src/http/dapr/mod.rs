@@ -22,7 +22,7 @@ mod proto;
 use axum::Router;
 
 pub use answer::{Failure, Operation};
-pub use check::{Counted, Refusal};
+pub use check::{Counted, LockCall, Refusal};
 
 use super::state::AppState;
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
-use statestore_gateway::dapr::{DaprSettings, LEASE_PREFIX};
+use statestore_gateway::dapr::DaprSettings;
+use statestore_gateway::store::reserved::LEASE_PREFIX;
 
 use super::{
     SCRIPT_TIMEOUT, TOKEN, dapr_client, dapr_dir, python, require_sdks, stack_with_token,

@@ -215,3 +215,48 @@ pub async fn start_pool(
     .await;
     (pool, metrics)
 }
+
+/// A store client of its own on the broker at `addr`, as an app holding
+/// broker credentials has: it reaches every key, the gateway's reserved
+/// records included, without any gateway's routes or rules.
+pub async fn broker_store(addr: SocketAddr) -> statestore_gateway::store::StoreClient {
+    let client_id = format!("broker-app-{:08x}", rand::random::<u32>());
+    let (pool, _) = start_pool(pool_settings(addr, &client_id)).await;
+    statestore_gateway::store::StoreClient::new(pool)
+}
+
+/// `SET key value` through `store` (a [`broker_store`]): the version given.
+pub async fn raw_set(
+    store: &statestore_gateway::store::StoreClient,
+    key: &[u8],
+    value: &[u8],
+) -> statestore_gateway::protocol::Hlc {
+    use statestore_gateway::protocol::{SetCondition, SetOptions};
+    let options = SetOptions {
+        condition: SetCondition::Always,
+        expires_in_ms: None,
+    };
+    let set = store
+        .set(
+            bytes::Bytes::copy_from_slice(key),
+            bytes::Bytes::copy_from_slice(value),
+            options,
+            &statestore_gateway::mqtt::RequestOptions::default(),
+        )
+        .await
+        .expect("the store answers");
+    match set {
+        statestore_gateway::store::SetOutcome::Applied(Some(version)) => version,
+        other => panic!("SET {key:?}: {other:?}"),
+    }
+}
+
+/// `GET key` through `store` (a [`broker_store`]): the value, if any.
+pub async fn raw_get(
+    store: &statestore_gateway::store::StoreClient,
+    key: &[u8],
+) -> Option<Vec<u8>> {
+    let read = store.get(bytes::Bytes::copy_from_slice(key)).await;
+    read.expect("the store answers")
+        .map(|read| read.value.to_vec())
+}

@@ -1,0 +1,67 @@
+//! The keys the gateway keeps for itself (a leaf): the records of Dapr's
+//! etag writes, transactions and expiries. No caller reaches them through any route,
+//! whatever its rules say: access refuses them, listings and pattern
+//! watches leave them out, so that only gateways (and clients holding
+//! broker credentials) ever write them.
+//!
+//! The prefixes are those running gateways already use: a gateway of
+//! this version and an older one on the same store find each other's
+//! records.
+
+/// The prefix of a key's lease (Dapr etag writes and transactions):
+/// `<prefix><key>`.
+pub const LEASE_PREFIX: &str = "dapr-etag-lease||";
+
+/// The prefix of a Dapr transaction's intent record: `<prefix><id>`.
+pub const INTENT_PREFIX: &str = "dapr-txn||";
+
+/// The prefix of the expiry a Dapr save with `ttlInSeconds` gave a key:
+/// `<prefix><key>`.
+pub const EXPIRY_PREFIX: &str = "dapr-expiry||";
+
+/// Every reserved prefix.
+pub const RESERVED_PREFIXES: [&str; 3] = [LEASE_PREFIX, INTENT_PREFIX, EXPIRY_PREFIX];
+
+/// The reserved prefix `key` starts with, if any.
+pub fn reserved_prefix(key: &[u8]) -> Option<&'static str> {
+    RESERVED_PREFIXES
+        .into_iter()
+        .find(|prefix| key.starts_with(prefix.as_bytes()))
+}
+
+/// Whether `key` is one of the gateway's own records.
+pub fn is_reserved(key: &[u8]) -> bool {
+    reserved_prefix(key).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_under_a_reserved_prefix_are_reserved_and_no_others() {
+        assert_eq!(
+            reserved_prefix(b"dapr-etag-lease||orders/1"),
+            Some(LEASE_PREFIX)
+        );
+        assert_eq!(
+            reserved_prefix(b"dapr-txn||x/orders/evil"),
+            Some(INTENT_PREFIX)
+        );
+        assert_eq!(
+            reserved_prefix(b"dapr-expiry||orders/1"),
+            Some(EXPIRY_PREFIX)
+        );
+        assert!(is_reserved(b"dapr-txn||"));
+        for key in [
+            &b"orders/dapr-txn||x"[..],
+            b"dapr-txn|",
+            b"dapr-etag-lease|x",
+            b"DAPR-TXN||x",
+            b"myapp||dapr-txn||x",
+            b"",
+        ] {
+            assert!(!is_reserved(key), "{key:?}");
+        }
+    }
+}
