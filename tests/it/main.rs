@@ -18,6 +18,7 @@ mod authz;
 mod batch;
 mod browser;
 mod dapr;
+mod dapr_limits;
 mod docs;
 mod emulator;
 mod faults;

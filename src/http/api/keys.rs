@@ -457,13 +457,13 @@ const JOINED_BYTES: usize = 16 * 1024;
 
 /// The pieces of a JSON answer, those ready at once joined up to
 /// [`JOINED_BYTES`]; a piece that size or larger goes out as it is.
-pub(super) struct Joined<S> {
+pub(crate) struct Joined<S> {
     pieces: Pin<Box<S>>,
     ended: bool,
 }
 
 impl<S: Stream<Item = Bytes>> Joined<S> {
-    pub(super) fn new(pieces: S) -> Self {
+    pub(crate) fn new(pieces: S) -> Self {
         Self {
             pieces: Box::pin(pieces),
             ended: false,
@@ -507,7 +507,7 @@ impl<S: Stream<Item = Bytes>> Stream for Joined<S> {
 }
 
 /// Appends the JSON of `value` (a string, `null`, ...).
-pub(super) fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+pub(crate) fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
     // Writing strings and options to a Vec cannot fail.
     let _ = serde_json::to_writer(out, value);
 }
