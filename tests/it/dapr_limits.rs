@@ -177,9 +177,38 @@ fn zeros_array(bytes: usize) -> Vec<u8> {
     array
 }
 
+/// Saves `body` over HTTP (204), growing the gateway's peak memory by at
+/// most `multiple` times the body.
+async fn save_costing_at_most(
+    gateway: &GatewayProcess,
+    what: &str,
+    body: Vec<u8>,
+    multiple: usize,
+) {
+    let size = body.len();
+    let baseline_kib = baseline(gateway).await;
+    let saved = gateway
+        .http
+        .post(gateway.url("/v1.0/state/statestore"))
+        .header("content-type", "application/json")
+        .body(body)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(saved.status(), 204, "{what}");
+    assert_grew_at_most(
+        gateway,
+        &format!("{what} ({size} bytes)"),
+        baseline_kib,
+        multiple * size,
+    );
+}
+
 /// An HTTP save keeps its value as the bytes it came in (compacted), not
 /// as a parsed tree: a save of a value of a million numbers costs about
-/// its body and its value, and is stored compact. A save, bulk read or
+/// its body and its value, and is stored compact; of an item's metadata
+/// only `ttlInSeconds` is read. A save, bulk read or
 /// transaction refused for its count costs about its body: items past the
 /// limit are never held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,16 +236,13 @@ async fn http_requests_keep_values_as_bytes_and_count_while_reading() {
     body.extend_from_slice(&value);
     body.extend_from_slice(b"}]");
     assert!(body.len() <= MAX_BODY);
-    let size = body.len();
-    let baseline_kib = baseline(&gateway).await;
-    let saved = post("/v1.0/state/statestore", body).await.unwrap();
-    assert_eq!(saved.status(), 204);
-    assert_grew_at_most(
+    save_costing_at_most(
         &gateway,
-        &format!("an HTTP save of a {size}-byte body"),
-        baseline_kib,
-        5 * size,
-    );
+        "an HTTP save of a value of a million numbers",
+        body,
+        5,
+    )
+    .await;
     let stored = gateway
         .http
         .get(gateway.key(b"h/zeros"))
@@ -244,6 +270,24 @@ async fn http_requests_keep_values_as_bytes_and_count_while_reading() {
         br#"{"a":[1,"b c"]}"#,
         "stored compact"
     );
+
+    // Metadata of hundreds of thousands of entries: all but
+    // `ttlInSeconds` skipped unread.
+    let mut body = br#"[{"key":"h/meta","value":1,"metadata":{"ttlInSeconds":"60""#.to_vec();
+    let mut entries = 0;
+    while body.len() < MAX_BODY - 64 {
+        body.extend_from_slice(format!(r#","{entries:x}":"""#).as_bytes());
+        entries += 1;
+    }
+    body.extend_from_slice(b"}}]");
+    let what = format!("an HTTP save of one item with {entries} metadata entries");
+    save_costing_at_most(&gateway, &what, body, 3).await;
+    // A `ttlInSeconds` that is not text is read as its raw JSON, not a tree.
+    let mut body = br#"[{"key":"h/meta","value":1,"metadata":{"ttlInSeconds":"#.to_vec();
+    body.extend_from_slice(&zeros_array(MAX_BODY - 64));
+    body.extend_from_slice(b"}}]");
+    let what = "an HTTP save whose ttlInSeconds is a million numbers";
+    save_costing_at_most(&gateway, what, body, 3).await;
 
     // Refused for their counts, as the body is read.
     let repeated = |open: &[u8], element: &[u8], close: &[u8]| {
@@ -312,7 +356,8 @@ async fn put(gateway: &GatewayProcess, key: &str, value: Vec<u8>) {
 
 /// A bulk read is answered a few values at a time: over HTTP as the reads
 /// are done, written as the client takes them, so 100 copies of a 1 MB
-/// value cost a few of them; over gRPC, whose answer is one message, the
+/// value cost a few of them, and a value carried as a JSON string is
+/// escaped piece by piece, never whole; over gRPC, whose answer is one message, the
 /// answer may carry at most Dapr's 4 MiB (`RESOURCE_EXHAUSTED` past it,
 /// as Dapr answers), found out without reading every value: 1,000 copies
 /// of a 16 MiB value, asked in one small request, cost about one of them.
@@ -396,6 +441,25 @@ async fn bulk_reads_hold_a_few_values_at_a_time() {
     );
     let small: GetStateResponse = client.get("b/mb").await.expect(code::OK).decode();
     assert_eq!(small.data.len(), VALUE + 2);
+
+    // Text that is not JSON goes out as a JSON string, escaped as it is
+    // written: 16 MiB of zero bytes are 96 MiB of `\u0000`.
+    put(&gateway, "b/zeros", vec![0; LARGE]).await;
+    let baseline_kib = baseline(&gateway).await;
+    let answer = bulk(vec!["b/zeros"]).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let items: serde_json::Value = answer.json().await.unwrap();
+    let data = items[0]["data"].as_str().unwrap();
+    assert!(data.len() == LARGE && data.bytes().all(|byte| byte == 0));
+    assert_grew_at_most(
+        &gateway,
+        "an HTTP bulk read of a 16 MiB value carried as a JSON string",
+        baseline_kib,
+        2 * LARGE,
+    );
+    // Under the chart's 128 MiB limit, with room to spare.
+    let peak = gateway.peak_rss_kib();
+    assert!(peak <= 96 * 1024, "peak VmHWM {peak} KiB");
 }
 
 /// Every HTTP bulk answer is JSON, whatever the values it carries: a

@@ -35,7 +35,7 @@ use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
 use crate::dapr::{BulkRead, Delete};
 use crate::http::api::extract;
-use crate::http::api::keys::{Joined, json_into};
+use crate::http::api::keys::{Joined, json_into, json_string_pieces};
 use crate::http::problem::ApiError;
 use crate::http::state::AppState;
 use crate::store::Versioned;
@@ -278,7 +278,7 @@ impl<'de> Visitor<'de> for ItemMetadataVisitor {
         let mut metadata = ItemMetadata::default();
         while let Some(name) = map.next_key::<String>()? {
             if name == "ttlInSeconds" {
-                metadata.ttl = map.next_value::<MetadataValue>()?.text();
+                metadata.ttl = metadata_text(map.next_value::<&RawValue>()?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -287,22 +287,15 @@ impl<'de> Visitor<'de> for ItemMetadataVisitor {
     }
 }
 
-/// Metadata values are strings in Dapr; numbers are taken as their text.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum MetadataValue {
-    Text(String),
-    Number(serde_json::Number),
-    Other(IgnoredAny),
-}
-
-impl MetadataValue {
-    fn text(&self) -> Option<String> {
-        match self {
-            MetadataValue::Text(text) => Some(text.clone()),
-            MetadataValue::Number(number) => Some(number.to_string()),
-            MetadataValue::Other(_) => None,
-        }
+/// A metadata value's text: metadata values are strings in Dapr, and a
+/// number is taken as its text; anything else is none. Read from its raw
+/// JSON, so that a large value of another kind is never parsed into a tree.
+fn metadata_text(value: &RawValue) -> Option<String> {
+    let json = value.get();
+    match json.as_bytes().first() {
+        Some(b'"') => serde_json::from_str(json).ok(),
+        Some(b'-' | b'0'..=b'9') => Some(json.to_owned()),
+        _ => None,
     }
 }
 
@@ -502,51 +495,51 @@ async fn get_bulk(
 }
 
 /// The `at`th item of a bulk answer (`,` before it but for the first), in
-/// pieces: the value that is JSON goes in as it is, not parsed or copied;
-/// a value that is text but not JSON (written over gRPC or `/keys`) as a
-/// JSON string; bytes that are not UTF-8 as an `error`, so that the answer
-/// is always JSON.
-fn bulk_item(at: usize, (key, read): BulkRead) -> Vec<Bytes> {
+/// pieces: a value that is JSON goes in as it is, not parsed or copied; a
+/// value that is text but not JSON (written over gRPC or `/keys`) as a
+/// JSON string, escaped piece by piece as it is written; bytes that are
+/// not UTF-8 as an `error`, so that the answer is always JSON.
+fn bulk_item(at: usize, (key, read): BulkRead) -> impl Iterator<Item = Bytes> + Send {
     let mut head = if at == 0 {
         b"{\"key\":".to_vec()
     } else {
         b",{\"key\":".to_vec()
     };
     json_into(&mut head, &key);
-    let Versioned { value, version } = match read {
-        Ok(None) => {
-            head.push(b'}');
-            return vec![Bytes::from(head)];
-        }
+    let mut tail = Vec::new();
+    let (mut json, mut text) = (None, None);
+    match read {
+        Ok(None) => {}
         Err(error) => {
             head.extend_from_slice(b",\"error\":");
             json_into(&mut head, &error.to_string());
-            head.push(b'}');
-            return vec![Bytes::from(head)];
         }
-        Ok(Some(versioned)) => versioned,
-    };
-    let mut tail = Vec::new();
-    if let Some(version) = version {
-        tail.extend_from_slice(b",\"etag\":");
-        json_into(&mut tail, &version.encode());
+        Ok(Some(Versioned { value, version })) => {
+            match std::str::from_utf8(&value) {
+                Ok(valid) if serde_json::from_str::<IgnoredAny>(valid).is_ok() => {
+                    head.extend_from_slice(b",\"data\":");
+                    json = Some(value);
+                }
+                Ok(_) => {
+                    head.extend_from_slice(b",\"data\":\"");
+                    tail.push(b'"');
+                    text = Some(value);
+                }
+                Err(_) => {
+                    head.extend_from_slice(b",\"error\":\"the value is not JSON or text\"");
+                }
+            }
+            if let Some(version) = version {
+                tail.extend_from_slice(b",\"etag\":");
+                json_into(&mut tail, &version.encode());
+            }
+        }
     }
     tail.push(b'}');
-    let data = match std::str::from_utf8(&value) {
-        Ok(text) if serde_json::from_str::<IgnoredAny>(text).is_ok() => value,
-        Ok(text) => {
-            let mut string = Vec::with_capacity(text.len() + 2);
-            json_into(&mut string, text);
-            Bytes::from(string)
-        }
-        Err(_) => {
-            head.extend_from_slice(b",\"error\":\"the value is not JSON or text\"");
-            head.extend_from_slice(&tail);
-            return vec![Bytes::from(head)];
-        }
-    };
-    head.extend_from_slice(b",\"data\":");
-    vec![Bytes::from(head), data, Bytes::from(tail)]
+    std::iter::once(Bytes::from(head))
+        .chain(json)
+        .chain(text.into_iter().flat_map(json_string_pieces))
+        .chain(std::iter::once(Bytes::from(tail)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -688,16 +681,17 @@ mod tests {
     #[test]
     fn only_ttl_in_seconds_is_kept_of_an_items_metadata() {
         let items: Vec<StateItem<'_>> = json_list(
-            br#"[{"key":"k","metadata":{"a":{"deep":[1]},"ttlInSeconds":5,"b":"x"}},{"key":"l","metadata":null}]"#,
+            br#"[{"key":"k","metadata":{"a":{"deep":[1]},"ttlInSeconds":5,"b":"x"}},{"key":"l","metadata":null},
+                 {"key":"m","metadata":{"ttlInSeconds":"7"}},{"key":"n","metadata":{"ttlInSeconds":[0,0]}}]"#,
             8,
             Counted::Items,
         )
         .unwrap();
-        assert_eq!(
-            items[0].metadata.as_ref().unwrap().ttl.as_deref(),
-            Some("5")
-        );
-        assert!(items[1].metadata.is_none());
+        let ttl = |at: usize| items[at].metadata.as_ref().and_then(|m| m.ttl.clone());
+        assert_eq!(ttl(0).as_deref(), Some("5"));
+        assert_eq!(ttl(1), None);
+        assert_eq!(ttl(2).as_deref(), Some("7"));
+        assert_eq!(ttl(3), None);
     }
 
     #[test]
