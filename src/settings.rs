@@ -390,6 +390,15 @@ pub const DAPR_ETAG_LEASE: Setting = Setting {
     helm: Helm::None,
 };
 
+/// Dapr's `--max-body-size`: the largest request body over HTTP, and
+/// message either way over gRPC.
+pub const DAPR_MAX_BODY_SIZE: Setting = Setting {
+    flag: "--dapr-max-body-size",
+    env: "STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE",
+    default: "4194304",
+    helm: Helm::Default("gateway.daprMaxBodySize"),
+};
+
 pub const MAX_BATCH_OPS: Setting = Setting {
     flag: "--max-batch-ops",
     env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
@@ -534,6 +543,7 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_LOCK_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
+    &DAPR_MAX_BODY_SIZE,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,
@@ -777,6 +787,8 @@ pub const DEFAULT_MAX_LOCK_WAIT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_LOCK_HOLDER_BYTES: usize = 1024;
 pub const DEFAULT_MAX_BATCH_OPS: usize = 1_000;
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// Dapr's default (4 MiB).
+pub const DEFAULT_DAPR_MAX_BODY_SIZE: usize = 4 * 1024 * 1024;
 pub const DEFAULT_DAPR_ETAG_LEASE: Duration = Duration::from_secs(5);
 pub const DEFAULT_BROKER_HOSTNAME: &str = "localhost";
 pub const DEFAULT_BROKER_TCP_PORT: u16 = 8883;

@@ -184,6 +184,11 @@ pub struct ServeArgs {
     #[arg(long, env = settings::DAPR_TRANSACTIONS.env, default_value = settings::DAPR_TRANSACTIONS.default, action = ArgAction::Set,
           value_parser = BoolishValueParser::new())]
     pub dapr_transactions: bool,
+    /// Largest Dapr request body over HTTP, and message either way over
+    /// gRPC, in bytes (Dapr's `--max-body-size`; larger: 400, gRPC
+    /// `RESOURCE_EXHAUSTED`).
+    #[arg(long, env = settings::DAPR_MAX_BODY_SIZE.env, default_value = settings::DAPR_MAX_BODY_SIZE.default, value_parser = parse_positive_usize)]
+    pub dapr_max_body_size: usize,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -296,6 +301,7 @@ impl ServeArgs {
                 max_value_bytes: self.max_value_bytes,
                 max_batch_ops: self.max_batch_ops,
                 max_batch_bytes: self.max_batch_bytes,
+                dapr_max_body_size: self.dapr_max_body_size,
             },
             api_token,
             jwt,

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::stream::{self, StreamExt as _};
+use futures_util::stream::{self, FuturesOrdered, Stream, StreamExt as _};
 
 use crate::mqtt::RequestOptions;
 use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
@@ -121,9 +121,12 @@ pub struct DaprStore {
     settings: Arc<DaprSettings>,
 }
 
-/// How many keys of a bulk get are read at once when the app leaves it to
-/// the gateway.
-const DEFAULT_BULK_PARALLELISM: usize = 16;
+/// How many keys of a bulk get are read at once, at most (and when the
+/// app leaves it to the gateway).
+const BULK_PARALLELISM: usize = 16;
+
+/// One key of a bulk get, and what reading it came to.
+pub type BulkRead = (String, Result<Option<Versioned<Bytes>>, DaprError>);
 
 impl DaprStore {
     /// The operations over `store`.
@@ -215,26 +218,49 @@ impl DaprStore {
         transaction::execute(&self.store, &self.settings, ops).await
     }
 
-    /// Each key's value and etag, in the order asked, at most
-    /// `parallelism` reads at once (0: the gateway's choice).
-    pub async fn get_bulk(
+    /// Each key's value and etag, in the order asked, as the reads are
+    /// done. The first read runs alone; then at most `parallelism` (0: the
+    /// gateway's choice; at most 16) run at once, and fewer while values
+    /// are large: reads not yet taken from the stream (running, or done
+    /// but waiting for those before them), times the largest value read so
+    /// far, stay within `held_bytes` (one read at least). So a bulk get of
+    /// large values holds a few of them, whatever its number of keys.
+    pub fn get_bulk(
         &self,
         keys: Vec<String>,
         parallelism: usize,
-    ) -> Vec<(String, Result<Option<Versioned<Bytes>>, DaprError>)> {
-        let parallelism = if parallelism == 0 {
-            DEFAULT_BULK_PARALLELISM
-        } else {
-            parallelism.min(DEFAULT_BULK_PARALLELISM * 4)
+        held_bytes: usize,
+    ) -> impl Stream<Item = BulkRead> + Send + 'static {
+        let parallelism = match parallelism {
+            0 => BULK_PARALLELISM,
+            asked => asked.min(BULK_PARALLELISM),
         };
-        stream::iter(keys)
-            .map(|key| async move {
-                let read = self.get(&key).await;
-                (key, read)
-            })
-            .buffered(parallelism)
-            .collect()
-            .await
+        let store = self.clone();
+        let mut keys = keys.into_iter();
+        let mut reading = FuturesOrdered::new();
+        let mut largest: Option<usize> = None;
+        stream::poll_fn(move |cx| {
+            let window = largest.map_or(1, |largest| {
+                (held_bytes / largest.max(1)).clamp(1, parallelism)
+            });
+            while reading.len() < window {
+                let Some(key) = keys.next() else { break };
+                let store = store.clone();
+                reading.push_back(async move {
+                    let read = store.get(&key).await;
+                    (key, read)
+                });
+            }
+            let read: Option<BulkRead> = std::task::ready!(reading.poll_next_unpin(cx));
+            if let Some((_, result)) = &read {
+                let size = match result {
+                    Ok(Some(versioned)) => versioned.value.len(),
+                    _ => 0,
+                };
+                largest = Some(largest.unwrap_or(0).max(size));
+            }
+            std::task::Poll::Ready(read)
+        })
     }
 
     /// Saves one item: see the module's summary for the commands.

@@ -29,6 +29,8 @@ pub struct Limits {
     pub max_batch_ops: usize,
     /// Largest batch body, in bytes (larger: 413).
     pub max_batch_bytes: usize,
+    /// Largest Dapr request body, and gRPC message either way, in bytes.
+    pub dapr_max_body_size: usize,
 }
 
 /// The command line's defaults.
@@ -39,6 +41,7 @@ impl Default for Limits {
             max_value_bytes: None,
             max_batch_ops: settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: settings::DEFAULT_MAX_BATCH_BYTES,
+            dapr_max_body_size: settings::DEFAULT_DAPR_MAX_BODY_SIZE,
         }
     }
 }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{FromRequestParts, OriginalUri};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use percent_encoding::percent_decode;
 
@@ -221,19 +221,30 @@ pub async fn read_body(
     const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
     let capacity = declared.map_or(0, |length| (length as usize).min(INITIAL_BODY_CAPACITY));
     let read = async move {
-        let mut value = BytesMut::with_capacity(capacity);
+        let mut value = Vec::with_capacity(capacity);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|error| ApiError::BodyRead(error.to_string()))?;
             // Trailers carry no value bytes.
             let Ok(chunk) = frame.into_data() else {
                 continue;
             };
-            if value.len() + chunk.len() > limit {
+            let length = value.len() + chunk.len();
+            if length > limit {
                 return Err(ApiError::ValueTooLarge { max: limit });
+            }
+            if length > value.capacity() {
+                // Doubling, but never past the declared length: a body
+                // holds its own size, not up to twice it.
+                let grown = (2 * value.capacity()).max(length);
+                let room = declared
+                    .and_then(|declared| usize::try_from(declared).ok())
+                    .filter(|&declared| declared >= length)
+                    .map_or(grown, |declared| grown.min(declared));
+                value.reserve_exact(room - value.len());
             }
             value.extend_from_slice(&chunk);
         }
-        Ok(value.freeze())
+        Ok(Bytes::from(value))
     };
     tokio::time::timeout(within, read)
         .await

@@ -404,20 +404,12 @@ fn json_document(key: &[u8], value: Bytes, version: Option<&Hlc>) -> Body {
     Body::from_stream(futures_util::stream::iter(pieces))
 }
 
-/// `"value":<text or null>,"value_base64":"<base64>"`, in pieces of about
-/// [`JSON_PIECE_BYTES`] of the value each: a value's JSON form is up to
-/// seven times its size (`\u0000` and base64), so it is never held whole;
-/// whoever writes the pieces holds the value and one piece.
-pub(super) fn value_fields(value: Bytes) -> impl Iterator<Item = Bytes> + Send + 'static {
-    let is_text = std::str::from_utf8(&value).is_ok();
-    let (opening, middle): (&'static [u8], &'static [u8]) = if is_text {
-        (br#""value":""#, br#"","value_base64":""#)
-    } else {
-        (br#""value":null"#, br#","value_base64":""#)
-    };
-    let text = value.clone();
-    let mut text_at = if is_text { 0 } else { text.len() };
-    let text_pieces = std::iter::from_fn(move || {
+/// `text` (UTF-8) as the inside of a JSON string, without its quotes, in
+/// pieces of about [`JSON_PIECE_BYTES`] of it, each escaped as it is
+/// taken: its escaped form (up to six times its size) is never held whole.
+pub(crate) fn json_string_pieces(text: Bytes) -> impl Iterator<Item = Bytes> + Send + 'static {
+    let mut text_at = 0;
+    std::iter::from_fn(move || {
         if text_at >= text.len() {
             return None;
         }
@@ -433,7 +425,24 @@ pub(super) fn value_fields(value: Bytes) -> impl Iterator<Item = Bytes> + Send +
         // Without the quotes: the pieces are one string.
         let unquoted = 1..quoted.len() - 1;
         Some(Bytes::from(quoted).slice(unquoted))
-    });
+    })
+}
+
+/// `"value":<text or null>,"value_base64":"<base64>"`, in pieces of about
+/// [`JSON_PIECE_BYTES`] of the value each: a value's JSON form is up to
+/// seven times its size (`\u0000` and base64), so it is never held whole;
+/// whoever writes the pieces holds the value and one piece.
+pub(super) fn value_fields(value: Bytes) -> impl Iterator<Item = Bytes> + Send + 'static {
+    let is_text = std::str::from_utf8(&value).is_ok();
+    let (opening, middle): (&'static [u8], &'static [u8]) = if is_text {
+        (br#""value":""#, br#"","value_base64":""#)
+    } else {
+        (br#""value":null"#, br#","value_base64":""#)
+    };
+    let text_pieces = is_text
+        .then(|| json_string_pieces(value.clone()))
+        .into_iter()
+        .flatten();
     let mut base64_at = 0;
     let base64_pieces = std::iter::from_fn(move || {
         if base64_at >= value.len() {
@@ -457,13 +466,13 @@ const JOINED_BYTES: usize = 16 * 1024;
 
 /// The pieces of a JSON answer, those ready at once joined up to
 /// [`JOINED_BYTES`]; a piece that size or larger goes out as it is.
-pub(super) struct Joined<S> {
+pub(crate) struct Joined<S> {
     pieces: Pin<Box<S>>,
     ended: bool,
 }
 
 impl<S: Stream<Item = Bytes>> Joined<S> {
-    pub(super) fn new(pieces: S) -> Self {
+    pub(crate) fn new(pieces: S) -> Self {
         Self {
             pieces: Box::pin(pieces),
             ended: false,
@@ -507,7 +516,7 @@ impl<S: Stream<Item = Bytes>> Stream for Joined<S> {
 }
 
 /// Appends the JSON of `value` (a string, `null`, ...).
-pub(super) fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+pub(crate) fn json_into(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
     // Writing strings and options to a Vec cannot fail.
     let _ = serde_json::to_writer(out, value);
 }

@@ -109,9 +109,14 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_PERMISSION_DENIED",
             Code::PermissionDenied,
         ),
-        Refusal::TooMany { .. } | Refusal::ValueTooLarge(_) => {
+        Refusal::TooMany { .. } | Refusal::TooManyElements(_) | Refusal::ValueTooLarge(_) => {
             (S::PAYLOAD_TOO_LARGE, MALFORMED, Code::InvalidArgument)
         }
+        // As Dapr answers a body over its size (400) and grpc-go a message
+        // over it, either way (RESOURCE_EXHAUSTED); HTTP answers stream,
+        // so only gRPC's can be too large.
+        Refusal::TooLarge(_) => (S::BAD_REQUEST, MALFORMED, Code::ResourceExhausted),
+        Refusal::AnswerTooLarge(_) => (S::PAYLOAD_TOO_LARGE, MALFORMED, Code::ResourceExhausted),
         Refusal::EmptyKey
         | Refusal::KeyTooLong(_)
         | Refusal::Ttl(_)
@@ -305,6 +310,9 @@ mod tests {
                 max: 2,
                 what: Counted::Keys,
             },
+            Refusal::TooManyElements(16),
+            Refusal::TooLarge(16),
+            Refusal::AnswerTooLarge(16),
             Refusal::ValueTooLarge(16),
             Refusal::Ttl("metadata.ttlInSeconds must be a whole number".into()),
             Refusal::Concurrency("eventual".into()),
@@ -328,6 +336,9 @@ mod tests {
                 | Refusal::KeyTooLong(_)
                 | Refusal::Forbidden(_)
                 | Refusal::TooMany { .. }
+                | Refusal::TooManyElements(_)
+                | Refusal::TooLarge(_)
+                | Refusal::AnswerTooLarge(_)
                 | Refusal::ValueTooLarge(_)
                 | Refusal::Ttl(_)
                 | Refusal::Concurrency(_)
@@ -373,7 +384,8 @@ mod tests {
     /// The gRPC code that means what an HTTP status means.
     fn same_meaning(status: StatusCode, grpc: Code) -> bool {
         match status.as_u16() {
-            400 | 413 => grpc == Code::InvalidArgument,
+            // A request or answer over the size limit is RESOURCE_EXHAUSTED.
+            400 | 413 => matches!(grpc, Code::InvalidArgument | Code::ResourceExhausted),
             403 => grpc == Code::PermissionDenied,
             409 => grpc == Code::Aborted,
             500 => matches!(grpc, Code::Internal | Code::Unavailable),

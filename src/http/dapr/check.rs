@@ -55,6 +55,16 @@ pub enum Refusal {
         /// What was counted, as the message names it.
         what: Counted,
     },
+    /// More list elements and map entries in all than a gRPC request may
+    /// carry (items, keys, operations and their metadata, at every depth).
+    #[error("a request may carry at most {0} list elements and map entries in all")]
+    TooManyElements(usize),
+    /// A request body or gRPC message over `--dapr-max-body-size`.
+    #[error("stream too large: a request may have at most {0} bytes")]
+    TooLarge(usize),
+    /// A gRPC answer that would be over `--dapr-max-body-size`.
+    #[error("the answer would be larger than the {0} bytes a message may have")]
+    AnswerTooLarge(usize),
     /// A value larger than the store takes.
     #[error("a value may have at most {0} bytes")]
     ValueTooLarge(usize),
@@ -197,6 +207,15 @@ pub(super) fn operation(name: &str) -> Result<OperationKind, Refusal> {
     }
 }
 
+/// At most `max` of `what`: the count rule of both front ends, which they
+/// apply while reading a request, before its elements are held.
+pub(super) fn at_most(max: usize, count: usize, what: Counted) -> Result<(), Refusal> {
+    if count <= max {
+        return Ok(());
+    }
+    Err(Refusal::TooMany { max, what })
+}
+
 /// A lock's expiry: whole seconds, more than zero.
 pub(super) fn expiry(seconds: i64) -> Result<Duration, Refusal> {
     u64::try_from(seconds)
@@ -210,15 +229,6 @@ impl<'a> Check<'a> {
     /// The rules for `access`'s requests to the gateway in `state`.
     pub(super) fn new(state: &'a AppState, access: &'a Access) -> Self {
         Self { state, access }
-    }
-
-    /// At most `--max-batch-ops` of `what`.
-    pub(super) fn count(&self, count: usize, what: Counted) -> Result<(), Refusal> {
-        let max = self.state.limits.max_batch_ops;
-        if count <= max {
-            return Ok(());
-        }
-        Err(Refusal::TooMany { max, what })
     }
 
     /// The key's store key: not empty, without `||` (Dapr keeps it for

@@ -2,18 +2,28 @@
 //! methods the Python, Go, .NET and Java SDKs call, served on the key
 //! API's port through its router (gRPC is HTTP/2: h2c with prior knowledge,
 //! or h2 by ALPN over TLS), behind the same guard, metrics and spans.
-//! Every other method of the service answers `UNIMPLEMENTED`. Only the
-//! wire shapes live here: the rules are [`super::check`]'s, the codes
-//! [`super::answer`]'s.
+//! Every other method of the service answers `UNIMPLEMENTED`, its message
+//! unread. Only the wire shapes live here: the rules are
+//! [`super::check`]'s, the codes [`super::answer`]'s; each request's
+//! message is sized and counted before it is decoded ([`super::codec`]).
+//!
+//! A message may have at most `--dapr-max-body-size` bytes either way, as
+//! Dapr's gRPC server allows: an answer that would be larger, a `GetState`
+//! of a larger value or a `GetBulkState` whose values add up to more, is
+//! `RESOURCE_EXHAUSTED`, found out as the values are read (a bulk read
+//! stops at the first value past the limit).
 
 use std::collections::HashMap;
 
 use axum::Router;
 use axum::response::{IntoResponse as _, Response};
+use futures_util::StreamExt as _;
+use prost::Message as _;
 use tonic::{Code, Request, Status};
 
 use super::answer::{Failure, Operation};
-use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
+use super::check::{self, Check, OperationKind, Refusal, SaveItem};
+use super::codec::{Checked, DecodeLimits};
 use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
@@ -42,16 +52,20 @@ const METHODS: [&str; 8] = [
     "UnlockAlpha1",
 ];
 
-/// The gRPC routes: one per method served, and the rest of the service
-/// (answered `UNIMPLEMENTED` by the generated server).
+/// The gRPC routes: one per method served, held to the gateway's
+/// [`DecodeLimits`], and the rest of the service (answered
+/// `UNIMPLEMENTED` by the generated server, which reads nothing of them).
 pub(super) fn routes(state: &AppState) -> Router<AppState> {
+    let max = state.limits.dapr_max_body_size;
     let server = DaprServer::new(DaprGrpc {
         state: state.clone(),
     })
-    .max_decoding_message_size(state.limits.max_batch_bytes);
+    .max_decoding_message_size(max)
+    .max_encoding_message_size(max);
+    let served = Checked::new(server.clone(), DecodeLimits::of(state));
     let mut router = Router::new();
     for method in METHODS {
-        router = router.route_service(&format!("{SERVICE_PREFIX}{method}"), server.clone());
+        router = router.route_service(&format!("{SERVICE_PREFIX}{method}"), served.clone());
     }
     router.route_service(&format!("{SERVICE_PREFIX}{{*method}}"), server)
 }
@@ -100,7 +114,7 @@ fn save_item(item: StateItem) -> SaveItem {
         concurrency: concurrency(item.options.as_ref()),
         etag: item.etag.map(|etag| etag.value),
         ttl: item.metadata.get("ttlInSeconds").cloned(),
-        value: item.value.into(),
+        value: item.value,
         key: item.key,
     }
 }
@@ -127,7 +141,7 @@ fn item_of(key: String, read: Result<Option<Versioned<bytes::Bytes>>, DaprError>
         },
         Ok(Some(Versioned { value, version })) => BulkStateItem {
             key,
-            data: value.into(),
+            data: value,
             etag: version.map(|version| version.encode()).unwrap_or_default(),
             ..BulkStateItem::default()
         },
@@ -157,11 +171,15 @@ impl Dapr for DaprGrpc {
         let response = match read {
             None => GetStateResponse::default(),
             Some(Versioned { value, version }) => GetStateResponse {
-                data: value.into(),
+                data: value,
                 etag: version.map(|version| version.encode()).unwrap_or_default(),
                 metadata: HashMap::new(),
             },
         };
+        let max = self.state.limits.dapr_max_body_size;
+        if response.encoded_len() > max {
+            return Err(refused(Refusal::AnswerTooLarge(max)));
+        }
         Ok(tonic::Response::new(response))
     }
 
@@ -172,33 +190,33 @@ impl Dapr for DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        // The keys are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
-        check
-            .count(request.keys.len(), Counted::Keys)
-            .map_err(refused)?;
         for key in &request.keys {
             check.key(key, Need::Read).map_err(refused)?;
         }
         let parallelism = usize::try_from(request.parallelism).unwrap_or(0);
-        let items = self
-            .state
-            .dapr
-            .get_bulk(request.keys, parallelism)
-            .await
-            .into_iter()
-            .map(|(key, read)| item_of(key, read))
-            .collect();
-        Ok(tonic::Response::new(GetBulkStateResponse { items }))
+        let max = self.state.limits.dapr_max_body_size;
+        let mut reads = std::pin::pin!(self.state.dapr.get_bulk(request.keys, parallelism, max));
+        let mut answer = GetBulkStateResponse::default();
+        let mut size = 0;
+        while let Some((key, read)) = reads.next().await {
+            let item = item_of(key, read);
+            size += prost::encoding::message::encoded_len(1, &item);
+            if size > max {
+                return Err(refused(Refusal::AnswerTooLarge(max)));
+            }
+            answer.items.push(item);
+        }
+        Ok(tonic::Response::new(answer))
     }
 
     async fn save_state(&self, request: Request<SaveStateRequest>) -> Answer<()> {
         let access = self.access(&request);
         let request = request.into_inner();
         check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        // The items are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
-        check
-            .count(request.states.len(), Counted::Items)
-            .map_err(refused)?;
         let saves = request
             .states
             .into_iter()
@@ -243,10 +261,8 @@ impl Dapr for DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        // The operations are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
-        check
-            .count(request.operations.len(), Counted::Operations)
-            .map_err(refused)?;
         let mut ops = Vec::with_capacity(request.operations.len());
         for operation in request.operations {
             let kind = check::operation(&operation.operation_type).map_err(refused)?;

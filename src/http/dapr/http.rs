@@ -3,8 +3,20 @@
 //! gateway. Only the wire shapes live here: the rules are
 //! [`super::check`]'s, the answers [`super::answer`]'s, what each
 //! operation does in the store [`crate::dapr`]'s.
+//!
+//! A request costs about its body and the values it carries: a body may
+//! have at most `--dapr-max-body-size` bytes (Dapr's 4 MiB by default);
+//! its items, keys or operations are counted as it is parsed, those past
+//! the limit never held; an item's `value` stays the JSON text it came
+//! as (a slice of the body, or a compacted copy), never a parsed tree; a
+//! bulk read's answer is written as its reads are done, a few values at a
+//! time ([`crate::dapr::DaprStore::get_bulk`]).
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fmt;
+use std::marker::PhantomData;
 
 use axum::Router;
 use axum::body::Body;
@@ -13,15 +25,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use futures_util::stream::{self, StreamExt as _};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde::de::IgnoredAny;
+use serde::de::{self, DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
-use crate::dapr::Delete;
+use crate::dapr::{BulkRead, Delete};
 use crate::http::api::extract;
+use crate::http::api::keys::{Joined, json_into, json_string_pieces};
+use crate::http::problem::ApiError;
 use crate::http::state::AppState;
 use crate::store::Versioned;
 
@@ -50,36 +65,15 @@ pub(super) fn health_routes() -> Router<AppState> {
 
 type Answer = Result<Response, Failure>;
 
-/// Reads a JSON body (at most the batch body limit, within the request
-/// timeout).
-async fn json_body<T: DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, Refusal> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse().ok());
-    let mut body = body;
-    let bytes = extract::read_body(
-        &mut body,
-        declared,
-        state.limits.max_batch_bytes,
-        state.request_timeout(),
-    )
-    .await
-    .map_err(|error| Refusal::Malformed(error.to_string()))?;
-    serde_json::from_slice(&bytes).map_err(|error| Refusal::Malformed(error.to_string()))
-}
-
-/// The JSON body of a request to the state store its path names (`{store}`),
-/// read once the name is checked.
-struct StateBody<T>(T);
+/// The body of a request to the state store its path names (`{store}`),
+/// read once the name is checked: its bytes, parsed by the handler (whose
+/// values borrow from them).
+struct StateBody(Bytes);
 
 /// The JSON body of a request to the lock store its path names.
 struct LockBody<T>(T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for StateBody<T> {
+impl FromRequest<AppState> for StateBody {
     type Rejection = Failure;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
@@ -91,22 +85,97 @@ impl<T: DeserializeOwned> FromRequest<AppState> for LockBody<T> {
     type Rejection = Failure;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        Ok(Self(store_body(request, state, check::lock_store).await?))
+        let body = store_body(request, state, check::lock_store).await?;
+        Ok(Self(serde_json::from_slice(&body).map_err(malformed)?))
     }
 }
 
-/// The body of `request`, once `store_is` accepts the store its path names.
-async fn store_body<T: DeserializeOwned>(
+/// The body of `request` (at most `--dapr-max-body-size`, within the
+/// request timeout), once `store_is` accepts the store its path names.
+async fn store_body(
     request: Request,
     state: &AppState,
     store_is: fn(&AppState, &str) -> Result<(), Refusal>,
-) -> Result<T, Refusal> {
-    let (mut parts, body) = request.into_parts();
+) -> Result<Bytes, Refusal> {
+    let (mut parts, mut body) = request.into_parts();
     let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
         .await
         .map_err(|rejection| Refusal::Malformed(rejection.body_text()))?;
     store_is(state, &store)?;
-    json_body(state, &parts.headers, body).await
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse().ok());
+    let max = state.limits.dapr_max_body_size;
+    extract::read_body(&mut body, declared, max, state.request_timeout())
+        .await
+        .map_err(|error| match error {
+            ApiError::ValueTooLarge { .. } => Refusal::TooLarge(max),
+            other => Refusal::Malformed(other.to_string()),
+        })
+}
+
+fn malformed(error: serde_json::Error) -> Refusal {
+    Refusal::Malformed(error.to_string())
+}
+
+/// A JSON array of `T`, refused as soon as it has one element more than
+/// `max` (the elements past that one are never read).
+fn json_list<'de, T: Deserialize<'de>>(
+    json: &'de [u8],
+    max: usize,
+    what: Counted,
+) -> Result<Vec<T>, Refusal> {
+    let refused = Cell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_slice(json);
+    let list = (&mut deserializer)
+        .deserialize_seq(AtMost {
+            max,
+            what,
+            refused: &refused,
+            element: PhantomData,
+        })
+        .and_then(|list| deserializer.end().map(|()| list));
+    match (list, refused.take()) {
+        (_, Some(refusal)) => Err(refusal),
+        (list, None) => list.map_err(malformed),
+    }
+}
+
+/// Reads an array's elements up to `max`; one more sets `refused`.
+struct AtMost<'a, T> {
+    max: usize,
+    what: Counted,
+    refused: &'a Cell<Option<Refusal>>,
+    element: PhantomData<T>,
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for AtMost<'_, T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a list")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut list = Vec::new();
+        loop {
+            if list.len() == self.max {
+                // One more, skipped unread, is one too many.
+                if seq.next_element::<IgnoredAny>()?.is_some()
+                    && let Err(refusal) = check::at_most(self.max, self.max + 1, self.what)
+                {
+                    self.refused.set(Some(refusal));
+                    return Err(de::Error::custom("too many"));
+                }
+                return Ok(list);
+            }
+            match seq.next_element()? {
+                Some(element) => list.push(element),
+                None => return Ok(list),
+            }
+        }
+    }
 }
 
 /// The `metadata.<name>` query parameters.
@@ -168,36 +237,65 @@ async fn metadata(State(state): State<AppState>) -> Answer {
     Ok(axum::Json(body).into_response())
 }
 
-/// One item of a save, as Dapr's HTTP API takes it.
+/// One item of a save, as Dapr's HTTP API takes it: its value the JSON
+/// text it came as, borrowed from the body.
 #[derive(Debug, Deserialize)]
-struct StateItem {
+struct StateItem<'a> {
     key: String,
-    #[serde(default)]
-    value: serde_json::Value,
+    #[serde(default, borrow)]
+    value: Option<&'a RawValue>,
     #[serde(default)]
     etag: Option<String>,
     #[serde(default)]
-    metadata: Option<HashMap<String, MetadataValue>>,
+    metadata: Option<ItemMetadata>,
     #[serde(default)]
     options: Option<StateOptions>,
 }
 
-/// Metadata values are strings in Dapr; numbers are taken as their text.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum MetadataValue {
-    Text(String),
-    Number(serde_json::Number),
-    Other(IgnoredAny),
+/// An item's `metadata`: `ttlInSeconds` is read, the other entries are
+/// skipped unread (so a map of many entries holds nothing).
+#[derive(Debug, Default)]
+struct ItemMetadata {
+    ttl: Option<String>,
 }
 
-impl MetadataValue {
-    fn text(&self) -> Option<String> {
-        match self {
-            MetadataValue::Text(text) => Some(text.clone()),
-            MetadataValue::Number(number) => Some(number.to_string()),
-            MetadataValue::Other(_) => None,
+impl<'de> Deserialize<'de> for ItemMetadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ItemMetadataVisitor)
+    }
+}
+
+struct ItemMetadataVisitor;
+
+impl<'de> Visitor<'de> for ItemMetadataVisitor {
+    type Value = ItemMetadata;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a map of metadata")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut metadata = ItemMetadata::default();
+        while let Some(name) = map.next_key::<String>()? {
+            if name == "ttlInSeconds" {
+                metadata.ttl = metadata_text(map.next_value::<&RawValue>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
         }
+        Ok(metadata)
+    }
+}
+
+/// A metadata value's text: metadata values are strings in Dapr, and a
+/// number is taken as its text; anything else is none. Read from its raw
+/// JSON, so that a large value of another kind is never parsed into a tree.
+fn metadata_text(value: &RawValue) -> Option<String> {
+    let json = value.get();
+    match json.as_bytes().first() {
+        Some(b'"') => serde_json::from_str(json).ok(),
+        Some(b'-' | b'0'..=b'9') => Some(json.to_owned()),
+        _ => None,
     }
 }
 
@@ -207,25 +305,61 @@ struct StateOptions {
     concurrency: Option<String>,
 }
 
-impl StateItem {
-    /// The item as the rules read it: the value is its JSON text.
-    fn into_save(self) -> Result<SaveItem, Refusal> {
-        let ttl = self
-            .metadata
-            .as_ref()
-            .and_then(|metadata| metadata.get("ttlInSeconds"))
-            .and_then(MetadataValue::text);
-        let value = serde_json::to_vec(&self.value)
-            .map_err(|error| Refusal::Malformed(error.to_string()))?;
+impl StateItem<'_> {
+    /// The item as the rules read it: the value is its JSON text,
+    /// compacted ([`compact_json`]), read from `body` (which the item was
+    /// parsed from); no value is `null`.
+    fn into_save(self, body: &Bytes) -> Result<SaveItem, Refusal> {
+        let value = self.value.map_or(Bytes::from_static(b"null"), |value| {
+            compact_json(body, value.get().as_bytes())
+        });
         Ok(SaveItem {
             concurrency: check::concurrency(
                 self.options.unwrap_or_default().concurrency.as_deref(),
             )?,
             key: self.key,
-            value: Bytes::from(value),
+            value,
             etag: self.etag,
-            ttl,
+            ttl: self.metadata.and_then(|metadata| metadata.ttl),
         })
+    }
+}
+
+/// `json`, valid JSON, without the whitespace between its tokens: compact,
+/// as Dapr stores a value, and otherwise as sent (key order, numbers and
+/// escapes as written). A slice of `body` when `json` is one and has no
+/// whitespace to take out, as an SDK's value has none.
+fn compact_json(body: &Bytes, json: &[u8]) -> Bytes {
+    let mut compacted: Option<Vec<u8>> = None;
+    let mut kept_from = 0;
+    let (mut in_string, mut escaped) = (false, false);
+    for (at, &byte) in json.iter().enumerate() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else if byte == b'"' {
+            in_string = true;
+        } else if matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
+            let out = compacted.get_or_insert_with(|| Vec::with_capacity(json.len()));
+            out.extend_from_slice(&json[kept_from..at]);
+            kept_from = at + 1;
+        }
+    }
+    match compacted {
+        Some(mut out) => {
+            out.extend_from_slice(&json[kept_from..]);
+            Bytes::from(out)
+        }
+        None if body.as_ptr_range().start <= json.as_ptr()
+            && json.as_ptr_range().end <= body.as_ptr_range().end =>
+        {
+            body.slice_ref(json)
+        }
+        None => Bytes::copy_from_slice(json),
     }
 }
 
@@ -235,14 +369,14 @@ async fn save(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
     access: Access,
-    StateBody(items): StateBody<Vec<StateItem>>,
+    StateBody(body): StateBody,
 ) -> Answer {
     let check = Check::new(&state, &access);
-    check.count(items.len(), Counted::Items)?;
+    let items: Vec<StateItem<'_>> = json_list(&body, state.limits.max_batch_ops, Counted::Items)?;
     let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
     let saves = items
         .into_iter()
-        .map(|item| check.save(item.into_save()?, query_ttl.as_deref()))
+        .map(|item| check.save(item.into_save(&body)?, query_ttl.as_deref()))
         .collect::<Result<Vec<_>, _>>()?;
     state
         .dapr
@@ -315,95 +449,112 @@ async fn delete(
 }
 
 #[derive(Debug, Deserialize)]
-struct BulkRequest {
-    keys: Vec<String>,
+struct BulkRequest<'a> {
+    /// Counted as it is read ([`json_list`]).
+    #[serde(borrow)]
+    keys: &'a RawValue,
     #[serde(default)]
     parallelism: Option<i64>,
 }
 
 /// `POST|PUT /v1.0/state/{store}/bulk`: one item per key, in order:
-/// `{key, data, etag}`, or `{key}` for an absent key.
+/// `{key, data, etag}`, or `{key}` for an absent key; written as the reads
+/// are done.
 async fn get_bulk(
     State(state): State<AppState>,
     access: Access,
-    StateBody(request): StateBody<BulkRequest>,
+    StateBody(body): StateBody,
 ) -> Answer {
+    let request: BulkRequest<'_> = serde_json::from_slice(&body).map_err(malformed)?;
+    let keys: Vec<String> = json_list(
+        request.keys.get().as_bytes(),
+        state.limits.max_batch_ops,
+        Counted::Keys,
+    )?;
     let check = Check::new(&state, &access);
-    check.count(request.keys.len(), Counted::Keys)?;
-    for key in &request.keys {
+    for key in &keys {
         check.key(key, Need::Read)?;
     }
     let parallelism = usize::try_from(request.parallelism.unwrap_or(0)).unwrap_or(0);
-    let items = state.dapr.get_bulk(request.keys, parallelism).await;
-    // Written out by hand: the stored JSON goes in as it is, not parsed.
-    let mut out = Vec::with_capacity(
-        2 + items
-            .iter()
-            .map(|(key, read)| {
-                key.len()
-                    + 64
-                    + read
-                        .as_ref()
-                        .ok()
-                        .and_then(Option::as_ref)
-                        .map_or(0, |v| v.value.len())
-            })
-            .sum::<usize>(),
+    let reads = state
+        .dapr
+        .get_bulk(keys, parallelism, state.limits.dapr_max_body_size);
+    let items = reads
+        .enumerate()
+        .flat_map(|(at, read)| stream::iter(bulk_item(at, read)));
+    let pieces = stream::iter([Bytes::from_static(b"[")])
+        .chain(items)
+        .chain(stream::iter([Bytes::from_static(b"]")]));
+    let mut response = Response::new(Body::from_stream(
+        Joined::new(pieces).map(Ok::<_, Infallible>),
+    ));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
     );
-    let malformed = |error: serde_json::Error| Refusal::Malformed(error.to_string());
-    out.push(b'[');
-    for (at, (key, read)) in items.into_iter().enumerate() {
-        if at > 0 {
-            out.push(b',');
+    Ok(response)
+}
+
+/// The `at`th item of a bulk answer (`,` before it but for the first), in
+/// pieces: a value that is JSON goes in as it is, not parsed or copied; a
+/// value that is text but not JSON (written over gRPC or `/keys`) as a
+/// JSON string, escaped piece by piece as it is written; bytes that are
+/// not UTF-8 as an `error`, so that the answer is always JSON.
+fn bulk_item(at: usize, (key, read): BulkRead) -> impl Iterator<Item = Bytes> + Send {
+    let mut head = if at == 0 {
+        b"{\"key\":".to_vec()
+    } else {
+        b",{\"key\":".to_vec()
+    };
+    json_into(&mut head, &key);
+    let mut tail = Vec::new();
+    let (mut json, mut text) = (None, None);
+    match read {
+        Ok(None) => {}
+        Err(error) => {
+            head.extend_from_slice(b",\"error\":");
+            json_into(&mut head, &error.to_string());
         }
-        out.extend_from_slice(b"{\"key\":");
-        serde_json::to_writer(&mut out, &key).map_err(malformed)?;
-        match read {
-            Ok(None) => {}
-            Ok(Some(Versioned { value, version })) => {
-                if serde_json::from_slice::<IgnoredAny>(&value).is_ok() {
-                    out.extend_from_slice(b",\"data\":");
-                    out.extend_from_slice(&value);
-                } else if let Ok(text) = std::str::from_utf8(&value) {
-                    // Not JSON (written over gRPC or /keys): as a string.
-                    out.extend_from_slice(b",\"data\":");
-                    serde_json::to_writer(&mut out, text).map_err(malformed)?;
-                } else {
-                    out.extend_from_slice(b",\"error\":\"the value is not JSON or text\"");
+        Ok(Some(Versioned { value, version })) => {
+            match std::str::from_utf8(&value) {
+                Ok(valid) if serde_json::from_str::<IgnoredAny>(valid).is_ok() => {
+                    head.extend_from_slice(b",\"data\":");
+                    json = Some(value);
                 }
-                if let Some(version) = version {
-                    out.extend_from_slice(b",\"etag\":\"");
-                    out.extend_from_slice(version.encode().as_bytes());
-                    out.push(b'"');
+                Ok(_) => {
+                    head.extend_from_slice(b",\"data\":\"");
+                    tail.push(b'"');
+                    text = Some(value);
+                }
+                Err(_) => {
+                    head.extend_from_slice(b",\"error\":\"the value is not JSON or text\"");
                 }
             }
-            Err(error) => {
-                out.extend_from_slice(b",\"error\":");
-                serde_json::to_writer(&mut out, &error.to_string()).map_err(malformed)?;
+            if let Some(version) = version {
+                tail.extend_from_slice(b",\"etag\":");
+                json_into(&mut tail, &version.encode());
             }
         }
-        out.push(b'}');
     }
-    out.push(b']');
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        out,
-    )
-        .into_response())
+    tail.push(b'}');
+    std::iter::once(Bytes::from(head))
+        .chain(json)
+        .chain(text.into_iter().flat_map(json_string_pieces))
+        .chain(std::iter::once(Bytes::from(tail)))
 }
 
 #[derive(Debug, Deserialize)]
-struct TransactionRequest {
-    operations: Vec<TransactionOperation>,
+struct TransactionRequest<'a> {
+    /// Counted as it is read ([`json_list`]).
+    #[serde(borrow)]
+    operations: &'a RawValue,
 }
 
 #[derive(Debug, Deserialize)]
-struct TransactionOperation {
+struct TransactionOperation<'a> {
     operation: String,
-    request: StateItem,
+    #[serde(borrow)]
+    request: StateItem<'a>,
 }
 
 /// `POST|PUT /v1.0/state/{store}/transaction`: every op or none, in order
@@ -413,15 +564,20 @@ async fn transaction(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
     access: Access,
-    StateBody(request): StateBody<TransactionRequest>,
+    StateBody(body): StateBody,
 ) -> Answer {
+    let request: TransactionRequest<'_> = serde_json::from_slice(&body).map_err(malformed)?;
+    let operations: Vec<TransactionOperation<'_>> = json_list(
+        request.operations.get().as_bytes(),
+        state.limits.max_batch_ops,
+        Counted::Operations,
+    )?;
     let check = Check::new(&state, &access);
-    check.count(request.operations.len(), Counted::Operations)?;
     let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
-    let mut ops = Vec::with_capacity(request.operations.len());
-    for operation in request.operations {
+    let mut ops = Vec::with_capacity(operations.len());
+    for operation in operations {
         let kind = check::operation(&operation.operation)?;
-        let save = check.save(operation.request.into_save()?, query_ttl.as_deref())?;
+        let save = check.save(operation.request.into_save(&body)?, query_ttl.as_deref())?;
         ops.push(
             state
                 .dapr
@@ -477,4 +633,104 @@ async fn unlock(
         .map_err(Failure::on(Operation::Unlock))?;
     // Numbered as Dapr's `UnlockResponse.Status`.
     Ok(axum::Json(serde_json::json!({ "status": status as i32 })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_is_stored_compact_and_otherwise_as_sent() {
+        let body =
+            Bytes::from_static(br#"[{"key":"k","value": { "b" : [1, 2.50] , "a":" x\" y\\" } }]"#);
+        let items: Vec<StateItem<'_>> = json_list(&body, 8, Counted::Items).unwrap();
+        let raw = items[0].value.unwrap().get().as_bytes();
+        assert_eq!(
+            compact_json(&body, raw),
+            Bytes::from_static(br#"{"b":[1,2.50],"a":" x\" y\\"}"#)
+        );
+        // Nothing to take out: a slice of the body itself.
+        let compact = Bytes::from_static(br#"[{"key":"k","value":{"a":[true]}}]"#);
+        let items: Vec<StateItem<'_>> = json_list(&compact, 8, Counted::Items).unwrap();
+        let stored = compact_json(&compact, items[0].value.unwrap().get().as_bytes());
+        assert_eq!(stored, Bytes::from_static(br#"{"a":[true]}"#));
+        assert!(compact.as_ptr_range().contains(&stored.as_ptr()));
+    }
+
+    #[test]
+    fn a_list_is_refused_at_its_first_element_past_the_limit() {
+        assert_eq!(
+            json_list::<String>(br#"["a","b"]"#, 2, Counted::Keys),
+            Ok(vec!["a".to_owned(), "b".to_owned()])
+        );
+        // The element past the limit is refused before the malformed one.
+        assert_eq!(
+            json_list::<String>(br#"["a","b","c",nope]"#, 2, Counted::Keys),
+            Err(Refusal::TooMany {
+                max: 2,
+                what: Counted::Keys
+            })
+        );
+        assert!(matches!(
+            json_list::<String>(br#"["a",1]"#, 2, Counted::Keys),
+            Err(Refusal::Malformed(_))
+        ));
+        assert!(matches!(
+            json_list::<String>(br#"["a"] x"#, 2, Counted::Keys),
+            Err(Refusal::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn only_ttl_in_seconds_is_kept_of_an_items_metadata() {
+        let items: Vec<StateItem<'_>> = json_list(
+            br#"[{"key":"k","metadata":{"a":{"deep":[1]},"ttlInSeconds":5,"b":"x"}},{"key":"l","metadata":null},
+                 {"key":"m","metadata":{"ttlInSeconds":"7"}},{"key":"n","metadata":{"ttlInSeconds":[0,0]}}]"#,
+            8,
+            Counted::Items,
+        )
+        .unwrap();
+        let ttl = |at: usize| items[at].metadata.as_ref().and_then(|m| m.ttl.clone());
+        assert_eq!(ttl(0).as_deref(), Some("5"));
+        assert_eq!(ttl(1), None);
+        assert_eq!(ttl(2).as_deref(), Some("7"));
+        assert_eq!(ttl(3), None);
+    }
+
+    #[test]
+    fn every_bulk_item_is_json() {
+        let version = crate::protocol::Hlc::parse("1:2:S").unwrap();
+        let read = |value: &'static [u8]| {
+            Ok(Some(Versioned {
+                value: Bytes::from_static(value),
+                version: Some(version.clone()),
+            }))
+        };
+        let items = [
+            ("json", read(br#"{"a":1}"#)),
+            ("text", read(b"not json")),
+            ("quoted", read(b"\"\xff\xfe\"")),
+            ("bytes", read(b"\xff")),
+            ("absent", Ok(None)),
+        ];
+        let mut answer = b"[".to_vec();
+        for (at, (key, read)) in items.into_iter().enumerate() {
+            for piece in bulk_item(at, (key.to_owned(), read)) {
+                answer.extend_from_slice(&piece);
+            }
+        }
+        answer.push(b']');
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        let etag = version.encode();
+        assert_eq!(
+            answer,
+            serde_json::json!([
+                {"key": "json", "data": {"a": 1}, "etag": etag},
+                {"key": "text", "data": "not json", "etag": etag},
+                {"key": "quoted", "error": "the value is not JSON or text", "etag": etag},
+                {"key": "bytes", "error": "the value is not JSON or text", "etag": etag},
+                {"key": "absent"},
+            ])
+        );
+    }
 }

@@ -9,12 +9,14 @@
 //! - `answer`: one table from a refusal, or a [`crate::dapr::DaprError`]
 //!   of the operation it ran, to Dapr's HTTP answer and gRPC code.
 //! - `http` and [`grpc`]: the two wire shapes, nothing else; `proto` the
-//!   code generated from the vendored protos.
+//!   code generated from the vendored protos, `codec` its gRPC codec, which
+//!   sizes and counts a request on the wire before prost decodes it.
 //!
 //! What each operation does in the store is [`crate::dapr`]'s.
 
 mod answer;
 mod check;
+mod codec;
 pub mod grpc;
 mod http;
 mod proto;

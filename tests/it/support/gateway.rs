@@ -58,6 +58,8 @@ pub struct GatewayOptions {
     pub max_batch_ops: usize,
     /// `--max-batch-bytes`
     pub max_batch_bytes: usize,
+    /// `--dapr-max-body-size`
+    pub dapr_max_body_size: usize,
     /// `--api-tls-cert-file` and `--api-tls-key-file`
     pub api_tls: Option<(PathBuf, PathBuf)>,
     /// `--header-read-timeout`
@@ -86,6 +88,7 @@ impl Default for GatewayOptions {
             max_in_flight: statestore_gateway::settings::DEFAULT_MAX_IN_FLIGHT,
             max_batch_ops: statestore_gateway::settings::DEFAULT_MAX_BATCH_OPS,
             max_batch_bytes: statestore_gateway::settings::DEFAULT_MAX_BATCH_BYTES,
+            dapr_max_body_size: statestore_gateway::settings::DEFAULT_DAPR_MAX_BODY_SIZE,
             api_tls: None,
             header_read_timeout: statestore_gateway::settings::DEFAULT_HEADER_READ_TIMEOUT,
             authz: None,
@@ -147,6 +150,7 @@ impl Gateway {
                 max_value_bytes: options.max_value_bytes,
                 max_batch_ops: options.max_batch_ops,
                 max_batch_bytes: options.max_batch_bytes,
+                dapr_max_body_size: options.dapr_max_body_size,
             },
             api_token: options
                 .api_token

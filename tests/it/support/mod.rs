@@ -11,6 +11,7 @@ pub mod emulator;
 pub mod fault_proxy;
 pub mod gateway;
 pub mod gateway_process;
+pub mod grpc;
 pub mod linearizability;
 pub mod load;
 pub mod mosquitto;
