@@ -118,7 +118,7 @@ pub trait Shaped {
 
 /// The tables and the [`Shaped`] implementations, generated.
 mod shapes {
-    use super::{Field, Kind, Message, Shaped};
+    use crate::http::dapr::codec::{Field, Kind, Message, Shaped};
 
     include!(concat!(env!("OUT_DIR"), "/dapr_shapes.rs"));
 }
