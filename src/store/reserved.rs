@@ -53,15 +53,11 @@ mod tests {
             Some(EXPIRY_PREFIX)
         );
         assert!(is_reserved(b"dapr-txn||"));
-        for key in [
-            &b"orders/dapr-txn||x"[..],
-            b"dapr-txn|",
-            b"dapr-etag-lease|x",
-            b"DAPR-TXN||x",
-            b"myapp||dapr-txn||x",
-            b"",
-        ] {
-            assert!(!is_reserved(key), "{key:?}");
+        // A prefix counts only at the start, whole and in its own case.
+        let others =
+            "orders/dapr-txn||x dapr-txn| dapr-etag-lease|x DAPR-TXN||x myapp||dapr-txn||x";
+        for key in others.split(' ').chain([""]) {
+            assert!(!is_reserved(key.as_bytes()), "{key:?}");
         }
     }
 }

@@ -285,8 +285,41 @@ mod tests {
     use super::*;
     use crate::http::dapr::check::Counted;
 
-    /// One refusal of each kind; the match has no wildcard, so a new kind
-    /// must be added here.
+    /// How many kinds of refusal there are.
+    const KINDS: usize = 23;
+
+    /// The place of a refusal's kind: the match has no wildcard, so a new
+    /// kind does not compile until it has a place, and then fails
+    /// [`every_refusal`] until it has an example.
+    fn kind_of(refusal: &Refusal) -> usize {
+        match refusal {
+            Refusal::StateStoreNotFound(_) => 0,
+            Refusal::LockStoreNotFound(_) => 1,
+            Refusal::EmptyKey => 2,
+            Refusal::IllegalKey { .. } => 3,
+            Refusal::IllegalResource { .. } => 4,
+            Refusal::KeyTooLong(_) => 5,
+            Refusal::Forbidden(_) => 6,
+            Refusal::TooMany { .. } => 7,
+            Refusal::TooManyElements(_) => 8,
+            Refusal::TooLarge(_) => 9,
+            Refusal::AnswerTooLarge(_) => 10,
+            Refusal::ValueTooLarge(_) => 11,
+            Refusal::Ttl(_) => 12,
+            Refusal::Concurrency(_) => 13,
+            Refusal::Operation(_) => 14,
+            Refusal::OperationWithoutRequest => 15,
+            Refusal::EmptyResource => 16,
+            Refusal::EmptyOwner => 17,
+            Refusal::ResourceTooLong(_) => 18,
+            Refusal::OwnerTooLong(_) => 19,
+            Refusal::Expiry => 20,
+            Refusal::Malformed(_) => 21,
+            Refusal::NotReady => 22,
+        }
+    }
+
+    /// One refusal of each kind.
     fn every_refusal() -> Vec<Refusal> {
         let all = vec![
             Refusal::StateStoreNotFound("other".into()),
@@ -326,33 +359,8 @@ mod tests {
             Refusal::Malformed("expected value".into()),
             Refusal::NotReady,
         ];
-        for refusal in &all {
-            match refusal {
-                Refusal::StateStoreNotFound(_)
-                | Refusal::LockStoreNotFound(_)
-                | Refusal::EmptyKey
-                | Refusal::IllegalKey { .. }
-                | Refusal::IllegalResource { .. }
-                | Refusal::KeyTooLong(_)
-                | Refusal::Forbidden(_)
-                | Refusal::TooMany { .. }
-                | Refusal::TooManyElements(_)
-                | Refusal::TooLarge(_)
-                | Refusal::AnswerTooLarge(_)
-                | Refusal::ValueTooLarge(_)
-                | Refusal::Ttl(_)
-                | Refusal::Concurrency(_)
-                | Refusal::Operation(_)
-                | Refusal::OperationWithoutRequest
-                | Refusal::EmptyResource
-                | Refusal::EmptyOwner
-                | Refusal::ResourceTooLong(_)
-                | Refusal::OwnerTooLong(_)
-                | Refusal::Expiry
-                | Refusal::Malformed(_)
-                | Refusal::NotReady => {}
-            }
-        }
+        let covered: std::collections::BTreeSet<usize> = all.iter().map(kind_of).collect();
+        assert_eq!(covered.len(), KINDS, "a kind of refusal has no example");
         all
     }
 
