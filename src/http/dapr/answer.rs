@@ -263,6 +263,12 @@ impl IntoResponse for Failure {
     }
 }
 
+impl From<Refusal> for tonic::Status {
+    fn from(refusal: Refusal) -> Self {
+        Failure::from(refusal).into()
+    }
+}
+
 impl From<Failure> for tonic::Status {
     fn from(failure: Failure) -> Self {
         let Some(details) = failure.details else {

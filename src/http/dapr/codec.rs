@@ -30,7 +30,6 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstEncoder;
 use tower::{Service, ServiceExt as _};
 
-use super::answer::Failure;
 use super::check::{self, Counted, Refusal};
 use crate::http::state::AppState;
 
@@ -174,18 +173,14 @@ impl<U: prost::Message + Default + Shaped> Decoder for CheckedDecoder<U> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The message's own buffer, shared: `bytes` fields are slices of it.
         let message = buf.copy_to_bytes(buf.remaining());
-        check(&message, U::shape(), self.limits).map_err(refused)?;
+        check(&message, U::shape(), self.limits)?;
         U::decode(message).map(Some).map_err(|error| {
-            refused(Refusal::Malformed(format!(
+            Status::from(Refusal::Malformed(format!(
                 "not a {}: {error}",
                 U::shape().name
             )))
         })
     }
-}
-
-fn refused(refusal: Refusal) -> Status {
-    Failure::from(refusal).into()
 }
 
 /// Walks `message`, a `shape` on the wire, and refuses it over `limits`:
@@ -373,7 +368,7 @@ where
             let (length, body) = message_length(body).await;
             if length.is_some_and(|length| length > limits.max_message) {
                 let refusal = Refusal::TooLarge(limits.max_message);
-                return Ok(refused(refusal).into_http::<Body>().into_response());
+                return Ok(Status::from(refusal).into_http::<Body>().into_response());
             }
             let call = inner.oneshot(Request::from_parts(parts, body));
             let response = LIMITS.scope(limits, call).await?;

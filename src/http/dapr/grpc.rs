@@ -93,10 +93,6 @@ struct DaprGrpc {
 
 type Answer<T> = Result<tonic::Response<T>, Status>;
 
-fn refused(refusal: Refusal) -> Status {
-    Failure::from(refusal).into()
-}
-
 fn failed(operation: Operation) -> impl Fn(DaprError) -> Status {
     move |error| Failure::of(operation, error).into()
 }
@@ -158,10 +154,8 @@ impl Dapr for DaprGrpc {
     async fn get_state(&self, request: Request<GetStateRequest>) -> Answer<GetStateResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::state_store(&self.state, &request.store_name).map_err(refused)?;
-        Check::new(&self.state, &access)
-            .key(&request.key, Need::Read)
-            .map_err(refused)?;
+        check::state_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).key(&request.key, Need::Read)?;
         let read = self
             .state
             .dapr
@@ -178,7 +172,7 @@ impl Dapr for DaprGrpc {
         };
         let max = self.state.limits.dapr_max_body_size;
         if response.encoded_len() > max {
-            return Err(refused(Refusal::AnswerTooLarge(max)));
+            return Err(Status::from(Refusal::AnswerTooLarge(max)));
         }
         Ok(tonic::Response::new(response))
     }
@@ -189,11 +183,11 @@ impl Dapr for DaprGrpc {
     ) -> Answer<GetBulkStateResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        check::state_store(&self.state, &request.store_name)?;
         // The keys are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
         for key in &request.keys {
-            check.key(key, Need::Read).map_err(refused)?;
+            check.key(key, Need::Read)?;
         }
         let parallelism = usize::try_from(request.parallelism).unwrap_or(0);
         let max = self.state.limits.dapr_max_body_size;
@@ -204,7 +198,7 @@ impl Dapr for DaprGrpc {
             let item = item_of(key, read);
             size += prost::encoding::message::encoded_len(1, &item);
             if size > max {
-                return Err(refused(Refusal::AnswerTooLarge(max)));
+                return Err(Status::from(Refusal::AnswerTooLarge(max)));
             }
             answer.items.push(item);
         }
@@ -214,15 +208,14 @@ impl Dapr for DaprGrpc {
     async fn save_state(&self, request: Request<SaveStateRequest>) -> Answer<()> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        check::state_store(&self.state, &request.store_name)?;
         // The items are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
         let saves = request
             .states
             .into_iter()
             .map(|item| check.save(save_item(item), None))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(refused)?;
+            .collect::<Result<Vec<_>, _>>()?;
         self.state
             .dapr
             .save_all(saves)
@@ -234,10 +227,8 @@ impl Dapr for DaprGrpc {
     async fn delete_state(&self, request: Request<DeleteStateRequest>) -> Answer<()> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::state_store(&self.state, &request.store_name).map_err(refused)?;
-        Check::new(&self.state, &access)
-            .key(&request.key, Need::Write)
-            .map_err(refused)?;
+        check::state_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).key(&request.key, Need::Write)?;
         let delete = Delete {
             concurrency: concurrency(request.options.as_ref()),
             etag: request
@@ -260,16 +251,16 @@ impl Dapr for DaprGrpc {
     ) -> Answer<()> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::state_store(&self.state, &request.store_name).map_err(refused)?;
+        check::state_store(&self.state, &request.store_name)?;
         // The operations are counted as the message is decoded.
         let check = Check::new(&self.state, &access);
         let mut ops = Vec::with_capacity(request.operations.len());
         for operation in request.operations {
-            let kind = check::operation(&operation.operation_type).map_err(refused)?;
+            let kind = check::operation(&operation.operation_type)?;
             let item = operation
                 .request
-                .ok_or_else(|| refused(Refusal::OperationWithoutRequest))?;
-            let save = check.save(save_item(item), None).map_err(refused)?;
+                .ok_or_else(|| Status::from(Refusal::OperationWithoutRequest))?;
+            let save = check.save(save_item(item), None)?;
             ops.push(
                 self.state
                     .dapr
@@ -316,11 +307,9 @@ impl Dapr for DaprGrpc {
     async fn try_lock_alpha1(&self, request: Request<TryLockRequest>) -> Answer<TryLockResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::lock_store(&self.state, &request.store_name).map_err(refused)?;
-        Check::new(&self.state, &access)
-            .try_lock(&request.resource_id, &request.lock_owner)
-            .map_err(refused)?;
-        let expiry = check::expiry(i64::from(request.expiry_in_seconds)).map_err(refused)?;
+        check::lock_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).try_lock(&request.resource_id, &request.lock_owner)?;
+        let expiry = check::expiry(i64::from(request.expiry_in_seconds))?;
         let success = self
             .state
             .dapr
@@ -333,10 +322,8 @@ impl Dapr for DaprGrpc {
     async fn unlock_alpha1(&self, request: Request<UnlockRequest>) -> Answer<UnlockResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
-        check::lock_store(&self.state, &request.store_name).map_err(refused)?;
-        Check::new(&self.state, &access)
-            .unlock(&request.resource_id, &request.lock_owner)
-            .map_err(refused)?;
+        check::lock_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).unlock(&request.resource_id, &request.lock_owner)?;
         let status = self
             .state
             .dapr
