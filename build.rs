@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use heck::ToUpperCamelCase;
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
@@ -23,12 +24,15 @@ const PROTO_MODULE: &str = "crate::http::dapr::proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(["dapr/dapr.proto"], ["proto"])?;
+    let descriptors = protox::compile(["dapr/dapr.proto", "dapr/appcallback.proto"], ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("dapr_shapes.rs"), shapes(&descriptors)?)?;
     tonic_prost_build::configure()
-        .build_client(false)
+        // The Dapr service is served; AppCallback is called on the app.
+        .build_client(true)
         .build_transport(false)
+        // A method the gateway does not implement answers UNIMPLEMENTED.
+        .generate_default_stubs(true)
         .codec_path(CODEC)
         // Values and data as slices of the request's buffer, not copies.
         .bytes(".")
@@ -94,7 +98,8 @@ fn shapes(descriptors: &FileDescriptorSet) -> Result<String, Box<dyn std::error:
                 out,
                 "impl Shaped for {PROTO_MODULE}::{}::{} {{\n    fn shape() -> &'static Message {{\n        &{}\n    }}\n}}",
                 module.replace('.', "::"),
-                message.name(),
+                // prost's name for it (`TopicEventCERequest` is `TopicEventCeRequest`).
+                message.name().to_upper_camel_case(),
                 static_name(name),
             )?;
         }

@@ -160,7 +160,7 @@ auth = [("dapr-api-token", token)] if token else []
 # Methods the gateway does not serve answer UNIMPLEMENTED.
 expect_code(
     grpc.StatusCode.UNIMPLEMENTED,
-    lambda: stub.PublishEvent(api_v1.PublishEventRequest(pubsub_name="p", topic="t"), metadata=auth, timeout=10),
+    lambda: stub.GetSecret(api_v1.GetSecretRequest(store_name="s", key="k"), metadata=auth, timeout=10),
 )
 metadata = stub.GetMetadata(api_v1.GetMetadataRequest(), metadata=auth, timeout=10)
 state = next(c for c in metadata.registered_components if c.name == STORE)

@@ -149,10 +149,10 @@ async fn grpc_requests_are_counted_and_sized_before_they_are_decoded() {
     let message = Bytes::from(vec![0u8; MAX_BODY]);
     let baseline_kib = baseline(&gateway).await;
     client
-        .call("PublishEvent", &message)
+        .call("GetSecret", &message)
         .await
         .expect(code::UNIMPLEMENTED);
-    assert_grew_at_most(&gateway, "a 4 MiB PublishEvent", baseline_kib, 2 * MAX_BODY);
+    assert_grew_at_most(&gateway, "a 4 MiB GetSecret", baseline_kib, 2 * MAX_BODY);
 
     // What may be saved still is.
     let value = vec![b'v'; MAX_BODY - 1024];

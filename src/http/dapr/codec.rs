@@ -115,6 +115,18 @@ pub trait Shaped {
     fn shape() -> &'static Message;
 }
 
+/// `google.protobuf.Empty`, which the generated client decodes.
+static EMPTY: Message = Message {
+    name: "google.protobuf.Empty",
+    fields: &[],
+};
+
+impl Shaped for () {
+    fn shape() -> &'static Message {
+        &EMPTY
+    }
+}
+
 /// The tables and the [`Shaped`] implementations, generated.
 mod shapes {
     use crate::http::dapr::codec::{Field, Kind, Message, Shaped};
