@@ -160,7 +160,7 @@ pub struct ServeArgs {
     #[arg(long, env = settings::DAPR_LOCK_STORE.env, default_value = settings::DAPR_LOCK_STORE.default, value_parser = parse_store_name)]
     pub dapr_lock_store: String,
     /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
-    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_store_name)]
+    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_app_id)]
     pub dapr_app_id: String,
     /// How Dapr state keys are named in the store: `none` (as given, shared
     /// with `/keys`) or `app-id` (`<app-id>||<key>`, as Dapr and the AIO
@@ -198,6 +198,16 @@ pub struct ServeArgs {
 fn parse_store_name(text: &str) -> Result<String, String> {
     if text.is_empty() || text.contains('/') {
         return Err("must be non-empty, without '/'".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// An app id names keys (`<app-id>||<key>`, `lock||<app-id>||...`) and the
+/// MQTT shared subscription of its replicas (`$share/<app-id>/...`): it may
+/// hold neither Dapr's separator nor what MQTT forbids in a share name.
+fn parse_app_id(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(['/', '+', '#']) || text.contains("||") {
+        return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
     }
     Ok(text.to_owned())
 }
@@ -542,6 +552,16 @@ mod tests {
             Command::Serve(args) => Ok(args),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn app_ids_that_would_break_keys_or_topics_are_refused() {
+        for bad in ["", "a||b", "a/b", "a+b", "a#b"] {
+            let arg = format!("--dapr-app-id={bad}");
+            assert!(serve_args(&[&arg]).is_err(), "{bad:?} was accepted");
+        }
+        let args = serve_args(&["--dapr-app-id=orders-v2.app_1"]).expect("a plain app id");
+        assert_eq!(args.dapr_app_id, "orders-v2.app_1");
     }
 
     #[test]
