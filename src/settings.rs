@@ -399,6 +399,23 @@ pub const DAPR_MAX_BODY_SIZE: Setting = Setting {
     helm: Helm::Default("gateway.daprMaxBodySize"),
 };
 
+/// The app's port (daprd's `--app-port`): the gateway delivers pub/sub
+/// events to the app there. None by default: no app.
+pub const DAPR_APP_PORT: Setting = Setting {
+    flag: "--dapr-app-port",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PORT",
+    default: "",
+    helm: Helm::IfSet("gateway.daprAppPort"),
+};
+
+/// How the gateway calls the app (daprd's `--app-protocol`): `http` or `grpc`.
+pub const DAPR_APP_PROTOCOL: Setting = Setting {
+    flag: "--dapr-app-protocol",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PROTOCOL",
+    default: "http",
+    helm: Helm::Default("gateway.daprAppProtocol"),
+};
+
 pub const MAX_BATCH_OPS: Setting = Setting {
     flag: "--max-batch-ops",
     env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
@@ -544,6 +561,8 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &DAPR_MAX_BODY_SIZE,
+    &DAPR_APP_PORT,
+    &DAPR_APP_PROTOCOL,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,

@@ -11,7 +11,7 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::access::ApiToken;
 use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::access::rules::AuthzSettings;
-use crate::dapr::{DaprSettings, KeyPrefix, LockKeyPrefix};
+use crate::dapr::{AppProtocol, AppSettings, DaprSettings, KeyPrefix, LockKeyPrefix};
 use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
@@ -189,6 +189,15 @@ pub struct ServeArgs {
     /// `RESOURCE_EXHAUSTED`).
     #[arg(long, env = settings::DAPR_MAX_BODY_SIZE.env, default_value = settings::DAPR_MAX_BODY_SIZE.default, value_parser = parse_positive_usize)]
     pub dapr_max_body_size: usize,
+    /// The app's port on 127.0.0.1 (daprd's `--app-port`): the gateway
+    /// waits for it, asks it for its subscriptions and delivers pub/sub
+    /// events to it. None: no app.
+    #[arg(long, env = settings::DAPR_APP_PORT.env, value_parser = clap::value_parser!(u16).range(1..))]
+    pub dapr_app_port: Option<u16>,
+    /// How the gateway calls the app (daprd's `--app-protocol`): `http` or
+    /// `grpc` (Dapr's AppCallback service, h2c).
+    #[arg(long, env = settings::DAPR_APP_PROTOCOL.env, default_value = settings::DAPR_APP_PROTOCOL.default, value_parser = AppProtocol::parse)]
+    pub dapr_app_protocol: AppProtocol,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -351,6 +360,9 @@ impl ServeArgs {
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
+                app: self
+                    .dapr_app_port
+                    .map(|port| AppSettings::new(port, self.dapr_app_protocol)),
                 ..DaprSettings::default()
             },
         }
@@ -587,6 +599,24 @@ mod tests {
         assert!(first.ends_with("-8080"), "{first}");
         assert_ne!(first, client_id("127.0.0.1:9080"));
         assert_eq!(first, client_id("0.0.0.0:8080"));
+    }
+
+    #[test]
+    fn an_app_port_names_the_app_and_its_protocol() {
+        let settings = serve_args(&["--use-tls", "false"])
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(settings.dapr.app, None);
+        let args = serve_args(&["--dapr-app-port", "3000", "--dapr-app-protocol", "grpc"]).unwrap();
+        assert_eq!(
+            args.settings().unwrap().dapr.app,
+            Some(AppSettings::new(3000, AppProtocol::Grpc))
+        );
+        let args = serve_args(&["--dapr-app-port", "3000"]).unwrap();
+        assert_eq!(args.dapr_app_protocol, AppProtocol::Http);
+        assert!(serve_args(&["--dapr-app-port", "0"]).is_err());
+        assert!(serve_args(&["--dapr-app-protocol", "https"]).is_err());
     }
 
     #[test]

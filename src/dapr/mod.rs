@@ -22,6 +22,7 @@
 //!   same lock by that key, and exclude Dapr's holders as they exclude
 //!   each other.
 
+pub mod app;
 mod conditional;
 mod error;
 mod expiry;
@@ -41,7 +42,10 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use settings::{DaprSettings, KeyPrefix, LOCK_KEY_PREFIX, LockKeyPrefix, SEPARATOR};
+pub use settings::{
+    AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
+    LockKeyPrefix, SEPARATOR,
+};
 pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.

@@ -179,6 +179,12 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprLockKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE
       value: {{ int64 $g.daprMaxBodySize | quote }}
+    {{- if $g.daprAppPort }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PORT
+      value: {{ int64 $g.daprAppPort | quote }}
+    {{- end }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PROTOCOL
+      value: {{ $g.daprAppProtocol | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}
