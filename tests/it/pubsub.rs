@@ -472,3 +472,61 @@ async fn callers_publish_only_on_the_topics_their_rules_grant() {
     }
     assert_eq!(topics, [&b"orders/eu"[..], &b"orders/us"[..]]);
 }
+
+/// Runs an SDK's publish script against a gateway with the SDK tests'
+/// API token, and returns what a plain MQTT subscriber of its topic got.
+async fn sdk_publishes(program: std::path::PathBuf, script: &str, prefix: &str) -> Vec<Value> {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(crate::dapr::TOKEN.into()),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let mut subscriber =
+        TopicSubscriber::start(stack.broker.addr, &format!("{prefix}/orders")).await;
+    let output = crate::dapr::run_sdk(&program, script, stack.gateway.api, prefix).await;
+    crate::dapr::assert_script_ok(script, &output);
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        let message = subscriber.next(WAIT).await;
+        assert_eq!(content_type(&message), Some("application/cloudevents+json"));
+        events.push(cloud_event(&message));
+    }
+    assert!(subscriber.try_next().is_none(), "only the three events");
+    events
+}
+
+#[tokio::test]
+async fn the_js_sdk_publishes_unchanged_over_http() {
+    let events = sdk_publishes("node".into(), "publish.mjs", "js-pub").await;
+    // The single event first; the bulk's two in either order.
+    assert_eq!(
+        events[0]["data"],
+        serde_json::json!({"id": 1, "item": "book"})
+    );
+    assert_eq!(events[0]["datacontenttype"], "application/json");
+    assert_eq!(events[0]["topic"], "js-pub/orders");
+    let mut bulk: Vec<String> = events[1..]
+        .iter()
+        .map(|event| event["data"].to_string())
+        .collect();
+    bulk.sort();
+    assert_eq!(bulk, ["\"three\"", "{\"id\":2}"]);
+}
+
+#[tokio::test]
+async fn the_python_sdk_publishes_unchanged_over_grpc() {
+    let events = sdk_publishes(crate::dapr::python(), "publish.py", "py-pub").await;
+    assert_eq!(
+        events[0]["data"],
+        serde_json::json!({"id": 1, "item": "book"})
+    );
+    assert_eq!(events[0]["source"], "statestore-gateway");
+    let mut bulk: Vec<&str> = events[1..]
+        .iter()
+        .map(|event| event["data"].as_str().unwrap())
+        .collect();
+    bulk.sort_unstable();
+    assert_eq!(bulk, ["three", "two"]);
+}

@@ -275,17 +275,25 @@ fn content_type(headers: &HeaderMap) -> String {
         .to_owned()
 }
 
-/// One event of a bulk publish, as Dapr's HTTP API takes it.
+/// One event of a bulk publish, as Dapr's HTTP API takes it. Go reads
+/// JSON field names in any case, and the JS SDK sends `entryID`: the
+/// usual spellings are read.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct BulkEntry<'a> {
-    #[serde(default)]
+    #[serde(
+        default,
+        alias = "entryID",
+        alias = "EntryID",
+        alias = "EntryId",
+        alias = "entryid"
+    )]
     entry_id: String,
-    #[serde(borrow)]
+    #[serde(borrow, alias = "Event")]
     event: &'a RawValue,
-    #[serde(default)]
+    #[serde(default, alias = "ContentType", alias = "contenttype")]
     content_type: String,
-    #[serde(default)]
+    #[serde(default, alias = "Metadata")]
     metadata: Option<HashMap<String, String>>,
 }
 
