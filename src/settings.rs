@@ -350,6 +350,15 @@ pub const DAPR_LOCK_STORE: Setting = Setting {
     helm: Helm::Default("gateway.daprLockStore"),
 };
 
+/// The pub/sub component names apps publish through, comma-separated:
+/// every one is the broker.
+pub const DAPR_PUBSUB: Setting = Setting {
+    flag: "--dapr-pubsub",
+    env: "STATESTORE_GATEWAY_DAPR_PUBSUB",
+    default: "pubsub",
+    helm: Helm::Default("gateway.daprPubsub"),
+};
+
 /// The app id Dapr's metadata names, and the key prefix `app-id` uses.
 pub const DAPR_APP_ID: Setting = Setting {
     flag: "--dapr-app-id",
@@ -555,6 +564,7 @@ pub const SERVE: &[&Setting] = &[
     &MAX_BATCH_BYTES,
     &DAPR_STATE_STORE,
     &DAPR_LOCK_STORE,
+    &DAPR_PUBSUB,
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_LOCK_KEY_PREFIX,

@@ -159,6 +159,11 @@ pub struct ServeArgs {
     /// The Dapr lock store's name (`/v1.0-alpha1/lock/{name}`).
     #[arg(long, env = settings::DAPR_LOCK_STORE.env, default_value = settings::DAPR_LOCK_STORE.default, value_parser = parse_store_name)]
     pub dapr_lock_store: String,
+    /// The Dapr pub/sub component names apps publish through
+    /// (`/v1.0/publish/{name}/{topic}`), comma-separated: every one is the
+    /// broker.
+    #[arg(long, env = settings::DAPR_PUBSUB.env, default_value = settings::DAPR_PUBSUB.default, value_parser = parse_pubsub_names)]
+    pub dapr_pubsub: PubsubNames,
     /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
     #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_app_id)]
     pub dapr_app_id: String,
@@ -219,6 +224,24 @@ fn parse_app_id(text: &str) -> Result<String, String> {
         return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// The pub/sub names, as clap keeps one value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubNames(pub Vec<String>);
+
+/// Comma-separated pub/sub names: each a store name (not empty, no `/`),
+/// blanks around commas ignored, none twice.
+fn parse_pubsub_names(text: &str) -> Result<PubsubNames, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        let name = parse_store_name(name)?;
+        if names.contains(&name) {
+            return Err(format!("{name} is named twice"));
+        }
+        names.push(name);
+    }
+    Ok(PubsubNames(names))
 }
 
 fn parse_key_prefix(text: &str) -> Result<KeyPrefix, String> {
@@ -355,6 +378,7 @@ impl ServeArgs {
             dapr: DaprSettings {
                 state_store: self.dapr_state_store.clone(),
                 lock_store: self.dapr_lock_store.clone(),
+                pubsubs: self.dapr_pubsub.0.clone(),
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),

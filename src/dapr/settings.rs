@@ -123,6 +123,9 @@ pub struct DaprSettings {
     pub state_store: String,
     /// The lock store's name (`/v1.0-alpha1/lock/{lockstore}`).
     pub lock_store: String,
+    /// The pub/sub component names (`/v1.0/publish/{pubsub}/...`): every
+    /// one publishes to the broker.
+    pub pubsubs: Vec<String>,
     /// The app id the metadata names (and the key prefix uses).
     pub app_id: String,
     /// How state keys are named in the store.
@@ -146,6 +149,7 @@ impl Default for DaprSettings {
         Self {
             state_store: settings::DAPR_STATE_STORE.default.to_owned(),
             lock_store: settings::DAPR_LOCK_STORE.default.to_owned(),
+            pubsubs: vec![settings::DAPR_PUBSUB.default.to_owned()],
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
             lock_key_prefix: LockKeyPrefix::AppId,

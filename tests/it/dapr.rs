@@ -26,14 +26,14 @@ use crate::support::{broker_store, freeze, raw_get, raw_set, thaw};
 
 mod answers;
 
-const TOKEN: &str = "dapr-api-t0ken";
+pub(crate) const TOKEN: &str = "dapr-api-t0ken";
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn dapr_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr")
 }
 
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     dapr_dir().join(".venv/bin/python")
 }
 
@@ -58,7 +58,12 @@ fn require_sdks() {
 
 /// Runs one SDK script against the gateway at `api` (bounded), with the
 /// environment variables a Dapr app gets from its sidecar.
-async fn run_sdk(program: &Path, script: &str, api: std::net::SocketAddr, prefix: &str) -> Output {
+pub(crate) async fn run_sdk(
+    program: &Path,
+    script: &str,
+    api: std::net::SocketAddr,
+    prefix: &str,
+) -> Output {
     require_sdks();
     let mut command = tokio::process::Command::new(program);
     command
@@ -77,7 +82,7 @@ async fn run_sdk(program: &Path, script: &str, api: std::net::SocketAddr, prefix
         .unwrap_or_else(|error| panic!("cannot run {}: {error}", program.display()))
 }
 
-fn assert_script_ok(script: &str, output: &Output) {
+pub(crate) fn assert_script_ok(script: &str, output: &Output) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

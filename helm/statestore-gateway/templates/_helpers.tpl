@@ -171,6 +171,8 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprStateStore | quote }}
     - name: STATESTORE_GATEWAY_DAPR_LOCK_STORE
       value: {{ $g.daprLockStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_PUBSUB
+      value: {{ $g.daprPubsub | quote }}
     - name: STATESTORE_GATEWAY_DAPR_APP_ID
       value: {{ $g.daprAppId | quote }}
     - name: STATESTORE_GATEWAY_DAPR_KEY_PREFIX
