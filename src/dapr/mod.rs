@@ -27,6 +27,8 @@ mod error;
 mod expiry;
 mod keys;
 mod lease;
+pub mod metadata;
+pub mod query;
 mod settings;
 mod transaction;
 
@@ -119,6 +121,7 @@ pub enum UnlockStatus {
 pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
+    extended: Arc<metadata::ExtendedMetadata>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -134,12 +137,18 @@ impl DaprStore {
         Self {
             store,
             settings: Arc::new(settings),
+            extended: Arc::default(),
         }
     }
 
     /// The settings.
     pub fn settings(&self) -> &DaprSettings {
         &self.settings
+    }
+
+    /// The sidecar's extended metadata (`PUT /v1.0/metadata/{name}`).
+    pub fn extended_metadata(&self) -> &metadata::ExtendedMetadata {
+        &self.extended
     }
 
     /// The store key of the app's state key.
@@ -168,9 +177,9 @@ impl DaprStore {
     /// The state store's capabilities: those that hold with these settings.
     pub fn capabilities(&self) -> &'static [&'static str] {
         if self.settings.transactions {
-            &["ETAG", "TRANSACTIONAL", "TTL"]
+            &["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]
         } else {
-            &["ETAG", "TTL"]
+            &["ETAG", "TTL", "QUERY_API"]
         }
     }
 
