@@ -369,6 +369,8 @@ pub struct Gateway {
     pub dapr_app_id: String,
     pub dapr_key_prefix: String,
     pub dapr_lock_key_prefix: String,
+    pub dapr_configuration_store: String,
+    pub dapr_configuration_key_prefix: String,
     pub dapr_max_body_size: u64,
     pub cors_allow_origin: String,
     pub shutdown_grace_seconds: u64,
@@ -582,6 +584,8 @@ const CONTAINER_ENV: &[Var] = &[
     Var::Chart(&env::DAPR_APP_ID),
     Var::Chart(&env::DAPR_KEY_PREFIX),
     Var::Chart(&env::DAPR_LOCK_KEY_PREFIX),
+    Var::Chart(&env::DAPR_CONFIGURATION_STORE),
+    Var::Chart(&env::DAPR_CONFIGURATION_KEY_PREFIX),
     Var::Chart(&env::DAPR_MAX_BODY_SIZE),
     Var::Chart(&env::CORS_ALLOW_ORIGIN),
     Var::Derived(&env::SHUTDOWN_GRACE, |s| {
