@@ -384,6 +384,23 @@ pub const DAPR_LOCK_KEY_PREFIX: Setting = Setting {
     helm: Helm::Default("gateway.daprLockKeyPrefix"),
 };
 
+/// The configuration store's name in Dapr's configuration API.
+pub const DAPR_CONFIGURATION_STORE: Setting = Setting {
+    flag: "--dapr-configuration-store",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_STORE",
+    default: "configstore",
+    helm: Helm::Default("gateway.daprConfigurationStore"),
+};
+
+/// What the store keys of configuration items start with (empty: items
+/// are keys as named).
+pub const DAPR_CONFIGURATION_KEY_PREFIX: Setting = Setting {
+    flag: "--dapr-configuration-key-prefix",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_KEY_PREFIX",
+    default: "",
+    helm: Helm::Default("gateway.daprConfigurationKeyPrefix"),
+};
+
 /// Dapr transactions: on, every Dapr read and write checks its key's lease.
 pub const DAPR_TRANSACTIONS: Setting = Setting {
     flag: "--dapr-transactions",
@@ -568,6 +585,8 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_LOCK_KEY_PREFIX,
+    &DAPR_CONFIGURATION_STORE,
+    &DAPR_CONFIGURATION_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &DAPR_MAX_BODY_SIZE,

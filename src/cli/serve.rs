@@ -178,6 +178,13 @@ pub struct ServeArgs {
     /// (`lock||<resource>`) or a custom prefix (`lock||<prefix>||<resource>`).
     #[arg(long, env = settings::DAPR_LOCK_KEY_PREFIX.env, default_value = settings::DAPR_LOCK_KEY_PREFIX.default, value_parser = LockKeyPrefix::parse)]
     pub dapr_lock_key_prefix: LockKeyPrefix,
+    /// The Dapr configuration store's name (`/v1.0/configuration/{name}`).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_STORE.env, default_value = settings::DAPR_CONFIGURATION_STORE.default, value_parser = parse_store_name)]
+    pub dapr_configuration_store: String,
+    /// What the store keys of Dapr configuration items start with: item
+    /// `a` is the key `<prefix>a` (empty: keys as named).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_KEY_PREFIX.env, default_value = settings::DAPR_CONFIGURATION_KEY_PREFIX.default)]
+    pub dapr_configuration_key_prefix: String,
     /// How long the per-key lease of a Dapr etag write lasts (a gateway that
     /// dies holding one delays other etag writes of that key this long).
     #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
@@ -382,6 +389,8 @@ impl ServeArgs {
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),
+                configuration_store: self.dapr_configuration_store.clone(),
+                configuration_key_prefix: self.dapr_configuration_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
                 app: self

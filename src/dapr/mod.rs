@@ -28,7 +28,9 @@ mod error;
 mod expiry;
 mod keys;
 mod lease;
+pub mod metadata;
 mod pubsub;
+pub mod query;
 mod settings;
 mod transaction;
 
@@ -132,6 +134,7 @@ pub enum UnlockStatus {
 pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
+    extended: Arc<metadata::ExtendedMetadata>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -147,12 +150,18 @@ impl DaprStore {
         Self {
             store,
             settings: Arc::new(settings),
+            extended: Arc::default(),
         }
     }
 
     /// The settings.
     pub fn settings(&self) -> &DaprSettings {
         &self.settings
+    }
+
+    /// The sidecar's extended metadata (`PUT /v1.0/metadata/{name}`).
+    pub fn extended_metadata(&self) -> &metadata::ExtendedMetadata {
+        &self.extended
     }
 
     /// The store key of the app's state key.
@@ -181,9 +190,9 @@ impl DaprStore {
     /// The state store's capabilities: those that hold with these settings.
     pub fn capabilities(&self) -> &'static [&'static str] {
         if self.settings.transactions {
-            &["ETAG", "TRANSACTIONAL", "TTL"]
+            &["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]
         } else {
-            &["ETAG", "TTL"]
+            &["ETAG", "TTL", "QUERY_API"]
         }
     }
 

@@ -19,6 +19,7 @@ mod batch;
 mod browser;
 mod client_ids;
 mod dapr;
+mod dapr_config;
 mod dapr_limits;
 mod docs;
 mod emulator;
