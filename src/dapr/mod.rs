@@ -28,6 +28,7 @@ mod error;
 mod expiry;
 mod keys;
 mod lease;
+pub mod pubsub;
 mod settings;
 mod transaction;
 

@@ -13,6 +13,8 @@
 //! - `takeover`: telling a session taken over by a client with the same
 //!   client id from other connection losses.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope.
+//! - `subscriber`: [`Subscriber`], pub/sub delivery's own connection: a
+//!   persistent session, manual acknowledgements, receive maximum.
 
 mod auth;
 mod backoff;
@@ -22,6 +24,7 @@ mod events;
 mod options;
 mod pool;
 mod settings;
+mod subscriber;
 mod takeover;
 
 pub use auth::tls_client_config;
@@ -34,3 +37,4 @@ pub use options::{
 };
 pub use pool::{ENVELOPE_ALLOWANCE, Labelled, Pool, RequestOptions, StoreResponse};
 pub use settings::{BrokerSettings, MAX_CLIENT_ID_BYTES, PoolSettings};
+pub use subscriber::{Received, Subscriber, SubscriberError, SubscriberSettings};

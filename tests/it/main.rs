@@ -36,6 +36,7 @@ mod modules;
 mod official_client;
 mod pattern_watch;
 mod pool;
+mod pubsub_delivery;
 mod readme;
 mod scan;
 mod settings_table;
