@@ -589,13 +589,34 @@ scopes:
     // The app itself subscribes to nothing (404).
     let app = TestApp::start(None, success()).await;
     let path = dir.path().to_str().unwrap().to_owned();
-    let _gateway = gateway(
+    let gateway = gateway(
         &broker,
         app.port,
         &["--dapr-subscriptions", &path, "--dapr-app-id", "monitor"],
     )
     .await;
     until_subscribed(&broker, &app, "telemetry").await;
+    // Metadata lists it as daprd does.
+    let metadata: Value = gateway
+        .http
+        .get(gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata["subscriptions"],
+        json!([{"pubsubname": "pubsub", "topic": "telemetry", "deadLetterTopic": "",
+            "type": "DECLARATIVE", "rules": [
+                {"match": "event.data.level == \"alarm\"", "path": "/alarms"},
+                {"path": "/telemetry"}]}])
+    );
+    assert_eq!(
+        metadata["appConnectionProperties"],
+        json!({"port": app.port, "protocol": "http", "channelAddress": "127.0.0.1"})
+    );
     publish(&broker, "elsewhere", r#"{"n":9}"#, None).await;
     publish(&broker, "telemetry", r#"{"n":1,"level":"alarm"}"#, None).await;
     publish(&broker, "telemetry", r#"{"n":2,"level":"info"}"#, None).await;
