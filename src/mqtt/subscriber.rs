@@ -270,6 +270,12 @@ async fn run(
                         let _ = client.try_ack(&publish);
                         continue;
                     };
+                    tracing::debug!(
+                        topic,
+                        pkid = publish.pkid,
+                        redelivered = publish.dup,
+                        "message received"
+                    );
                     let received = Received {
                         topic: topic.to_owned(),
                         payload: publish.payload.clone(),

@@ -633,3 +633,108 @@ scopes:
     assert_eq!(paths.get(&2).map(String::as_str), Some("/telemetry"));
     assert!(!paths.contains_key(&9), "{events:#?}");
 }
+
+/// A gRPC app written with the Python SDK's `dapr-ext-grpc` (`App`,
+/// `@app.subscribe`): prints each event it gets as a JSON line; asks for
+/// event 1 again once (RETRY), drops event 2.
+const PYTHON_GRPC_APP: &str = r#"
+import json, sys
+from dapr.ext.grpc import App
+from dapr.clients.grpc._response import TopicEventResponse
+
+app = App()
+seen = {}
+
+@app.subscribe(pubsub_name="pubsub", topic="grpc-orders")
+def orders(event):
+    data = json.loads(event.data)
+    seen[event.id] = seen.get(event.id, 0) + 1
+    print(json.dumps({"id": event.id, "type": event.type, "topic": event.subject,
+                      "content_type": event.content_type, "data": data,
+                      "attempt": seen[event.id]}), flush=True)
+    if data.get("n") == 1 and seen[event.id] == 1:
+        return TopicEventResponse("retry")
+    if data.get("n") == 2:
+        return TopicEventResponse("drop")
+    return TopicEventResponse("success")
+
+app.run(int(sys.argv[1]))
+"#;
+
+#[tokio::test]
+async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    let port = crate::support::free_port();
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(PYTHON_GRPC_APP)
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let port_text = port.to_string();
+    let _gateway = GatewayProcess::start(
+        broker.addr.port(),
+        &["--dapr-app-port", &port_text, "--dapr-app-protocol", "grpc"],
+    )
+    .await;
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line["data"]["n"] == n)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Warm up until the subscription is in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got(0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the gRPC app got no event within 30 s"
+        );
+        publish(&broker, "grpc-orders", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    publish(&broker, "grpc-orders", r#"{"n":1}"#, None).await;
+    publish(&broker, "grpc-orders", r#"{"n":2}"#, None).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got(1).len() < 2 || got(2).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "events 1 (twice) and 2 not delivered: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = &got(1)[0];
+    assert_eq!(first["topic"], "grpc-orders");
+    assert_eq!(first["type"], "com.dapr.event.sent");
+    assert_eq!(first["content_type"], "application/json");
+    assert_eq!(got(1)[1]["attempt"], 2);
+    assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
+    assert_eq!(got(2).len(), 1);
+}

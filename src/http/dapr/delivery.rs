@@ -21,8 +21,8 @@ use super::proto::runtime::v1::TopicEventRequest;
 use super::proto::runtime::v1::topic_event_response::TopicEventResponseStatus;
 use crate::dapr::app::AppChannel;
 use crate::dapr::pubsub::{
-    self, CLOUD_EVENT_CONTENT_TYPE, Event, Outcome, RetryPolicy, Subscription, SubscriptionKind,
-    SubscriptionParts, SubscriptionTable,
+    self, CLOUD_EVENT_CONTENT_TYPE, Event, Outcome, RetryPolicy, Rule, Subscription,
+    SubscriptionKind, SubscriptionParts, SubscriptionTable,
 };
 use crate::dapr::{AppProtocol, pubsub::topic_matches};
 use crate::metrics::Metrics;
@@ -137,7 +137,9 @@ async fn subscriptions(app: &AppChannel, settings: &DeliverySettings) -> Vec<Sub
     let names = pubsub::pubsub_names();
     let mut kept: Vec<Subscription> = Vec::new();
     for subscription in all {
-        if !names.contains(&subscription.pubsub_name) {
+        if subscription.rules.is_empty() {
+            tracing::warn!(topic = %subscription.topic, "a subscription without routes left out");
+        } else if !names.contains(&subscription.pubsub_name) {
             tracing::warn!(pubsub = %subscription.pubsub_name, topic = %subscription.topic, "subscription to an unknown pub/sub left out");
         } else if kept.iter().any(|other| {
             other.pubsub_name == subscription.pubsub_name && other.topic == subscription.topic
@@ -210,6 +212,17 @@ async fn programmatic(
                         }),
                     }
                     .build(SubscriptionKind::Programmatic)
+                    .map(|mut subscription| {
+                        // As daprd: a gRPC subscription without routes
+                        // gets a default route with an empty path.
+                        if subscription.rules.is_empty() {
+                            subscription.rules.push(Rule {
+                                matcher: None,
+                                path: String::new(),
+                            });
+                        }
+                        subscription
+                    })
                     .map_err(|error| error.to_string())
                 })
                 .collect()
