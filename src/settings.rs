@@ -442,6 +442,14 @@ pub const DAPR_APP_PROTOCOL: Setting = Setting {
     helm: Helm::Default("gateway.daprAppProtocol"),
 };
 
+/// Dapr `Subscription` resources (a YAML file, or a directory of them).
+pub const DAPR_SUBSCRIPTIONS: Setting = Setting {
+    flag: "--dapr-subscriptions",
+    env: "STATESTORE_GATEWAY_DAPR_SUBSCRIPTIONS",
+    default: "",
+    helm: Helm::None,
+};
+
 pub const MAX_BATCH_OPS: Setting = Setting {
     flag: "--max-batch-ops",
     env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
@@ -592,6 +600,7 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_MAX_BODY_SIZE,
     &DAPR_APP_PORT,
     &DAPR_APP_PROTOCOL,
+    &DAPR_SUBSCRIPTIONS,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,

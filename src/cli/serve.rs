@@ -210,6 +210,10 @@ pub struct ServeArgs {
     /// `grpc` (Dapr's AppCallback service, h2c).
     #[arg(long, env = settings::DAPR_APP_PROTOCOL.env, default_value = settings::DAPR_APP_PROTOCOL.default, value_parser = AppProtocol::parse)]
     pub dapr_app_protocol: AppProtocol,
+    /// Dapr `Subscription` resources (v2alpha1 or v1alpha1 YAML): a file,
+    /// or a directory of `.yaml` files; delivered to the app.
+    #[arg(long, env = settings::DAPR_SUBSCRIPTIONS.env)]
+    pub dapr_subscriptions: Option<PathBuf>,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -396,6 +400,7 @@ impl ServeArgs {
                 app: self
                     .dapr_app_port
                     .map(|port| AppSettings::new(port, self.dapr_app_protocol)),
+                subscriptions: self.dapr_subscriptions.clone(),
                 ..DaprSettings::default()
             },
         }

@@ -1,6 +1,11 @@
-//! Dapr's state and lock building blocks over the store: what each Dapr
-//! operation does in store commands, shared by Dapr's HTTP routes and gRPC
-//! service ([`crate::http::dapr`]), which only translate shapes.
+//! Dapr's building blocks over the store and the broker: what each Dapr
+//! operation does in store commands or MQTT messages, shared by Dapr's HTTP
+//! routes and gRPC service ([`crate::http::dapr`]), which only translate
+//! shapes. Pub/sub: `publish` makes an event's MQTT message as daprd makes
+//! its CloudEvent; [`pubsub`] holds delivery's rules (subscriptions,
+//! routes, what an app's answer means, retries); [`app`] reaches the app.
+//! [`query`] and [`metadata`] hold the state query and the sidecar's own
+//! metadata.
 //!
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
@@ -29,7 +34,8 @@ mod expiry;
 mod keys;
 mod lease;
 pub mod metadata;
-mod pubsub;
+mod publish;
+pub mod pubsub;
 pub mod query;
 mod settings;
 mod transaction;
@@ -45,7 +51,7 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use pubsub::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
+pub use publish::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
 pub use settings::{
     AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
     LockKeyPrefix, SEPARATOR,
@@ -232,7 +238,7 @@ impl DaprStore {
     /// Publishes `event` through the pub/sub component `pubsub` (see
     /// [`pubsub`]): one MQTT message, acknowledged by the broker.
     pub async fn publish(&self, pubsub: &str, event: Event) -> Result<(), PubsubError> {
-        let message = pubsub::message(
+        let message = publish::message(
             &self.settings.app_id,
             pubsub,
             event,
@@ -256,7 +262,7 @@ impl DaprStore {
             .map(|(id, event)| {
                 Ok((
                     id,
-                    pubsub::message(&self.settings.app_id, pubsub, event, now)?,
+                    publish::message(&self.settings.app_id, pubsub, event, now)?,
                 ))
             })
             .collect::<Result<Vec<_>, PubsubError>>()?;

@@ -146,6 +146,9 @@ pub struct DaprSettings {
     pub lease_wait: Duration,
     /// The app the gateway delivers to (`--dapr-app-port`); none: no app.
     pub app: Option<AppSettings>,
+    /// Declarative subscriptions (`--dapr-subscriptions`): a file or a
+    /// directory of Dapr `Subscription` resources.
+    pub subscriptions: Option<std::path::PathBuf>,
 }
 
 impl Default for DaprSettings {
@@ -163,6 +166,7 @@ impl Default for DaprSettings {
             transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
             app: None,
+            subscriptions: None,
         }
     }
 }

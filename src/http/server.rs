@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::api::admin;
+use super::dapr::delivery::{self, DeliverySettings};
 use super::router::{cors, router};
 use super::state::{AppState, Limits};
 use super::transport::listener;
@@ -21,6 +22,7 @@ use crate::access::jwt::{JwtSettings, Verifier};
 use crate::access::rules::{Authz, AuthzSettings};
 use crate::access::{ApiToken, CallerChecks};
 use crate::dapr::DaprSettings;
+use crate::dapr::pubsub::RetryPolicy;
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
@@ -173,6 +175,15 @@ impl Server {
             Some(files) => Some(files.acceptor(&[ALPN_H2, ALPN_HTTP1])?),
             None => None,
         };
+        let delivery = DeliverySettings {
+            broker: settings.pool.broker.clone(),
+            client_id: format!("{}-sub", settings.pool.client_id),
+            app_id: settings.dapr.app_id.clone(),
+            pubsubs: settings.dapr.pubsubs.clone(),
+            declarative: settings.dapr.subscriptions.clone(),
+            max_message_bytes: settings.limits.dapr_max_body_size,
+            retry: RetryPolicy::default(),
+        };
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
             pool,
@@ -216,9 +227,12 @@ impl Server {
             stopped(admin_stopped),
         ));
         let app_task = state.app.clone().map(|app| {
-            tokio::spawn(async move {
-                app.wait_until_listening().await;
-            })
+            tokio::spawn(delivery::run(
+                app,
+                delivery,
+                state.subscriptions.clone(),
+                state.metrics.clone(),
+            ))
         });
         let tls = settings.api_tls.is_some();
         tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");

@@ -38,6 +38,7 @@ mod official_client;
 mod pattern_watch;
 mod pool;
 mod pubsub;
+mod pubsub_delivery;
 mod readme;
 mod scan;
 mod settings_table;

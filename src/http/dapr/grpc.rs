@@ -27,13 +27,16 @@ use super::codec::{Checked, DecodeLimits};
 use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
-    BulkPublishRequest, BulkPublishResponse, BulkStateItem, DeleteStateRequest,
-    ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse, GetMetadataRequest,
-    GetMetadataResponse, GetStateRequest, GetStateResponse, PublishEventRequest, QueryStateItem,
-    QueryStateRequest, QueryStateResponse, RegisteredComponents, SaveStateRequest,
-    SetMetadataRequest, TryLockRequest, TryLockResponse, UnlockRequest, UnlockResponse,
+    AppConnectionProperties, BulkPublishRequest, BulkPublishResponse, BulkStateItem,
+    DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse,
+    GetMetadataRequest, GetMetadataResponse, GetStateRequest, GetStateResponse,
+    PublishEventRequest, PubsubSubscription, PubsubSubscriptionRule, PubsubSubscriptionRules,
+    PubsubSubscriptionType, QueryStateItem, QueryStateRequest, QueryStateResponse,
+    RegisteredComponents, SaveStateRequest, SetMetadataRequest, TryLockRequest, TryLockResponse,
+    UnlockRequest, UnlockResponse,
 };
 use crate::access::rules::{Access, Need, Principal};
+use crate::dapr::pubsub::SubscriptionKind;
 use crate::dapr::query::Query;
 use crate::dapr::{Concurrency, DaprError, Delete, Event};
 use crate::http::state::AppState;
@@ -345,6 +348,45 @@ impl Dapr for DaprGrpc {
                     .collect(),
             })
             .collect();
+        let subscriptions = self
+            .state
+            .subscriptions
+            .list()
+            .into_iter()
+            .map(|subscription| PubsubSubscription {
+                r#type: match subscription.kind {
+                    SubscriptionKind::Declarative => PubsubSubscriptionType::Declarative,
+                    SubscriptionKind::Programmatic => PubsubSubscriptionType::Programmatic,
+                    SubscriptionKind::Streaming => PubsubSubscriptionType::Streaming,
+                }
+                .into(),
+                rules: Some(PubsubSubscriptionRules {
+                    rules: subscription
+                        .rules
+                        .iter()
+                        .map(|rule| PubsubSubscriptionRule {
+                            r#match: rule
+                                .matcher
+                                .as_ref()
+                                .map(|matcher| matcher.source().to_owned())
+                                .unwrap_or_default(),
+                            path: rule.path.clone(),
+                        })
+                        .collect(),
+                }),
+                dead_letter_topic: subscription.dead_letter_topic.unwrap_or_default(),
+                metadata: subscription.metadata.into_iter().collect(),
+                pubsub_name: subscription.pubsub_name,
+                topic: subscription.topic,
+            })
+            .collect();
+        let app_connection_properties =
+            self.state.app.as_ref().map(|app| AppConnectionProperties {
+                port: i32::from(app.port()),
+                protocol: app.protocol().as_str().to_owned(),
+                channel_address: "127.0.0.1".to_owned(),
+                ..AppConnectionProperties::default()
+            });
         Ok(tonic::Response::new(GetMetadataResponse {
             id: self.state.dapr.settings().app_id.clone(),
             registered_components,
@@ -356,6 +398,8 @@ impl Dapr for DaprGrpc {
                 .entries()
                 .into_iter()
                 .collect(),
+            subscriptions,
+            app_connection_properties,
             ..GetMetadataResponse::default()
         }))
     }

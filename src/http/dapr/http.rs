@@ -433,12 +433,48 @@ async fn metadata(State(state): State<AppState>) -> Answer {
             json
         })
         .collect();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "id": state.dapr.settings().app_id,
         "runtimeVersion": crate::dapr::RUNTIME_VERSION,
         "components": components,
         "extended": state.dapr.extended_metadata().entries(),
     });
+    // As daprd: the subscriptions in force (the default route is a rule
+    // without a match), and how the app is reached.
+    let subscriptions: Vec<_> = state
+        .subscriptions
+        .list()
+        .iter()
+        .map(|subscription| {
+            let mut json = serde_json::json!({
+                "pubsubname": subscription.pubsub_name,
+                "topic": subscription.topic,
+                "rules": subscription.rules.iter().map(|rule| {
+                    let mut json = serde_json::json!({"path": rule.path});
+                    if let Some(matcher) = &rule.matcher {
+                        json["match"] = matcher.source().into();
+                    }
+                    json
+                }).collect::<Vec<_>>(),
+                "deadLetterTopic": subscription.dead_letter_topic.as_deref().unwrap_or(""),
+                "type": subscription.kind.as_str(),
+            });
+            if !subscription.metadata.is_empty() {
+                json["metadata"] = serde_json::json!(subscription.metadata);
+            }
+            json
+        })
+        .collect();
+    if !subscriptions.is_empty() {
+        body["subscriptions"] = subscriptions.into();
+    }
+    if let Some(app) = &state.app {
+        body["appConnectionProperties"] = serde_json::json!({
+            "port": app.port(),
+            "protocol": app.protocol().as_str(),
+            "channelAddress": "127.0.0.1",
+        });
+    }
     Ok(axum::Json(body).into_response())
 }
 

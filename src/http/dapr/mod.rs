@@ -18,6 +18,7 @@ mod answer;
 pub mod app_callback;
 mod check;
 mod codec;
+pub mod delivery;
 pub mod grpc;
 mod http;
 mod proto;
