@@ -23,6 +23,7 @@
 //!   each other.
 
 mod conditional;
+pub mod configuration;
 mod error;
 mod expiry;
 mod keys;
@@ -30,6 +31,7 @@ mod lease;
 pub mod metadata;
 pub mod query;
 mod settings;
+mod subscriptions;
 mod transaction;
 
 use std::sync::Arc;
@@ -50,6 +52,8 @@ pub use transaction::TxOp;
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
 /// The lock store's component type.
 pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
+/// The configuration store's component type.
+pub const CONFIGURATION_COMPONENT_TYPE: &str = "configuration.azure.iotoperations";
 /// The runtime version Dapr's metadata names.
 pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG_VERSION"));
 
@@ -122,6 +126,7 @@ pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
     extended: Arc<metadata::ExtendedMetadata>,
+    subscriptions: Arc<subscriptions::Subscriptions>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -138,6 +143,7 @@ impl DaprStore {
             store,
             settings: Arc::new(settings),
             extended: Arc::default(),
+            subscriptions: Arc::default(),
         }
     }
 
@@ -183,9 +189,9 @@ impl DaprStore {
         }
     }
 
-    /// The components Dapr's metadata lists: the state store, then the
-    /// lock store.
-    pub fn components(&self) -> [Component<'_>; 2] {
+    /// The components Dapr's metadata lists: the state store, the lock
+    /// store, then the configuration store.
+    pub fn components(&self) -> [Component<'_>; 3] {
         [
             Component {
                 name: &self.settings.state_store,
@@ -196,6 +202,12 @@ impl DaprStore {
             Component {
                 name: &self.settings.lock_store,
                 kind: LOCK_COMPONENT_TYPE,
+                version: "v1",
+                capabilities: &[],
+            },
+            Component {
+                name: &self.settings.configuration_store,
+                kind: CONFIGURATION_COMPONENT_TYPE,
                 version: "v1",
                 capabilities: &[],
             },

@@ -149,6 +149,11 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_HEALTH_NOT_READY",
             Code::Unavailable,
         ),
+        Refusal::NoAppChannel => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_APP_CHANNEL_NIL",
+            Code::Internal,
+        ),
     };
     (status, code, grpc, None)
 }
@@ -318,7 +323,7 @@ mod tests {
     use crate::http::dapr::check::Counted;
 
     /// How many kinds of refusal there are.
-    const KINDS: usize = 24;
+    const KINDS: usize = 25;
 
     /// The place of a refusal's kind: the match has no wildcard, so a new
     /// kind does not compile until it has a place, and then fails
@@ -349,6 +354,7 @@ mod tests {
             Refusal::Malformed(_) => 21,
             Refusal::NotReady => 22,
             Refusal::ConfigurationStoreNotFound(_) => 23,
+            Refusal::NoAppChannel => 24,
         }
     }
 
@@ -392,6 +398,7 @@ mod tests {
             Refusal::Malformed("expected value".into()),
             Refusal::NotReady,
             Refusal::ConfigurationStoreNotFound("other".into()),
+            Refusal::NoAppChannel,
         ];
         let covered: std::collections::BTreeSet<usize> = all.iter().map(kind_of).collect();
         assert_eq!(covered.len(), KINDS, "a kind of refusal has no example");

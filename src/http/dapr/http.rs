@@ -58,7 +58,27 @@ pub(super) fn routes() -> Router<AppState> {
             post(query_state).put(query_state),
         )
         .route("/v1.0-alpha1/lock/{store}", post(try_lock))
+        .merge(configuration_routes("/v1.0"))
+        .merge(configuration_routes("/v1.0-alpha1"))
         .route("/v1.0-alpha1/unlock/{store}", post(unlock))
+}
+
+/// The configuration routes under `version` (the SDKs still call the
+/// alpha paths).
+fn configuration_routes(version: &str) -> Router<AppState> {
+    Router::new()
+        .route(
+            &format!("{version}/configuration/{{store}}"),
+            get(get_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/subscribe"),
+            get(subscribe_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/{{id}}/unsubscribe"),
+            get(unsubscribe_configuration),
+        )
 }
 
 /// Dapr's health routes: public, as Dapr's are (the Python SDK polls
@@ -686,6 +706,81 @@ async fn query_state(
         HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// Every `key=` of the query, in order.
+fn query_keys(query: Option<&str>) -> Vec<String> {
+    extract::query_pairs(query)
+        .filter(|(name, _)| *name == "key")
+        .map(|(_, value)| {
+            String::from_utf8_lossy(&extract::form_decode(value.as_bytes(), true)).into_owned()
+        })
+        .collect()
+}
+
+/// `GET /v1.0/configuration/{store}?key=a&key=b`: `{"a": {"value",
+/// "version"}}` (empty fields left out, as Dapr writes them); no key:
+/// every item; 204 when there is none.
+async fn get_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let readable = |key: &[u8]| access.allows(key, Need::Read);
+    let items = state
+        .dapr
+        .get_configuration(names, &readable)
+        .await
+        .map_err(Failure::on(Operation::ConfigurationGet))?;
+    if items.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let items: serde_json::Map<String, serde_json::Value> = items
+        .into_iter()
+        .map(|(name, item)| {
+            let mut json = serde_json::Map::new();
+            if !item.value.is_empty() {
+                json.insert("value".into(), item.value.into());
+            }
+            if !item.version.is_empty() {
+                json.insert("version".into(), item.version.into());
+            }
+            (name, serde_json::Value::Object(json))
+        })
+        .collect();
+    Ok(axum::Json(items).into_response())
+}
+
+/// `GET /v1.0/configuration/{store}/subscribe?key=...`: Dapr delivers the
+/// changes to the app's `/configuration/{store}/{key}`; the gateway has no
+/// app channel, so it answers as Dapr does without one.
+async fn subscribe_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    Err(Refusal::NoAppChannel.into())
+}
+
+/// `GET /v1.0/configuration/{store}/{id}/unsubscribe`: `{"ok": true}`,
+/// or as Dapr answers an unknown id, 500 with `{"ok": false, "message"}`.
+async fn unsubscribe_configuration(
+    State(state): State<AppState>,
+    Path((store, id)): Path<(String, String)>,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    match state.dapr.unsubscribe_configuration(&id) {
+        Ok(()) => Ok(axum::Json(serde_json::json!({ "ok": true })).into_response()),
+        Err(error) => {
+            let failure = Failure::of(Operation::ConfigurationUnsubscribe, error);
+            let body = serde_json::json!({ "ok": false, "message": failure.message });
+            Ok((failure.status, axum::Json(body)).into_response())
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
