@@ -3,6 +3,7 @@
 //! real SDKs' own calls (`@dapr/dapr`, `dapr` for Python) for what apps
 //! run, a real broker underneath.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
@@ -11,7 +12,10 @@ use statestore_gateway::dapr::DaprSettings;
 use statestore_gateway::emulator::ScanLimits;
 use tokio::io::AsyncBufReadExt as _;
 
-use crate::dapr::{TOKEN, dapr_client, error_code, grpc_python, python, stack_with_token};
+use crate::dapr::{
+    TOKEN, assert_script_ok, dapr_client, error_code, grpc_python, python, run_sdk,
+    stack_with_token,
+};
 use crate::support::emulator::start_emulator;
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::gateway::{Gateway, GatewayOptions, Stack};
@@ -605,4 +609,23 @@ print(again.ok, bool(again.message))
     assert_eq!(printed.lines().collect::<Vec<_>>(), ["True", "False True"]);
     assert_eq!(every.line().await, "ended");
     sdk.close().await;
+}
+
+#[tokio::test]
+async fn the_js_sdk_sets_metadata_queries_state_and_follows_configuration_unchanged() {
+    let stack = stack_with_token().await;
+    let node = PathBuf::from("node");
+    let output = run_sdk(&node, "config_sdk.mjs", stack.gateway.api, "js").await;
+    assert_script_ok("config_sdk.mjs", &output);
+}
+
+/// Without an API token: the Python SDK sends its token on unary calls
+/// only (its interceptor is not one of server streams), so its
+/// `subscribe_configuration` cannot pass a sidecar that requires one,
+/// daprd or the gateway.
+#[tokio::test]
+async fn the_python_sdk_sets_metadata_queries_state_and_follows_configuration_unchanged() {
+    let stack = Stack::start().await;
+    let output = run_sdk(&python(), "config_sdk.py", stack.gateway.api, "py").await;
+    assert_script_ok("config_sdk.py", &output);
 }
