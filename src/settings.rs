@@ -350,6 +350,15 @@ pub const DAPR_LOCK_STORE: Setting = Setting {
     helm: Helm::Default("gateway.daprLockStore"),
 };
 
+/// The pub/sub component names apps publish through, comma-separated:
+/// every one is the broker.
+pub const DAPR_PUBSUB: Setting = Setting {
+    flag: "--dapr-pubsub",
+    env: "STATESTORE_GATEWAY_DAPR_PUBSUB",
+    default: "pubsub",
+    helm: Helm::Default("gateway.daprPubsub"),
+};
+
 /// The app id Dapr's metadata names, and the key prefix `app-id` uses.
 pub const DAPR_APP_ID: Setting = Setting {
     flag: "--dapr-app-id",
@@ -414,6 +423,23 @@ pub const DAPR_MAX_BODY_SIZE: Setting = Setting {
     env: "STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE",
     default: "4194304",
     helm: Helm::Default("gateway.daprMaxBodySize"),
+};
+
+/// The app's port (daprd's `--app-port`): the gateway delivers pub/sub
+/// events to the app there. None by default: no app.
+pub const DAPR_APP_PORT: Setting = Setting {
+    flag: "--dapr-app-port",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PORT",
+    default: "",
+    helm: Helm::IfSet("gateway.daprAppPort"),
+};
+
+/// How the gateway calls the app (daprd's `--app-protocol`): `http` or `grpc`.
+pub const DAPR_APP_PROTOCOL: Setting = Setting {
+    flag: "--dapr-app-protocol",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PROTOCOL",
+    default: "http",
+    helm: Helm::Default("gateway.daprAppProtocol"),
 };
 
 pub const MAX_BATCH_OPS: Setting = Setting {
@@ -555,6 +581,7 @@ pub const SERVE: &[&Setting] = &[
     &MAX_BATCH_BYTES,
     &DAPR_STATE_STORE,
     &DAPR_LOCK_STORE,
+    &DAPR_PUBSUB,
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_LOCK_KEY_PREFIX,
@@ -563,6 +590,8 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &DAPR_MAX_BODY_SIZE,
+    &DAPR_APP_PORT,
+    &DAPR_APP_PROTOCOL,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,

@@ -11,7 +11,7 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::access::ApiToken;
 use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::access::rules::AuthzSettings;
-use crate::dapr::{DaprSettings, KeyPrefix, LockKeyPrefix};
+use crate::dapr::{AppProtocol, AppSettings, DaprSettings, KeyPrefix, LockKeyPrefix};
 use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
@@ -159,8 +159,13 @@ pub struct ServeArgs {
     /// The Dapr lock store's name (`/v1.0-alpha1/lock/{name}`).
     #[arg(long, env = settings::DAPR_LOCK_STORE.env, default_value = settings::DAPR_LOCK_STORE.default, value_parser = parse_store_name)]
     pub dapr_lock_store: String,
+    /// The Dapr pub/sub component names apps publish through
+    /// (`/v1.0/publish/{name}/{topic}`), comma-separated: every one is the
+    /// broker.
+    #[arg(long, env = settings::DAPR_PUBSUB.env, default_value = settings::DAPR_PUBSUB.default, value_parser = parse_pubsub_names)]
+    pub dapr_pubsub: PubsubNames,
     /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
-    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_store_name)]
+    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_app_id)]
     pub dapr_app_id: String,
     /// How Dapr state keys are named in the store: `none` (as given, shared
     /// with `/keys`) or `app-id` (`<app-id>||<key>`, as Dapr and the AIO
@@ -196,6 +201,15 @@ pub struct ServeArgs {
     /// `RESOURCE_EXHAUSTED`).
     #[arg(long, env = settings::DAPR_MAX_BODY_SIZE.env, default_value = settings::DAPR_MAX_BODY_SIZE.default, value_parser = parse_positive_usize)]
     pub dapr_max_body_size: usize,
+    /// The app's port on 127.0.0.1 (daprd's `--app-port`): the gateway
+    /// waits for it, asks it for its subscriptions and delivers pub/sub
+    /// events to it. None: no app.
+    #[arg(long, env = settings::DAPR_APP_PORT.env, value_parser = clap::value_parser!(u16).range(1..))]
+    pub dapr_app_port: Option<u16>,
+    /// How the gateway calls the app (daprd's `--app-protocol`): `http` or
+    /// `grpc` (Dapr's AppCallback service, h2c).
+    #[arg(long, env = settings::DAPR_APP_PROTOCOL.env, default_value = settings::DAPR_APP_PROTOCOL.default, value_parser = AppProtocol::parse)]
+    pub dapr_app_protocol: AppProtocol,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -207,6 +221,34 @@ fn parse_store_name(text: &str) -> Result<String, String> {
         return Err("must be non-empty, without '/'".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// An app id names keys (`<app-id>||<key>`, `lock||<app-id>||...`) and the
+/// MQTT shared subscription of its replicas (`$share/<app-id>/...`): it may
+/// hold neither Dapr's separator nor what MQTT forbids in a share name.
+fn parse_app_id(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(['/', '+', '#']) || text.contains("||") {
+        return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// The pub/sub names, as clap keeps one value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubNames(pub Vec<String>);
+
+/// Comma-separated pub/sub names: each a store name (not empty, no `/`),
+/// blanks around commas ignored, none twice.
+fn parse_pubsub_names(text: &str) -> Result<PubsubNames, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        let name = parse_store_name(name)?;
+        if names.contains(&name) {
+            return Err(format!("{name} is named twice"));
+        }
+        names.push(name);
+    }
+    Ok(PubsubNames(names))
 }
 
 fn parse_key_prefix(text: &str) -> Result<KeyPrefix, String> {
@@ -343,6 +385,7 @@ impl ServeArgs {
             dapr: DaprSettings {
                 state_store: self.dapr_state_store.clone(),
                 lock_store: self.dapr_lock_store.clone(),
+                pubsubs: self.dapr_pubsub.0.clone(),
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),
@@ -350,6 +393,9 @@ impl ServeArgs {
                 configuration_key_prefix: self.dapr_configuration_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
+                app: self
+                    .dapr_app_port
+                    .map(|port| AppSettings::new(port, self.dapr_app_protocol)),
                 ..DaprSettings::default()
             },
         }
@@ -554,6 +600,16 @@ mod tests {
     }
 
     #[test]
+    fn app_ids_that_would_break_keys_or_topics_are_refused() {
+        for bad in ["", "a||b", "a/b", "a+b", "a#b"] {
+            let arg = format!("--dapr-app-id={bad}");
+            assert!(serve_args(&[&arg]).is_err(), "{bad:?} was accepted");
+        }
+        let args = serve_args(&["--dapr-app-id=orders-v2.app_1"]).expect("a plain app id");
+        assert_eq!(args.dapr_app_id, "orders-v2.app_1");
+    }
+
+    #[test]
     fn a_client_id_longer_than_1_kib_is_refused() {
         let long = "a".repeat(crate::mqtt::MAX_CLIENT_ID_BYTES + 1);
         let args = serve_args(&["--client-id", &long, "--use-tls", "false"]).unwrap();
@@ -576,6 +632,24 @@ mod tests {
         assert!(first.ends_with("-8080"), "{first}");
         assert_ne!(first, client_id("127.0.0.1:9080"));
         assert_eq!(first, client_id("0.0.0.0:8080"));
+    }
+
+    #[test]
+    fn an_app_port_names_the_app_and_its_protocol() {
+        let settings = serve_args(&["--use-tls", "false"])
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(settings.dapr.app, None);
+        let args = serve_args(&["--dapr-app-port", "3000", "--dapr-app-protocol", "grpc"]).unwrap();
+        assert_eq!(
+            args.settings().unwrap().dapr.app,
+            Some(AppSettings::new(3000, AppProtocol::Grpc))
+        );
+        let args = serve_args(&["--dapr-app-port", "3000"]).unwrap();
+        assert_eq!(args.dapr_app_protocol, AppProtocol::Http);
+        assert!(serve_args(&["--dapr-app-port", "0"]).is_err());
+        assert!(serve_args(&["--dapr-app-protocol", "https"]).is_err());
     }
 
     #[test]

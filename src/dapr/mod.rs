@@ -22,6 +22,7 @@
 //!   same lock by that key, and exclude Dapr's holders as they exclude
 //!   each other.
 
+pub mod app;
 mod conditional;
 pub mod configuration;
 mod error;
@@ -29,6 +30,7 @@ mod expiry;
 mod keys;
 mod lease;
 pub mod metadata;
+mod pubsub;
 pub mod query;
 mod settings;
 mod subscriptions;
@@ -45,7 +47,11 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use settings::{DaprSettings, KeyPrefix, LOCK_KEY_PREFIX, LockKeyPrefix, SEPARATOR};
+pub use pubsub::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
+pub use settings::{
+    AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
+    LockKeyPrefix, SEPARATOR,
+};
 pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.
@@ -59,6 +65,13 @@ pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG
 
 /// How many saves of one request run at once.
 const SAVE_PARALLELISM: usize = 16;
+
+/// How many events of one bulk publish are in flight at once.
+const PUBLISH_PARALLELISM: usize = 16;
+
+/// One event of a bulk publish that was not published: its entry id and
+/// why.
+pub type FailedEntry = (String, PubsubError);
 
 /// One component as Dapr's metadata lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,8 +203,14 @@ impl DaprStore {
     }
 
     /// The components Dapr's metadata lists: the state store, the lock
-    /// store, then the configuration store.
-    pub fn components(&self) -> [Component<'_>; 3] {
+    /// store, the configuration store, then each pub/sub component.
+    pub fn components(&self) -> Vec<Component<'_>> {
+        let pubsubs = self.settings.pubsubs.iter().map(|name| Component {
+            name,
+            kind: PUBSUB_COMPONENT_TYPE,
+            version: "v1",
+            capabilities: &[],
+        });
         [
             Component {
                 name: &self.settings.state_store,
@@ -212,6 +231,58 @@ impl DaprStore {
                 capabilities: &[],
             },
         ]
+        .into_iter()
+        .chain(pubsubs)
+        .collect()
+    }
+
+    /// Whether `name` is one of the pub/sub components.
+    pub fn has_pubsub(&self, name: &str) -> bool {
+        self.settings.pubsubs.iter().any(|pubsub| pubsub == name)
+    }
+
+    /// Publishes `event` through the pub/sub component `pubsub` (see
+    /// [`pubsub`]): one MQTT message, acknowledged by the broker.
+    pub async fn publish(&self, pubsub: &str, event: Event) -> Result<(), PubsubError> {
+        let message = pubsub::message(
+            &self.settings.app_id,
+            pubsub,
+            event,
+            std::time::SystemTime::now(),
+        )?;
+        self.store.pool().publish(message).await?;
+        Ok(())
+    }
+
+    /// Publishes each `(entry id, event)`, a few at once. An event that
+    /// cannot be made refuses them all, before any is published (as
+    /// daprd); otherwise the answer is those the broker did not take.
+    pub async fn publish_bulk(
+        &self,
+        pubsub: &str,
+        entries: Vec<(String, Event)>,
+    ) -> Result<Vec<FailedEntry>, PubsubError> {
+        let now = std::time::SystemTime::now();
+        let messages = entries
+            .into_iter()
+            .map(|(id, event)| {
+                Ok((
+                    id,
+                    pubsub::message(&self.settings.app_id, pubsub, event, now)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, PubsubError>>()?;
+        let pool = self.store.pool();
+        let failed = stream::iter(messages)
+            .map(|(id, message)| async move {
+                let published = pool.publish(message).await;
+                published.err().map(|error| (id, PubsubError::from(error)))
+            })
+            .buffered(PUBLISH_PARALLELISM)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        Ok(failed)
     }
 
     /// A checked save as a transaction's op (`delete`: the key is deleted

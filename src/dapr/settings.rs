@@ -59,6 +59,63 @@ impl LockKeyPrefix {
     }
 }
 
+/// How the gateway calls the app (daprd's `--app-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AppProtocol {
+    /// JSON over HTTP/1.1.
+    #[default]
+    Http,
+    /// Dapr's `AppCallback` gRPC service over HTTP/2 without TLS (h2c).
+    Grpc,
+}
+
+impl AppProtocol {
+    /// `http` or `grpc`, as daprd's `--app-protocol` spells them.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "http" => Ok(Self::Http),
+            "grpc" => Ok(Self::Grpc),
+            _ => Err("expected `http` or `grpc`".to_owned()),
+        }
+    }
+
+    /// The protocol as daprd's metadata names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// The app the gateway calls (daprd's `--app-port` and `--app-protocol`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSettings {
+    /// The app's port on 127.0.0.1.
+    pub port: u16,
+    /// How the gateway calls it.
+    pub protocol: AppProtocol,
+    /// How long one call to the app may take, connecting included.
+    pub call_timeout: Duration,
+}
+
+impl AppSettings {
+    /// The app on `port`, called over `protocol`, with the default call
+    /// timeout.
+    pub fn new(port: u16, protocol: AppProtocol) -> Self {
+        Self {
+            port,
+            protocol,
+            call_timeout: DEFAULT_APP_CALL_TIMEOUT,
+        }
+    }
+}
+
+/// How long one call to the app may take: daprd sets none by default (its
+/// resiliency policies can), the gateway bounds every call; an event whose
+/// delivery times out is retried.
+pub const DEFAULT_APP_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The Dapr API's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaprSettings {
@@ -66,6 +123,9 @@ pub struct DaprSettings {
     pub state_store: String,
     /// The lock store's name (`/v1.0-alpha1/lock/{lockstore}`).
     pub lock_store: String,
+    /// The pub/sub component names (`/v1.0/publish/{pubsub}/...`): every
+    /// one publishes to the broker.
+    pub pubsubs: Vec<String>,
     /// The app id the metadata names (and the key prefix uses).
     pub app_id: String,
     /// How state keys are named in the store.
@@ -84,6 +144,8 @@ pub struct DaprSettings {
     pub transactions: bool,
     /// How long an etag write waits for another's lease before failing.
     pub lease_wait: Duration,
+    /// The app the gateway delivers to (`--dapr-app-port`); none: no app.
+    pub app: Option<AppSettings>,
 }
 
 impl Default for DaprSettings {
@@ -91,6 +153,7 @@ impl Default for DaprSettings {
         Self {
             state_store: settings::DAPR_STATE_STORE.default.to_owned(),
             lock_store: settings::DAPR_LOCK_STORE.default.to_owned(),
+            pubsubs: vec![settings::DAPR_PUBSUB.default.to_owned()],
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
             lock_key_prefix: LockKeyPrefix::AppId,
@@ -99,6 +162,7 @@ impl Default for DaprSettings {
             etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
             transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
+            app: None,
         }
     }
 }

@@ -148,6 +148,8 @@ pub struct Server {
     stop_admin: watch::Sender<bool>,
     api_task: JoinHandle<io::Result<()>>,
     admin_task: JoinHandle<io::Result<()>>,
+    /// What the gateway does with the app, when there is one.
+    app_task: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -213,6 +215,11 @@ impl Server {
             None,
             stopped(admin_stopped),
         ));
+        let app_task = state.app.clone().map(|app| {
+            tokio::spawn(async move {
+                app.wait_until_listening().await;
+            })
+        });
         let tls = settings.api_tls.is_some();
         tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");
         Ok(Server {
@@ -224,6 +231,7 @@ impl Server {
             stop_admin,
             api_task,
             admin_task,
+            app_task,
         })
     }
 
@@ -254,9 +262,13 @@ impl Server {
             stop_admin,
             mut api_task,
             mut admin_task,
+            app_task,
             ..
         } = self;
         state.draining.store(true, Ordering::Release);
+        if let Some(app_task) = app_task {
+            app_task.abort();
+        }
         // SSE streams never end by themselves: end them so the drain can finish.
         state.hub.shutdown();
         let _ = stop_api.send(true);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::access::CallerChecks;
+use crate::dapr::app::AppChannel;
 use crate::dapr::{DaprSettings, DaprStore};
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
@@ -83,6 +84,8 @@ pub struct Shared {
     pub locks: Locks,
     /// Dapr's state and lock operations over `store`.
     pub dapr: DaprStore,
+    /// The app the gateway calls (`--dapr-app-port`), if any.
+    pub app: Option<AppChannel>,
     /// In-flight slots every batch together may hold: half the pool's,
     /// so that batches never starve one-key requests.
     pub batch_slots: Semaphore,
@@ -117,7 +120,12 @@ impl AppState {
         let batch_slots = Semaphore::new((pool.capacity() / 2).max(1));
         let store = StoreClient::new(pool);
         let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
+        let app = dapr
+            .app
+            .clone()
+            .map(|app| AppChannel::new(app, limits.dapr_max_body_size));
         Self(Arc::new(Shared {
+            app,
             locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
             hub,
             dapr: DaprStore::new(store.clone(), dapr),

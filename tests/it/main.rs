@@ -37,6 +37,7 @@ mod modules;
 mod official_client;
 mod pattern_watch;
 mod pool;
+mod pubsub;
 mod readme;
 mod scan;
 mod settings_table;

@@ -171,6 +171,8 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprStateStore | quote }}
     - name: STATESTORE_GATEWAY_DAPR_LOCK_STORE
       value: {{ $g.daprLockStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_PUBSUB
+      value: {{ $g.daprPubsub | quote }}
     - name: STATESTORE_GATEWAY_DAPR_APP_ID
       value: {{ $g.daprAppId | quote }}
     - name: STATESTORE_GATEWAY_DAPR_KEY_PREFIX
@@ -183,6 +185,12 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprConfigurationKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE
       value: {{ int64 $g.daprMaxBodySize | quote }}
+    {{- if $g.daprAppPort }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PORT
+      value: {{ int64 $g.daprAppPort | quote }}
+    {{- end }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PROTOCOL
+      value: {{ $g.daprAppProtocol | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

@@ -14,7 +14,7 @@ use tonic::Code;
 use tonic_types::{BadRequest, ErrorDetail, ErrorInfo, ResourceInfo, StatusExt as _};
 
 use super::check::{LockCall, Refusal};
-use crate::dapr::DaprError;
+use crate::dapr::{DaprError, PubsubError};
 use crate::http::problem::{FailureLog, Severity};
 
 /// The Dapr operation that failed: it names the HTTP `errorCode` of a
@@ -149,6 +149,25 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_HEALTH_NOT_READY",
             Code::Unavailable,
         ),
+        // Dapr answers a pub/sub it does not have, or no topic, with 404
+        // over HTTP but INVALID_ARGUMENT over gRPC.
+        Refusal::PubsubNotFound(_) => (S::NOT_FOUND, "ERR_PUBSUB_NOT_FOUND", Code::InvalidArgument),
+        Refusal::TopicEmpty(_) => (S::NOT_FOUND, "ERR_TOPIC_NAME_EMPTY", Code::InvalidArgument),
+        // Dapr has no such check (its MQTT component fails the publish):
+        // the publish's error code, as the caller's mistake.
+        Refusal::IllegalTopic(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_PUBLISH_MESSAGE",
+            Code::InvalidArgument,
+        ),
+        Refusal::PubsubForbidden { .. } => {
+            (S::FORBIDDEN, "ERR_PUBSUB_FORBIDDEN", Code::PermissionDenied)
+        }
+        Refusal::BulkEvents(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_EVENTS_SER",
+            Code::InvalidArgument,
+        ),
         Refusal::NoAppChannel => (
             S::INTERNAL_SERVER_ERROR,
             "ERR_APP_CHANNEL_NIL",
@@ -193,6 +212,28 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
     (status, code, grpc)
 }
 
+/// The table of publish failures.
+fn publish_row(error: &PubsubError) -> (StatusCode, &'static str, Code) {
+    match error {
+        PubsubError::Metadata(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_REQUEST_METADATA",
+            Code::InvalidArgument,
+        ),
+        // As Dapr: 500 over HTTP, INVALID_ARGUMENT over gRPC.
+        PubsubError::CloudEvent => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_PUBSUB_CLOUD_EVENTS_SER",
+            Code::InvalidArgument,
+        ),
+        PubsubError::Publish(_) => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_PUBSUB_PUBLISH_MESSAGE",
+            Code::Internal,
+        ),
+    }
+}
+
 impl From<Refusal> for Failure {
     fn from(refusal: Refusal) -> Self {
         let (status, code, grpc, reason) = refusal_row(&refusal);
@@ -223,6 +264,24 @@ impl Failure {
             code,
             grpc,
             message: error.to_string(),
+            details: None,
+        }
+    }
+
+    /// Publishing to `topic` through `pubsub` failed with `error`.
+    pub fn of_publish(pubsub: &str, topic: &str, error: &PubsubError) -> Self {
+        let (status, code, grpc) = publish_row(error);
+        let message = match error {
+            PubsubError::Publish(error) => {
+                format!("error when publishing to topic {topic} in pubsub {pubsub}: {error}")
+            }
+            other => other.to_string(),
+        };
+        Self {
+            status,
+            code,
+            grpc,
+            message,
             details: None,
         }
     }
@@ -323,7 +382,7 @@ mod tests {
     use crate::http::dapr::check::Counted;
 
     /// How many kinds of refusal there are.
-    const KINDS: usize = 25;
+    const KINDS: usize = 30;
 
     /// The place of a refusal's kind: the match has no wildcard, so a new
     /// kind does not compile until it has a place, and then fails
@@ -353,8 +412,13 @@ mod tests {
             Refusal::Expiry => 20,
             Refusal::Malformed(_) => 21,
             Refusal::NotReady => 22,
-            Refusal::ConfigurationStoreNotFound(_) => 23,
-            Refusal::NoAppChannel => 24,
+            Refusal::PubsubNotFound(_) => 23,
+            Refusal::TopicEmpty(_) => 24,
+            Refusal::IllegalTopic(_) => 25,
+            Refusal::PubsubForbidden { .. } => 26,
+            Refusal::BulkEvents(_) => 27,
+            Refusal::ConfigurationStoreNotFound(_) => 28,
+            Refusal::NoAppChannel => 29,
         }
     }
 
@@ -397,6 +461,14 @@ mod tests {
             Refusal::Expiry,
             Refusal::Malformed("expected value".into()),
             Refusal::NotReady,
+            Refusal::PubsubNotFound("other".into()),
+            Refusal::TopicEmpty("pubsub".into()),
+            Refusal::IllegalTopic("a/+".into()),
+            Refusal::PubsubForbidden {
+                topic: "orders".into(),
+                app_id: "app".into(),
+            },
+            Refusal::BulkEvents("entryId is duplicated".into()),
             Refusal::ConfigurationStoreNotFound("other".into()),
             Refusal::NoAppChannel,
         ];
@@ -442,9 +514,14 @@ mod tests {
         Operation::ConfigurationUnsubscribe,
     ];
 
-    /// The gRPC code that means what an HTTP status means.
-    fn same_meaning(status: StatusCode, grpc: Code) -> bool {
+    /// The gRPC code that means what an HTTP status means (or that Dapr
+    /// answers with it).
+    fn same_meaning(status: StatusCode, grpc: Code, code: &str) -> bool {
         match status.as_u16() {
+            // A pub/sub or topic that is not there.
+            404 => grpc == Code::InvalidArgument,
+            // Dapr's odd pair for an event it cannot make.
+            500 if code == "ERR_PUBSUB_CLOUD_EVENTS_SER" => grpc == Code::InvalidArgument,
             // A request or answer over the size limit is RESOURCE_EXHAUSTED.
             400 | 413 => matches!(grpc, Code::InvalidArgument | Code::ResourceExhausted),
             403 => grpc == Code::PermissionDenied,
@@ -467,7 +544,7 @@ mod tests {
         let (status, body) = http_answer(&failure).await;
         let grpc = tonic::Status::from(failure.clone());
         assert!(
-            same_meaning(status, grpc.code()),
+            same_meaning(status, grpc.code(), failure.code),
             "{failure:?}: HTTP {status} but gRPC {:?}",
             grpc.code()
         );
@@ -543,6 +620,26 @@ mod tests {
                 assert_same_over_both(Failure::of(operation, error)).await;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn every_publish_failure_means_the_same_over_http_and_grpc() {
+        for error in [
+            PubsubError::Metadata("rawPayload value must be a valid boolean".into()),
+            PubsubError::CloudEvent,
+            PubsubError::Publish(crate::mqtt::PublishError::NotAuthorized),
+        ] {
+            assert_same_over_both(Failure::of_publish("pubsub", "orders", &error)).await;
+        }
+        let failed = Failure::of_publish(
+            "pubsub",
+            "orders",
+            &PubsubError::Publish(crate::mqtt::PublishError::Unavailable),
+        );
+        assert_eq!(
+            failed.message,
+            "error when publishing to topic orders in pubsub pubsub: no usable broker connection"
+        );
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! expiry, counts and operation names. A broken rule is a [`Refusal`],
 //! which [`super::answer`] turns into Dapr's HTTP answer or gRPC status.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::access::rules::{Access, Need};
+use crate::access::rules::{Access, Need, TopicNeed};
 use crate::dapr::{Concurrency, SEPARATOR, Save, ttl_from_metadata};
 use crate::http::state::AppState;
 
@@ -108,6 +109,28 @@ pub enum Refusal {
     /// The gateway cannot reach the store (Dapr's health routes).
     #[error("the gateway is not connected to the state store")]
     NotReady,
+    /// No pub/sub component of that name.
+    #[error("pubsub {0} is not found")]
+    PubsubNotFound(String),
+    /// A publish without a topic (the pub/sub component's name).
+    #[error("topic is empty in pubsub {0}")]
+    TopicEmpty(String),
+    /// A topic MQTT does not allow in a PUBLISH.
+    #[error(
+        "topic {0:?} cannot be published to: an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes"
+    )]
+    IllegalTopic(String),
+    /// The caller's rules do not allow publishing on the topic.
+    #[error("topic {topic} is not allowed for app id {app_id}")]
+    PubsubForbidden {
+        /// The topic.
+        topic: String,
+        /// The app id the gateway serves.
+        app_id: String,
+    },
+    /// A bulk publish's events cannot be read (Dapr's message).
+    #[error("{0}")]
+    BulkEvents(String),
 }
 
 /// What [`Refusal::TooMany`] counted.
@@ -186,6 +209,49 @@ pub(super) fn state_store(state: &AppState, name: &str) -> Result<(), Refusal> {
         return Ok(());
     }
     Err(Refusal::StateStoreNotFound(name.to_owned()))
+}
+
+/// The pub/sub component a request names must be one of the gateway's,
+/// and its topic one MQTT allows in a PUBLISH.
+pub(super) fn publish_target(state: &AppState, pubsub: &str, topic: &str) -> Result<(), Refusal> {
+    if !state.dapr.has_pubsub(pubsub) {
+        return Err(Refusal::PubsubNotFound(pubsub.to_owned()));
+    }
+    if topic.is_empty() {
+        return Err(Refusal::TopicEmpty(pubsub.to_owned()));
+    }
+    if topic.len() > usize::from(u16::MAX) || topic.contains(['+', '#', '\0']) {
+        return Err(Refusal::IllegalTopic(topic.to_owned()));
+    }
+    Ok(())
+}
+
+/// A bulk publish's entry ids: each present and different (Dapr's rule,
+/// and message).
+pub(super) fn entry_ids<'a>(
+    pubsub: &str,
+    topic: &str,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<(), Refusal> {
+    let mut seen = std::collections::HashSet::new();
+    for id in ids {
+        if id.is_empty() || !seen.insert(id) {
+            return Err(Refusal::BulkEvents(format!(
+                "error marshaling events to bytes for topic {topic} pubsub {pubsub}. error: entryId is duplicated or not present for entry"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A bulk entry's metadata: the request's, with the entry's own over it.
+pub(super) fn entry_metadata(
+    request: &HashMap<String, String>,
+    entry: HashMap<String, String>,
+) -> HashMap<String, String> {
+    let mut merged = request.clone();
+    merged.extend(entry);
+    merged
 }
 
 /// The lock store a request names must be the gateway's.
@@ -340,6 +406,17 @@ impl<'a> Check<'a> {
             return Err(Refusal::ResourceTooLong(max_key));
         }
         self.allowed(&lock_key, Need::Write)
+    }
+
+    /// The caller's rules let it publish on `topic` (`brokerResources`,
+    /// method `Publish`).
+    pub(super) fn publish(&self, topic: &str) -> Result<(), Refusal> {
+        self.access
+            .require_topic(topic, TopicNeed::Publish)
+            .map_err(|_| Refusal::PubsubForbidden {
+                topic: topic.to_owned(),
+                app_id: self.state.dapr.settings().app_id.clone(),
+            })
     }
 
     fn allowed(&self, store_key: &[u8], need: Need) -> Result<(), Refusal> {

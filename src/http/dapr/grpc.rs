@@ -31,9 +31,10 @@ use super::proto::common::v1::{
 };
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
-    BulkStateItem, DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest,
-    GetBulkStateResponse, GetConfigurationRequest, GetConfigurationResponse, GetMetadataRequest,
-    GetMetadataResponse, GetStateRequest, GetStateResponse, QueryStateItem, QueryStateRequest,
+    BulkPublishRequest, BulkPublishResponse, BulkStateItem, DeleteStateRequest,
+    ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse,
+    GetConfigurationRequest, GetConfigurationResponse, GetMetadataRequest, GetMetadataResponse,
+    GetStateRequest, GetStateResponse, PublishEventRequest, QueryStateItem, QueryStateRequest,
     QueryStateResponse, RegisteredComponents, SaveStateRequest, SetMetadataRequest,
     SubscribeConfigurationRequest, SubscribeConfigurationResponse, TryLockRequest, TryLockResponse,
     UnlockRequest, UnlockResponse, UnsubscribeConfigurationRequest,
@@ -42,7 +43,7 @@ use super::proto::runtime::v1::{
 use crate::access::rules::{Access, Need, Principal};
 use crate::dapr::configuration::Items;
 use crate::dapr::query::Query;
-use crate::dapr::{Concurrency, DaprError, Delete};
+use crate::dapr::{Concurrency, DaprError, Delete, Event};
 use crate::http::state::AppState;
 use crate::store::Versioned;
 
@@ -50,7 +51,7 @@ use crate::store::Versioned;
 const SERVICE_PREFIX: &str = "/dapr.proto.runtime.v1.Dapr/";
 
 /// The methods served, each its own route (so metrics and spans name it).
-const METHODS: [&str; 16] = [
+const METHODS: [&str; 19] = [
     "GetState",
     "GetBulkState",
     "SaveState",
@@ -67,6 +68,9 @@ const METHODS: [&str; 16] = [
     "UnsubscribeConfigurationAlpha1",
     "TryLockAlpha1",
     "UnlockAlpha1",
+    "PublishEvent",
+    "BulkPublishEventAlpha1",
+    "BulkPublishEvent",
 ];
 
 /// The gRPC routes: one per method served, held to the gateway's
@@ -133,6 +137,48 @@ fn save_item(item: StateItem) -> SaveItem {
 }
 
 impl DaprGrpc {
+    /// `BulkPublishEventAlpha1` and `BulkPublishEvent`: every entry is
+    /// published (a few at once); any failure fails the call, as daprd's
+    /// (whose failed entries only travel over HTTP).
+    async fn bulk_publish(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        let (pubsub, topic) = (request.pubsub_name, request.topic);
+        check::publish_target(&self.state, &pubsub, &topic)?;
+        Check::new(&self.state, &access).publish(&topic)?;
+        check::entry_ids(
+            &pubsub,
+            &topic,
+            request.entries.iter().map(|entry| entry.entry_id.as_str()),
+        )?;
+        let events = request
+            .entries
+            .into_iter()
+            .map(|entry| {
+                let event = Event {
+                    topic: topic.clone(),
+                    data: entry.event,
+                    content_type: entry.content_type,
+                    metadata: check::entry_metadata(&request.metadata, entry.metadata),
+                };
+                (entry.entry_id, event)
+            })
+            .collect();
+        let failed = self
+            .state
+            .dapr
+            .publish_bulk(&pubsub, events)
+            .await
+            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+        if let Some((_, error)) = failed.first() {
+            return Err(Failure::of_publish(&pubsub, &topic, error).into());
+        }
+        Ok(tonic::Response::new(BulkPublishResponse::default()))
+    }
+
     /// The caller's access, as the guard put it on the request.
     fn access<T>(&self, request: &Request<T>) -> Access {
         match &self.state.callers.authz {
@@ -424,6 +470,41 @@ impl Dapr for DaprGrpc {
                 .collect(),
             ..GetMetadataResponse::default()
         }))
+    }
+
+    async fn publish_event(&self, request: Request<PublishEventRequest>) -> Answer<()> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        let pubsub = request.pubsub_name;
+        check::publish_target(&self.state, &pubsub, &request.topic)?;
+        Check::new(&self.state, &access).publish(&request.topic)?;
+        let event = Event {
+            topic: request.topic,
+            data: request.data,
+            content_type: request.data_content_type,
+            metadata: request.metadata,
+        };
+        let topic = event.topic.clone();
+        self.state
+            .dapr
+            .publish(&pubsub, event)
+            .await
+            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn bulk_publish_event_alpha1(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        self.bulk_publish(request).await
+    }
+
+    async fn bulk_publish_event(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        self.bulk_publish(request).await
     }
 
     async fn set_metadata(&self, request: Request<SetMetadataRequest>) -> Answer<()> {

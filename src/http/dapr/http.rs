@@ -34,7 +34,7 @@ use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
 use crate::dapr::query::Query;
-use crate::dapr::{BulkRead, DaprError, Delete};
+use crate::dapr::{BulkRead, DaprError, Delete, Event};
 use crate::http::api::extract;
 use crate::http::api::keys::{Joined, json_into, json_string_pieces};
 use crate::http::problem::ApiError;
@@ -60,6 +60,26 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/v1.0-alpha1/lock/{store}", post(try_lock))
         .merge(configuration_routes("/v1.0"))
         .merge(configuration_routes("/v1.0-alpha1"))
+        .route(
+            "/v1.0/publish/{pubsub}/{*topic}",
+            post(publish).put(publish),
+        )
+        .route(
+            "/v1.0/publish/{pubsub}",
+            post(publish_no_topic).put(publish_no_topic),
+        )
+        .route(
+            "/v1.0/publish/{pubsub}/",
+            post(publish_no_topic).put(publish_no_topic),
+        )
+        .route(
+            "/v1.0-alpha1/publish/bulk/{pubsub}/{*topic}",
+            post(publish_bulk).put(publish_bulk),
+        )
+        .route(
+            "/v1.0/publish/bulk/{pubsub}/{*topic}",
+            post(publish_bulk).put(publish_bulk),
+        )
         .route("/v1.0-alpha1/unlock/{store}", post(unlock))
 }
 
@@ -116,20 +136,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for LockBody<T> {
     }
 }
 
-/// The body of `request` (at most `--dapr-max-body-size`, within the
-/// request timeout), once `store_is` accepts the store its path names.
-async fn store_body(
-    request: Request,
+/// A body of at most `--dapr-max-body-size`, read within the request
+/// timeout.
+async fn bounded_body(
     state: &AppState,
-    store_is: fn(&AppState, &str) -> Result<(), Refusal>,
+    headers: &HeaderMap,
+    mut body: Body,
 ) -> Result<Bytes, Refusal> {
-    let (mut parts, mut body) = request.into_parts();
-    let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
-        .await
-        .map_err(|rejection| Refusal::Malformed(rejection.body_text()))?;
-    store_is(state, &store)?;
-    let declared = parts
-        .headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse().ok());
     let max = state.limits.dapr_max_body_size;
@@ -139,6 +153,21 @@ async fn store_body(
             ApiError::ValueTooLarge { .. } => Refusal::TooLarge(max),
             other => Refusal::Malformed(other.to_string()),
         })
+}
+
+/// The body of `request` (at most `--dapr-max-body-size`, within the
+/// request timeout), once `store_is` accepts the store its path names.
+async fn store_body(
+    request: Request,
+    state: &AppState,
+    store_is: fn(&AppState, &str) -> Result<(), Refusal>,
+) -> Result<Bytes, Refusal> {
+    let (mut parts, body) = request.into_parts();
+    let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
+        .await
+        .map_err(|rejection| Refusal::Malformed(rejection.body_text()))?;
+    store_is(state, &store)?;
+    bounded_body(state, &parts.headers, body).await
 }
 
 fn malformed(error: serde_json::Error) -> Refusal {
@@ -224,6 +253,176 @@ fn query_value(query: Option<&str>, wanted: &str) -> Option<String> {
         .map(|(_, value)| {
             String::from_utf8_lossy(&extract::form_decode(value.as_bytes(), true)).into_owned()
         })
+}
+
+/// `POST|PUT /v1.0/publish/{pubsub}/{topic}`: the body as one event
+/// (its `Content-Type` the event's), `metadata.*` from the query; 204
+/// once the broker acknowledged it.
+async fn publish(
+    State(state): State<AppState>,
+    Path((pubsub, topic)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    access: Access,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    check::publish_target(&state, &pubsub, &topic)?;
+    Check::new(&state, &access).publish(&topic)?;
+    let data = bounded_body(&state, &headers, body).await?;
+    let event = Event {
+        topic,
+        data,
+        content_type: content_type(&headers),
+        metadata: query_metadata(query.as_deref()),
+    };
+    let topic = event.topic.clone();
+    state
+        .dapr
+        .publish(&pubsub, event)
+        .await
+        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST|PUT /v1.0/publish/{pubsub}` without a topic.
+async fn publish_no_topic(State(state): State<AppState>, Path(pubsub): Path<String>) -> Answer {
+    Err(check::publish_target(&state, &pubsub, "")
+        .err()
+        .unwrap_or(Refusal::TopicEmpty(pubsub))
+        .into())
+}
+
+/// The request's content type (empty: none).
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// One event of a bulk publish, as Dapr's HTTP API takes it. Go reads
+/// JSON field names in any case, and the JS SDK sends `entryID`: the
+/// usual spellings are read.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BulkEntry<'a> {
+    #[serde(
+        default,
+        alias = "entryID",
+        alias = "EntryID",
+        alias = "EntryId",
+        alias = "entryid"
+    )]
+    entry_id: String,
+    #[serde(borrow, alias = "Event")]
+    event: &'a RawValue,
+    #[serde(default, alias = "ContentType", alias = "contenttype")]
+    content_type: String,
+    #[serde(default, alias = "Metadata")]
+    metadata: Option<HashMap<String, String>>,
+}
+
+/// An entry's event as bytes, as Dapr reads it by its content type: a
+/// base64 string for `application/octet-stream`, a string for text and
+/// XML, the JSON itself (compacted) for JSON and CloudEvents.
+fn entry_data(body: &Bytes, entry: &BulkEntry<'_>) -> Result<Bytes, String> {
+    let mismatch = || "error: mismatch between contentType and event".to_owned();
+    let essence = entry
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let json = entry.event.get();
+    let string = || serde_json::from_str::<String>(json).map_err(|_| mismatch());
+    match essence.as_str() {
+        "application/octet-stream" => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(string()?)
+                .map(Bytes::from)
+                .map_err(|error| {
+                    format!(
+                        "error: unable to decode base64 application/octect-stream data: {error}"
+                    )
+                })
+        }
+        text if text.starts_with("text/") || text == "application/xml" => {
+            Ok(Bytes::from(string()?))
+        }
+        "application/json" | "application/cloudevents+json" => {
+            Ok(compact_json(body, json.as_bytes()))
+        }
+        _ => Err(mismatch()),
+    }
+}
+
+/// `POST|PUT /v1.0-alpha1/publish/bulk/{pubsub}/{topic}` (and `/v1.0/`):
+/// each entry as one event, a few at once; 204 when the broker took them
+/// all, else 500 with the failed entries, as Dapr answers.
+async fn publish_bulk(
+    State(state): State<AppState>,
+    Path((pubsub, topic)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    access: Access,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    check::publish_target(&state, &pubsub, &topic)?;
+    Check::new(&state, &access).publish(&topic)?;
+    let body = bounded_body(&state, &headers, body).await?;
+    let metadata = query_metadata(query.as_deref());
+    let entries: Vec<BulkEntry<'_>> = json_list(&body, state.limits.max_batch_ops, Counted::Items)
+        .map_err(|refusal| match refusal {
+            Refusal::Malformed(error) => Refusal::BulkEvents(format!(
+                "error when unmarshaling the request for topic {topic} pubsub {pubsub}: {error}"
+            )),
+            other => other,
+        })?;
+    check::entry_ids(
+        &pubsub,
+        &topic,
+        entries.iter().map(|entry| entry.entry_id.as_str()),
+    )?;
+    let mut events = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let data = entry_data(&body, &entry).map_err(|error| {
+            Refusal::BulkEvents(format!(
+                "error when marshalling cloud event envelope for topic {topic} pubsub {pubsub}: {error}"
+            ))
+        })?;
+        let event = Event {
+            topic: topic.clone(),
+            data,
+            content_type: entry.content_type,
+            metadata: check::entry_metadata(&metadata, entry.metadata.unwrap_or_default()),
+        };
+        events.push((entry.entry_id, event));
+    }
+    let failed = state
+        .dapr
+        .publish_bulk(&pubsub, events)
+        .await
+        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+    let Some((_, first)) = failed.first() else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let failure = Failure::of_publish(&pubsub, &topic, first);
+    let failed_entries: Vec<_> = failed
+        .iter()
+        .map(|(id, error)| serde_json::json!({"entryId": id, "error": error.to_string()}))
+        .collect();
+    let body = serde_json::json!({"failedEntries": failed_entries, "errorCode": failure.code});
+    let mut response = (failure.status, axum::Json(body)).into_response();
+    response
+        .extensions_mut()
+        .insert(crate::http::problem::FailureLog {
+            severity: crate::http::problem::Severity::Error,
+            cause: format!("{}: {}", failure.code, failure.message),
+        });
+    Ok(response)
 }
 
 /// `GET /v1.0/healthz` and `/v1.0/healthz/outbound`: 204 once the store

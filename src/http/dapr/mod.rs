@@ -15,6 +15,7 @@
 //! What each operation does in the store is [`crate::dapr`]'s.
 
 mod answer;
+pub mod app_callback;
 mod check;
 mod codec;
 pub mod grpc;
