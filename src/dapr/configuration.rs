@@ -15,6 +15,10 @@
 //!   with an empty value, as Dapr's Redis store tells it.
 //! - Subscriptions have ids, so that an unsubscribe (over either
 //!   protocol) ends the one it names.
+//! - An HTTP subscription's changes go to the app, as daprd sends them:
+//!   `POST /configuration/{store}/{key}` on the app channel with
+//!   `{"id", "items"}`, once per key changed; a delivery the app fails is
+//!   logged and not retried (daprd's without a resiliency policy).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -23,6 +27,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
 use tokio::sync::watch;
 
+use super::app::AppChannel;
 use super::subscriptions::Subscriptions;
 use super::{DaprError, DaprStore};
 use crate::protocol::glob;
@@ -46,6 +51,33 @@ pub struct ConfigurationItem {
 
 /// Items by name.
 pub type Items = BTreeMap<String, ConfigurationItem>;
+
+/// Items as Dapr's JSON writes them (`configuration.Item`): by name,
+/// `value` and `version`, each left out when empty.
+pub fn items_json(items: &Items) -> serde_json::Value {
+    items
+        .iter()
+        .map(|(name, item)| {
+            let mut json = serde_json::Map::new();
+            if !item.value.is_empty() {
+                json.insert("value".into(), item.value.clone().into());
+            }
+            if !item.version.is_empty() {
+                json.insert("version".into(), item.version.clone().into());
+            }
+            (name.clone(), serde_json::Value::Object(json))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// A path segment as it goes into the app's URL: what is not unreserved
+/// is percent-encoded.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// One subscription: its id and the changes of its keys. Dropping it ends
 /// it (its keys' registrations go with their last watcher).
@@ -225,13 +257,50 @@ impl DaprStore {
 }
 
 impl Subscription {
+    /// Delivers each change to the app on `app`, as daprd delivers an HTTP
+    /// subscription's (see the module's summary), until unsubscribed or
+    /// the gateway shuts down.
+    pub async fn deliver_to(mut self, app: AppChannel, store: String) {
+        while let Some(items) = self.next().await {
+            let event = serde_json::json!({ "id": self.id, "items": items_json(&items) });
+            let body = Bytes::from(event.to_string());
+            for name in items.keys() {
+                let path = format!(
+                    "/configuration/{}/{}",
+                    percent_encoding::utf8_percent_encode(&store, SEGMENT),
+                    percent_encoding::utf8_percent_encode(name, SEGMENT)
+                );
+                let posted = app
+                    .post(&path, "application/json", Default::default(), body.clone())
+                    .await;
+                match posted {
+                    Ok(answer) if answer.status.is_success() => {}
+                    Ok(answer) => tracing::warn!(
+                        subscription = %self.id,
+                        %path,
+                        status = answer.status.as_u16(),
+                        "the app refused a configuration update"
+                    ),
+                    Err(error) => tracing::warn!(
+                        subscription = %self.id,
+                        %path,
+                        %error,
+                        "a configuration update did not reach the app"
+                    ),
+                }
+            }
+        }
+    }
+
     /// The next change, as the items it changed; `None` once unsubscribed
     /// or when the gateway shuts down.
     pub async fn next(&mut self) -> Option<Items> {
         loop {
+            // Stopped first: nothing is told once an unsubscribe answered.
             let event = tokio::select! {
-                event = self.watcher.next() => event?,
+                biased;
                 _ = self.stopped.wait_for(|stopped| *stopped) => return None,
+                event = self.watcher.next() => event?,
             };
             if let Some(items) = self.change(&event).await {
                 return Some(items);

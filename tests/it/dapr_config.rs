@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
 use serde_json::{Value, json};
-use statestore_gateway::dapr::DaprSettings;
+use statestore_gateway::dapr::{AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings};
 use statestore_gateway::emulator::ScanLimits;
 use tokio::io::AsyncBufReadExt as _;
 
@@ -405,6 +405,13 @@ async fn configuration_get_over_http_and_grpc_names_keys_or_takes_every_item_und
         error_code(unknown, 400).await,
         "ERR_CONFIGURATION_STORE_NOT_FOUND"
     );
+    // An HTTP subscription needs an app to deliver to, as in Dapr.
+    let no_app = client
+        .get(gw.url("/v1.0/configuration/configstore/subscribe?key=a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(no_app, 500).await, "ERR_APP_CHANNEL_NIL");
     // The metadata lists the configuration store.
     let metadata: Value = client
         .get(gw.url("/v1.0/metadata"))
@@ -628,4 +635,103 @@ async fn the_python_sdk_sets_metadata_queries_state_and_follows_configuration_un
     let stack = Stack::start().await;
     let output = run_sdk(&python(), "config_sdk.py", stack.gateway.api, "py").await;
     assert_script_ok("config_sdk.py", &output);
+}
+
+/// An HTTP app on a free port taking Dapr's configuration updates: each
+/// `POST /configuration/{store}/{key}` as its path and JSON body.
+async fn configuration_app() -> (u16, tokio::sync::mpsc::UnboundedReceiver<(String, Value)>) {
+    let (updates, received) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/configuration/{store}/{*key}",
+        axum::routing::post(
+            move |uri: axum::http::Uri, axum::Json(body): axum::Json<Value>| {
+                let updates = updates.clone();
+                async move {
+                    let _ = updates.send((uri.path().to_owned(), body));
+                    axum::http::StatusCode::OK
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, received)
+}
+
+async fn next_update(
+    received: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
+) -> (String, Value) {
+    tokio::time::timeout(Duration::from_secs(20), received.recv())
+        .await
+        .expect("an update reaches the app within 20 s")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_http_subscription_posts_each_change_to_the_app_until_unsubscribed() {
+    let (port, mut received) = configuration_app().await;
+    let mut options = config_options();
+    options.dapr.app = Some(AppSettings {
+        port,
+        protocol: AppProtocol::Http,
+        call_timeout: DEFAULT_APP_CALL_TIMEOUT,
+    });
+    let stack = Stack::builder().gateway(options).start().await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let subscribe = |path: &str| client.get(gw.url(path)).send();
+
+    let subscribed: Value = subscribe("/v1.0/configuration/configstore/subscribe?key=a&key=b")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = subscribed["id"].as_str().unwrap().to_owned();
+    let version = put_key(gw, "cfg/a", "on").await;
+    let (path, update) = next_update(&mut received).await;
+    assert_eq!(path, "/configuration/configstore/a");
+    assert_eq!(
+        update,
+        json!({"id": id, "items": {"a": {"value": "on", "version": version}}})
+    );
+    // A delete: the item without a value.
+    let deleted = gw
+        .http
+        .delete(gw.key(b"cfg/a"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    let (path, update) = next_update(&mut received).await;
+    assert_eq!(path, "/configuration/configstore/a");
+    assert_eq!(update["items"]["a"].get("value"), None, "{update}");
+
+    // Unsubscribed (the alpha path), it posts nothing more: the next
+    // update the app gets is the new subscription's.
+    let unsubscribed: Value = subscribe(&format!(
+        "/v1.0-alpha1/configuration/configstore/{id}/unsubscribe"
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(unsubscribed, json!({"ok": true}));
+    let again: Value = subscribe("/v1.0-alpha1/configuration/configstore/subscribe?key=b")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let again = again["id"].as_str().unwrap().to_owned();
+    assert_ne!(again, id);
+    put_key(gw, "cfg/a", "unheard").await;
+    put_key(gw, "cfg/b", "heard").await;
+    let (path, update) = next_update(&mut received).await;
+    assert_eq!(path, "/configuration/configstore/b");
+    assert_eq!(update["id"], again.as_str());
+    assert_eq!(update["items"]["b"]["value"], "heard");
 }

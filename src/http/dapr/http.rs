@@ -33,6 +33,8 @@ use serde_json::value::RawValue;
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
+use crate::dapr::AppProtocol;
+use crate::dapr::configuration::items_json;
 use crate::dapr::query::Query;
 use crate::dapr::{BulkRead, DaprError, Delete, Event};
 use crate::http::api::extract;
@@ -938,31 +940,37 @@ async fn get_configuration(
     if items.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let items: serde_json::Map<String, serde_json::Value> = items
-        .into_iter()
-        .map(|(name, item)| {
-            let mut json = serde_json::Map::new();
-            if !item.value.is_empty() {
-                json.insert("value".into(), item.value.into());
-            }
-            if !item.version.is_empty() {
-                json.insert("version".into(), item.version.into());
-            }
-            (name, serde_json::Value::Object(json))
-        })
-        .collect();
-    Ok(axum::Json(items).into_response())
+    Ok(axum::Json(items_json(&items)).into_response())
 }
 
-/// `GET /v1.0/configuration/{store}/subscribe?key=...`: Dapr delivers the
-/// changes to the app's `/configuration/{store}/{key}`; the gateway has no
-/// app channel, so it answers as Dapr does without one.
+/// `GET /v1.0/configuration/{store}/subscribe?key=...`: `{"id"}`; the
+/// changes go to the app's `/configuration/{store}/{key}` on its channel
+/// ([`crate::dapr::configuration`]). Without an HTTP app channel, as Dapr
+/// answers without one.
 async fn subscribe_configuration(
     State(state): State<AppState>,
     Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
 ) -> Answer {
     check::configuration_store(&state, &store)?;
-    Err(Refusal::NoAppChannel.into())
+    let Some(app) = state
+        .app
+        .clone()
+        .filter(|app| app.protocol() == AppProtocol::Http)
+    else {
+        return Err(Refusal::NoAppChannel.into());
+    };
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let subscription = state
+        .dapr
+        .subscribe_configuration(&state.hub, &names, access.live_read_filter())
+        .await
+        .map_err(Failure::on(Operation::ConfigurationSubscribe))?;
+    let id = subscription.id.clone();
+    tokio::spawn(subscription.deliver_to(app, store));
+    Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
 }
 
 /// `GET /v1.0/configuration/{store}/{id}/unsubscribe`: `{"ok": true}`,
