@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use azure_iot_operations_services::state_store::SetOptions;
 use serde_json::{Value, json};
+use statestore_gateway::access::rules::AuthzSettings;
 use statestore_gateway::dapr::{AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings};
 use statestore_gateway::emulator::ScanLimits;
 use tokio::io::AsyncBufReadExt as _;
@@ -734,4 +735,65 @@ async fn an_http_subscription_posts_each_change_to_the_app_until_unsubscribed() 
     assert_eq!(path, "/configuration/configstore/b");
     assert_eq!(update["id"], again.as_str());
     assert_eq!(update["items"]["b"]["value"], "heard");
+}
+
+/// The API token may read and write `t1/*` only.
+const T1_RULES: &str = "rules:\n  - principals:\n      apiToken: true\n    stateStoreResources:\n      - {keyType: Pattern, keys: [\"t1/*\"], method: ReadWrite}\n";
+
+#[tokio::test]
+async fn queries_and_configuration_show_only_what_the_callers_rules_let_it_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, T1_RULES).unwrap();
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            api_token: Some(TOKEN.into()),
+            authz: Some(AuthzSettings::new(rules)),
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let client = dapr_client();
+    let store = broker_store(stack.broker.addr).await;
+    raw_set(&store, b"t1/a", br#"{"team":1}"#).await;
+    raw_set(&store, b"t2/b", br#"{"team":1}"#).await;
+
+    let (results, _) = query(&client, gw, &json!({"filter": {"EQ": {"team": 1}}})).await;
+    assert_eq!(keys_of(&results), ["t1/a"]);
+    let every: Value = client
+        .get(gw.url("/v1.0/configuration/configstore"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        every.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["t1/a"]
+    );
+    let denied = client
+        .get(gw.url("/v1.0/configuration/configstore?key=t2/b"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(denied, 403).await, "ERR_PERMISSION_DENIED");
+
+    // A subscription of every item is told of t1/a only.
+    let mut every = Subscriber::start(gw.api, &[]).await;
+    every.message().await;
+    raw_set(&store, b"t2/b", br#"{"team":2}"#).await;
+    raw_set(&store, b"t1/a", br#"{"team":3}"#).await;
+    let change = every.message().await;
+    assert_eq!(
+        change["items"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["t1/a"],
+        "{change}"
+    );
+    assert_eq!(change["items"]["t1/a"]["value"], r#"{"team":3}"#);
 }
