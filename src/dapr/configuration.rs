@@ -28,7 +28,7 @@ use futures_util::stream::{self, StreamExt as _};
 use tokio::sync::watch;
 
 use super::app::AppChannel;
-use super::subscriptions::Subscriptions;
+use super::config_subscriptions::Subscriptions;
 use super::{DaprError, DaprStore};
 use crate::protocol::glob;
 use crate::store::reserved::is_reserved;

@@ -29,6 +29,7 @@
 
 pub mod app;
 mod conditional;
+mod config_subscriptions;
 pub mod configuration;
 mod error;
 mod expiry;
@@ -39,7 +40,6 @@ mod publish;
 pub mod pubsub;
 pub mod query;
 mod settings;
-mod subscriptions;
 mod transaction;
 
 use std::sync::Arc;
@@ -145,7 +145,7 @@ pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
     extended: Arc<metadata::ExtendedMetadata>,
-    subscriptions: Arc<subscriptions::Subscriptions>,
+    subscriptions: Arc<config_subscriptions::Subscriptions>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
