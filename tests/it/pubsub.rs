@@ -358,7 +358,7 @@ async fn a_bulk_publish_reports_the_entry_the_broker_did_not_take() {
             .contains("maximum packet size"),
         "{answer}"
     );
-    let mut received = vec![subscriber.next(WAIT).await, subscriber.next(WAIT).await];
+    let mut received = [subscriber.next(WAIT).await, subscriber.next(WAIT).await];
     received.sort_by_key(|message| message.payload.len());
     assert_eq!(&received[0].payload[..], &[1u8, 2]);
     assert_eq!(cloud_event(&received[1])["data"]["n"], 1);
