@@ -530,3 +530,98 @@ async fn the_python_sdk_publishes_unchanged_over_grpc() {
     bulk.sort_unstable();
     assert_eq!(bulk, ["three", "two"]);
 }
+
+#[tokio::test]
+async fn every_pubsub_name_is_the_broker_and_the_metadata_lists_each() {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            dapr: statestore_gateway::dapr::DaprSettings {
+                pubsubs: vec!["orders-bus".into(), "events".into()],
+                ..statestore_gateway::dapr::DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let mut subscriber = TopicSubscriber::start(stack.broker.addr, "news").await;
+    let client = http_client();
+    for pubsub in ["orders-bus", "events"] {
+        let response = client
+            .post(stack.gateway.url(&format!("/v1.0/publish/{pubsub}/news")))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+        assert_eq!(
+            cloud_event(&subscriber.next(WAIT).await)["pubsubname"],
+            pubsub
+        );
+    }
+    let body = dapr_error(
+        client
+            .post(stack.gateway.url("/v1.0/publish/pubsub/news"))
+            .body("x")
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    assert_eq!(body["errorCode"], "ERR_PUBSUB_NOT_FOUND");
+
+    let metadata: Value = client
+        .get(stack.gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pubsubs: Vec<(&str, &str, &str)> = metadata["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|component| component["type"] == "pubsub.azure.iotoperations")
+        .map(|component| {
+            (
+                component["name"].as_str().unwrap(),
+                component["version"].as_str().unwrap(),
+                component["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pubsubs,
+        [
+            ("orders-bus", "v1", "pubsub.azure.iotoperations"),
+            ("events", "v1", "pubsub.azure.iotoperations"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn dev_publishes_on_its_embedded_broker() {
+    let dev = crate::support::dev::DevProcess::start(&[]).await;
+    let mut subscriber = TopicSubscriber::start(dev.broker, "orders").await;
+    let response = http_client()
+        .post(dev.url("/v1.0/publish/pubsub/orders"))
+        .header("content-type", "application/json")
+        .body(r#"{"id":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+    let message = subscriber.next(WAIT).await;
+    assert_eq!(content_type(&message), Some("application/cloudevents+json"));
+    assert_eq!(cloud_event(&message)["data"]["id"], 1);
+    // Nobody subscribes to this one: the broker's "no matching
+    // subscribers" is a published event, not an error.
+    let unheard = http_client()
+        .post(dev.url("/v1.0/publish/pubsub/nobody-listens"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unheard.status(), 204);
+}
