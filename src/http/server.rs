@@ -259,6 +259,7 @@ impl Server {
         state.draining.store(true, Ordering::Release);
         // SSE streams never end by themselves: end them so the drain can finish.
         state.hub.shutdown();
+        state.topics.shutdown();
         let _ = stop_api.send(true);
         let api_result = match tokio::time::timeout(grace, &mut api_task).await {
             Ok(joined) => flatten("api", joined),

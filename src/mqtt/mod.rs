@@ -7,10 +7,11 @@
 //! - `error`: [`PoolStartError`] (why the pool cannot start), [`PoolError`]
 //!   (why a request got no reply) and [`PublishError`] (why a message was
 //!   not published).
-//! - `events`: [`KeyNotification`] and [`MemberEvent`].
+//! - `events`: [`KeyNotification`], [`MemberEvent`] and [`TopicMessage`].
 //! - `auth`: TLS, `K8S-SAT` and passwords, read anew at every connect.
 //! - `backoff`: [`Backoff`], the reconnect delays of every connection.
 //! - `connection`: one member: poll loop, pending requests, reconnects.
+//! - `topic`: MQTT topic filters: valid ones, matching, covering.
 //! - `takeover`: telling a session taken over by a client with the same
 //!   client id from other connection losses.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope,
@@ -25,11 +26,12 @@ mod options;
 mod pool;
 mod settings;
 mod takeover;
+mod topic;
 
 pub use auth::tls_client_config;
 pub use backoff::Backoff;
 pub use error::{PoolError, PoolStartError, PublishError};
-pub use events::{KeyNotification, MemberEvent};
+pub use events::{KeyNotification, MemberEvent, TopicMessage};
 pub use options::{
     CONNECT_TIMEOUT, MAX_PACKET_SIZE, OUTGOING_INFLIGHT_LIMIT, REQUEST_CHANNEL_CAPACITY,
     base_options,
@@ -38,3 +40,4 @@ pub use pool::{
     ENVELOPE_ALLOWANCE, Labelled, Message, Pool, Published, RequestOptions, StoreResponse,
 };
 pub use settings::{BrokerSettings, MAX_CLIENT_ID_BYTES, PoolSettings};
+pub use topic::{filter_covers, is_topic_filter};
