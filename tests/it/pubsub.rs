@@ -413,24 +413,38 @@ async fn a_bulk_publish_reports_the_entry_the_broker_did_not_take() {
         .expect(INVALID_ARGUMENT);
 }
 
-#[tokio::test]
-async fn callers_publish_only_on_the_topics_their_rules_grant() {
-    const TOKEN: &str = "pubsub-api-t0ken";
+/// A stack whose gateway takes `token` and grants its caller `method` on
+/// the topic filter `filter` only; the rules file lives as long as the
+/// directory returned.
+async fn stack_with_topic_rule(
+    token: &str,
+    method: &str,
+    filter: &str,
+) -> (Stack, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(
         &rules,
-        "rules:\n  - principals: {apiToken: true}\n    brokerResources:\n      - {method: Publish, topics: [\"orders/+\"]}\n",
+        format!(
+            "rules:\n  - principals: {{apiToken: true}}\n    brokerResources:\n      - {{method: {method}, topics: [\"{filter}\"]}}\n"
+        ),
     )
     .unwrap();
     let stack = Stack::builder()
         .gateway(GatewayOptions {
-            api_token: Some(TOKEN.into()),
+            api_token: Some(token.into()),
             authz: Some(statestore_gateway::access::rules::AuthzSettings::new(rules)),
             ..GatewayOptions::default()
         })
         .start()
         .await;
+    (stack, dir)
+}
+
+#[tokio::test]
+async fn callers_publish_only_on_the_topics_their_rules_grant() {
+    const TOKEN: &str = "pubsub-api-t0ken";
+    let (stack, _rules) = stack_with_topic_rule(TOKEN, "Publish", "orders/+").await;
     let mut subscriber = TopicSubscriber::start(stack.broker.addr, "#").await;
     let publish = |topic: &str| {
         http_client()
@@ -757,21 +771,7 @@ async fn subscribe_streams_mqtt_and_dapr_messages_of_wildcard_topics() {
 #[tokio::test]
 async fn subscribe_takes_valid_filters_the_callers_rules_grant() {
     const TOKEN: &str = "subscribe-api-t0ken";
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(
-        &rules,
-        "rules:\n  - principals: {apiToken: true}\n    brokerResources:\n      - {method: Subscribe, topics: [\"orders/#\"]}\n",
-    )
-    .unwrap();
-    let stack = Stack::builder()
-        .gateway(GatewayOptions {
-            api_token: Some(TOKEN.into()),
-            authz: Some(statestore_gateway::access::rules::AuthzSettings::new(rules)),
-            ..GatewayOptions::default()
-        })
-        .start()
-        .await;
+    let (stack, _rules) = stack_with_topic_rule(TOKEN, "Subscribe", "orders/#").await;
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
     let client = reqwest::Client::builder()
