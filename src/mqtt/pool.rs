@@ -375,8 +375,8 @@ impl Pool {
         }
     }
 
-    /// Subscribes the pool (one member, [`connection::TOPIC_MEMBER`]) to a
-    /// caller's topic filter, now and after every reconnect, until
+    /// Subscribes the pool (one member: the first) to a caller's topic
+    /// filter, now and after every reconnect, until
     /// [`Pool::remove_topic_filter`]. Messages arrive on
     /// [`Pool::topic_messages`]. Callers count their users of a filter:
     /// the pool holds each once.
@@ -402,7 +402,7 @@ impl Pool {
     }
 
     /// The messages of every topic filter added, from now on (a receiver
-    /// that falls [`TOPIC_MESSAGE_BUFFER`] behind lags).
+    /// that falls 256 messages behind lags).
     pub fn topic_messages(&self) -> broadcast::Receiver<TopicMessage> {
         self.inner.ctx.messages.subscribe()
     }
