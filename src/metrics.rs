@@ -57,6 +57,9 @@ pub struct Families {
     /// Pool member sessions another client with the same client id took
     /// over, by how it showed (`reason_code`, `repeated_close`).
     pub session_takeovers: IntCounterVec,
+    /// Pub/sub events whose delivery to the app is over (acknowledged to
+    /// the broker), by outcome (`success`, `dropped`, `dead_letter`).
+    pub pubsub_events: IntCounterVec,
     /// Open SSE watchers.
     pub watchers: IntGauge,
     /// Keys with a KEYNOTIFY registration.
@@ -209,6 +212,7 @@ impl Metrics {
             ),
             reconnects: counter("pool_reconnects_total", "MQTT pool member reconnects"),
             session_takeovers: session_takeovers(),
+            pubsub_events: pubsub_events(),
             watchers: gauge("watchers", "Open SSE watchers"),
             watched_keys: gauge("watched_keys", "Keys with a KEYNOTIFY registration"),
             notifications_received: counter(
@@ -283,7 +287,7 @@ impl Metrics {
 
 impl Families {
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 33] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 34] = [
             Box::new(self.http_requests.clone()),
             Box::new(self.http_latency.clone()),
             Box::new(self.store_latency.clone()),
@@ -293,6 +297,7 @@ impl Families {
             Box::new(self.pending_replies.clone()),
             Box::new(self.reconnects.clone()),
             Box::new(self.session_takeovers.clone()),
+            Box::new(self.pubsub_events.clone()),
             Box::new(self.watchers.clone()),
             Box::new(self.watched_keys.clone()),
             Box::new(self.notifications_received.clone()),
@@ -347,6 +352,25 @@ fn trace_spans_dropped() -> IntCounterVec {
     .expect("valid metric");
     for reason in ["queue_full", "export_failed"] {
         family.with_label_values(&[reason]);
+    }
+    family
+}
+
+/// Pub/sub events by the outcome of their delivery, each at zero from
+/// the start.
+fn pubsub_events() -> IntCounterVec {
+    let family = IntCounterVec::new(
+        Opts::new(
+            "pubsub_events_total",
+            "Pub/sub events whose delivery to the app is over and acknowledged to the broker, by \
+             outcome: the app took it (success), dropped it (dropped: DROP, 404, no matching \
+             route, expired) or it went to the dead letter topic (dead_letter)",
+        ),
+        &["outcome"],
+    )
+    .expect("valid metric");
+    for outcome in ["success", "dropped", "dead_letter"] {
+        family.with_label_values(&[outcome]);
     }
     family
 }
@@ -419,6 +443,7 @@ mod tests {
             "statestore_gateway_trace_spans_dropped_total{reason=\"queue_full\"} 0",
             "statestore_gateway_pool_session_takeovers_total{detected_by=\"reason_code\"} 0",
             "statestore_gateway_pool_session_takeovers_total{detected_by=\"repeated_close\"} 0",
+            "statestore_gateway_pubsub_events_total{outcome=\"dead_letter\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -384,6 +384,23 @@ pub const DAPR_LOCK_KEY_PREFIX: Setting = Setting {
     helm: Helm::Default("gateway.daprLockKeyPrefix"),
 };
 
+/// The configuration store's name in Dapr's configuration API.
+pub const DAPR_CONFIGURATION_STORE: Setting = Setting {
+    flag: "--dapr-configuration-store",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_STORE",
+    default: "configstore",
+    helm: Helm::Default("gateway.daprConfigurationStore"),
+};
+
+/// What the store keys of configuration items start with (empty: items
+/// are keys as named).
+pub const DAPR_CONFIGURATION_KEY_PREFIX: Setting = Setting {
+    flag: "--dapr-configuration-key-prefix",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_KEY_PREFIX",
+    default: "",
+    helm: Helm::Default("gateway.daprConfigurationKeyPrefix"),
+};
+
 /// Dapr transactions: on, every Dapr read and write checks its key's lease.
 pub const DAPR_TRANSACTIONS: Setting = Setting {
     flag: "--dapr-transactions",
@@ -406,6 +423,31 @@ pub const DAPR_MAX_BODY_SIZE: Setting = Setting {
     env: "STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE",
     default: "4194304",
     helm: Helm::Default("gateway.daprMaxBodySize"),
+};
+
+/// The app's port (daprd's `--app-port`): the gateway delivers pub/sub
+/// events to the app there. None by default: no app.
+pub const DAPR_APP_PORT: Setting = Setting {
+    flag: "--dapr-app-port",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PORT",
+    default: "",
+    helm: Helm::IfSet("gateway.daprAppPort"),
+};
+
+/// How the gateway calls the app (daprd's `--app-protocol`): `http` or `grpc`.
+pub const DAPR_APP_PROTOCOL: Setting = Setting {
+    flag: "--dapr-app-protocol",
+    env: "STATESTORE_GATEWAY_DAPR_APP_PROTOCOL",
+    default: "http",
+    helm: Helm::Default("gateway.daprAppProtocol"),
+};
+
+/// Dapr `Subscription` resources (a YAML file, or a directory of them).
+pub const DAPR_SUBSCRIPTIONS: Setting = Setting {
+    flag: "--dapr-subscriptions",
+    env: "STATESTORE_GATEWAY_DAPR_SUBSCRIPTIONS",
+    default: "",
+    helm: Helm::None,
 };
 
 pub const MAX_BATCH_OPS: Setting = Setting {
@@ -551,9 +593,14 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_LOCK_KEY_PREFIX,
+    &DAPR_CONFIGURATION_STORE,
+    &DAPR_CONFIGURATION_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &DAPR_MAX_BODY_SIZE,
+    &DAPR_APP_PORT,
+    &DAPR_APP_PROTOCOL,
+    &DAPR_SUBSCRIPTIONS,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,

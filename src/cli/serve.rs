@@ -11,7 +11,7 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::access::ApiToken;
 use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::access::rules::AuthzSettings;
-use crate::dapr::{DaprSettings, KeyPrefix, LockKeyPrefix};
+use crate::dapr::{AppProtocol, AppSettings, DaprSettings, KeyPrefix, LockKeyPrefix};
 use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
@@ -165,7 +165,7 @@ pub struct ServeArgs {
     #[arg(long, env = settings::DAPR_PUBSUB.env, default_value = settings::DAPR_PUBSUB.default, value_parser = parse_pubsub_names)]
     pub dapr_pubsub: PubsubNames,
     /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
-    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_store_name)]
+    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_app_id)]
     pub dapr_app_id: String,
     /// How Dapr state keys are named in the store: `none` (as given, shared
     /// with `/keys`) or `app-id` (`<app-id>||<key>`, as Dapr and the AIO
@@ -178,6 +178,13 @@ pub struct ServeArgs {
     /// (`lock||<resource>`) or a custom prefix (`lock||<prefix>||<resource>`).
     #[arg(long, env = settings::DAPR_LOCK_KEY_PREFIX.env, default_value = settings::DAPR_LOCK_KEY_PREFIX.default, value_parser = LockKeyPrefix::parse)]
     pub dapr_lock_key_prefix: LockKeyPrefix,
+    /// The Dapr configuration store's name (`/v1.0/configuration/{name}`).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_STORE.env, default_value = settings::DAPR_CONFIGURATION_STORE.default, value_parser = parse_store_name)]
+    pub dapr_configuration_store: String,
+    /// What the store keys of Dapr configuration items start with: item
+    /// `a` is the key `<prefix>a` (empty: keys as named).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_KEY_PREFIX.env, default_value = settings::DAPR_CONFIGURATION_KEY_PREFIX.default)]
+    pub dapr_configuration_key_prefix: String,
     /// How long the per-key lease of a Dapr etag write lasts (a gateway that
     /// dies holding one delays other etag writes of that key this long).
     #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
@@ -194,6 +201,19 @@ pub struct ServeArgs {
     /// `RESOURCE_EXHAUSTED`).
     #[arg(long, env = settings::DAPR_MAX_BODY_SIZE.env, default_value = settings::DAPR_MAX_BODY_SIZE.default, value_parser = parse_positive_usize)]
     pub dapr_max_body_size: usize,
+    /// The app's port on 127.0.0.1 (daprd's `--app-port`): the gateway
+    /// waits for it, asks it for its subscriptions and delivers pub/sub
+    /// events to it. None: no app.
+    #[arg(long, env = settings::DAPR_APP_PORT.env, value_parser = clap::value_parser!(u16).range(1..))]
+    pub dapr_app_port: Option<u16>,
+    /// How the gateway calls the app (daprd's `--app-protocol`): `http` or
+    /// `grpc` (Dapr's AppCallback service, h2c).
+    #[arg(long, env = settings::DAPR_APP_PROTOCOL.env, default_value = settings::DAPR_APP_PROTOCOL.default, value_parser = AppProtocol::parse)]
+    pub dapr_app_protocol: AppProtocol,
+    /// Dapr `Subscription` resources (v2alpha1 or v1alpha1 YAML): a file,
+    /// or a directory of `.yaml` files; delivered to the app.
+    #[arg(long, env = settings::DAPR_SUBSCRIPTIONS.env)]
+    pub dapr_subscriptions: Option<PathBuf>,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -203,6 +223,16 @@ pub struct ServeArgs {
 fn parse_store_name(text: &str) -> Result<String, String> {
     if text.is_empty() || text.contains('/') {
         return Err("must be non-empty, without '/'".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// An app id names keys (`<app-id>||<key>`, `lock||<app-id>||...`) and the
+/// MQTT shared subscription of its replicas (`$share/<app-id>/...`): it may
+/// hold neither Dapr's separator nor what MQTT forbids in a share name.
+fn parse_app_id(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(['/', '+', '#']) || text.contains("||") {
+        return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
     }
     Ok(text.to_owned())
 }
@@ -363,8 +393,14 @@ impl ServeArgs {
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),
+                configuration_store: self.dapr_configuration_store.clone(),
+                configuration_key_prefix: self.dapr_configuration_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
+                app: self
+                    .dapr_app_port
+                    .map(|port| AppSettings::new(port, self.dapr_app_protocol)),
+                subscriptions: self.dapr_subscriptions.clone(),
                 ..DaprSettings::default()
             },
         }
@@ -569,6 +605,16 @@ mod tests {
     }
 
     #[test]
+    fn app_ids_that_would_break_keys_or_topics_are_refused() {
+        for bad in ["", "a||b", "a/b", "a+b", "a#b"] {
+            let arg = format!("--dapr-app-id={bad}");
+            assert!(serve_args(&[&arg]).is_err(), "{bad:?} was accepted");
+        }
+        let args = serve_args(&["--dapr-app-id=orders-v2.app_1"]).expect("a plain app id");
+        assert_eq!(args.dapr_app_id, "orders-v2.app_1");
+    }
+
+    #[test]
     fn a_client_id_longer_than_1_kib_is_refused() {
         let long = "a".repeat(crate::mqtt::MAX_CLIENT_ID_BYTES + 1);
         let args = serve_args(&["--client-id", &long, "--use-tls", "false"]).unwrap();
@@ -591,6 +637,24 @@ mod tests {
         assert!(first.ends_with("-8080"), "{first}");
         assert_ne!(first, client_id("127.0.0.1:9080"));
         assert_eq!(first, client_id("0.0.0.0:8080"));
+    }
+
+    #[test]
+    fn an_app_port_names_the_app_and_its_protocol() {
+        let settings = serve_args(&["--use-tls", "false"])
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(settings.dapr.app, None);
+        let args = serve_args(&["--dapr-app-port", "3000", "--dapr-app-protocol", "grpc"]).unwrap();
+        assert_eq!(
+            args.settings().unwrap().dapr.app,
+            Some(AppSettings::new(3000, AppProtocol::Grpc))
+        );
+        let args = serve_args(&["--dapr-app-port", "3000"]).unwrap();
+        assert_eq!(args.dapr_app_protocol, AppProtocol::Http);
+        assert!(serve_args(&["--dapr-app-port", "0"]).is_err());
+        assert!(serve_args(&["--dapr-app-protocol", "https"]).is_err());
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! Dapr's state and lock building blocks over the store: what each Dapr
-//! operation does in store commands, shared by Dapr's HTTP routes and gRPC
-//! service ([`crate::http::dapr`]), which only translate shapes.
+//! Dapr's building blocks over the store and the broker: what each Dapr
+//! operation does in store commands or MQTT messages, shared by Dapr's HTTP
+//! routes and gRPC service ([`crate::http::dapr`]), which only translate
+//! shapes. Pub/sub: `publish` makes an event's MQTT message as daprd makes
+//! its CloudEvent; [`pubsub`] holds delivery's rules (subscriptions,
+//! routes, what an app's answer means, retries); [`app`] reaches the app.
+//! [`query`] and [`metadata`] hold the state query and the sidecar's own
+//! metadata.
 //!
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
@@ -22,12 +27,16 @@
 //!   same lock by that key, and exclude Dapr's holders as they exclude
 //!   each other.
 
+pub mod app;
 mod conditional;
 mod error;
 mod expiry;
 mod keys;
 mod lease;
-mod pubsub;
+pub mod metadata;
+mod publish;
+pub mod pubsub;
+pub mod query;
 mod settings;
 mod transaction;
 
@@ -42,8 +51,11 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
-pub use pubsub::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
-pub use settings::{DaprSettings, KeyPrefix, LOCK_KEY_PREFIX, LockKeyPrefix, SEPARATOR};
+pub use publish::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
+pub use settings::{
+    AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
+    LockKeyPrefix, SEPARATOR,
+};
 pub use transaction::TxOp;
 
 /// The state store's component type in Dapr's metadata.
@@ -128,6 +140,7 @@ pub enum UnlockStatus {
 pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
+    extended: Arc<metadata::ExtendedMetadata>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -143,12 +156,18 @@ impl DaprStore {
         Self {
             store,
             settings: Arc::new(settings),
+            extended: Arc::default(),
         }
     }
 
     /// The settings.
     pub fn settings(&self) -> &DaprSettings {
         &self.settings
+    }
+
+    /// The sidecar's extended metadata (`PUT /v1.0/metadata/{name}`).
+    pub fn extended_metadata(&self) -> &metadata::ExtendedMetadata {
+        &self.extended
     }
 
     /// The store key of the app's state key.
@@ -177,9 +196,9 @@ impl DaprStore {
     /// The state store's capabilities: those that hold with these settings.
     pub fn capabilities(&self) -> &'static [&'static str] {
         if self.settings.transactions {
-            &["ETAG", "TRANSACTIONAL", "TTL"]
+            &["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]
         } else {
-            &["ETAG", "TTL"]
+            &["ETAG", "TTL", "QUERY_API"]
         }
     }
 
@@ -219,7 +238,7 @@ impl DaprStore {
     /// Publishes `event` through the pub/sub component `pubsub` (see
     /// [`pubsub`]): one MQTT message, acknowledged by the broker.
     pub async fn publish(&self, pubsub: &str, event: Event) -> Result<(), PubsubError> {
-        let message = pubsub::message(
+        let message = publish::message(
             &self.settings.app_id,
             pubsub,
             event,
@@ -243,7 +262,7 @@ impl DaprStore {
             .map(|(id, event)| {
                 Ok((
                     id,
-                    pubsub::message(&self.settings.app_id, pubsub, event, now)?,
+                    publish::message(&self.settings.app_id, pubsub, event, now)?,
                 ))
             })
             .collect::<Result<Vec<_>, PubsubError>>()?;

@@ -59,6 +59,63 @@ impl LockKeyPrefix {
     }
 }
 
+/// How the gateway calls the app (daprd's `--app-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AppProtocol {
+    /// JSON over HTTP/1.1.
+    #[default]
+    Http,
+    /// Dapr's `AppCallback` gRPC service over HTTP/2 without TLS (h2c).
+    Grpc,
+}
+
+impl AppProtocol {
+    /// `http` or `grpc`, as daprd's `--app-protocol` spells them.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "http" => Ok(Self::Http),
+            "grpc" => Ok(Self::Grpc),
+            _ => Err("expected `http` or `grpc`".to_owned()),
+        }
+    }
+
+    /// The protocol as daprd's metadata names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// The app the gateway calls (daprd's `--app-port` and `--app-protocol`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSettings {
+    /// The app's port on 127.0.0.1.
+    pub port: u16,
+    /// How the gateway calls it.
+    pub protocol: AppProtocol,
+    /// How long one call to the app may take, connecting included.
+    pub call_timeout: Duration,
+}
+
+impl AppSettings {
+    /// The app on `port`, called over `protocol`, with the default call
+    /// timeout.
+    pub fn new(port: u16, protocol: AppProtocol) -> Self {
+        Self {
+            port,
+            protocol,
+            call_timeout: DEFAULT_APP_CALL_TIMEOUT,
+        }
+    }
+}
+
+/// How long one call to the app may take: daprd sets none by default (its
+/// resiliency policies can), the gateway bounds every call; an event whose
+/// delivery times out is retried.
+pub const DEFAULT_APP_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The Dapr API's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaprSettings {
@@ -75,6 +132,10 @@ pub struct DaprSettings {
     pub key_prefix: KeyPrefix,
     /// How lock resources are named in the store.
     pub lock_key_prefix: LockKeyPrefix,
+    /// The configuration store's name (`/v1.0/configuration/{store}`).
+    pub configuration_store: String,
+    /// What the store keys of configuration items start with.
+    pub configuration_key_prefix: String,
     /// How long a conditional write's per-key lease lasts: a gateway that
     /// dies holding one delays other etag writes of that key this long.
     pub etag_lease: Duration,
@@ -83,6 +144,11 @@ pub struct DaprSettings {
     pub transactions: bool,
     /// How long an etag write waits for another's lease before failing.
     pub lease_wait: Duration,
+    /// The app the gateway delivers to (`--dapr-app-port`); none: no app.
+    pub app: Option<AppSettings>,
+    /// Declarative subscriptions (`--dapr-subscriptions`): a file or a
+    /// directory of Dapr `Subscription` resources.
+    pub subscriptions: Option<std::path::PathBuf>,
 }
 
 impl Default for DaprSettings {
@@ -94,9 +160,13 @@ impl Default for DaprSettings {
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
             lock_key_prefix: LockKeyPrefix::AppId,
+            configuration_store: settings::DAPR_CONFIGURATION_STORE.default.to_owned(),
+            configuration_key_prefix: settings::DAPR_CONFIGURATION_KEY_PREFIX.default.to_owned(),
             etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
             transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
+            app: None,
+            subscriptions: None,
         }
     }
 }

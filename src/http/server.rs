@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::api::admin;
+use super::dapr::delivery::{self, DeliverySettings};
 use super::router::{cors, router};
 use super::state::{AppState, Limits};
 use super::transport::listener;
@@ -21,6 +22,7 @@ use crate::access::jwt::{JwtSettings, Verifier};
 use crate::access::rules::{Authz, AuthzSettings};
 use crate::access::{ApiToken, CallerChecks};
 use crate::dapr::DaprSettings;
+use crate::dapr::pubsub::RetryPolicy;
 use crate::locks::LockSettings;
 use crate::metrics::Metrics;
 use crate::mqtt::{Pool, PoolSettings, PoolStartError};
@@ -148,6 +150,8 @@ pub struct Server {
     stop_admin: watch::Sender<bool>,
     api_task: JoinHandle<io::Result<()>>,
     admin_task: JoinHandle<io::Result<()>>,
+    /// What the gateway does with the app, when there is one.
+    app_task: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -170,6 +174,15 @@ impl Server {
         let acceptor = match &settings.api_tls {
             Some(files) => Some(files.acceptor(&[ALPN_H2, ALPN_HTTP1])?),
             None => None,
+        };
+        let delivery = DeliverySettings {
+            broker: settings.pool.broker.clone(),
+            client_id: format!("{}-sub", settings.pool.client_id),
+            app_id: settings.dapr.app_id.clone(),
+            pubsubs: settings.dapr.pubsubs.clone(),
+            declarative: settings.dapr.subscriptions.clone(),
+            max_message_bytes: settings.limits.dapr_max_body_size,
+            retry: RetryPolicy::default(),
         };
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
@@ -213,6 +226,14 @@ impl Server {
             None,
             stopped(admin_stopped),
         ));
+        let app_task = state.app.clone().map(|app| {
+            tokio::spawn(delivery::run(
+                app,
+                delivery,
+                state.subscriptions.clone(),
+                state.metrics.clone(),
+            ))
+        });
         let tls = settings.api_tls.is_some();
         tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");
         Ok(Server {
@@ -224,6 +245,7 @@ impl Server {
             stop_admin,
             api_task,
             admin_task,
+            app_task,
         })
     }
 
@@ -254,9 +276,13 @@ impl Server {
             stop_admin,
             mut api_task,
             mut admin_task,
+            app_task,
             ..
         } = self;
         state.draining.store(true, Ordering::Release);
+        if let Some(app_task) = app_task {
+            app_task.abort();
+        }
         // SSE streams never end by themselves: end them so the drain can finish.
         state.hub.shutdown();
         state.topics.shutdown();

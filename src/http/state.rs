@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::access::CallerChecks;
+use crate::dapr::app::AppChannel;
+use crate::dapr::pubsub::SubscriptionTable;
 use crate::dapr::{DaprSettings, DaprStore};
 use crate::locks::{LockSettings, Locks};
 use crate::metrics::Metrics;
@@ -85,6 +87,10 @@ pub struct Shared {
     pub dapr: DaprStore,
     /// The MQTT topics SSE streams follow (`GET /subscribe`).
     pub topics: TopicHub,
+    /// The app the gateway calls (`--dapr-app-port`), if any.
+    pub app: Option<AppChannel>,
+    /// The pub/sub subscriptions delivered to the app.
+    pub subscriptions: Arc<SubscriptionTable>,
     /// In-flight slots every batch together may hold: half the pool's,
     /// so that batches never starve one-key requests.
     pub batch_slots: Semaphore,
@@ -120,7 +126,13 @@ impl AppState {
         let topics = TopicHub::new(pool.clone());
         let store = StoreClient::new(pool);
         let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
+        let app = dapr
+            .app
+            .clone()
+            .map(|app| AppChannel::new(app, limits.dapr_max_body_size));
         Self(Arc::new(Shared {
+            app,
+            subscriptions: Arc::default(),
             locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
             hub,
             dapr: DaprStore::new(store.clone(), dapr),

@@ -370,7 +370,11 @@ pub struct Gateway {
     pub dapr_app_id: String,
     pub dapr_key_prefix: String,
     pub dapr_lock_key_prefix: String,
+    pub dapr_configuration_store: String,
+    pub dapr_configuration_key_prefix: String,
     pub dapr_max_body_size: u64,
+    pub dapr_app_port: u64,
+    pub dapr_app_protocol: String,
     pub cors_allow_origin: String,
     pub shutdown_grace_seconds: u64,
     pub log_format: String,
@@ -584,7 +588,11 @@ const CONTAINER_ENV: &[Var] = &[
     Var::Chart(&env::DAPR_APP_ID),
     Var::Chart(&env::DAPR_KEY_PREFIX),
     Var::Chart(&env::DAPR_LOCK_KEY_PREFIX),
+    Var::Chart(&env::DAPR_CONFIGURATION_STORE),
+    Var::Chart(&env::DAPR_CONFIGURATION_KEY_PREFIX),
     Var::Chart(&env::DAPR_MAX_BODY_SIZE),
+    Var::Chart(&env::DAPR_APP_PORT),
+    Var::Chart(&env::DAPR_APP_PROTOCOL),
     Var::Chart(&env::CORS_ALLOW_ORIGIN),
     Var::Derived(&env::SHUTDOWN_GRACE, |s| {
         format!("{}s", s.gateway.shutdown_grace_seconds)

@@ -892,7 +892,7 @@ fn on_puback(
 /// Sends DISCONNECT on a connected event loop and polls only until it is
 /// out: a loop polled after `disconnect()` would reconnect and fight the
 /// next connection with the same client id.
-async fn disconnect(client: &AsyncClient, eventloop: &mut EventLoop) {
+pub(super) async fn disconnect(client: &AsyncClient, eventloop: &mut EventLoop) {
     if client.try_disconnect().is_err() {
         return;
     }
@@ -908,7 +908,10 @@ async fn disconnect(client: &AsyncClient, eventloop: &mut EventLoop) {
 }
 
 /// Sleeps for `delay` unless the pool shuts down first; `true` on shutdown.
-async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+pub(super) async fn wait_or_shutdown(
+    delay: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
     tokio::select! {
         _ = shutdown.wait_for(|down| *down) => true,
         () = sleep(delay) => false,

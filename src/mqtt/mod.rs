@@ -16,6 +16,8 @@
 //!   client id from other connection losses.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope,
 //!   and pub/sub messages ([`Pool::publish`]: QoS 1, awaiting the PUBACK).
+//! - `subscriber`: [`Subscriber`], pub/sub delivery's own connection: a
+//!   persistent session, manual acknowledgements, receive maximum.
 
 mod auth;
 mod backoff;
@@ -25,6 +27,7 @@ mod events;
 mod options;
 mod pool;
 mod settings;
+mod subscriber;
 mod takeover;
 mod topic;
 
@@ -40,4 +43,5 @@ pub use pool::{
     ENVELOPE_ALLOWANCE, Labelled, Message, Pool, Published, RequestOptions, StoreResponse,
 };
 pub use settings::{BrokerSettings, MAX_CLIENT_ID_BYTES, PoolSettings};
+pub use subscriber::{Received, Subscriber, SubscriberError, SubscriberSettings};
 pub use topic::{filter_covers, is_topic_filter};

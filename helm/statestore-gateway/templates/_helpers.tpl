@@ -179,8 +179,18 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_LOCK_KEY_PREFIX
       value: {{ $g.daprLockKeyPrefix | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_CONFIGURATION_STORE
+      value: {{ $g.daprConfigurationStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_CONFIGURATION_KEY_PREFIX
+      value: {{ $g.daprConfigurationKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE
       value: {{ int64 $g.daprMaxBodySize | quote }}
+    {{- if $g.daprAppPort }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PORT
+      value: {{ int64 $g.daprAppPort | quote }}
+    {{- end }}
+    - name: STATESTORE_GATEWAY_DAPR_APP_PROTOCOL
+      value: {{ $g.daprAppProtocol | quote }}
     {{- if $g.corsAllowOrigin }}
     - name: STATESTORE_GATEWAY_CORS_ALLOW_ORIGIN
       value: {{ $g.corsAllowOrigin | quote }}

@@ -33,6 +33,16 @@ pub enum Operation {
     TryLock,
     /// `unlock`.
     Unlock,
+    /// Set an extended metadata attribute.
+    SetMetadata,
+    /// A state query (alpha).
+    Query,
+    /// Get configuration items.
+    ConfigurationGet,
+    /// Subscribe to configuration items.
+    ConfigurationSubscribe,
+    /// End a configuration subscription.
+    ConfigurationUnsubscribe,
 }
 
 /// A failure as Dapr answers it, over either protocol.
@@ -104,6 +114,11 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_LOCK_STORE_NOT_FOUND",
             Code::InvalidArgument,
         ),
+        Refusal::ConfigurationStoreNotFound(_) => (
+            S::BAD_REQUEST,
+            "ERR_CONFIGURATION_STORE_NOT_FOUND",
+            Code::InvalidArgument,
+        ),
         Refusal::Forbidden(_) => (
             S::FORBIDDEN,
             "ERR_PERMISSION_DENIED",
@@ -169,10 +184,21 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
         Operation::Transaction => "ERR_STATE_TRANSACTION",
         Operation::TryLock => "ERR_TRY_LOCK",
         Operation::Unlock => "ERR_UNLOCK",
+        Operation::SetMetadata => MALFORMED,
+        Operation::Query => "ERR_STATE_QUERY",
+        Operation::ConfigurationGet => "ERR_CONFIGURATION_GET",
+        Operation::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
+        Operation::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
     };
     let (status, grpc) = match (operation, error) {
         (_, DaprError::MalformedEtag(_)) => (S::BAD_REQUEST, Code::InvalidArgument),
         (_, DaprError::RecordTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument),
+        (
+            _,
+            DaprError::MetadataFull(_)
+            | DaprError::MetadataNameTooLong(_)
+            | DaprError::MetadataValueTooLarge(_),
+        ) => (S::BAD_REQUEST, Code::InvalidArgument),
         (Operation::Get | Operation::Save | Operation::Delete, DaprError::EtagMismatch) => {
             (S::CONFLICT, Code::Aborted)
         }
@@ -351,7 +377,7 @@ mod tests {
     use crate::http::dapr::check::Counted;
 
     /// How many kinds of refusal there are.
-    const KINDS: usize = 28;
+    const KINDS: usize = 29;
 
     /// The place of a refusal's kind: the match has no wildcard, so a new
     /// kind does not compile until it has a place, and then fails
@@ -386,6 +412,7 @@ mod tests {
             Refusal::IllegalTopic(_) => 25,
             Refusal::PubsubForbidden { .. } => 26,
             Refusal::BulkEvents(_) => 27,
+            Refusal::ConfigurationStoreNotFound(_) => 28,
         }
     }
 
@@ -436,6 +463,7 @@ mod tests {
                 app_id: "app".into(),
             },
             Refusal::BulkEvents("entryId is duplicated".into()),
+            Refusal::ConfigurationStoreNotFound("other".into()),
         ];
         let covered: std::collections::BTreeSet<usize> = all.iter().map(kind_of).collect();
         assert_eq!(covered.len(), KINDS, "a kind of refusal has no example");
@@ -451,6 +479,13 @@ mod tests {
             DaprError::Unapplied(Box::new(DaprError::FencedOut)),
             DaprError::RecordTooLarge { size: 2, max: 1 },
             DaprError::LeaseBusy(Duration::from_secs(1)),
+            DaprError::MetadataFull(64),
+            DaprError::MetadataNameTooLong(256),
+            DaprError::MetadataValueTooLarge(65536),
+            DaprError::Query("unsupported filter \"LIKE\"".into()),
+            DaprError::TooManyItems(1000),
+            DaprError::Subscribe("too many watchers".into()),
+            DaprError::NoSubscription("id".into()),
             DaprError::Store(crate::store::RequestError::UnexpectedReply {
                 verb: "SET",
                 reply: "-ERR".into(),
@@ -458,13 +493,18 @@ mod tests {
         ]
     }
 
-    const OPERATIONS: [Operation; 6] = [
+    const OPERATIONS: [Operation; 11] = [
         Operation::Get,
         Operation::Save,
         Operation::Delete,
         Operation::Transaction,
         Operation::TryLock,
         Operation::Unlock,
+        Operation::SetMetadata,
+        Operation::Query,
+        Operation::ConfigurationGet,
+        Operation::ConfigurationSubscribe,
+        Operation::ConfigurationUnsubscribe,
     ];
 
     /// The gRPC code that means what an HTTP status means (or that Dapr

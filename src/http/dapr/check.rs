@@ -22,6 +22,9 @@ pub enum Refusal {
     /// No lock store of that name.
     #[error("lock store {0} is not found")]
     LockStoreNotFound(String),
+    /// No configuration store of that name.
+    #[error("configuration store {0} not found")]
+    ConfigurationStoreNotFound(String),
     /// An empty key.
     #[error("a key must not be empty")]
     EmptyKey,

@@ -27,13 +27,17 @@ use super::codec::{Checked, DecodeLimits};
 use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
-    BulkPublishRequest, BulkPublishResponse, BulkStateItem, DeleteStateRequest,
-    ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse, GetMetadataRequest,
-    GetMetadataResponse, GetStateRequest, GetStateResponse, PublishEventRequest,
-    RegisteredComponents, SaveStateRequest, TryLockRequest, TryLockResponse, UnlockRequest,
-    UnlockResponse,
+    AppConnectionProperties, BulkPublishRequest, BulkPublishResponse, BulkStateItem,
+    DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse,
+    GetMetadataRequest, GetMetadataResponse, GetStateRequest, GetStateResponse,
+    PublishEventRequest, PubsubSubscription, PubsubSubscriptionRule, PubsubSubscriptionRules,
+    PubsubSubscriptionType, QueryStateItem, QueryStateRequest, QueryStateResponse,
+    RegisteredComponents, SaveStateRequest, SetMetadataRequest, TryLockRequest, TryLockResponse,
+    UnlockRequest, UnlockResponse,
 };
 use crate::access::rules::{Access, Need, Principal};
+use crate::dapr::pubsub::SubscriptionKind;
+use crate::dapr::query::Query;
 use crate::dapr::{Concurrency, DaprError, Delete, Event};
 use crate::http::state::AppState;
 use crate::store::Versioned;
@@ -42,13 +46,15 @@ use crate::store::Versioned;
 const SERVICE_PREFIX: &str = "/dapr.proto.runtime.v1.Dapr/";
 
 /// The methods served, each its own route (so metrics and spans name it).
-const METHODS: [&str; 11] = [
+const METHODS: [&str; 13] = [
     "GetState",
     "GetBulkState",
     "SaveState",
     "DeleteState",
     "ExecuteStateTransaction",
     "GetMetadata",
+    "SetMetadata",
+    "QueryStateAlpha1",
     "TryLockAlpha1",
     "UnlockAlpha1",
     "PublishEvent",
@@ -342,10 +348,58 @@ impl Dapr for DaprGrpc {
                     .collect(),
             })
             .collect();
+        let subscriptions = self
+            .state
+            .subscriptions
+            .list()
+            .into_iter()
+            .map(|subscription| PubsubSubscription {
+                r#type: match subscription.kind {
+                    SubscriptionKind::Declarative => PubsubSubscriptionType::Declarative,
+                    SubscriptionKind::Programmatic => PubsubSubscriptionType::Programmatic,
+                    SubscriptionKind::Streaming => PubsubSubscriptionType::Streaming,
+                }
+                .into(),
+                rules: Some(PubsubSubscriptionRules {
+                    rules: subscription
+                        .rules
+                        .iter()
+                        .map(|rule| PubsubSubscriptionRule {
+                            r#match: rule
+                                .matcher
+                                .as_ref()
+                                .map(|matcher| matcher.source().to_owned())
+                                .unwrap_or_default(),
+                            path: rule.path.clone(),
+                        })
+                        .collect(),
+                }),
+                dead_letter_topic: subscription.dead_letter_topic.unwrap_or_default(),
+                metadata: subscription.metadata.into_iter().collect(),
+                pubsub_name: subscription.pubsub_name,
+                topic: subscription.topic,
+            })
+            .collect();
+        let app_connection_properties =
+            self.state.app.as_ref().map(|app| AppConnectionProperties {
+                port: i32::from(app.port()),
+                protocol: app.protocol().as_str().to_owned(),
+                channel_address: "127.0.0.1".to_owned(),
+                ..AppConnectionProperties::default()
+            });
         Ok(tonic::Response::new(GetMetadataResponse {
             id: self.state.dapr.settings().app_id.clone(),
             registered_components,
             runtime_version: crate::dapr::RUNTIME_VERSION.to_owned(),
+            extended_metadata: self
+                .state
+                .dapr
+                .extended_metadata()
+                .entries()
+                .into_iter()
+                .collect(),
+            subscriptions,
+            app_connection_properties,
             ..GetMetadataResponse::default()
         }))
     }
@@ -383,6 +437,52 @@ impl Dapr for DaprGrpc {
         request: Request<BulkPublishRequest>,
     ) -> Answer<BulkPublishResponse> {
         self.bulk_publish(request).await
+    }
+
+    async fn set_metadata(&self, request: Request<SetMetadataRequest>) -> Answer<()> {
+        let request = request.into_inner();
+        self.state
+            .dapr
+            .extended_metadata()
+            .set(&request.key, request.value)
+            .map_err(failed(Operation::SetMetadata))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn query_state_alpha1(
+        &self,
+        request: Request<QueryStateRequest>,
+    ) -> Answer<QueryStateResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name)?;
+        let query = Query::parse(request.query.as_bytes()).map_err(failed(Operation::Query))?;
+        let readable = |key: &[u8]| access.allows(key, Need::Read);
+        let page = self
+            .state
+            .dapr
+            .query(query, &readable, self.state.request_timeout() / 2)
+            .await
+            .map_err(failed(Operation::Query))?;
+        let response = QueryStateResponse {
+            results: page
+                .results
+                .into_iter()
+                .map(|item| QueryStateItem {
+                    key: item.key,
+                    data: item.data,
+                    etag: item.etag.unwrap_or_default(),
+                    error: String::new(),
+                })
+                .collect(),
+            token: page.token.unwrap_or_default(),
+            metadata: HashMap::new(),
+        };
+        let max = self.state.limits.dapr_max_body_size;
+        if response.encoded_len() > max {
+            return Err(Status::from(Refusal::AnswerTooLarge(max)));
+        }
+        Ok(tonic::Response::new(response))
     }
 
     async fn try_lock_alpha1(&self, request: Request<TryLockRequest>) -> Answer<TryLockResponse> {

@@ -23,7 +23,7 @@ use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
 use serde::Deserialize;
@@ -33,7 +33,8 @@ use serde_json::value::RawValue;
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
-use crate::dapr::{BulkRead, Delete, Event};
+use crate::dapr::query::Query;
+use crate::dapr::{BulkRead, DaprError, Delete, Event};
 use crate::http::api::extract;
 use crate::http::api::keys::{Joined, json_into, json_string_pieces};
 use crate::http::problem::ApiError;
@@ -44,6 +45,7 @@ use crate::store::Versioned;
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1.0/metadata", get(metadata))
+        .route("/v1.0/metadata/{name}", put(set_metadata))
         .route("/v1.0/state/{store}", post(save))
         .route("/v1.0/state/{store}/bulk", post(get_bulk).put(get_bulk))
         .route(
@@ -51,6 +53,10 @@ pub(super) fn routes() -> Router<AppState> {
             post(transaction).put(transaction),
         )
         .route("/v1.0/state/{store}/{*key}", get(get_state).delete(delete))
+        .route(
+            "/v1.0-alpha1/state/{store}/query",
+            post(query_state).put(query_state),
+        )
         .route("/v1.0-alpha1/lock/{store}", post(try_lock))
         .route(
             "/v1.0/publish/{pubsub}/{*topic}",
@@ -427,13 +433,83 @@ async fn metadata(State(state): State<AppState>) -> Answer {
             json
         })
         .collect();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "id": state.dapr.settings().app_id,
         "runtimeVersion": crate::dapr::RUNTIME_VERSION,
         "components": components,
-        "extended": {},
+        "extended": state.dapr.extended_metadata().entries(),
     });
+    // As daprd: the subscriptions in force (the default route is a rule
+    // without a match), and how the app is reached.
+    let subscriptions: Vec<_> = state
+        .subscriptions
+        .list()
+        .iter()
+        .map(|subscription| {
+            let mut json = serde_json::json!({
+                "pubsubname": subscription.pubsub_name,
+                "topic": subscription.topic,
+                "rules": subscription.rules.iter().map(|rule| {
+                    let mut json = serde_json::json!({"path": rule.path});
+                    if let Some(matcher) = &rule.matcher {
+                        json["match"] = matcher.source().into();
+                    }
+                    json
+                }).collect::<Vec<_>>(),
+                "deadLetterTopic": subscription.dead_letter_topic.as_deref().unwrap_or(""),
+                "type": subscription.kind.as_str(),
+            });
+            if !subscription.metadata.is_empty() {
+                json["metadata"] = serde_json::json!(subscription.metadata);
+            }
+            json
+        })
+        .collect();
+    if !subscriptions.is_empty() {
+        body["subscriptions"] = subscriptions.into();
+    }
+    if let Some(app) = &state.app {
+        body["appConnectionProperties"] = serde_json::json!({
+            "port": app.port(),
+            "protocol": app.protocol().as_str(),
+            "channelAddress": "127.0.0.1",
+        });
+    }
     Ok(axum::Json(body).into_response())
+}
+
+/// `PUT /v1.0/metadata/{name}`: the body is the attribute's value (read
+/// as text, as daprd reads it); 204.
+async fn set_metadata(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Answer {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse().ok());
+    let max = crate::dapr::metadata::MAX_VALUE_BYTES;
+    let value = extract::read_body(
+        &mut request.into_body(),
+        declared,
+        max,
+        state.request_timeout(),
+    )
+    .await
+    .map_err(|error| match error {
+        ApiError::ValueTooLarge { .. } => Failure::of(
+            Operation::SetMetadata,
+            DaprError::MetadataValueTooLarge(max),
+        ),
+        other => Refusal::Malformed(other.to_string()).into(),
+    })?;
+    state
+        .dapr
+        .extended_metadata()
+        .set(&name, String::from_utf8_lossy(&value).into_owned())
+        .map_err(Failure::on(Operation::SetMetadata))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// One item of a save, as Dapr's HTTP API takes it: its value the JSON
@@ -790,6 +866,61 @@ async fn transaction(
         .await
         .map_err(Failure::on(Operation::Transaction))?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST|PUT /v1.0-alpha1/state/{store}/query`: one page of Dapr's state
+/// query ([`crate::dapr::query`]): `{"results": [{key, data, etag}],
+/// "token"}`, each `data` the key's JSON as stored; 204 without a body
+/// when nothing matched, as Dapr answers.
+async fn query_state(
+    State(state): State<AppState>,
+    access: Access,
+    StateBody(body): StateBody,
+) -> Answer {
+    let query = Query::parse(&body).map_err(Failure::on(Operation::Query))?;
+    let readable = |key: &[u8]| access.allows(key, Need::Read);
+    let page = state
+        .dapr
+        .query(query, &readable, state.request_timeout() / 2)
+        .await
+        .map_err(Failure::on(Operation::Query))?;
+    if page.results.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let size: usize = page
+        .results
+        .iter()
+        .map(|item| item.key.len() + item.data.len() + 64)
+        .sum();
+    let mut out = Vec::with_capacity(size + 64);
+    out.extend_from_slice(b"{\"results\":[");
+    for (at, item) in page.results.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"key\":");
+        json_into(&mut out, &item.key);
+        // Only JSON values are results: each goes in as it is.
+        out.extend_from_slice(b",\"data\":");
+        out.extend_from_slice(&item.data);
+        if let Some(etag) = &item.etag {
+            out.extend_from_slice(b",\"etag\":");
+            json_into(&mut out, etag);
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    if let Some(token) = &page.token {
+        out.extend_from_slice(b",\"token\":");
+        json_into(&mut out, token);
+    }
+    out.push(b'}');
+    let mut response = Response::new(Body::from(out));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,8 +15,10 @@
 //! What each operation does in the store is [`crate::dapr`]'s.
 
 mod answer;
+pub mod app_callback;
 mod check;
 mod codec;
+pub mod delivery;
 pub mod grpc;
 mod http;
 mod proto;

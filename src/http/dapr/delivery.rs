@@ -1,0 +1,442 @@
+//! Pub/sub delivery to the app, as daprd delivers: the app's
+//! subscriptions (declarative files, then `GET /dapr/subscribe` or
+//! `ListTopicSubscriptions`), the broker's messages on them through the
+//! [`Subscriber`] (a shared subscription per topic, the app id as its
+//! group), each posted to the app's route (`POST /<path>`, a CloudEvent)
+//! or passed to `OnTopicEvent`, and acknowledged to the broker only once
+//! its outcome is final: the app answered SUCCESS or DROP (or 404, or
+//! gRPC UNIMPLEMENTED), or the retries were spent and the event went to
+//! the subscription's dead letter topic. What each answer means, the
+//! event a message becomes and the retry delays are [`crate::dapr::pubsub`]'s.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+
+use super::app_callback::app_callback;
+use super::proto::runtime::v1::TopicEventRequest;
+use super::proto::runtime::v1::topic_event_response::TopicEventResponseStatus;
+use crate::dapr::app::AppChannel;
+use crate::dapr::pubsub::{
+    self, CLOUD_EVENT_CONTENT_TYPE, Event, Outcome, RetryPolicy, Rule, Subscription,
+    SubscriptionKind, SubscriptionParts, SubscriptionTable,
+};
+use crate::dapr::{AppProtocol, pubsub::topic_matches};
+use crate::metrics::Metrics;
+use crate::mqtt::{BrokerSettings, Received, Subscriber, SubscriberSettings};
+
+/// Unacknowledged events the broker may send the gateway at once (MQTT
+/// receive maximum): the in-flight limit of delivery.
+pub const DELIVERY_IN_FLIGHT: u16 = 64;
+/// How long the broker keeps the subscriber's session while the gateway
+/// is away (the AIO SDKs' default): events published meanwhile wait that
+/// long.
+pub const SESSION_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// What delivery needs besides the app.
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    /// The broker (the pool's).
+    pub broker: BrokerSettings,
+    /// The subscriber's client id (`<client id>-sub`).
+    pub client_id: String,
+    /// The app id: the shared subscriptions' group, and the scope
+    /// declarative subscriptions are read for.
+    pub app_id: String,
+    /// The pub/sub component names (`--dapr-pubsub`): every one the broker.
+    pub pubsubs: Vec<String>,
+    /// Declarative subscriptions (`--dapr-subscriptions`).
+    pub declarative: Option<PathBuf>,
+    /// The largest gRPC message either way.
+    pub max_message_bytes: usize,
+    /// Retries of a failed delivery.
+    pub retry: RetryPolicy,
+}
+
+/// Delivery's work on one gateway: shared by the per-event tasks.
+#[derive(Debug)]
+struct Deliverer {
+    app: AppChannel,
+    metrics: Metrics,
+    settings: DeliverySettings,
+    subscriptions: Vec<Subscription>,
+    subscriber: Subscriber,
+}
+
+/// Waits for the app, reads its subscriptions, subscribes and delivers
+/// until the task is aborted (shutdown): events in flight then stay
+/// unacknowledged, and the broker sends them again to the next session.
+pub async fn run(
+    app: AppChannel,
+    settings: DeliverySettings,
+    table: Arc<SubscriptionTable>,
+    metrics: Metrics,
+) {
+    app.wait_until_listening().await;
+    let subscriptions = subscriptions(&app, &settings).await;
+    table.set(subscriptions.clone());
+    if subscriptions.is_empty() {
+        tracing::info!("the app subscribes to no topic");
+        return;
+    }
+    let mut filters: Vec<String> = Vec::new();
+    for subscription in &subscriptions {
+        let filter = format!("$share/{}/{}", settings.app_id, subscription.topic);
+        if !filters.contains(&filter) {
+            filters.push(filter);
+        }
+        tracing::info!(
+            pubsub = %subscription.pubsub_name,
+            topic = %subscription.topic,
+            kind = subscription.kind.as_str(),
+            dead_letter_topic = subscription.dead_letter_topic.as_deref().unwrap_or(""),
+            "subscribed"
+        );
+    }
+    let (subscriber, mut received) = Subscriber::start(SubscriberSettings {
+        broker: settings.broker.clone(),
+        client_id: settings.client_id.clone(),
+        session_expiry: SESSION_EXPIRY,
+        receive_maximum: DELIVERY_IN_FLIGHT,
+        filters,
+    });
+    let deliverer = Arc::new(Deliverer {
+        app,
+        metrics,
+        settings,
+        subscriptions,
+        subscriber,
+    });
+    // Aborting this task drops the set, which aborts every delivery, and
+    // the last reference to the subscriber, which then disconnects.
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(message) = received.recv().await {
+        // Finished tasks are reaped as new ones come: the set holds at
+        // most the broker's receive maximum per connection.
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(deliverer.clone().deliver(message));
+    }
+}
+
+/// The declarative subscriptions, then the app's own; only those of the
+/// broker's pub/sub names (the others are logged and left out), and one
+/// per topic (the first, as daprd keeps the first).
+async fn subscriptions(app: &AppChannel, settings: &DeliverySettings) -> Vec<Subscription> {
+    let mut all = Vec::new();
+    if let Some(path) = &settings.declarative {
+        match pubsub::declarative_from_path(path, &settings.app_id) {
+            Ok(found) => all.extend(found),
+            Err(error) => tracing::error!(%error, "declarative subscriptions not read"),
+        }
+    }
+    match programmatic(app, settings.max_message_bytes).await {
+        Ok(found) => all.extend(found),
+        Err(error) => tracing::error!(%error, "the app's subscriptions not read"),
+    }
+    let names = &settings.pubsubs;
+    let mut kept: Vec<Subscription> = Vec::new();
+    for subscription in all {
+        if subscription.rules.is_empty() {
+            tracing::warn!(topic = %subscription.topic, "a subscription without routes left out");
+        } else if !names.contains(&subscription.pubsub_name) {
+            tracing::warn!(pubsub = %subscription.pubsub_name, topic = %subscription.topic, "subscription to an unknown pub/sub left out");
+        } else if kept.iter().any(|other| {
+            other.pubsub_name == subscription.pubsub_name && other.topic == subscription.topic
+        }) {
+            tracing::warn!(topic = %subscription.topic, kind = subscription.kind.as_str(), "a second subscription to the same topic left out");
+        } else {
+            kept.push(subscription);
+        }
+    }
+    kept
+}
+
+/// The app's programmatic subscriptions: `GET /dapr/subscribe` (a 404:
+/// none) or `ListTopicSubscriptions` (UNIMPLEMENTED: none).
+async fn programmatic(
+    app: &AppChannel,
+    max_message_bytes: usize,
+) -> Result<Vec<Subscription>, String> {
+    match app.protocol() {
+        AppProtocol::Http => {
+            let answer = app
+                .get("dapr/subscribe")
+                .await
+                .map_err(|error| error.to_string())?;
+            if answer.status == hyper::StatusCode::NOT_FOUND {
+                return Ok(Vec::new());
+            }
+            if !answer.status.is_success() {
+                return Err(format!("GET /dapr/subscribe answered {}", answer.status));
+            }
+            pubsub::programmatic(&answer.body).map_err(|error| error.to_string())
+        }
+        AppProtocol::Grpc => {
+            let mut client = app_callback(app, max_message_bytes);
+            let listed =
+                match tokio::time::timeout(app.call_timeout(), client.list_topic_subscriptions(()))
+                    .await
+                {
+                    Err(_) => return Err("ListTopicSubscriptions timed out".to_owned()),
+                    Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                        return Ok(Vec::new());
+                    }
+                    Ok(Err(status)) => {
+                        return Err(format!("ListTopicSubscriptions failed: {status}"));
+                    }
+                    Ok(Ok(listed)) => listed.into_inner(),
+                };
+            listed
+                .subscriptions
+                .into_iter()
+                .map(|subscription| {
+                    let routes = subscription.routes.unwrap_or_default();
+                    SubscriptionParts {
+                        pubsub_name: subscription.pubsub_name,
+                        topic: subscription.topic,
+                        metadata: subscription.metadata.into_iter().collect(),
+                        rules: routes
+                            .rules
+                            .into_iter()
+                            .map(|rule| (rule.r#match, rule.path))
+                            .collect(),
+                        default_path: routes.default,
+                        dead_letter_topic: subscription.dead_letter_topic,
+                        bulk: subscription.bulk_subscribe.map(|bulk| {
+                            (
+                                bulk.enabled,
+                                i64::from(bulk.max_messages_count),
+                                i64::from(bulk.max_await_duration_ms),
+                            )
+                        }),
+                    }
+                    .build(SubscriptionKind::Programmatic)
+                    .map(|mut subscription| {
+                        // As daprd: a gRPC subscription without routes
+                        // gets a default route with an empty path.
+                        if subscription.rules.is_empty() {
+                            subscription.rules.push(Rule {
+                                matcher: None,
+                                path: String::new(),
+                            });
+                        }
+                        subscription
+                    })
+                    .map_err(|error| error.to_string())
+                })
+                .collect()
+        }
+    }
+}
+
+impl Deliverer {
+    /// Delivers one message until its outcome is final, then acknowledges it.
+    async fn deliver(self: Arc<Self>, message: Received) {
+        let Some(subscription) = self
+            .subscriptions
+            .iter()
+            .find(|subscription| topic_matches(&subscription.topic, &message.topic))
+        else {
+            // A subscription of an earlier run, still in the session.
+            tracing::debug!(topic = %message.topic, "message on a topic nobody subscribes to acknowledged");
+            message.ack();
+            return;
+        };
+        let event = pubsub::event_of(
+            &message.payload,
+            message.properties.content_type.as_deref(),
+            &message.topic,
+            &subscription.pubsub_name,
+            subscription.raw_payload(),
+            || format!("{:032x}", rand::random::<u128>()),
+        );
+        if event.has_expired(SystemTime::now()) {
+            tracing::warn!(id = event.id(), topic = %message.topic, "expired event dropped");
+            self.dropped(subscription, message).await;
+            return;
+        }
+        let retry = self.settings.retry;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = match subscription.route(&event.cloud_event) {
+                Ok(Some(path)) => self.call(subscription, &event, path).await,
+                Ok(None) => {
+                    tracing::debug!(id = event.id(), topic = %message.topic, "no route matches the event: dropped");
+                    self.dropped(subscription, message).await;
+                    return;
+                }
+                Err(error) => {
+                    tracing::error!(id = event.id(), topic = %message.topic, %error, "routing rule failed");
+                    Outcome::Retry
+                }
+            };
+            match outcome {
+                Outcome::Success => {
+                    self.finish(message, "success");
+                    return;
+                }
+                Outcome::Drop => {
+                    tracing::warn!(id = event.id(), topic = %message.topic, "the app dropped the event");
+                    self.dropped(subscription, message).await;
+                    return;
+                }
+                Outcome::Retry if attempt >= retry.max_attempts => {
+                    if let Some(topic) = &subscription.dead_letter_topic {
+                        self.dead_letter(topic, message, attempt).await;
+                        return;
+                    }
+                    if attempt == retry.max_attempts {
+                        tracing::warn!(id = event.id(), topic = %message.topic, attempts = attempt, "the app keeps refusing an event and its subscription has no dead letter topic: trying again, without end");
+                    }
+                }
+                Outcome::Retry => {}
+            }
+            tokio::time::sleep(retry.delay(attempt)).await;
+        }
+    }
+
+    /// The outcome is final: acknowledged, and counted.
+    fn finish(&self, message: Received, outcome: &str) {
+        message.ack();
+        self.metrics
+            .pubsub_events
+            .with_label_values(&[outcome])
+            .inc();
+    }
+
+    /// The retries are spent: to the dead letter topic, acknowledged once
+    /// the broker took it there (tried until it does).
+    async fn dead_letter(&self, topic: &str, message: Received, attempts: u32) {
+        let mut failures = 0;
+        loop {
+            match self.publish_dead_letter(topic, &message).await {
+                Ok(()) => {
+                    tracing::warn!(topic = %message.topic, dead_letter_topic = %topic, attempts, "event sent to the dead letter topic");
+                    self.finish(message, "dead_letter");
+                    return;
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(dead_letter_topic = %topic, %error, "dead letter not sent; trying again");
+                    tokio::time::sleep(self.settings.retry.delay(failures)).await;
+                }
+            }
+        }
+    }
+
+    /// A dropped event (DROP, 404, no matching route, expired): to the
+    /// dead letter topic, if any, once (as daprd, a failure to send it
+    /// there does not keep the event), and acknowledged.
+    async fn dropped(&self, subscription: &Subscription, message: Received) {
+        if let Some(topic) = &subscription.dead_letter_topic
+            && let Err(error) = self.publish_dead_letter(topic, &message).await
+        {
+            tracing::warn!(dead_letter_topic = %topic, %error, "dropped event not sent to the dead letter topic");
+        }
+        self.finish(message, "dropped");
+    }
+
+    /// The message as it arrived (payload, content type, user
+    /// properties), published to `topic`.
+    async fn publish_dead_letter(&self, topic: &str, message: &Received) -> Result<(), String> {
+        let properties = PublishProperties {
+            content_type: message.properties.content_type.clone(),
+            user_properties: message.properties.user_properties.clone(),
+            ..PublishProperties::default()
+        };
+        tokio::time::timeout(
+            self.app.call_timeout(),
+            self.subscriber
+                .publish(topic, message.payload.clone(), properties),
+        )
+        .await
+        .map_err(|_| "no PUBACK in time".to_owned())?
+        .map_err(|error| error.to_string())
+    }
+
+    /// One call to the app with the event, and what its answer means.
+    async fn call(&self, subscription: &Subscription, event: &Event, path: &str) -> Outcome {
+        match self.app.protocol() {
+            AppProtocol::Http => {
+                let mut headers = HeaderMap::new();
+                if let Ok(value) = HeaderValue::from_str(&subscription.pubsub_name) {
+                    headers.insert(HeaderName::from_static("pubsubname"), value);
+                }
+                for name in ["traceparent", "tracestate"] {
+                    if let Some(value) = event
+                        .cloud_event
+                        .get(name)
+                        .and_then(|value| value.as_str())
+                        .and_then(|value| HeaderValue::from_str(value).ok())
+                    {
+                        headers.insert(HeaderName::from_static(name), value);
+                    }
+                }
+                match self
+                    .app
+                    .post(path, CLOUD_EVENT_CONTENT_TYPE, headers, event.body.clone())
+                    .await
+                {
+                    Ok(answer) => {
+                        let outcome = pubsub::http_outcome(answer.status.as_u16(), &answer.body);
+                        if outcome == Outcome::Retry {
+                            tracing::warn!(
+                                id = event.id(),
+                                status = answer.status.as_u16(),
+                                path,
+                                "the app asks for the event again"
+                            );
+                        }
+                        outcome
+                    }
+                    Err(error) => {
+                        tracing::warn!(id = event.id(), %error, "event not delivered");
+                        Outcome::Retry
+                    }
+                }
+            }
+            AppProtocol::Grpc => {
+                let mut client = app_callback(&self.app, self.settings.max_message_bytes);
+                let request = TopicEventRequest {
+                    id: event.id().to_owned(),
+                    source: event.text("source").to_owned(),
+                    r#type: event.text("type").to_owned(),
+                    spec_version: event.text("specversion").to_owned(),
+                    data_content_type: event.text("datacontenttype").to_owned(),
+                    data: event.data_bytes(),
+                    topic: subscription.topic.clone(),
+                    pubsub_name: subscription.pubsub_name.clone(),
+                    path: path.to_owned(),
+                };
+                match tokio::time::timeout(self.app.call_timeout(), client.on_topic_event(request))
+                    .await
+                {
+                    Err(_) => {
+                        tracing::warn!(id = event.id(), "OnTopicEvent timed out");
+                        Outcome::Retry
+                    }
+                    Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                        // daprd acknowledges it, with a warning.
+                        tracing::warn!(id = event.id(), %status, "the app does not implement OnTopicEvent: event acknowledged");
+                        Outcome::Success
+                    }
+                    Ok(Err(status)) => {
+                        tracing::warn!(id = event.id(), %status, "OnTopicEvent failed");
+                        Outcome::Retry
+                    }
+                    Ok(Ok(answer)) => {
+                        match TopicEventResponseStatus::try_from(answer.into_inner().status) {
+                            Ok(TopicEventResponseStatus::Success) => Outcome::Success,
+                            Ok(TopicEventResponseStatus::Drop) => Outcome::Drop,
+                            Ok(TopicEventResponseStatus::Retry) | Err(_) => Outcome::Retry,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,740 @@
+//! Pub/sub delivery to the app, over a real mosquitto: events published
+//! by `mosquitto_pub` reach an HTTP app (an axum server in the test) as
+//! daprd delivers them, with routing rules, RETRY/DROP answers, retries
+//! and dead letters, replicas sharing a subscription, declarative
+//! subscriptions, and at least once across a gateway killed mid-delivery.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use serde_json::{Value, json};
+
+use crate::support::Mosquitto;
+use crate::support::gateway_process::GatewayProcess;
+
+/// One event as the app got it.
+#[derive(Debug, Clone)]
+struct Delivered {
+    path: String,
+    content_type: String,
+    pubsubname: String,
+    event: Value,
+}
+
+impl Delivered {
+    /// The `n` the tests put in each event's data.
+    fn n(&self) -> Option<i64> {
+        self.event["data"]["n"].as_i64()
+    }
+
+    fn is_warmup(&self) -> bool {
+        self.event["data"]["warmup"].is_boolean()
+    }
+}
+
+/// How the app answers the `attempt`-th delivery (1 for the first) of an
+/// event: its HTTP status and body, after a while.
+type Answer = Arc<dyn Fn(&Delivered, usize) -> Reply + Send + Sync>;
+
+struct Reply {
+    status: u16,
+    body: String,
+    after: Duration,
+}
+
+fn reply(status: u16, body: &str) -> Reply {
+    Reply {
+        status,
+        body: body.to_owned(),
+        after: Duration::ZERO,
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    subscriptions: Option<Value>,
+    delivered: Arc<Mutex<Vec<Delivered>>>,
+    answer: Answer,
+}
+
+/// An HTTP app: `GET /dapr/subscribe` answers its subscriptions (404
+/// without), every POST is recorded and answered by `answer`.
+struct TestApp {
+    port: u16,
+    delivered: Arc<Mutex<Vec<Delivered>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn subscribe(State(state): State<AppState>) -> (StatusCode, String) {
+    match &state.subscriptions {
+        Some(list) => (StatusCode::OK, list.to_string()),
+        None => (StatusCode::NOT_FOUND, String::new()),
+    }
+}
+
+async fn event(
+    State(state): State<AppState>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, String) {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let delivered = Delivered {
+        path: format!("/{path}"),
+        content_type: header("content-type"),
+        pubsubname: header("pubsubname"),
+        event: serde_json::from_str(&body).unwrap_or(Value::Null),
+    };
+    let attempt = {
+        let mut all = state.delivered.lock().unwrap();
+        all.push(delivered.clone());
+        all.iter()
+            .filter(|other| other.event["id"] == delivered.event["id"])
+            .count()
+    };
+    if delivered.is_warmup() {
+        return (StatusCode::OK, String::new());
+    }
+    let reply = (state.answer)(&delivered, attempt);
+    tokio::time::sleep(reply.after).await;
+    (StatusCode::from_u16(reply.status).unwrap(), reply.body)
+}
+
+impl TestApp {
+    async fn start(subscriptions: Option<Value>, answer: Answer) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delivered = Arc::new(Mutex::new(Vec::new()));
+        let state = AppState {
+            subscriptions,
+            delivered: delivered.clone(),
+            answer,
+        };
+        let router = Router::new()
+            .route("/dapr/subscribe", get(subscribe))
+            .route("/{*path}", post(event))
+            .with_state(state);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Self {
+            port,
+            delivered,
+            task,
+        }
+    }
+
+    /// The events delivered so far, warm-ups left out.
+    fn events(&self) -> Vec<Delivered> {
+        self.delivered
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|event| !event.is_warmup())
+            .cloned()
+            .collect()
+    }
+
+    fn warmups(&self) -> usize {
+        self.delivered
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|event| event.is_warmup())
+            .count()
+    }
+
+    /// Waits until `done` holds for the events delivered (panics after `within`).
+    async fn until(&self, what: &str, within: Duration, done: impl Fn(&[Delivered]) -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            let events = self.events();
+            if done(&events) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}; delivered: {events:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn success() -> Answer {
+    Arc::new(|_, _| reply(200, ""))
+}
+
+/// `mosquitto_pub` of `message` to `topic`, QoS 1, MQTT5, with a content
+/// type when given.
+async fn publish(broker: &Mosquitto, topic: &str, message: &str, content_type: Option<&str>) {
+    let mut command = tokio::process::Command::new("mosquitto_pub");
+    command
+        .args(["-h", "127.0.0.1", "-p", &broker.addr.port().to_string()])
+        .args(["-V", "mqttv5", "-q", "1", "-t", topic, "-m", message]);
+    if let Some(content_type) = content_type {
+        command.args(["-D", "publish", "content-type", content_type]);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(10), command.status())
+        .await
+        .expect("mosquitto_pub finishes")
+        .expect("mosquitto_pub runs");
+    assert!(status.success(), "mosquitto_pub failed: {status}");
+}
+
+/// Publishes warm-up events to `topic` until the app got one: the
+/// gateway's subscription is in place from then on.
+async fn until_subscribed(broker: &Mosquitto, app: &TestApp, topic: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let before = app.warmups();
+    loop {
+        // Every field a test's rules read, so that no rule fails on it.
+        publish(
+            broker,
+            topic,
+            r#"{"warmup":true,"n":-1,"kind":"warmup","level":"warmup"}"#,
+            None,
+        )
+        .await;
+        let wait = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < wait {
+            if app.warmups() > before {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateway did not subscribe to {topic} within 20 s"
+        );
+    }
+}
+
+/// A gateway delivering to the app on `app_port`.
+async fn gateway(broker: &Mosquitto, app_port: u16, extra: &[&str]) -> GatewayProcess {
+    let port = app_port.to_string();
+    let mut args = vec!["--dapr-app-port", port.as_str()];
+    args.extend_from_slice(extra);
+    GatewayProcess::start(broker.addr.port(), &args).await
+}
+
+/// An MQTT client subscribed to `topic` (SUBACK received), whose messages
+/// come on the receiver.
+async fn listen(broker: &Mosquitto, topic: &str) -> tokio::sync::mpsc::UnboundedReceiver<Vec<u8>> {
+    let mut options = MqttOptions::new(
+        format!("listener-{:08x}", rand::random::<u32>()),
+        "127.0.0.1",
+        broker.addr.port(),
+    );
+    options.set_max_packet_size(Some(1 << 20));
+    let (client, mut eventloop) = AsyncClient::new(options, 16);
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    let (messages, received) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed, acked) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _client = client;
+        let mut subscribed = Some(subscribed);
+        while let Ok(event) = eventloop.poll().await {
+            match event {
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(subscribed) = subscribed.take() {
+                        let _ = subscribed.send(());
+                    }
+                }
+                Event::Incoming(Packet::Publish(publish)) => {
+                    if messages.send(publish.payload.to_vec()).is_err() {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), acked)
+        .await
+        .expect("SUBACK")
+        .unwrap();
+    received
+}
+
+/// Waits until metric `name` reaches `value` (the warm-up counts too).
+async fn until_metric(gateway: &GatewayProcess, name: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = gateway.metric(name).await;
+        if now >= value {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is {now}, not {value}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn count_of(events: &[Delivered], n: i64) -> usize {
+    events.iter().filter(|event| event.n() == Some(n)).count()
+}
+
+#[tokio::test]
+async fn an_event_from_mosquitto_pub_reaches_the_apps_route_as_a_cloud_event() {
+    let broker = Mosquitto::start().await;
+    let app = TestApp::start(
+        Some(json!([{"pubsubname": "pubsub", "topic": "orders", "route": "/orders"}])),
+        success(),
+    )
+    .await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    until_subscribed(&broker, &app, "orders").await;
+    publish(&broker, "orders", r#"{"n":1}"#, None).await;
+    let published = json!({"specversion": "1.0", "id": "ce-2", "source": "checkout", "type": "order.placed",
+        "datacontenttype": "application/json", "data": {"n": 2}, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"});
+    publish(
+        &broker,
+        "orders",
+        &published.to_string(),
+        Some("application/cloudevents+json"),
+    )
+    .await;
+    publish(&broker, "orders", "plain text", None).await;
+    app.until("three events", Duration::from_secs(10), |events| {
+        events.len() >= 3
+    })
+    .await;
+    let events = app.events();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for delivered in &events {
+        assert_eq!(delivered.path, "/orders");
+        assert_eq!(delivered.content_type, "application/cloudevents+json");
+        assert_eq!(delivered.pubsubname, "pubsub");
+    }
+    // Not a CloudEvent: wrapped, as daprd wraps a published body.
+    let wrapped = &events[0].event;
+    assert_eq!(wrapped["specversion"], "1.0");
+    assert_eq!(wrapped["topic"], "orders");
+    assert_eq!(wrapped["pubsubname"], "pubsub");
+    assert_eq!(wrapped["type"], "com.dapr.event.sent");
+    assert_eq!(wrapped["datacontenttype"], "application/json");
+    assert!(!wrapped["id"].as_str().unwrap().is_empty());
+    // A CloudEvent: as it was published.
+    assert_eq!(events[1].event, published);
+    assert_eq!(events[2].event["data"], "plain text");
+    assert_eq!(events[2].event["datacontenttype"], "text/plain");
+}
+
+#[tokio::test]
+async fn routing_rules_send_each_event_to_the_first_route_it_matches() {
+    let broker = Mosquitto::start().await;
+    let app = TestApp::start(
+        Some(
+            json!([{"pubsubname": "pubsub", "topic": "things", "routes": {
+            "rules": [
+                {"match": "event.data.kind == \"widget\"", "path": "/widgets"},
+                {"match": "event.type == \"special\" || event.data.n > 100", "path": "/special"}
+            ],
+            "default": "/things"}}]),
+        ),
+        success(),
+    )
+    .await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    until_subscribed(&broker, &app, "things").await;
+    publish(&broker, "things", r#"{"n":1,"kind":"widget"}"#, None).await;
+    publish(&broker, "things", r#"{"n":2,"kind":"gadget"}"#, None).await;
+    publish(&broker, "things", r#"{"n":300,"kind":"gadget"}"#, None).await;
+    app.until("three events", Duration::from_secs(10), |events| {
+        events.len() >= 3
+    })
+    .await;
+    let paths: HashMap<i64, String> = app
+        .events()
+        .iter()
+        .map(|event| (event.n().unwrap(), event.path.clone()))
+        .collect();
+    assert_eq!(paths[&1], "/widgets");
+    assert_eq!(paths[&2], "/things");
+    assert_eq!(paths[&300], "/special");
+}
+
+#[tokio::test]
+async fn retry_then_success_is_delivered_twice_and_acknowledged_once() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "jobs", "route": "/jobs"}]);
+    // Event 1: RETRY (a 200 with the status), then 500, then SUCCESS.
+    let answer: Answer = Arc::new(|delivered, attempt| match (delivered.n(), attempt) {
+        (Some(1), 1) => reply(200, r#"{"status":"RETRY"}"#),
+        (Some(1), 2) => reply(500, "busy"),
+        _ => reply(200, r#"{"status":"SUCCESS"}"#),
+    });
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let client_id = format!("gw-retry-{:08x}", rand::random::<u32>());
+    let mut first = gateway(&broker, app.port, &["--client-id", &client_id]).await;
+    until_subscribed(&broker, &app, "jobs").await;
+    publish(&broker, "jobs", r#"{"n":1}"#, None).await;
+    app.until("three attempts", Duration::from_secs(15), |events| {
+        count_of(events, 1) >= 3
+    })
+    .await;
+    // Every warm-up and event 1 acknowledged (a warm-up is one success).
+    let successes = app.warmups() as f64 + 1.0;
+    until_metric(
+        &first,
+        "statestore_gateway_pubsub_events_total{outcome=\"success\"}",
+        successes,
+    )
+    .await;
+    // Acknowledged once it succeeded: a gateway killed and started again
+    // on the same session gets the events after it, not this one again.
+    crate::support::send_signal(first.pid(), "KILL");
+    first
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("killed");
+    let _second = gateway(&broker, app.port, &["--client-id", &client_id]).await;
+    publish(&broker, "jobs", r#"{"n":2}"#, None).await;
+    app.until("the next event", Duration::from_secs(15), |events| {
+        count_of(events, 2) == 1
+    })
+    .await;
+    let events = app.events();
+    assert_eq!(count_of(&events, 1), 3, "{events:#?}");
+    assert_eq!(count_of(&events, 2), 1, "{events:#?}");
+}
+
+#[tokio::test]
+async fn a_dropped_event_goes_to_the_dead_letter_topic_and_is_not_delivered_again() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "mail", "route": "/mail",
+        "deadLetterTopic": "mail-dead"}]);
+    let answer: Answer = Arc::new(|delivered, _| match delivered.n() {
+        Some(1) => reply(200, r#"{"status":"DROP"}"#),
+        Some(2) => reply(404, ""),
+        _ => reply(200, ""),
+    });
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let mut dead = listen(&broker, "mail-dead").await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    until_subscribed(&broker, &app, "mail").await;
+    publish(&broker, "mail", r#"{"n":1}"#, None).await;
+    publish(&broker, "mail", r#"{"n":2}"#, None).await;
+    publish(&broker, "mail", r#"{"n":3}"#, None).await;
+    let mut letters = Vec::new();
+    for _ in 0..2 {
+        let letter = tokio::time::timeout(Duration::from_secs(10), dead.recv())
+            .await
+            .expect("a dead letter")
+            .unwrap();
+        letters.push(serde_json::from_slice::<Value>(&letter).unwrap()["n"].as_i64());
+    }
+    letters.sort();
+    // The message as it was published.
+    assert_eq!(letters, [Some(1), Some(2)]);
+    app.until("event 3", Duration::from_secs(10), |events| {
+        count_of(events, 3) == 1
+    })
+    .await;
+    let events = app.events();
+    assert_eq!(count_of(&events, 1), 1, "{events:#?}");
+    assert_eq!(count_of(&events, 2), 1, "{events:#?}");
+}
+
+#[tokio::test]
+async fn an_event_the_app_keeps_refusing_goes_to_the_dead_letter_topic_after_its_retries() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "bills", "route": "/bills",
+        "deadLetterTopic": "bills-dead"}]);
+    let answer: Answer = Arc::new(|_, _| reply(503, "down"));
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let mut dead = listen(&broker, "bills-dead").await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    until_subscribed(&broker, &app, "bills").await;
+    publish(&broker, "bills", r#"{"n":7}"#, None).await;
+    let letter = tokio::time::timeout(Duration::from_secs(30), dead.recv())
+        .await
+        .expect("a dead letter once the retries are spent")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 7})
+    );
+    // Five calls (Dapr's policy as the gateway applies it), then no more.
+    let events = app.events();
+    assert_eq!(count_of(&events, 7), 5, "{events:#?}");
+}
+
+#[tokio::test]
+async fn replicas_of_one_app_share_a_subscription_each_event_reaches_one() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "shared", "route": "/shared"}]);
+    let app_a = TestApp::start(Some(subscriptions.clone()), success()).await;
+    let app_b = TestApp::start(Some(subscriptions), success()).await;
+    let _a = gateway(&broker, app_a.port, &["--dapr-app-id", "billing"]).await;
+    let _b = gateway(&broker, app_b.port, &["--dapr-app-id", "billing"]).await;
+    until_subscribed(&broker, &app_a, "shared").await;
+    until_subscribed(&broker, &app_b, "shared").await;
+    for n in 0..20 {
+        publish(&broker, "shared", &format!(r#"{{"n":{n}}}"#), None).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let total = app_a.events().len() + app_b.events().len();
+        if total >= 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{total} of 20 events delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut all: Vec<i64> = app_a
+        .events()
+        .iter()
+        .chain(app_b.events().iter())
+        .map(|event| event.n().unwrap())
+        .collect();
+    all.sort();
+    assert_eq!(all, (0..20).collect::<Vec<_>>(), "each event exactly once");
+    assert!(!app_a.events().is_empty() && !app_b.events().is_empty());
+}
+
+#[tokio::test]
+async fn a_gateway_killed_mid_delivery_delivers_again_and_events_published_while_down_arrive() {
+    let broker = Mosquitto::start().await;
+    let subscriptions =
+        json!([{"pubsubname": "pubsub", "topic": "payments", "route": "/payments"}]);
+    // The first delivery of event 1 is never answered in time: the
+    // gateway is killed while the app holds it.
+    let answer: Answer = Arc::new(|delivered, attempt| {
+        let mut answer = reply(200, "");
+        if delivered.n() == Some(1) && attempt == 1 {
+            answer.after = Duration::from_secs(30);
+        }
+        answer
+    });
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let client_id = format!("gw-kill-{:08x}", rand::random::<u32>());
+    let mut first = gateway(&broker, app.port, &["--client-id", &client_id]).await;
+    until_subscribed(&broker, &app, "payments").await;
+    publish(&broker, "payments", r#"{"n":1}"#, None).await;
+    app.until("the first delivery", Duration::from_secs(10), |events| {
+        count_of(events, 1) == 1
+    })
+    .await;
+    crate::support::send_signal(first.pid(), "KILL");
+    first
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("killed");
+    // Published while no gateway runs: kept in the session.
+    publish(&broker, "payments", r#"{"n":2}"#, None).await;
+    let _second = gateway(&broker, app.port, &["--client-id", &client_id]).await;
+    app.until(
+        "event 1 again and event 2",
+        Duration::from_secs(20),
+        |events| count_of(events, 1) == 2 && count_of(events, 2) == 1,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn declarative_subscriptions_are_read_from_yaml_with_their_scopes() {
+    let broker = Mosquitto::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("subscriptions.yaml"),
+        r#"apiVersion: dapr.io/v2alpha1
+kind: Subscription
+metadata:
+  name: telemetry
+spec:
+  pubsubname: pubsub
+  topic: telemetry
+  routes:
+    rules:
+      - match: event.data.level == "alarm"
+        path: /alarms
+    default: /telemetry
+scopes:
+  - monitor
+---
+apiVersion: dapr.io/v1alpha1
+kind: Subscription
+metadata:
+  name: not-ours
+spec:
+  pubsubname: pubsub
+  topic: elsewhere
+  route: /elsewhere
+scopes:
+  - someone-else
+"#,
+    )
+    .unwrap();
+    // The app itself subscribes to nothing (404).
+    let app = TestApp::start(None, success()).await;
+    let path = dir.path().to_str().unwrap().to_owned();
+    let gateway = gateway(
+        &broker,
+        app.port,
+        &["--dapr-subscriptions", &path, "--dapr-app-id", "monitor"],
+    )
+    .await;
+    until_subscribed(&broker, &app, "telemetry").await;
+    // Metadata lists it as daprd does.
+    let metadata: Value = gateway
+        .http
+        .get(gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata["subscriptions"],
+        json!([{"pubsubname": "pubsub", "topic": "telemetry", "deadLetterTopic": "",
+            "type": "DECLARATIVE", "rules": [
+                {"match": "event.data.level == \"alarm\"", "path": "/alarms"},
+                {"path": "/telemetry"}]}])
+    );
+    assert_eq!(
+        metadata["appConnectionProperties"],
+        json!({"port": app.port, "protocol": "http", "channelAddress": "127.0.0.1"})
+    );
+    publish(&broker, "elsewhere", r#"{"n":9}"#, None).await;
+    publish(&broker, "telemetry", r#"{"n":1,"level":"alarm"}"#, None).await;
+    publish(&broker, "telemetry", r#"{"n":2,"level":"info"}"#, None).await;
+    app.until("two events", Duration::from_secs(10), |events| {
+        events.len() >= 2
+    })
+    .await;
+    let events = app.events();
+    let paths: HashMap<i64, String> = events
+        .iter()
+        .map(|event| (event.n().unwrap(), event.path.clone()))
+        .collect();
+    assert_eq!(paths.get(&1).map(String::as_str), Some("/alarms"));
+    assert_eq!(paths.get(&2).map(String::as_str), Some("/telemetry"));
+    assert!(!paths.contains_key(&9), "{events:#?}");
+}
+
+/// A gRPC app written with the Python SDK's `dapr-ext-grpc` (`App`,
+/// `@app.subscribe`): prints each event it gets as a JSON line; asks for
+/// event 1 again once (RETRY), drops event 2.
+const PYTHON_GRPC_APP: &str = r#"
+import json, sys
+from dapr.ext.grpc import App
+from dapr.clients.grpc._response import TopicEventResponse
+
+app = App()
+seen = {}
+
+@app.subscribe(pubsub_name="pubsub", topic="grpc-orders")
+def orders(event):
+    data = json.loads(event.data)
+    seen[event.id] = seen.get(event.id, 0) + 1
+    print(json.dumps({"id": event.id, "type": event.type, "topic": event.subject,
+                      "content_type": event.content_type, "data": data,
+                      "attempt": seen[event.id]}), flush=True)
+    if data.get("n") == 1 and seen[event.id] == 1:
+        return TopicEventResponse("retry")
+    if data.get("n") == 2:
+        return TopicEventResponse("drop")
+    return TopicEventResponse("success")
+
+app.run(int(sys.argv[1]))
+"#;
+
+#[tokio::test]
+async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    let port = crate::support::free_port();
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(PYTHON_GRPC_APP)
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let port_text = port.to_string();
+    let _gateway = GatewayProcess::start(
+        broker.addr.port(),
+        &["--dapr-app-port", &port_text, "--dapr-app-protocol", "grpc"],
+    )
+    .await;
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line["data"]["n"] == n)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Warm up until the subscription is in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got(0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the gRPC app got no event within 30 s"
+        );
+        publish(&broker, "grpc-orders", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    publish(&broker, "grpc-orders", r#"{"n":1}"#, None).await;
+    publish(&broker, "grpc-orders", r#"{"n":2}"#, None).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got(1).len() < 2 || got(2).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "events 1 (twice) and 2 not delivered: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = &got(1)[0];
+    assert_eq!(first["topic"], "grpc-orders");
+    assert_eq!(first["type"], "com.dapr.event.sent");
+    assert_eq!(first["content_type"], "application/json");
+    assert_eq!(got(1)[1]["attempt"], 2);
+    assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
+    assert_eq!(got(2).len(), 1);
+}
