@@ -29,6 +29,8 @@
 
 pub mod app;
 mod conditional;
+mod config_subscriptions;
+pub mod configuration;
 mod error;
 mod expiry;
 mod keys;
@@ -62,6 +64,8 @@ pub use transaction::TxOp;
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
 /// The lock store's component type.
 pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
+/// The configuration store's component type.
+pub const CONFIGURATION_COMPONENT_TYPE: &str = "configuration.azure.iotoperations";
 /// The runtime version Dapr's metadata names.
 pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG_VERSION"));
 
@@ -141,6 +145,7 @@ pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
     extended: Arc<metadata::ExtendedMetadata>,
+    subscriptions: Arc<config_subscriptions::Subscriptions>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -157,6 +162,7 @@ impl DaprStore {
             store,
             settings: Arc::new(settings),
             extended: Arc::default(),
+            subscriptions: Arc::default(),
         }
     }
 
@@ -203,7 +209,7 @@ impl DaprStore {
     }
 
     /// The components Dapr's metadata lists: the state store, the lock
-    /// store, then each pub/sub component.
+    /// store, the configuration store, then each pub/sub component.
     pub fn components(&self) -> Vec<Component<'_>> {
         let pubsubs = self.settings.pubsubs.iter().map(|name| Component {
             name,
@@ -221,6 +227,12 @@ impl DaprStore {
             Component {
                 name: &self.settings.lock_store,
                 kind: LOCK_COMPONENT_TYPE,
+                version: "v1",
+                capabilities: &[],
+            },
+            Component {
+                name: &self.settings.configuration_store,
+                kind: CONFIGURATION_COMPONENT_TYPE,
                 version: "v1",
                 capabilities: &[],
             },

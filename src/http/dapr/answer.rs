@@ -168,6 +168,11 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_PUBSUB_EVENTS_SER",
             Code::InvalidArgument,
         ),
+        Refusal::NoAppChannel => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_APP_CHANNEL_NIL",
+            Code::Internal,
+        ),
     };
     (status, code, grpc, None)
 }
@@ -377,7 +382,7 @@ mod tests {
     use crate::http::dapr::check::Counted;
 
     /// How many kinds of refusal there are.
-    const KINDS: usize = 29;
+    const KINDS: usize = 30;
 
     /// The place of a refusal's kind: the match has no wildcard, so a new
     /// kind does not compile until it has a place, and then fails
@@ -413,6 +418,7 @@ mod tests {
             Refusal::PubsubForbidden { .. } => 26,
             Refusal::BulkEvents(_) => 27,
             Refusal::ConfigurationStoreNotFound(_) => 28,
+            Refusal::NoAppChannel => 29,
         }
     }
 
@@ -464,6 +470,7 @@ mod tests {
             },
             Refusal::BulkEvents("entryId is duplicated".into()),
             Refusal::ConfigurationStoreNotFound("other".into()),
+            Refusal::NoAppChannel,
         ];
         let covered: std::collections::BTreeSet<usize> = all.iter().map(kind_of).collect();
         assert_eq!(covered.len(), KINDS, "a kind of refusal has no example");

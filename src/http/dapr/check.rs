@@ -102,6 +102,10 @@ pub enum Refusal {
     /// A body or parameter that cannot be read as Dapr's request.
     #[error("{0}")]
     Malformed(String),
+    /// An HTTP configuration subscription on a gateway with no app to
+    /// deliver its changes to.
+    #[error("app channel is not initialized. cannot subscribe to configuration updates")]
+    NoAppChannel,
     /// The gateway cannot reach the store (Dapr's health routes).
     #[error("the gateway is not connected to the state store")]
     NotReady,
@@ -258,6 +262,14 @@ pub(super) fn lock_store(state: &AppState, name: &str) -> Result<(), Refusal> {
     Err(Refusal::LockStoreNotFound(name.to_owned()))
 }
 
+/// The configuration store a request names must be the gateway's.
+pub(super) fn configuration_store(state: &AppState, name: &str) -> Result<(), Refusal> {
+    if name == state.dapr.settings().configuration_store {
+        return Ok(());
+    }
+    Err(Refusal::ConfigurationStoreNotFound(name.to_owned()))
+}
+
 /// A concurrency option by Dapr's name (none or empty: `last-write`).
 pub(super) fn concurrency(name: Option<&str>) -> Result<Concurrency, Refusal> {
     match name {
@@ -319,6 +331,22 @@ impl<'a> Check<'a> {
         }
         self.allowed(&store_key, need)?;
         Ok(store_key)
+    }
+
+    /// The configuration items `names`: each not empty, its store key
+    /// within the key limit, and the caller may read it.
+    pub(super) fn configuration_keys(&self, names: &[String]) -> Result<(), Refusal> {
+        for name in names {
+            if name.is_empty() {
+                return Err(Refusal::EmptyKey);
+            }
+            let store_key = self.state.dapr.configuration_key(name);
+            if store_key.len() > self.state.limits.max_key_bytes {
+                return Err(Refusal::KeyTooLong(self.state.limits.max_key_bytes));
+            }
+            self.allowed(&store_key, Need::Read)?;
+        }
+        Ok(())
     }
 
     /// A save of one item: its key may be written, its expiry is

@@ -17,25 +17,32 @@ use std::collections::HashMap;
 
 use axum::Router;
 use axum::response::{IntoResponse as _, Response};
-use futures_util::StreamExt as _;
+use std::pin::Pin;
+
+use futures_util::stream::{self, Stream, StreamExt as _};
 use prost::Message as _;
 use tonic::{Code, Request, Status};
 
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, OperationKind, Refusal, SaveItem};
 use super::codec::{Checked, DecodeLimits};
-use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
+use super::proto::common::v1::{
+    ConfigurationItem, StateItem, StateOptions, state_options::StateConcurrency,
+};
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
     AppConnectionProperties, BulkPublishRequest, BulkPublishResponse, BulkStateItem,
     DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse,
-    GetMetadataRequest, GetMetadataResponse, GetStateRequest, GetStateResponse,
-    PublishEventRequest, PubsubSubscription, PubsubSubscriptionRule, PubsubSubscriptionRules,
-    PubsubSubscriptionType, QueryStateItem, QueryStateRequest, QueryStateResponse,
-    RegisteredComponents, SaveStateRequest, SetMetadataRequest, TryLockRequest, TryLockResponse,
-    UnlockRequest, UnlockResponse,
+    GetConfigurationRequest, GetConfigurationResponse, GetMetadataRequest, GetMetadataResponse,
+    GetStateRequest, GetStateResponse, PublishEventRequest, PubsubSubscription,
+    PubsubSubscriptionRule, PubsubSubscriptionRules, PubsubSubscriptionType, QueryStateItem,
+    QueryStateRequest, QueryStateResponse, RegisteredComponents, SaveStateRequest,
+    SetMetadataRequest, SubscribeConfigurationRequest, SubscribeConfigurationResponse,
+    TryLockRequest, TryLockResponse, UnlockRequest, UnlockResponse,
+    UnsubscribeConfigurationRequest, UnsubscribeConfigurationResponse,
 };
 use crate::access::rules::{Access, Need, Principal};
+use crate::dapr::configuration::Items;
 use crate::dapr::pubsub::SubscriptionKind;
 use crate::dapr::query::Query;
 use crate::dapr::{Concurrency, DaprError, Delete, Event};
@@ -46,7 +53,7 @@ use crate::store::Versioned;
 const SERVICE_PREFIX: &str = "/dapr.proto.runtime.v1.Dapr/";
 
 /// The methods served, each its own route (so metrics and spans name it).
-const METHODS: [&str; 13] = [
+const METHODS: [&str; 19] = [
     "GetState",
     "GetBulkState",
     "SaveState",
@@ -55,6 +62,12 @@ const METHODS: [&str; 13] = [
     "GetMetadata",
     "SetMetadata",
     "QueryStateAlpha1",
+    "GetConfiguration",
+    "GetConfigurationAlpha1",
+    "SubscribeConfiguration",
+    "SubscribeConfigurationAlpha1",
+    "UnsubscribeConfiguration",
+    "UnsubscribeConfigurationAlpha1",
     "TryLockAlpha1",
     "UnlockAlpha1",
     "PublishEvent",
@@ -178,6 +191,104 @@ impl DaprGrpc {
                 .cloned()
                 .unwrap_or_else(|| authz.access(Principal::Nobody)),
         }
+    }
+}
+
+/// A server stream of the service.
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Configuration items as the protos carry them.
+fn configuration_items(items: Items) -> HashMap<String, ConfigurationItem> {
+    items
+        .into_iter()
+        .map(|(name, item)| {
+            let item = ConfigurationItem {
+                value: item.value,
+                version: item.version,
+                metadata: HashMap::new(),
+            };
+            (name, item)
+        })
+        .collect()
+}
+
+impl DaprGrpc {
+    async fn get_configuration_items(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).configuration_keys(&request.keys)?;
+        let readable = |key: &[u8]| access.allows(key, Need::Read);
+        let items = self
+            .state
+            .dapr
+            .get_configuration(request.keys, &readable)
+            .await
+            .map_err(failed(Operation::ConfigurationGet))?;
+        let response = GetConfigurationResponse {
+            items: configuration_items(items),
+        };
+        let max = self.state.limits.dapr_max_body_size;
+        if response.encoded_len() > max {
+            return Err(Status::from(Refusal::AnswerTooLarge(max)));
+        }
+        Ok(tonic::Response::new(response))
+    }
+
+    /// A subscription's stream: first its id alone, then one message per
+    /// change, until it is unsubscribed, the client goes or the gateway
+    /// shuts down.
+    async fn subscribe_configuration_items(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).configuration_keys(&request.keys)?;
+        let subscription = self
+            .state
+            .dapr
+            .subscribe_configuration(&self.state.hub, &request.keys, access.live_read_filter())
+            .await
+            .map_err(failed(Operation::ConfigurationSubscribe))?;
+        let first = SubscribeConfigurationResponse {
+            id: subscription.id.clone(),
+            items: HashMap::new(),
+        };
+        let changes = stream::unfold(subscription, |mut subscription| async move {
+            let items = subscription.next().await?;
+            let message = SubscribeConfigurationResponse {
+                id: subscription.id.clone(),
+                items: configuration_items(items),
+            };
+            Some((Ok(message), subscription))
+        });
+        let stream = stream::once(async { Ok(first) }).chain(changes);
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    fn unsubscribe(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        // As Dapr answers: an unknown id is `ok: false`, not an error.
+        let response = match self.state.dapr.unsubscribe_configuration(&request.id) {
+            Ok(()) => UnsubscribeConfigurationResponse {
+                ok: true,
+                message: String::new(),
+            },
+            Err(error) => UnsubscribeConfigurationResponse {
+                ok: false,
+                message: error.to_string(),
+            },
+        };
+        Ok(tonic::Response::new(response))
     }
 }
 
@@ -483,6 +594,48 @@ impl Dapr for DaprGrpc {
             return Err(Status::from(Refusal::AnswerTooLarge(max)));
         }
         Ok(tonic::Response::new(response))
+    }
+
+    async fn get_configuration(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        self.get_configuration_items(request).await
+    }
+
+    async fn get_configuration_alpha1(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        self.get_configuration_items(request).await
+    }
+
+    async fn subscribe_configuration(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        self.subscribe_configuration_items(request).await
+    }
+
+    async fn subscribe_configuration_alpha1(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        self.subscribe_configuration_items(request).await
+    }
+
+    async fn unsubscribe_configuration(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        self.unsubscribe(request)
+    }
+
+    async fn unsubscribe_configuration_alpha1(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        self.unsubscribe(request)
     }
 
     async fn try_lock_alpha1(&self, request: Request<TryLockRequest>) -> Answer<TryLockResponse> {

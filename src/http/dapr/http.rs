@@ -33,6 +33,8 @@ use serde_json::value::RawValue;
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
+use crate::dapr::AppProtocol;
+use crate::dapr::configuration::items_json;
 use crate::dapr::query::Query;
 use crate::dapr::{BulkRead, DaprError, Delete, Event};
 use crate::http::api::extract;
@@ -58,6 +60,8 @@ pub(super) fn routes() -> Router<AppState> {
             post(query_state).put(query_state),
         )
         .route("/v1.0-alpha1/lock/{store}", post(try_lock))
+        .merge(configuration_routes("/v1.0"))
+        .merge(configuration_routes("/v1.0-alpha1"))
         .route(
             "/v1.0/publish/{pubsub}/{*topic}",
             post(publish).put(publish),
@@ -79,6 +83,24 @@ pub(super) fn routes() -> Router<AppState> {
             post(publish_bulk).put(publish_bulk),
         )
         .route("/v1.0-alpha1/unlock/{store}", post(unlock))
+}
+
+/// The configuration routes under `version` (the SDKs still call the
+/// alpha paths).
+fn configuration_routes(version: &str) -> Router<AppState> {
+    Router::new()
+        .route(
+            &format!("{version}/configuration/{{store}}"),
+            get(get_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/subscribe"),
+            get(subscribe_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/{{id}}/unsubscribe"),
+            get(unsubscribe_configuration),
+        )
 }
 
 /// Dapr's health routes: public, as Dapr's are (the Python SDK polls
@@ -921,6 +943,87 @@ async fn query_state(
         HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// Every `key=` of the query, in order.
+fn query_keys(query: Option<&str>) -> Vec<String> {
+    extract::query_pairs(query)
+        .filter(|(name, _)| *name == "key")
+        .map(|(_, value)| {
+            String::from_utf8_lossy(&extract::form_decode(value.as_bytes(), true)).into_owned()
+        })
+        .collect()
+}
+
+/// `GET /v1.0/configuration/{store}?key=a&key=b`: `{"a": {"value",
+/// "version"}}` (empty fields left out, as Dapr writes them); no key:
+/// every item; 204 when there is none.
+async fn get_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let readable = |key: &[u8]| access.allows(key, Need::Read);
+    let items = state
+        .dapr
+        .get_configuration(names, &readable)
+        .await
+        .map_err(Failure::on(Operation::ConfigurationGet))?;
+    if items.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    Ok(axum::Json(items_json(&items)).into_response())
+}
+
+/// `GET /v1.0/configuration/{store}/subscribe?key=...`: `{"id"}`; the
+/// changes go to the app's `/configuration/{store}/{key}` on its channel
+/// ([`crate::dapr::configuration`]). Without an HTTP app channel, as Dapr
+/// answers without one.
+async fn subscribe_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    let Some(app) = state
+        .app
+        .clone()
+        .filter(|app| app.protocol() == AppProtocol::Http)
+    else {
+        return Err(Refusal::NoAppChannel.into());
+    };
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let subscription = state
+        .dapr
+        .subscribe_configuration(&state.hub, &names, access.live_read_filter())
+        .await
+        .map_err(Failure::on(Operation::ConfigurationSubscribe))?;
+    let id = subscription.id.clone();
+    tokio::spawn(subscription.deliver_to(app, store));
+    Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
+}
+
+/// `GET /v1.0/configuration/{store}/{id}/unsubscribe`: `{"ok": true}`,
+/// or as Dapr answers an unknown id, 500 with `{"ok": false, "message"}`.
+async fn unsubscribe_configuration(
+    State(state): State<AppState>,
+    Path((store, id)): Path<(String, String)>,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    match state.dapr.unsubscribe_configuration(&id) {
+        Ok(()) => Ok(axum::Json(serde_json::json!({ "ok": true })).into_response()),
+        Err(error) => {
+            let failure = Failure::of(Operation::ConfigurationUnsubscribe, error);
+            let body = serde_json::json!({ "ok": false, "message": failure.message });
+            Ok((failure.status, axum::Json(body)).into_response())
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
