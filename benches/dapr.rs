@@ -17,7 +17,12 @@
 //!    (default 10,000) of small JSON values, half of them matching: a full
 //!    unsorted query (every page, following the tokens) and the first page
 //!    of a sorted one, each a scan of the whole key space: latency and
-//!    store round trips.
+//!    store round trips;
+//! 4. **publishes**, 64 in flight: Dapr's `POST /v1.0/publish/pubsub/bench`
+//!    over 64 keep-alive connections against the gateway's pool
+//!    ([`statestore_gateway::mqtt::Pool::publish`]) used directly from this
+//!    process with 64 tasks, publishing a CloudEvent of the same size to
+//!    the same broker: throughput ratio and latency percentiles.
 //!
 //! `scripts/bench --dapr` runs it (release build); `scripts/bench --smoke`
 //! runs a small version on the debug build that checks every answer and
@@ -36,6 +41,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use prost::Message as _;
 
+use statestore_gateway::mqtt::{Message, Pool};
 use support::gateway::{GatewayLaunch, GatewayProc};
 use support::http::HttpConn;
 use support::stats::{Percentiles, median_low_high};
@@ -372,6 +378,88 @@ async fn timed_queries(
     Ok((Percentiles::of(&mut samples), trips, answered.0, answered.1))
 }
 
+/// Publishes in flight at once, each way.
+const PUBLISHERS: usize = 64;
+
+/// Throughput and latency of a publish run.
+struct PublishRun {
+    per_second: f64,
+    latency: Percentiles,
+}
+
+/// `total` Dapr publishes over [`PUBLISHERS`] connections.
+async fn http_publishes(gateway: &GatewayProc, total: usize) -> Result<PublishRun> {
+    let mut conns = Vec::with_capacity(PUBLISHERS);
+    for _ in 0..PUBLISHERS {
+        conns.push(HttpConn::connect(gateway.api).await?);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut conn)| {
+            let count = total / PUBLISHERS + usize::from(index < total % PUBLISHERS);
+            tokio::spawn(async move {
+                let mut samples = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let sent = Instant::now();
+                    let response = conn
+                        .request("POST", "/v1.0/publish/pubsub/bench", br#"{"n":1}"#)
+                        .await?;
+                    samples.push(sent.elapsed());
+                    if response.status != 204 {
+                        bail!("publish: {}", response.status);
+                    }
+                }
+                Ok::<_, anyhow::Error>(samples)
+            })
+        })
+        .collect();
+    collect_run(tasks, started).await
+}
+
+/// `total` publishes of `payload` through `pool` by [`PUBLISHERS`] tasks.
+async fn direct_publishes(pool: &Pool, payload: Bytes, total: usize) -> Result<PublishRun> {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..PUBLISHERS)
+        .map(|index| {
+            let count = total / PUBLISHERS + usize::from(index < total % PUBLISHERS);
+            let (pool, payload) = (pool.clone(), payload.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let message = Message {
+                        topic: "bench".into(),
+                        payload: payload.clone(),
+                        content_type: Some("application/cloudevents+json".into()),
+                        ..Message::default()
+                    };
+                    let sent = Instant::now();
+                    pool.publish(message).await.context("a direct publish")?;
+                    samples.push(sent.elapsed());
+                }
+                Ok::<_, anyhow::Error>(samples)
+            })
+        })
+        .collect();
+    collect_run(tasks, started).await
+}
+
+async fn collect_run(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
+    started: Instant,
+) -> Result<PublishRun> {
+    let mut samples = Vec::new();
+    for task in tasks {
+        samples.extend(task.await.context("a publisher task")??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(PublishRun {
+        per_second: samples.len() as f64 / elapsed,
+        latency: Percentiles::of(&mut samples),
+    })
+}
+
 async fn run(options: Options) -> Result<()> {
     let mosquitto = procs::find_program(&["mosquitto"])
         .context("mosquitto is needed (scripts/bench installs it)")?;
@@ -487,6 +575,23 @@ async fn run(options: Options) -> Result<()> {
     if unsorted_results != matching || sorted_results != matching.min(100) {
         bail!("the queries answered {unsorted_results} and {sorted_results} of {matching} matches");
     }
+    // Publishes: an event as the gateway makes it (same attributes, same
+    // size) for the direct ones; a warm-up of each, then each way measured
+    // once.
+    let pool = support::direct::start_pool(port, 4).await?;
+    let publishes = n.max(PUBLISHERS);
+    let sample = {
+        Bytes::from(format!(
+            r#"{{"data":{{"n":1}},"datacontenttype":"application/json","id":"{}","pubsubname":"pubsub","source":"statestore-gateway","specversion":"1.0","time":"2026-01-01T00:00:00Z","topic":"bench","traceid":"{tp}","traceparent":"{tp}","tracestate":"","type":"com.dapr.event.sent"}}"#,
+            "00000000-0000-4000-8000-000000000000",
+            tp = "00-00000000000000000000000000000000-0000000000000000-00",
+        ))
+    };
+    http_publishes(&gateway, PUBLISHERS * 4).await?;
+    direct_publishes(&pool, sample.clone(), PUBLISHERS * 4).await?;
+    let http_run = http_publishes(&gateway, publishes).await?;
+    let direct_run = direct_publishes(&pool, sample, publishes).await?;
+    pool.shutdown().await;
 
     let us = |value: f64| format!("{value:.0} µs");
     let ms = |value: f64| format!("{:.1} ms", value / 1e3);
@@ -569,6 +674,29 @@ async fn run(options: Options) -> Result<()> {
         "| sorted, the first page of 100 | {} | {} | {sorted_trips:.0} |",
         ms(sorted_latency.p50),
         ms(sorted_latency.p99)
+    )?;
+    writeln!(
+        report,
+        "\n| publish, {PUBLISHERS} in flight ({publishes} each) | per second | p50 | p99 |"
+    )?;
+    writeln!(report, "|---|---:|---:|---:|")?;
+    for (name, run) in [
+        ("Dapr `POST /v1.0/publish` over HTTP/1.1", &http_run),
+        ("the pool's `publish`, directly", &direct_run),
+    ] {
+        writeln!(
+            report,
+            "| {name} | {:.0} | {} | {} |",
+            run.per_second,
+            us(run.latency.p50),
+            us(run.latency.p99)
+        )?;
+    }
+    writeln!(
+        report,
+        "\nDapr publish / direct: throughput {:.2}x, added latency p50 {:+.0} µs.",
+        http_run.per_second / direct_run.per_second,
+        http_run.latency.p50 - direct_run.latency.p50,
     )?;
     println!("\n{report}");
     if let Some(path) = &options.report {

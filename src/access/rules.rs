@@ -40,6 +40,7 @@ use thiserror::Error;
 
 use crate::files::reloading::{FileError, Reload, ReloadingFile};
 use crate::metrics::Metrics;
+use crate::mqtt::{filter_covers, is_topic_filter};
 use crate::protocol::glob;
 use crate::settings::{self, SettingError};
 use crate::store::reserved::{is_reserved, reserved_prefix};
@@ -188,37 +189,6 @@ impl Grants {
                 }
             }
         }
-    }
-}
-
-/// Whether the MQTT topic filter `granted` matches every topic `asked`
-/// (a topic name, or itself a filter) matches: level by level, `+` in
-/// `granted` takes any one level (`+` too), `#` the rest (`#` too);
-/// `asked`'s wildcards need the same or wider in `granted`. Topics
-/// starting with `$` only match filters that name their first level, as
-/// the broker matches them.
-fn filter_covers(granted: &str, asked: &str) -> bool {
-    let mut granted_levels = granted.split('/');
-    let mut asked_levels = asked.split('/');
-    let mut first = true;
-    loop {
-        match (granted_levels.next(), asked_levels.next()) {
-            (Some("#"), Some(level)) => return !(first && level.starts_with('$')),
-            (Some("#"), None) => return true,
-            (Some("+"), Some(level)) => {
-                if level == "#" || (first && level.starts_with('$')) {
-                    return false;
-                }
-            }
-            (Some(want), Some(level)) => {
-                if want != level {
-                    return false;
-                }
-            }
-            (None, None) => return true,
-            _ => return false,
-        }
-        first = false;
     }
 }
 
@@ -711,19 +681,6 @@ impl TryFrom<BrokerResourceFile> for BrokerResource {
     }
 }
 
-/// Whether `topic` is a valid MQTT topic filter.
-fn is_topic_filter(topic: &str) -> bool {
-    if topic.is_empty() || topic.contains('\0') {
-        return false;
-    }
-    let levels: Vec<&str> = topic.split('/').collect();
-    levels.iter().enumerate().all(|(at, level)| match *level {
-        "#" => at == levels.len() - 1,
-        "+" => true,
-        other => !other.contains(['+', '#']),
-    })
-}
-
 /// Whom a rule applies to: token subjects (`"*"`: every caller, the API
 /// token's included) and the caller of the shared API token.
 #[derive(Debug, Deserialize)]
@@ -922,14 +879,6 @@ rules:
         assert!(!other.allows_topic("orders/eu", TopicNeed::Publish));
         // Rules without keys grant no key.
         assert!(!a.allows(b"orders/eu", Need::Read));
-    }
-
-    #[test]
-    fn a_dollar_topic_is_not_under_a_leading_wildcard() {
-        assert!(!filter_covers("#", "$SYS/x"));
-        assert!(!filter_covers("+/x", "$SYS/x"));
-        assert!(filter_covers("$SYS/#", "$SYS/x"));
-        assert!(filter_covers("a/#", "a"));
     }
 
     #[test]

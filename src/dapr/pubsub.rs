@@ -556,7 +556,7 @@ impl Event {
         self.cloud_event
             .get("expiration")
             .and_then(Value::as_str)
-            .and_then(|text| httpdate_rfc3339(text))
+            .and_then(httpdate_rfc3339)
             .is_some_and(|expiry| expiry < now)
     }
 }

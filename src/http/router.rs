@@ -18,7 +18,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tracing::Instrument as _;
 
-use super::api::{batch, extract, keys, listing, locks, openapi, watch};
+use super::api::{batch, extract, keys, listing, locks, openapi, subscribe, watch};
 use super::dapr;
 use super::guard::{Guard, guard};
 use super::problem::{ApiError, FailureLog, Severity};
@@ -62,6 +62,7 @@ fn api_routes(state: &AppState) -> Router<AppState> {
         .merge(batch::routes())
         .merge(listing::routes())
         .merge(watch::routes())
+        .merge(subscribe::routes())
         .merge(locks::routes())
         .route(
             "/openapi.json",

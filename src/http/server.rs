@@ -285,6 +285,7 @@ impl Server {
         }
         // SSE streams never end by themselves: end them so the drain can finish.
         state.hub.shutdown();
+        state.topics.shutdown();
         let _ = stop_api.send(true);
         let api_result = match tokio::time::timeout(grace, &mut api_task).await {
             Ok(joined) => flatten("api", joined),

@@ -17,7 +17,7 @@ use crate::protocol::hlc;
 use crate::settings::{self, DEFAULT_MAX_VALUE_BYTES};
 use crate::store::StoreClient;
 use crate::store::scan_ahead::ScanAhead;
-use crate::watch::{WatchHub, WatchSettings};
+use crate::watch::{TopicHub, WatchHub, WatchSettings};
 
 /// Request size and time limits of the key API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +85,8 @@ pub struct Shared {
     pub locks: Locks,
     /// Dapr's state and lock operations over `store`.
     pub dapr: DaprStore,
+    /// The MQTT topics SSE streams follow (`GET /subscribe`).
+    pub topics: TopicHub,
     /// The app the gateway calls (`--dapr-app-port`), if any.
     pub app: Option<AppChannel>,
     /// The pub/sub subscriptions delivered to the app.
@@ -121,6 +123,7 @@ impl AppState {
         dapr: DaprSettings,
     ) -> Self {
         let batch_slots = Semaphore::new((pool.capacity() / 2).max(1));
+        let topics = TopicHub::new(pool.clone());
         let store = StoreClient::new(pool);
         let hub = WatchHub::start(store.clone(), metrics.clone(), watch);
         let app = dapr
@@ -133,6 +136,7 @@ impl AppState {
             locks: Locks::new(store.clone(), hub.clone(), metrics.clone(), locks),
             hub,
             dapr: DaprStore::new(store.clone(), dapr),
+            topics,
             store,
             scans_ahead: ScanAhead::default(),
             metrics,

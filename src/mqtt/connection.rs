@@ -13,7 +13,7 @@
 //! disconnects with the non-blocking `try_` calls and hands replies to the
 //! waiting request through a oneshot channel.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use super::auth;
 use super::backoff::Backoff;
 use super::error::PoolError;
-use super::events::{KeyNotification, MemberEvent};
+use super::events::{KeyNotification, MemberEvent, TopicMessage};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use super::settings::BrokerSettings;
 use super::takeover::{self, Ending, Evidence, TakeoverWatch};
@@ -85,6 +85,10 @@ struct Waiter {
     may_have_left: bool,
 }
 
+/// The member that subscribes to the callers' topic filters (one broker
+/// subscription per filter for the whole pool).
+pub(crate) const TOPIC_MEMBER: usize = 0;
+
 /// How long after CONNACK the SUBACK may take before the connection is
 /// considered stuck and rebuilt.
 const SUBACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +138,12 @@ pub(crate) struct MemberContext {
     pub metrics: Metrics,
     pub notifications: broadcast::Sender<KeyNotification>,
     pub events: broadcast::Sender<MemberEvent>,
+    /// Messages on the callers' topic filters (received by the topic
+    /// member, [`TOPIC_MEMBER`]).
+    pub messages: broadcast::Sender<TopicMessage>,
+    /// The callers' topic filters: the topic member subscribes to them
+    /// after every CONNACK.
+    pub topic_filters: Mutex<BTreeSet<String>>,
     /// Woken when a request slot frees up or a member becomes usable.
     pub slot_freed: Notify,
     /// Requests waiting for a slot (frees only notify when there are any).
@@ -392,6 +402,26 @@ impl Member {
         Ok(())
     }
 
+    /// Subscribes to a caller's topic filter now, if connected (otherwise
+    /// the next CONNACK does).
+    pub(crate) fn subscribe_topic(&self, filter: &str) {
+        let state = self.lock();
+        if self.status() == Status::Subscribed
+            && let Some(client) = &state.client
+            && let Err(error) = client.try_subscribe(filter, QoS::AtLeastOnce)
+        {
+            tracing::warn!(member = self.index, %error, filter, "cannot queue SUBSCRIBE for a topic filter");
+        }
+    }
+
+    /// Unsubscribes from a caller's topic filter, if connected.
+    pub(crate) fn unsubscribe_topic(&self, filter: &str) {
+        let state = self.lock();
+        if let Some(client) = &state.client {
+            let _ = client.try_unsubscribe(filter);
+        }
+    }
+
     /// The message behind the next `Outgoing::Publish` event: it has been
     /// written to the network.
     fn next_queued(&self) -> Option<(CorrelationId, Awaits)> {
@@ -546,6 +576,15 @@ impl Member {
             return;
         }
         let Some(key) = protocol::notify_topic_key(topic, &self.client_id) else {
+            if self.index == TOPIC_MEMBER {
+                // No receiver is fine: nobody follows topics now.
+                let _ = ctx.messages.send(TopicMessage {
+                    topic: topic.to_owned(),
+                    payload: publish.payload,
+                    content_type: properties.content_type,
+                });
+                return;
+            }
             tracing::debug!(
                 member = self.index,
                 topic,
@@ -753,6 +792,17 @@ async fn drive(
                     .as_mut()
                     .reset(Instant::now() + SUBACK_TIMEOUT);
             }
+            Ok(Event::Incoming(Packet::SubAck(suback))) if subscribed => {
+                // A caller's topic filter: a refusal is the broker's
+                // authorization of the gateway, not a broken connection.
+                if let Some(code) = suback
+                    .return_codes
+                    .iter()
+                    .find(|code| !matches!(code, SubscribeReasonCode::Success(_)))
+                {
+                    tracing::warn!(member = member.index, reason = ?code, "the broker refused a topic subscription");
+                }
+            }
             Ok(Event::Incoming(Packet::SubAck(suback))) => {
                 let refused: Vec<&SubscribeReasonCode> = suback
                     .return_codes
@@ -765,6 +815,24 @@ async fn drive(
                 subscribed = true;
                 progress.subscribed_at = Some(Instant::now());
                 member.on_subscribed(ctx);
+                if member.index == TOPIC_MEMBER {
+                    // After `on_subscribed`: a filter added meanwhile is
+                    // either in this set or subscribed by its adder.
+                    let filters: Vec<Filter> = ctx
+                        .topic_filters
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .iter()
+                        .map(|filter| Filter::new(filter.clone(), QoS::AtLeastOnce))
+                        .collect();
+                    if !filters.is_empty()
+                        && let Err(error) = client.try_subscribe_many(filters)
+                    {
+                        return End::lost(format!(
+                            "cannot queue SUBSCRIBE for topic filters: {error}"
+                        ));
+                    }
+                }
                 if member.recently_taken_over() {
                     // Again and again while another client takes it back.
                     tracing::debug!(member = member.index, client_id = %member.client_id, "connected and subscribed");
@@ -897,6 +965,8 @@ mod tests {
             metrics: Metrics::new(),
             notifications,
             events: broadcast::channel(16).0,
+            messages: broadcast::channel(16).0,
+            topic_filters: Mutex::default(),
             slot_freed: Notify::new(),
             slot_waiters: AtomicUsize::new(0),
             shutdown: watch::channel(false).0,

@@ -17,6 +17,18 @@ pub struct KeyNotification {
     pub version: Option<Hlc>,
 }
 
+/// A message received on a topic filter the pool subscribes to for
+/// callers ([`super::Pool::add_topic_filter`]).
+#[derive(Debug, Clone)]
+pub struct TopicMessage {
+    /// Its topic.
+    pub topic: String,
+    /// Its payload.
+    pub payload: Bytes,
+    /// Its MQTT5 content type.
+    pub content_type: Option<String>,
+}
+
 /// A member's connection state changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberEvent {

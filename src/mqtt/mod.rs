@@ -7,10 +7,11 @@
 //! - `error`: [`PoolStartError`] (why the pool cannot start), [`PoolError`]
 //!   (why a request got no reply) and [`PublishError`] (why a message was
 //!   not published).
-//! - `events`: [`KeyNotification`] and [`MemberEvent`].
+//! - `events`: [`KeyNotification`], [`MemberEvent`] and [`TopicMessage`].
 //! - `auth`: TLS, `K8S-SAT` and passwords, read anew at every connect.
 //! - `backoff`: [`Backoff`], the reconnect delays of every connection.
 //! - `connection`: one member: poll loop, pending requests, reconnects.
+//! - `topic`: MQTT topic filters: valid ones, matching, covering.
 //! - `takeover`: telling a session taken over by a client with the same
 //!   client id from other connection losses.
 //! - `pool`: [`Pool`]: routing, in-flight windows, the request envelope,
@@ -28,11 +29,12 @@ mod pool;
 mod settings;
 mod subscriber;
 mod takeover;
+mod topic;
 
 pub use auth::tls_client_config;
 pub use backoff::Backoff;
 pub use error::{PoolError, PoolStartError, PublishError};
-pub use events::{KeyNotification, MemberEvent};
+pub use events::{KeyNotification, MemberEvent, TopicMessage};
 pub use options::{
     CONNECT_TIMEOUT, MAX_PACKET_SIZE, OUTGOING_INFLIGHT_LIMIT, REQUEST_CHANNEL_CAPACITY,
     base_options,
@@ -42,3 +44,4 @@ pub use pool::{
 };
 pub use settings::{BrokerSettings, MAX_CLIENT_ID_BYTES, PoolSettings};
 pub use subscriber::{Received, Subscriber, SubscriberError, SubscriberSettings};
+pub use topic::{filter_covers, is_topic_filter};

@@ -36,7 +36,7 @@ use super::connection::{
     self, Awaits, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
 };
 use super::error::{PoolError, PoolStartError, PublishError};
-use super::events::{KeyNotification, MemberEvent};
+use super::events::{KeyNotification, MemberEvent, TopicMessage};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use super::settings::PoolSettings;
 use crate::metrics::Metrics;
@@ -54,6 +54,11 @@ pub const ENVELOPE_ALLOWANCE: usize = 2048 + 640;
 
 /// Notifications buffered per receiver before it lags.
 const NOTIFICATION_BUFFER: usize = 4096;
+
+/// Topic messages buffered (shared by every receiver) before a slow
+/// receiver lags: at most this many messages are held, whatever the
+/// number of receivers.
+const TOPIC_MESSAGE_BUFFER: usize = 256;
 
 /// Member events buffered per receiver before it lags.
 const EVENT_BUFFER: usize = 256;
@@ -221,6 +226,8 @@ impl Pool {
             metrics,
             notifications: broadcast::channel(NOTIFICATION_BUFFER).0,
             events: broadcast::channel(EVENT_BUFFER).0,
+            messages: broadcast::channel(TOPIC_MESSAGE_BUFFER).0,
+            topic_filters: Mutex::default(),
             slot_freed: Notify::new(),
             slot_waiters: AtomicUsize::new(0),
             shutdown: watch::channel(false).0,
@@ -366,6 +373,38 @@ impl Pool {
             // Only store requests get replies or early refusals.
             Delivery::Reply(_) | Delivery::Refused(_) => Err(PublishError::OutcomeUnknown),
         }
+    }
+
+    /// Subscribes the pool (one member: the first) to a caller's topic
+    /// filter, now and after every reconnect, until
+    /// [`Pool::remove_topic_filter`]. Messages arrive on
+    /// [`Pool::topic_messages`]. Callers count their users of a filter:
+    /// the pool holds each once.
+    pub fn add_topic_filter(&self, filter: &str) {
+        self.inner
+            .ctx
+            .topic_filters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(filter.to_owned());
+        self.inner.members[connection::TOPIC_MEMBER].subscribe_topic(filter);
+    }
+
+    /// Unsubscribes from a filter [`Pool::add_topic_filter`] added.
+    pub fn remove_topic_filter(&self, filter: &str) {
+        self.inner
+            .ctx
+            .topic_filters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(filter);
+        self.inner.members[connection::TOPIC_MEMBER].unsubscribe_topic(filter);
+    }
+
+    /// The messages of every topic filter added, from now on (a receiver
+    /// that falls 256 messages behind lags).
+    pub fn topic_messages(&self) -> broadcast::Receiver<TopicMessage> {
+        self.inner.ctx.messages.subscribe()
     }
 
     /// The request timeout: how long a request may wait for its reply.

@@ -39,6 +39,8 @@
 //!   the keys this gateway writes.
 //! - `reconciler`: the tasks that route notifications to keys and keep the
 //!   store's registrations equal to the watched keys.
+//! - `topics`: [`TopicHub`], the MQTT topics streams follow
+//!   (`GET /subscribe`): one broker subscription per filter, fanned out.
 
 mod error;
 mod event;
@@ -49,6 +51,7 @@ mod reconciler;
 mod selection;
 mod settings;
 mod shared;
+mod topics;
 mod watcher;
 
 pub use error::WatchError;
@@ -56,4 +59,5 @@ pub use event::{EventKind, KeyEvent, MAX_EVENT_VALUE_BYTES, Snapshot, WatchedVal
 pub use hub::WatchHub;
 pub use selection::Selection;
 pub use settings::WatchSettings;
+pub use topics::{Followed, TopicFollow, TopicHub};
 pub use watcher::{ReadFilter, Watcher};

@@ -413,24 +413,38 @@ async fn a_bulk_publish_reports_the_entry_the_broker_did_not_take() {
         .expect(INVALID_ARGUMENT);
 }
 
-#[tokio::test]
-async fn callers_publish_only_on_the_topics_their_rules_grant() {
-    const TOKEN: &str = "pubsub-api-t0ken";
+/// A stack whose gateway takes `token` and grants its caller `method` on
+/// the topic filter `filter` only; the rules file lives as long as the
+/// directory returned.
+async fn stack_with_topic_rule(
+    token: &str,
+    method: &str,
+    filter: &str,
+) -> (Stack, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(
         &rules,
-        "rules:\n  - principals: {apiToken: true}\n    brokerResources:\n      - {method: Publish, topics: [\"orders/+\"]}\n",
+        format!(
+            "rules:\n  - principals: {{apiToken: true}}\n    brokerResources:\n      - {{method: {method}, topics: [\"{filter}\"]}}\n"
+        ),
     )
     .unwrap();
     let stack = Stack::builder()
         .gateway(GatewayOptions {
-            api_token: Some(TOKEN.into()),
+            api_token: Some(token.into()),
             authz: Some(statestore_gateway::access::rules::AuthzSettings::new(rules)),
             ..GatewayOptions::default()
         })
         .start()
         .await;
+    (stack, dir)
+}
+
+#[tokio::test]
+async fn callers_publish_only_on_the_topics_their_rules_grant() {
+    const TOKEN: &str = "pubsub-api-t0ken";
+    let (stack, _rules) = stack_with_topic_rule(TOKEN, "Publish", "orders/+").await;
     let mut subscriber = TopicSubscriber::start(stack.broker.addr, "#").await;
     let publish = |topic: &str| {
         http_client()
@@ -529,4 +543,259 @@ async fn the_python_sdk_publishes_unchanged_over_grpc() {
         .collect();
     bulk.sort_unstable();
     assert_eq!(bulk, ["three", "two"]);
+}
+
+#[tokio::test]
+async fn every_pubsub_name_is_the_broker_and_the_metadata_lists_each() {
+    let stack = Stack::builder()
+        .gateway(GatewayOptions {
+            dapr: statestore_gateway::dapr::DaprSettings {
+                pubsubs: vec!["orders-bus".into(), "events".into()],
+                ..statestore_gateway::dapr::DaprSettings::default()
+            },
+            ..GatewayOptions::default()
+        })
+        .start()
+        .await;
+    let mut subscriber = TopicSubscriber::start(stack.broker.addr, "news").await;
+    let client = http_client();
+    for pubsub in ["orders-bus", "events"] {
+        let response = client
+            .post(stack.gateway.url(&format!("/v1.0/publish/{pubsub}/news")))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+        assert_eq!(
+            cloud_event(&subscriber.next(WAIT).await)["pubsubname"],
+            pubsub
+        );
+    }
+    let body = dapr_error(
+        client
+            .post(stack.gateway.url("/v1.0/publish/pubsub/news"))
+            .body("x")
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    assert_eq!(body["errorCode"], "ERR_PUBSUB_NOT_FOUND");
+
+    let metadata: Value = client
+        .get(stack.gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pubsubs: Vec<(&str, &str, &str)> = metadata["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|component| component["type"] == "pubsub.azure.iotoperations")
+        .map(|component| {
+            (
+                component["name"].as_str().unwrap(),
+                component["version"].as_str().unwrap(),
+                component["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pubsubs,
+        [
+            ("orders-bus", "v1", "pubsub.azure.iotoperations"),
+            ("events", "v1", "pubsub.azure.iotoperations"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn dev_publishes_on_its_embedded_broker() {
+    let dev = crate::support::dev::DevProcess::start(&[]).await;
+    let mut subscriber = TopicSubscriber::start(dev.broker, "orders").await;
+    let response = http_client()
+        .post(dev.url("/v1.0/publish/pubsub/orders"))
+        .header("content-type", "application/json")
+        .body(r#"{"id":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+    let message = subscriber.next(WAIT).await;
+    assert_eq!(content_type(&message), Some("application/cloudevents+json"));
+    assert_eq!(cloud_event(&message)["data"]["id"], 1);
+    // Nobody subscribes to this one: the broker's "no matching
+    // subscribers" is a published event, not an error.
+    let unheard = http_client()
+        .post(dev.url("/v1.0/publish/pubsub/nobody-listens"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unheard.status(), 204);
+}
+
+/// Publishes with the real `mosquitto_pub` (MQTT5, QoS 1).
+fn mosquitto_pub(broker: std::net::SocketAddr, topic: &str, message: &str, content_type: &str) {
+    let status = std::process::Command::new("mosquitto_pub")
+        .args(["-V", "mqttv5", "-q", "1", "-h", "127.0.0.1"])
+        .args(["-p", &broker.port().to_string()])
+        .args(["-t", topic, "-m", message])
+        .args(["-D", "publish", "content-type", content_type])
+        .status()
+        .expect("mosquitto_pub runs");
+    assert!(status.success(), "mosquitto_pub failed");
+}
+
+/// Publishes `message` on `topic` until `stream` shows an event (the
+/// broker subscription is made as the stream opens, not before it
+/// answers): the first event. Then publishes a marker and reads up to it,
+/// so that no later copy of `message` is left to read.
+async fn first_event(
+    stream: &mut crate::support::sse::SseStream,
+    broker: std::net::SocketAddr,
+    topic: &str,
+    message: &str,
+) -> crate::support::sse::SseEvent {
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        mosquitto_pub(broker, topic, message, "text/plain");
+        if let Some(event) = stream.next(Duration::from_millis(200)).await {
+            break event;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no event within {WAIT:?}"
+        );
+    };
+    // mosquitto_pub -q 1 returns once the broker took its message: the
+    // marker comes after every copy published before it.
+    mosquitto_pub(broker, topic, "settled", "text/plain");
+    while stream.expect("message").await.data["payload"] != "settled" {}
+    first
+}
+
+#[tokio::test]
+async fn subscribe_streams_mqtt_and_dapr_messages_of_wildcard_topics() {
+    let stack = Stack::start().await;
+    let broker = stack.broker.addr;
+    let client = http_client();
+    let url = stack
+        .gateway
+        .url("/subscribe?topic=sensors/+/temp&topic=orders/%23");
+    let mut stream = crate::support::sse::open(&client, &url, None)
+        .await
+        .unwrap();
+    let mut second = crate::support::sse::open(&client, &url, None)
+        .await
+        .unwrap();
+    for opened in [&mut stream, &mut second] {
+        let subscribed = opened.expect("subscribed").await;
+        assert_eq!(
+            subscribed.data,
+            serde_json::json!({"topics": ["sensors/+/temp", "orders/#"]})
+        );
+    }
+    let event = first_event(&mut stream, broker, "sensors/a/temp", "21.5").await;
+    assert_eq!(event.event, "message");
+    assert_eq!(
+        event.data,
+        serde_json::json!({"topic": "sensors/a/temp", "payload": "21.5", "encoding": "utf-8", "contentType": "text/plain"})
+    );
+    // One broker subscription per filter, whatever the number of streams.
+    let hub = &stack.gateway.server().state().topics;
+    assert_eq!(hub.filters(), 2);
+
+    // A Dapr publish, a topic no filter matches, a binary payload.
+    let published = client
+        .post(stack.gateway.url("/v1.0/publish/pubsub/orders/eu"))
+        .header("content-type", "application/json")
+        .body(r#"{"id":7}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(published.status(), 204);
+    let event = stream.expect("message").await;
+    assert_eq!(event.data["topic"], "orders/eu");
+    assert_eq!(event.data["contentType"], "application/cloudevents+json");
+    let cloud_event: Value = serde_json::from_str(event.data["payload"].as_str().unwrap()).unwrap();
+    assert_eq!(cloud_event["data"]["id"], 7);
+    mosquitto_pub(broker, "sensors/a/humidity", "40", "text/plain");
+    let raw = client
+        .post(
+            stack
+                .gateway
+                .url("/v1.0/publish/pubsub/sensors/b/temp?metadata.rawPayload=true"),
+        )
+        .header("content-type", "application/octet-stream")
+        .body(vec![0xffu8, 0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 204);
+    let event = stream.expect("message").await;
+    assert_eq!(
+        event.data,
+        serde_json::json!({"topic": "sensors/b/temp", "payload": "/wA=", "encoding": "base64", "contentType": "application/octet-stream"})
+    );
+
+    // The second stream got the same, from its first event on.
+    let mut topics = Vec::new();
+    while let Some(event) = second.next(Duration::from_secs(2)).await {
+        topics.push(event.data["topic"].as_str().unwrap().to_owned());
+        if topics.last().map(String::as_str) == Some("sensors/b/temp") {
+            break;
+        }
+    }
+    assert_eq!(topics.last().map(String::as_str), Some("sensors/b/temp"));
+    assert!(
+        topics.iter().all(|topic| topic != "sensors/a/humidity"),
+        "{topics:?}"
+    );
+
+    // The last stream to close ends the broker subscriptions.
+    drop(stream);
+    drop(second);
+    let deadline = std::time::Instant::now() + WAIT;
+    while hub.filters() != 0 {
+        assert!(std::time::Instant::now() < deadline, "filters still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn subscribe_takes_valid_filters_the_callers_rules_grant() {
+    const TOKEN: &str = "subscribe-api-t0ken";
+    let (stack, _rules) = stack_with_topic_rule(TOKEN, "Subscribe", "orders/#").await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let client = reqwest::Client::builder()
+        .default_headers(headers)
+        .no_proxy()
+        .build()
+        .unwrap();
+    let open = |query: &str| {
+        let url = stack.gateway.url(&format!("/subscribe{query}"));
+        let client = client.clone();
+        async move { crate::support::sse::open(&client, &url, None).await }
+    };
+    for (query, status) in [
+        ("", 400),
+        ("?topic=orders/%23/eu", 400),
+        ("?topic=orders&key=x", 400),
+        ("?topic=%23", 403),
+        ("?topic=orders/%23&topic=payments", 403),
+    ] {
+        let (got, _, body) = open(query).await.map(|_| ()).unwrap_err();
+        assert_eq!(got, status, "{query}: {body}");
+    }
+    let mut stream = open("?topic=orders/+").await.unwrap();
+    stream.expect("subscribed").await;
+    let event = first_event(&mut stream, stack.broker.addr, "orders/eu", "x").await;
+    assert_eq!(event.data["topic"], "orders/eu");
 }

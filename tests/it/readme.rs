@@ -22,7 +22,8 @@ fn tour() -> &'static str {
 }
 
 /// Turns the tour into a script: `cmd  # → 200` becomes `expect 200 cmd`,
-/// `# → sse` checks that the stream starts with a sync event.
+/// `# → sse` checks that the stream starts with a sync event, `# → sse
+/// subscribed` with a subscribed event (`/subscribe`).
 fn script(tour: &str, api: &str, admin: &str) -> String {
     let mut script = String::from(
         r#"set -u
@@ -33,8 +34,9 @@ expect() {
   if [ "$got" != "$want" ]; then echo "FAIL: expected $want, got $got: $*"; fail=1; fi
 }
 expect_sse() {
+  event=$1; shift
   out=$("$@" --silent --max-time 2)
-  case "$out" in *"event: sync"*) ;; *) echo "FAIL: no sync event from: $*"; fail=1 ;; esac
+  case "$out" in *"event: $event"*) ;; *) echo "FAIL: no $event event from: $*"; fail=1 ;; esac
 }
 "#,
     );
@@ -46,7 +48,10 @@ expect_sse() {
         if let Some((command, expected)) = line.split_once("# → ") {
             let command = command.trim_end();
             match expected.trim() {
-                "sse" => script.push_str(&format!("expect_sse {command}\n")),
+                "sse" => script.push_str(&format!("expect_sse sync {command}\n")),
+                "sse subscribed" => {
+                    script.push_str(&format!("expect_sse subscribed {command}\n"));
+                }
                 status => {
                     assert!(
                         status.len() == 3 && status.bytes().all(|b| b.is_ascii_digit()),

@@ -7,6 +7,7 @@
 //! - [`listing`]: `GET /keys?match=`, pages of keys with opaque cursors.
 //! - [`locks`]: `/locks/{name}`: acquire (and wait), release, read a lock.
 //! - [`watch`]: `/watch` Server-Sent Events from the watch hub.
+//! - [`subscribe`]: `/subscribe` Server-Sent Events of MQTT topics.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics` on their own listener.
 //! - [`openapi`]: `/openapi.json`, the API's OpenAPI document.
 //! - [`extract`]: request parsing as extractors (key, query, conditions,
@@ -20,4 +21,5 @@ pub mod keys;
 pub mod listing;
 pub mod locks;
 pub mod openapi;
+pub mod subscribe;
 pub mod watch;

@@ -147,7 +147,7 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 30] = [
+        let expected: [(&str, &[&str]); 34] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/batch", &["post"]),
@@ -178,6 +178,13 @@ mod tests {
             ("/v1.0/configuration/{store}", &["get"]),
             ("/v1.0/configuration/{store}/subscribe", &["get"]),
             ("/v1.0/configuration/{store}/{id}/unsubscribe", &["get"]),
+            ("/v1.0/publish/{pubsub}/{topic}", &["post", "put"]),
+            (
+                "/v1.0-alpha1/publish/bulk/{pubsub}/{topic}",
+                &["post", "put"],
+            ),
+            ("/v1.0/publish/bulk/{pubsub}/{topic}", &["post", "put"]),
+            ("/subscribe", &["get"]),
         ];
         assert_eq!(paths.len(), expected.len(), "{:?}", paths.keys());
         for (path, methods) in expected {
