@@ -26,6 +26,7 @@
   const CHART_MIN_SPAN_MS = 5000; // the time axis spans at least this much
   const LEAVE_MS = 1200; // a deleted key's row stays this long, marked, before it leaves
   const VALUE_SHOWN = 400; // characters of a value shown in the followed table
+  const TOPIC_KEY = 'statestore-gateway.ui.topic'; // the followed topic filter, kept across visits
   const MESSAGES_SHOWN = 100; // messages of a followed topic kept on the page, newest first
   const PAYLOAD_SHOWN = 300; // characters of a payload shown (the whole in its title)
   // The worker that shares the streams of every tab; a new name for a
@@ -1163,7 +1164,9 @@
     stopTopic();
     topics.filter = filter;
     ui.topicFollowed.textContent = filter;
+    ui.topicFilter.value = filter;
     ui.topicStop.disabled = false;
+    saveTopic();
     ui.topicBox.hidden = false;
     renderTopicEmpty();
     openTopicStream();
@@ -1178,6 +1181,15 @@
     ui.topicStop.disabled = true;
     setText(ui.topicNotice, '');
     setTopicConnection('idle', 'Not following a topic');
+  }
+
+  function saveTopic() {
+    try {
+      if (topics.filter === null) localStorage.removeItem(TOPIC_KEY);
+      else localStorage.setItem(TOPIC_KEY, topics.filter);
+    } catch {
+      // Only the next visit forgets the filter.
+    }
   }
 
   function openTopicStream() {
@@ -1507,6 +1519,7 @@
   ui.topicStop.addEventListener('click', () => {
     const filter = topics.filter;
     stopTopic();
+    saveTopic();
     if (filter !== null) showNotice(`Stopped following the topic ${filter}`);
     ui.topicFilter.focus();
   });
@@ -1541,6 +1554,8 @@
       ui.browsePattern.value = pattern;
       startFollowing(pattern);
     }
+    const filter = localStorage.getItem(TOPIC_KEY);
+    if (filter && encodable(filter)) followTopic(filter);
   } catch {
     // no storage: nothing was followed
   }

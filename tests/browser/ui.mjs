@@ -22,7 +22,7 @@
 // 8. follows the MQTT topic filter ui-topic/+/# (shown during 7's
 //    screenshot): a message published with fetch through the Dapr publish
 //    route appears in the topic table with its topic and content type;
-//    Stop ends it;
+//    the filter survives 7's reload; Stop ends it;
 // 9. stops watching through the page.
 //
 // With SDK_PEER=1 it runs only a handshake with a writer the gateway does
@@ -328,11 +328,14 @@ async function run(base, problems, session) {
   await browseAndSparkline(base, page);
   await followTopic(base, page, token);
   await followKeySpace(base, page);
-  step('stopping the followed topic');
+  step('the followed topic survived the reload; stopping it');
+  await waitForTopicRows(page, 'the topic followed again after the reload', (t) => t.connection === 'live' && t.text.includes(TOPIC_FILTER));
   await page.getByRole('button', { name: 'Stop', exact: true }).click();
   await page.locator('#topic-box').waitFor({ state: 'hidden', timeout: WAIT_MS });
   const topicState = await page.locator('#topic-connection').getAttribute('data-state');
   if (topicState !== 'idle') fail(`after Stop the topic's connection state is ${topicState}, not idle`);
+  const keptTopic = await page.evaluate(() => localStorage.getItem('statestore-gateway.ui.topic'));
+  if (keptTopic !== null) fail(`after Stop localStorage still keeps the topic ${keptTopic}`);
 
   step('deleting through the page, then stopping the watch');
   await page.getByRole('button', { name: `Delete ${KEY} from the store`, exact: true }).click();
