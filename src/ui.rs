@@ -1,11 +1,12 @@
 //! The browser dashboard at `/ui/`: list keys, follow every key matching a
-//! pattern live, watch single keys, set and delete them.
+//! pattern live, watch single keys, set and delete them, and follow the
+//! messages on MQTT topics (a filter with `+`/`#` wildcards).
 //!
 //! Four static files (plain HTML, CSS and JavaScript, no build step) are
 //! compiled into the binary, so the gateway needs nothing on disk to serve
 //! them. The page talks only to the gateway's own API with relative URLs
-//! (`../keys/…`, `../watch?key=…`, `../watch?match=…`), so it also works
-//! behind a path prefix. Its tabs share their watch streams through a
+//! (`../keys/…`, `../watch?key=…`, `../watch?match=…`, `../subscribe?topic=…`),
+//! so it also works behind a path prefix. Its tabs share their streams through a
 //! SharedWorker (`stream-worker.js`): one connection per distinct stream,
 //! however many tabs are open.
 //!

@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
 
-use super::api::{extract, locks, watch};
+use super::api::{extract, locks, subscribe, watch};
 use super::dapr::grpc;
 use super::problem::ApiError;
 use super::transport::watch_request::is_watch_request;
@@ -113,11 +113,14 @@ async fn authenticate(
 }
 
 /// The `access_token` query parameter (RFC 6750, section 2.3) of a watch
-/// request: a browser's `EventSource` cannot send an `Authorization`
-/// header, so a dashboard on a gateway with a token has no other way.
-/// Only watch streams take it; the gateway logs paths, never queries.
+/// or topic stream (`GET /subscribe`): a browser's `EventSource` cannot
+/// send an `Authorization` header, so a dashboard on a gateway with a token
+/// has no other way. Only these streams take it; the gateway logs paths,
+/// never queries.
 fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
-    if !is_watch_request(method, uri.path()) {
+    let stream = is_watch_request(method, uri.path())
+        || (method == Method::GET && uri.path() == subscribe::PATH);
+    if !stream {
         return None;
     }
     let (_, value) = extract::query_pairs(uri.query())

@@ -531,7 +531,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn watch_streams_may_carry_the_token_as_access_token() {
+    async fn watch_and_topic_streams_may_carry_the_token_as_access_token() {
         let state = state(Some(ApiToken::new(b"t0/k en".to_vec())));
         // Past the guard: the store is unreachable here, so 503.
         for uri in [
@@ -542,6 +542,17 @@ mod tests {
             let (status, _, body) = send(&state, request("GET", uri)).await;
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{uri}: {body}");
         }
+        // Past the guard to the filter check (a stream would not end here).
+        let uri = "/subscribe?topic=a%23&access_token=t0%2Fk%20en";
+        let (status, _, body) = send(&state, request("GET", uri)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("MQTT topic filter"),
+            "{body}"
+        );
         for (method, uri) in [
             ("GET", "/watch/k?access_token=t0%2Fk%20em"),
             ("GET", "/watch/k?access_token="),
@@ -550,6 +561,7 @@ mod tests {
             ("GET", "/keys/k?access_token=t0%2Fk%20en"),
             ("PUT", "/keys/k?access_token=t0%2Fk%20en"),
             ("GET", "/watchers?access_token=t0%2Fk%20en"),
+            ("GET", "/subscribe?topic=a&access_token=t0%2Fk%20em"),
         ] {
             let (status, _, body) = send(&state, request(method, uri)).await;
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {uri}: {body}");

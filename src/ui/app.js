@@ -26,9 +26,12 @@
   const CHART_MIN_SPAN_MS = 5000; // the time axis spans at least this much
   const LEAVE_MS = 1200; // a deleted key's row stays this long, marked, before it leaves
   const VALUE_SHOWN = 400; // characters of a value shown in the followed table
+  const TOPIC_KEY = 'statestore-gateway.ui.topic'; // the followed topic filter, kept across visits
+  const MESSAGES_SHOWN = 100; // messages of a followed topic kept on the page, newest first
+  const PAYLOAD_SHOWN = 300; // characters of a payload shown (the whole in its title)
   // The worker that shares the streams of every tab; a new name for a
   // change of its messages, so that tabs never talk to an older one.
-  const STREAM_WORKER = 'statestore-gateway.ui.streams.1';
+  const STREAM_WORKER = 'statestore-gateway.ui.streams.2';
   const PING_MS = 20_000; // well within the worker's patience (stream-worker.js)
 
   const $ = (id) => document.getElementById(id);
@@ -67,6 +70,18 @@
     chartKey: $('chart-key'),
     chartNote: $('chart-note'),
     chartSvg: $('chart-svg'),
+    topicForm: $('topic-form'),
+    topicFilter: $('topic-filter'),
+    topicStop: $('topic-stop'),
+    topicConnection: $('topic-connection'),
+    topicText: $('topic-text'),
+    topicNotice: $('topic-notice'),
+    topicBox: $('topic-box'),
+    topicTable: $('topic-table'),
+    topicFollowed: $('topic-followed'),
+    topicRows: $('topic-rows'),
+    topicEmpty: $('topic-empty'),
+    topicTemplate: $('topic-row-template'),
   };
 
   /** key -> { key, row, exists, value, valueBase64, version, kind, flags, at, error, history } */
@@ -1122,6 +1137,129 @@
     return at.toDateString() === new Date().toDateString() ? time : `${DAY.format(at)} ${time}`;
   }
 
+  // ---- a followed MQTT topic -----------------------------------------------
+  //
+  // One `/subscribe?topic=<filter>` stream: `subscribed` once the gateway
+  // follows the filter, then a `message` per message published on a
+  // matching topic (by MQTT clients or the Dapr publish route), `lagged`
+  // when the stream fell behind. Messages are not state: the page keeps the
+  // latest ones, a tab opened later sees only those that come after.
+
+  const topics = { filter: null, stream: newStream() };
+
+  function subscribeUrl(filter) {
+    const query = ['topic=' + encodeURIComponent(filter)];
+    const token = apiToken();
+    if (token) query.push('access_token=' + encodeURIComponent(token));
+    return new URL('subscribe?' + query.join('&'), API_ROOT);
+  }
+
+  function setTopicConnection(state, text) {
+    ui.topicConnection.dataset.state = state;
+    ui.topicText.textContent = text;
+    ui.topicTable.classList.toggle('stale', state !== 'live');
+  }
+
+  function followTopic(filter) {
+    stopTopic();
+    topics.filter = filter;
+    ui.topicFollowed.textContent = filter;
+    ui.topicFilter.value = filter;
+    ui.topicStop.disabled = false;
+    saveTopic();
+    ui.topicBox.hidden = false;
+    renderTopicEmpty();
+    openTopicStream();
+  }
+
+  function stopTopic() {
+    closeStream(topics.stream);
+    topics.stream.generation += 1;
+    topics.filter = null;
+    ui.topicRows.replaceChildren();
+    ui.topicBox.hidden = true;
+    ui.topicStop.disabled = true;
+    setText(ui.topicNotice, '');
+    setTopicConnection('idle', 'Not following a topic');
+  }
+
+  function saveTopic() {
+    try {
+      if (topics.filter === null) localStorage.removeItem(TOPIC_KEY);
+      else localStorage.setItem(TOPIC_KEY, topics.filter);
+    } catch {
+      // Only the next visit forgets the filter.
+    }
+  }
+
+  function openTopicStream() {
+    const filter = topics.filter;
+    openEventSource(topics.stream, subscribeUrl(filter), ['subscribed', 'message', 'lagged'], 'topic', {
+      failure: `Following the topic ${filter} failed`,
+      refusedText: 'Not following: change the topic filter',
+      open: () => setTopicConnection('connecting', 'Subscribing…'),
+      event: onTopicEvent,
+      state: (state, text) => setTopicConnection(state, text.replace('Not connected', 'Not following')),
+      reopen: openTopicStream,
+    });
+  }
+
+  function onTopicEvent(kind, event) {
+    const data = eventData(kind, event);
+    if (data === null) return;
+    switch (kind) {
+      case 'subscribed':
+        setTopicConnection('live', `Live: following ${topics.filter}`);
+        break;
+      case 'message':
+        if (typeof data.topic === 'string' && typeof data.payload === 'string') addMessage(data);
+        break;
+      case 'lagged': {
+        const n = Number(data.skipped) || 0;
+        setText(ui.topicNotice, `The page fell behind: ${n} message${n === 1 ? '' : 's'} missed`);
+        break;
+      }
+      case 'error':
+        showError(`Following the topic ${topics.filter}: ${typeof data.error === 'string' ? data.error : 'the gateway failed'}`, 'topic');
+        break;
+    }
+  }
+
+  /** A message as the newest row; the oldest beyond the bound leave. */
+  function addMessage(data) {
+    const row = ui.topicTemplate.content.firstElementChild.cloneNode(true);
+    const at = new Date();
+    const time = row.querySelector('.time');
+    time.dateTime = at.toISOString();
+    time.textContent = formatTime(at);
+    row.querySelector('.topic').textContent = data.topic;
+    row.dataset.topic = data.topic;
+    const type = typeof data.contentType === 'string' && data.contentType !== '' ? data.contentType : '—';
+    row.querySelector('.content-type').textContent = type;
+    const marker = row.querySelector('.marker');
+    const text = row.querySelector('.text');
+    if (data.encoding === 'base64') marker.textContent = 'not UTF-8, base64:';
+    else if (data.payload === '') marker.textContent = 'empty';
+    marker.hidden = marker.textContent === '';
+    const { payload } = data;
+    if (payload.length > PAYLOAD_SHOWN) {
+      text.textContent = `${payload.slice(0, PAYLOAD_SHOWN)}…`;
+      text.title = payload;
+    } else {
+      text.textContent = payload;
+    }
+    row.dataset.flash = 'a';
+    ui.topicRows.prepend(row);
+    while (ui.topicRows.children.length > MESSAGES_SHOWN) ui.topicRows.lastElementChild.remove();
+    renderTopicEmpty();
+  }
+
+  function renderTopicEmpty() {
+    const none = ui.topicRows.children.length === 0;
+    ui.topicEmpty.hidden = !none;
+    ui.topicTable.hidden = none;
+  }
+
   // ---- the selected key's chart -------------------------------------------
 
   function select(id) {
@@ -1365,6 +1503,27 @@
     if (entry) select(follow.selected === entry.id ? null : entry.id);
   });
 
+  ui.topicForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const filter = ui.topicFilter.value;
+    if (filter === '') {
+      showError('Type a topic filter to follow, e.g. orders/#');
+      return;
+    }
+    if (!encodable(filter)) {
+      showError('That topic filter contains a character that cannot be sent in a URL');
+      return;
+    }
+    followTopic(filter);
+  });
+  ui.topicStop.addEventListener('click', () => {
+    const filter = topics.filter;
+    stopTopic();
+    saveTopic();
+    if (filter !== null) showNotice(`Stopped following the topic ${filter}`);
+    ui.topicFilter.focus();
+  });
+
   ui.tokenForm.addEventListener('submit', (event) => {
     event.preventDefault();
     try {
@@ -1382,6 +1541,7 @@
     showNotice(apiToken() ? 'Using the API token' : 'No API token');
     openStream();
     if (follow.pattern !== null) openFollowStream();
+    if (topics.filter !== null) openTopicStream();
     browse(browsing.pattern, false);
   });
 
@@ -1394,6 +1554,8 @@
       ui.browsePattern.value = pattern;
       startFollowing(pattern);
     }
+    const filter = localStorage.getItem(TOPIC_KEY);
+    if (filter && encodable(filter)) followTopic(filter);
   } catch {
     // no storage: nothing was followed
   }

@@ -8,11 +8,13 @@
 // data, lastEventId), reconnecting, closed. A tab that joins a stream
 // already open first gets the stream's current picture, as a fresh stream
 // starts: `open`, a `sync` per key of its latest state, the patterns'
-// `listed`. The EventSource reconnects by itself, with Last-Event-ID.
+// `listed`, a topic stream's `subscribed`. A topic's messages (and
+// `lagged`) are forwarded, never kept: a tab hears those that come after
+// it joined. The EventSource reconnects by itself, with Last-Event-ID.
 'use strict';
 
-// The event types the gateway sends (docs/api.md).
-const KINDS = ['sync', 'set', 'delete', 'error', 'listed'];
+// The event types the gateway sends (docs/api.md): /watch's, then /subscribe's.
+const KINDS = ['sync', 'set', 'delete', 'error', 'listed', 'subscribed', 'message', 'lagged'];
 // Tabs that hold no Web Lock (an insecure context) are known alive by their
 // pings; a hidden tab's timers may run only once a minute, hence generous.
 const SILENT_MS = 150_000;
@@ -129,7 +131,8 @@ function unsubscribe(port, tab, id) {
 
 /**
  * The stream's picture is what a tab joining late needs: each key's latest
- * state (and error), and each pattern's `listed` and error. `epoch` counts
+ * state (and error), each pattern's `listed` and error, a topic stream's
+ * `subscribed`. `epoch` counts
  * opens: after a reconnect the gateway lists the patterns again, and a key
  * not synced again by then is gone.
  */
@@ -201,6 +204,13 @@ function keyId(data) {
 
 /** Keeps the event in the stream's picture. */
 function remember(stream, message) {
+  const { kind } = message;
+  // A topic's messages are not state; its `subscribed` is, as a `listed`.
+  if (kind === 'message' || kind === 'lagged') return;
+  if (kind === 'subscribed') {
+    stream.patterns.set(kind, message);
+    return;
+  }
   let data;
   try {
     data = JSON.parse(message.data);
@@ -208,7 +218,6 @@ function remember(stream, message) {
     return; // the tabs say so; nothing to keep
   }
   if (data === null || typeof data !== 'object') return;
-  const { kind } = message;
   const id = keyId(data);
   if (id === null) {
     // A pattern's own event: its listing is complete, or it takes no new keys.

@@ -19,13 +19,22 @@
 //    a changed row flashes, numeric keys draw sparklines, a selected key
 //    draws a chart against time; the pattern survives a reload; with
 //    SCREENSHOT set, writes a screenshot of the page there;
-// 8. stops watching through the page.
+// 8. follows the MQTT topic filter ui-topic/+/# (shown during 7's
+//    screenshot): a message published with fetch through the Dapr publish
+//    route appears in the topic table with its topic and content type;
+//    the filter survives 7's reload; Stop ends it;
+// 9. stops watching through the page.
 //
 // With SDK_PEER=1 it runs only a handshake with a writer the gateway does
 // not see (the official SDK, driven by the caller): it follows ui-sdk/*,
 // prints SDK_READY, waits for the key ui-sdk/from-sdk to appear with the
 // value "written by the SDK" (found by the gateway's rescan), prints
 // SDK_SEEN, and waits for the row to leave once the caller deleted it.
+//
+// With TOPIC_PEER=1 it runs only a handshake with an MQTT client the
+// caller drives: it follows ui-topic/+/#, sees a Dapr publish appear (as in
+// 8), prints TOPIC_READY, and waits for the message "from an MQTT client"
+// on ui-topic/sensors/t1 (content type text/plain) to appear above it.
 //
 // With LOAD_KEYS=<n> it runs only the load test instead: n keys followed
 // on one stream, then bursts of changes to all of them and their deletion;
@@ -78,6 +87,8 @@ const LOAD_KEYS = Number(process.env.LOAD_KEYS || 0);
 const SDK_PEER = process.env.SDK_PEER === '1';
 const TABS = Number(process.env.TABS || 0);
 const RECONNECT = process.env.RECONNECT === '1';
+const TOPIC_PEER = process.env.TOPIC_PEER === '1';
+const TOPIC_FILTER = 'ui-topic/+/#';
 // The listing test's keys: more than one page of the browser (20).
 const LISTED = Array.from({ length: 23 }, (_, n) => `ui-list/room-${String(n).padStart(2, '0')}`);
 const SPARK_KEY = 'ui-list/temperature';
@@ -121,10 +132,11 @@ function parseBase(arg) {
 }
 
 /** curl-style: plain fetch from node, bounded. */
-async function http(method, url, { body, accept } = {}) {
+async function http(method, url, { body, accept, type } = {}) {
   const init = { method, signal: AbortSignal.timeout(REQUEST_MS), headers: {} };
   if (API_TOKEN) init.headers.Authorization = `Bearer ${API_TOKEN}`;
   if (body !== undefined) init.body = body;
+  if (type) init.headers['Content-Type'] = type;
   if (accept) init.headers.Accept = accept;
   try {
     return await fetch(url, init);
@@ -314,7 +326,16 @@ async function run(base, problems, session) {
   await page.getByRole('button', { name: `Stop watching ${lockName}`, exact: true }).click();
   await page.locator('#rows tr').nth(1).waitFor({ state: 'detached', timeout: WAIT_MS });
   await browseAndSparkline(base, page);
+  await followTopic(base, page, token);
   await followKeySpace(base, page);
+  step('the followed topic survived the reload; stopping it');
+  await waitForTopicRows(page, 'the topic followed again after the reload', (t) => t.connection === 'live' && t.text.includes(TOPIC_FILTER));
+  await page.getByRole('button', { name: 'Stop', exact: true }).click();
+  await page.locator('#topic-box').waitFor({ state: 'hidden', timeout: WAIT_MS });
+  const topicState = await page.locator('#topic-connection').getAttribute('data-state');
+  if (topicState !== 'idle') fail(`after Stop the topic's connection state is ${topicState}, not idle`);
+  const keptTopic = await page.evaluate(() => localStorage.getItem('statestore-gateway.ui.topic'));
+  if (keptTopic !== null) fail(`after Stop localStorage still keeps the topic ${keptTopic}`);
 
   step('deleting through the page, then stopping the watch');
   await page.getByRole('button', { name: `Delete ${KEY} from the store`, exact: true }).click();
@@ -748,6 +769,84 @@ async function runSdkPeer(base, problems, session) {
   if (problems.length > 0) fail(problems.join('\n'));
 }
 
+/** The topic table's rows, newest first, and its connection state. */
+async function readTopicRows(page) {
+  return page.evaluate(() => ({
+    connection: document.getElementById('topic-connection').dataset.state,
+    text: document.getElementById('topic-text').textContent,
+    rows: [...document.querySelectorAll('#topic-rows tr')].map((row) => ({
+      time: row.querySelector('.time').getAttribute('datetime'),
+      topic: row.querySelector('.topic').textContent,
+      type: row.querySelector('.content-type').textContent,
+      marker: row.querySelector('.marker').textContent,
+      payload: row.querySelector('.text').textContent,
+    })),
+  }));
+}
+
+/** Polls the topic table (bounded) until `predicate` holds. */
+async function waitForTopicRows(page, description, predicate) {
+  const deadline = Date.now() + WAIT_MS;
+  let seen;
+  for (;;) {
+    seen = await readTopicRows(page);
+    if (predicate(seen)) return seen;
+    if (Date.now() > deadline) fail(`the topic table never showed ${description}: ${JSON.stringify(seen)}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+/**
+ * Follows TOPIC_FILTER through the page's form, then publishes a JSON
+ * message through the Dapr publish route until it shows (the gateway's
+ * broker subscription is made as the stream opens, so a message published
+ * at that moment may miss it): its row names its topic and Dapr's
+ * CloudEvent content type, and holds the message.
+ */
+async function followTopic(base, page, token) {
+  step(`following the topic filter ${TOPIC_FILTER} through the page`);
+  await page.getByLabel('MQTT topic filter').fill(TOPIC_FILTER);
+  await page.getByRole('button', { name: 'Follow', exact: true }).click();
+  await waitForTopicRows(page, 'a live stream with no message', (t) => t.connection === 'live' && t.rows.length === 0);
+  const topic = 'ui-topic/orders/eu';
+  const publishUrl = new URL(`v1.0/publish/pubsub/${topic}`, base);
+  const body = JSON.stringify({ order: token, items: 3 });
+  step(`publishing ${body} on ${topic} through the Dapr publish route`);
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    await expectStatus(await http('POST', publishUrl, { body, type: 'application/json' }), [204], 'POST /v1.0/publish');
+    const seen = await readTopicRows(page);
+    if (seen.rows.length > 0) break;
+    if (Date.now() > deadline) fail(`no published message showed within ${WAIT_MS / 1000} s`);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+  }
+  const { rows } = await waitForTopicRows(page, `the message on ${topic}`, (t) => t.rows.length > 0);
+  const row = rows[rows.length - 1];
+  if (row.topic !== topic || row.type !== 'application/cloudevents+json' || !row.payload.includes(`"order":"${token}"`)) {
+    fail(`the published message shows as ${JSON.stringify(row)}`);
+  }
+  if (!row.time) fail('the message row has no time received');
+  return topic;
+}
+
+const TOPIC_READY = 'ui test: TOPIC_READY';
+
+/** Follows TOPIC_FILTER while the caller publishes with a plain MQTT client. */
+async function runTopicPeer(base, problems, session) {
+  const page = await openPage(base, problems, session);
+  const daprTopic = await followTopic(base, page, randomBytes(6).toString('hex'));
+  console.log(TOPIC_READY);
+  const topic = 'ui-topic/sensors/t1';
+  const { rows } = await waitForTopicRows(page, `the MQTT client's message on ${topic}`, (t) =>
+    t.rows.some((r) => r.topic === topic));
+  const newest = rows[0];
+  if (newest.topic !== topic || newest.payload !== 'from an MQTT client' || newest.type !== 'text/plain' || newest.marker !== '') {
+    fail(`the MQTT client's message shows as ${JSON.stringify(newest)}, newest first expected`);
+  }
+  if (rows[rows.length - 1].topic !== daprTopic) fail(`the Dapr message is no longer below it: ${JSON.stringify(rows)}`);
+  if (problems.length > 0) fail(problems.join('\n'));
+}
+
 /** Prints `ui test: <word>` and waits for the caller's line on stdin (it checks the gateway meanwhile). */
 const caller = TABS > 0 || RECONNECT ? createInterface({ input: process.stdin }) : null;
 const callerLines = caller?.[Symbol.asyncIterator]();
@@ -905,7 +1004,7 @@ async function main() {
   });
   try {
     const base = parseBase(process.argv[2]);
-    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : TABS > 0 ? runTabs : RECONNECT ? runReconnect : run;
+    const test = LOAD_KEYS > 0 ? runLoad : SDK_PEER ? runSdkPeer : TOPIC_PEER ? runTopicPeer : TABS > 0 ? runTabs : RECONNECT ? runReconnect : run;
     await Promise.race([test(base, problems, session), overall]);
     step('passed');
     return 0;

@@ -336,6 +336,50 @@ async fn dashboard_follows_keys_the_official_sdk_creates_and_deletes() {
     stack.gateway.shutdown().await;
 }
 
+/// The page follows an MQTT topic filter with a wildcard (`ui-topic/+/#`):
+/// a message published through the Dapr publish route and one published by
+/// a plain MQTT client (`mosquitto_pub`, MQTT5) both show in its topic
+/// table, newest first, with their topics and content types.
+#[tokio::test]
+async fn dashboard_follows_a_topic_published_over_dapr_and_plain_mqtt() {
+    use tokio::io::AsyncBufReadExt;
+
+    require_browser_tools();
+    let stack = Stack::start().await;
+    let base = format!("http://{}", stack.gateway.api);
+    let mut child = spawn_node(&base, &[("TOPIC_PEER", OsStr::new("1"))]);
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut printed = String::new();
+    wait_for_line(&mut lines, "ui test: TOPIC_READY", &mut printed).await;
+    // The gateway's broker subscription is up: the page showed a message.
+    crate::pubsub::mosquitto_pub(
+        stack.broker.addr,
+        "ui-topic/sensors/t1",
+        "from an MQTT client",
+        "text/plain",
+    );
+    let rest = tokio::time::timeout(SCRIPT_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            printed.push_str(&line);
+            printed.push('\n');
+        }
+        child.wait_with_output().await.expect("the output of node")
+    })
+    .await;
+    let Ok(output) = rest else {
+        panic!("tests/browser/ui.mjs did not finish within {SCRIPT_TIMEOUT:?}:\n{printed}");
+    };
+    print!("{printed}");
+    assert!(
+        output.status.success(),
+        "the browser test failed ({})\n--- stdout ---\n{printed}--- stderr ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stack.gateway.shutdown().await;
+}
+
 /// Tabs of one browser opened at once: twice as many as the six
 /// connections a browser allows an origin over HTTP/1.1 (with a stream or
 /// two per tab, the fourth tab would hang).

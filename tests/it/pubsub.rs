@@ -641,7 +641,7 @@ async fn dev_publishes_on_its_embedded_broker() {
 }
 
 /// Publishes with the real `mosquitto_pub` (MQTT5, QoS 1).
-fn mosquitto_pub(broker: std::net::SocketAddr, topic: &str, message: &str, content_type: &str) {
+pub fn mosquitto_pub(broker: std::net::SocketAddr, topic: &str, message: &str, content_type: &str) {
     let status = std::process::Command::new("mosquitto_pub")
         .args(["-V", "mqttv5", "-q", "1", "-h", "127.0.0.1"])
         .args(["-p", &broker.port().to_string()])

@@ -27,26 +27,33 @@ use futures_util::stream::{self, StreamExt as _};
 
 use super::extract::{Query, form_decode};
 use super::keys::method_not_allowed;
+use super::watch::ACCESS_TOKEN_PARAMETER;
 use crate::access::rules::{Access, TopicNeed};
 use crate::http::problem::ApiError;
 use crate::http::state::AppState;
 use crate::mqtt::{TopicMessage, is_topic_filter};
 use crate::watch::{Followed, TopicFollow};
 
+/// The route's path.
+pub const PATH: &str = "/subscribe";
+
 /// Topic filters one stream may follow.
 pub const MAX_TOPICS_PER_STREAM: usize = 64;
 
 /// The route.
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/subscribe", get(subscribe).fallback(method_not_allowed))
+    Router::new().route(PATH, get(subscribe).fallback(method_not_allowed))
 }
 
 /// The `topic` parameters: at least one, each a valid MQTT filter (`+` is
 /// the wildcard, not a space), at most [`MAX_TOPICS_PER_STREAM`]; no other
-/// parameter.
+/// parameter but the API token (`access_token`, read by the HTTP guard).
 fn topic_filters(query: &Query) -> Result<Vec<String>, ApiError> {
     let mut filters = Vec::new();
     for (name, value) in query.pairs() {
+        if name == ACCESS_TOKEN_PARAMETER {
+            continue;
+        }
         if name != "topic" {
             return Err(ApiError::BadQuery(format!(
                 "unknown query parameter {name:?}: /subscribe takes topic"
