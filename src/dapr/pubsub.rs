@@ -317,12 +317,33 @@ impl SubscriptionTable {
             .clone()
     }
 
-    /// Replaces them.
-    pub fn set(&self, subscriptions: Vec<Subscription>) {
-        *self
+    /// Adds one (a stream's).
+    pub fn add(&self, subscription: Subscription) {
+        self.current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(subscription);
+    }
+
+    /// Removes one (a stream's, when it ends).
+    pub fn remove(&self, subscription: &Subscription) {
+        let mut current = self
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = subscriptions;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = current.iter().position(|other| other == subscription) {
+            current.remove(at);
+        }
+    }
+
+    /// Replaces the app's and the declarative ones, keeping the streams'.
+    pub fn set_delivered(&self, subscriptions: Vec<Subscription>) {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        current.retain(|subscription| subscription.kind == SubscriptionKind::Streaming);
+        current.extend(subscriptions);
     }
 }
 

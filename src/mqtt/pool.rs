@@ -279,6 +279,17 @@ impl Pool {
         result
     }
 
+    /// The broker the members connect to (other connections of the
+    /// gateway, such as pub/sub subscribers, connect there too).
+    pub fn broker(&self) -> &super::BrokerSettings {
+        &self.inner.ctx.broker
+    }
+
+    /// The base client id (members are `<id>-<n>`).
+    pub fn client_id(&self) -> &str {
+        &self.inner.client_id
+    }
+
     /// The request timeout: how long a request may wait for its reply.
     pub fn request_timeout(&self) -> Duration {
         self.inner.ctx.request_timeout

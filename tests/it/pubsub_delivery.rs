@@ -738,3 +738,135 @@ async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
     assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
     assert_eq!(got(2).len(), 1);
 }
+
+/// The Python SDK's streaming subscription (`client.subscribe`): an app
+/// with no server of its own. Answers RETRY to event 1's first delivery,
+/// DROP to event 2, SUCCESS otherwise; prints each message as a JSON line.
+const PYTHON_STREAMING: &str = r#"
+import json, sys, time
+from dapr.clients import DaprClient
+
+with DaprClient() as client:
+    subscription = client.subscribe(pubsub_name="pubsub", topic="streamed", dead_letter_topic="streamed-dead")
+    print(json.dumps({"subscribed": True}), flush=True)
+    seen = {}
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        message = subscription.next_message()
+        if message is None:
+            continue
+        data = message.data()
+        seen[message.id()] = seen.get(message.id(), 0) + 1
+        print(json.dumps({"id": message.id(), "topic": message.topic(), "data": data,
+                          "attempt": seen[message.id()]}), flush=True)
+        n = data.get("n") if isinstance(data, dict) else None
+        if n == 1 and seen[message.id()] == 1:
+            subscription.respond_retry(message)
+        elif n == 2:
+            subscription.respond_drop(message)
+        else:
+            subscription.respond_success(message)
+        if n == 3:
+            break
+    subscription.close()
+"#;
+
+#[tokio::test]
+async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    // No app port: the app has no server, only the stream.
+    let gateway = GatewayProcess::start(broker.addr.port(), &[]).await;
+    let mut dead = listen(&broker, "streamed-dead").await;
+    let port = gateway.api.port().to_string();
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(PYTHON_STREAMING)
+        .env("DAPR_RUNTIME_HOST", "127.0.0.1")
+        .env("DAPR_HTTP_PORT", &port)
+        .env("DAPR_GRPC_PORT", &port)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line["data"]["n"] == n)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Warm up until the stream's subscription is in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got(0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the stream got no event within 30 s: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(&broker, "streamed", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Listed as a streaming subscription while it lasts.
+    let metadata: Value = gateway
+        .http
+        .get(gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metadata["subscriptions"][0]["type"], "STREAMING");
+    assert_eq!(metadata["subscriptions"][0]["topic"], "streamed");
+    publish(&broker, "streamed", r#"{"n":1}"#, None).await;
+    publish(&broker, "streamed", r#"{"n":2}"#, None).await;
+    let letter = tokio::time::timeout(Duration::from_secs(15), dead.recv())
+        .await
+        .expect("the dropped event on the dead letter topic")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 2})
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got(1).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "event 1 not sent again: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
+    assert_eq!(got(1)[0]["topic"], "streamed");
+    publish(&broker, "streamed", r#"{"n":3}"#, None).await;
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the script ends after event 3")
+        .unwrap();
+    assert!(status.success(), "{:?}", lines.lock().unwrap());
+    assert_eq!(got(2).len(), 1);
+}

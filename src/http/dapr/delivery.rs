@@ -9,16 +9,24 @@
 //! the subscription's dead letter topic. What each answer means, the
 //! event a message becomes and the retry delays are [`crate::dapr::pubsub`]'s.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use tokio::sync::mpsc;
 
 use super::app_callback::app_callback;
-use super::proto::runtime::v1::TopicEventRequest;
+use super::proto::runtime::v1::subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType;
+use super::proto::runtime::v1::subscribe_topic_events_response_alpha1::SubscribeTopicEventsResponseType;
 use super::proto::runtime::v1::topic_event_response::TopicEventResponseStatus;
+use super::proto::runtime::v1::{
+    SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsRequestInitialAlpha1,
+    SubscribeTopicEventsResponseAlpha1, SubscribeTopicEventsResponseInitialAlpha1,
+    TopicEventRequest,
+};
 use crate::dapr::app::AppChannel;
 use crate::dapr::pubsub::{
     self, CLOUD_EVENT_CONTENT_TYPE, Event, Outcome, RetryPolicy, Rule, Subscription,
@@ -75,7 +83,7 @@ pub async fn run(
 ) {
     app.wait_until_listening().await;
     let subscriptions = subscriptions(&app, &settings).await;
-    table.set(subscriptions.clone());
+    table.set_delivered(subscriptions.clone());
     if subscriptions.is_empty() {
         tracing::info!("the app subscribes to no topic");
         return;
@@ -338,22 +346,9 @@ impl Deliverer {
         self.finish(message, "dropped");
     }
 
-    /// The message as it arrived (payload, content type, user
-    /// properties), published to `topic`.
+    /// The message published to the dead letter `topic`.
     async fn publish_dead_letter(&self, topic: &str, message: &Received) -> Result<(), String> {
-        let properties = PublishProperties {
-            content_type: message.properties.content_type.clone(),
-            user_properties: message.properties.user_properties.clone(),
-            ..PublishProperties::default()
-        };
-        tokio::time::timeout(
-            self.app.call_timeout(),
-            self.subscriber
-                .publish(topic, message.payload.clone(), properties),
-        )
-        .await
-        .map_err(|_| "no PUBACK in time".to_owned())?
-        .map_err(|error| error.to_string())
+        publish_dead_letter(&self.subscriber, topic, message, self.app.call_timeout()).await
     }
 
     /// One call to the app with the event, and what its answer means.
@@ -399,17 +394,7 @@ impl Deliverer {
             }
             AppProtocol::Grpc => {
                 let mut client = app_callback(&self.app, self.settings.max_message_bytes);
-                let request = TopicEventRequest {
-                    id: event.id().to_owned(),
-                    source: event.text("source").to_owned(),
-                    r#type: event.text("type").to_owned(),
-                    spec_version: event.text("specversion").to_owned(),
-                    data_content_type: event.text("datacontenttype").to_owned(),
-                    data: event.data_bytes(),
-                    topic: subscription.topic.clone(),
-                    pubsub_name: subscription.pubsub_name.clone(),
-                    path: path.to_owned(),
-                };
+                let request = topic_event_request(subscription, event, path);
                 match tokio::time::timeout(self.app.call_timeout(), client.on_topic_event(request))
                     .await
                 {
@@ -437,4 +422,193 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// Why a streaming subscription cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// Its routing, metadata or names do not make a subscription.
+    #[error(transparent)]
+    Subscription(#[from] pubsub::SubscriptionError),
+}
+
+/// A streaming subscription (`SubscribeTopicEventsAlpha1`): its own MQTT
+/// connection (`<client id>-stream-<random>`, a session that ends with
+/// it: what it had not acknowledged goes to another member of the group),
+/// subscribed `$share/<app id>/<topic>`; each event is sent on the stream,
+/// and acknowledged to the broker once the app answered SUCCESS or DROP
+/// (DROP: to the dead letter topic first, if any) for its id. RETRY sends
+/// it again after Dapr's backoff; past the policy's calls, to the dead
+/// letter topic if any, else again without end. The subscription is
+/// listed in metadata while the stream lasts.
+pub fn stream(
+    state: &crate::http::state::AppState,
+    initial: SubscribeTopicEventsRequestInitialAlpha1,
+    mut requests: tonic::Streaming<SubscribeTopicEventsRequestAlpha1>,
+) -> Result<
+    impl futures_util::Stream<Item = Result<SubscribeTopicEventsResponseAlpha1, tonic::Status>>
+    + Send
+    + 'static,
+    StreamError,
+> {
+    let subscription = SubscriptionParts {
+        pubsub_name: initial.pubsub_name,
+        topic: initial.topic,
+        metadata: initial.metadata.into_iter().collect(),
+        dead_letter_topic: initial.dead_letter_topic.unwrap_or_default(),
+        ..SubscriptionParts::default()
+    }
+    .build(SubscriptionKind::Streaming)?;
+    let pool = state.store.pool();
+    let app_id = state.dapr.settings().app_id.clone();
+    let (subscriber, mut received) = Subscriber::start(SubscriberSettings {
+        broker: pool.broker().clone(),
+        client_id: format!("{}-stream-{:08x}", pool.client_id(), rand::random::<u32>()),
+        session_expiry: Duration::ZERO,
+        receive_maximum: DELIVERY_IN_FLIGHT,
+        filters: vec![format!("$share/{app_id}/{}", subscription.topic)],
+    });
+    let table = state.subscriptions.clone();
+    table.add(subscription.clone());
+    let metrics = state.metrics.clone();
+    let (events, stream) = mpsc::channel(usize::from(DELIVERY_IN_FLIGHT));
+    tokio::spawn(async move {
+        let retry = RetryPolicy::default();
+        let listed = subscription.clone();
+        // Events sent and not yet answered, by id: the message, the event
+        // and its calls so far.
+        let mut pending: HashMap<String, (Received, TopicEventRequest, u32)> = HashMap::new();
+        let (again, mut retries) = mpsc::unbounded_channel::<String>();
+        let initial = SubscribeTopicEventsResponseAlpha1 {
+            subscribe_topic_events_response_type: Some(
+                SubscribeTopicEventsResponseType::InitialResponse(
+                    SubscribeTopicEventsResponseInitialAlpha1 {},
+                ),
+            ),
+        };
+        let as_response = |request: TopicEventRequest| SubscribeTopicEventsResponseAlpha1 {
+            subscribe_topic_events_response_type: Some(
+                SubscribeTopicEventsResponseType::EventMessage(request),
+            ),
+        };
+        if events.send(Ok(initial)).await.is_ok() {
+            loop {
+                tokio::select! {
+                    message = received.recv() => {
+                        let Some(message) = message else { break };
+                        let event = pubsub::event_of(
+                            &message.payload,
+                            message.properties.content_type.as_deref(),
+                            &message.topic,
+                            &subscription.pubsub_name,
+                            subscription.raw_payload(),
+                            || format!("{:032x}", rand::random::<u128>()),
+                        );
+                        let request = topic_event_request(&subscription, &event, "");
+                        if events.send(Ok(as_response(request.clone()))).await.is_err() {
+                            break;
+                        }
+                        pending.insert(request.id.clone(), (message, request, 1));
+                    }
+                    Some(id) = retries.recv() => {
+                        if let Some((_, request, _)) = pending.get(&id)
+                            && events.send(Ok(as_response(request.clone()))).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                    answer = requests.message() => {
+                        let Ok(Some(answer)) = answer else { break };
+                        let Some(SubscribeTopicEventsRequestType::EventProcessed(processed)) =
+                            answer.subscribe_topic_events_request_type
+                        else {
+                            continue;
+                        };
+                        let status = processed
+                            .status
+                            .map_or(TopicEventResponseStatus::Success, |status| status.status());
+                        let Some((message, request, calls)) = pending.remove(&processed.id) else {
+                            continue;
+                        };
+                        match status {
+                            TopicEventResponseStatus::Success => {
+                                message.ack();
+                                metrics.pubsub_events.with_label_values(&["success"]).inc();
+                            }
+                            TopicEventResponseStatus::Drop => {
+                                if let Some(topic) = &subscription.dead_letter_topic {
+                                    let _ = publish_dead_letter(&subscriber, topic, &message, retry.max_interval).await;
+                                }
+                                message.ack();
+                                metrics.pubsub_events.with_label_values(&["dropped"]).inc();
+                            }
+                            TopicEventResponseStatus::Retry => {
+                                if calls >= retry.max_attempts
+                                    && let Some(topic) = &subscription.dead_letter_topic
+                                    && publish_dead_letter(&subscriber, topic, &message, retry.max_interval).await.is_ok()
+                                {
+                                    message.ack();
+                                    metrics.pubsub_events.with_label_values(&["dead_letter"]).inc();
+                                    continue;
+                                }
+                                let id = request.id.clone();
+                                pending.insert(id.clone(), (message, request, calls + 1));
+                                let again = again.clone();
+                                let delay = retry.delay(calls);
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(delay).await;
+                                    let _ = again.send(id);
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Unacknowledged events go back to the broker with the session.
+        table.remove(&listed);
+        subscriber.shutdown().await;
+    });
+    Ok(tokio_stream::wrappers::ReceiverStream::new(stream))
+}
+
+/// The gRPC shape of an event (`OnTopicEvent`, streaming).
+fn topic_event_request(
+    subscription: &Subscription,
+    event: &Event,
+    path: &str,
+) -> TopicEventRequest {
+    TopicEventRequest {
+        id: event.id().to_owned(),
+        source: event.text("source").to_owned(),
+        r#type: event.text("type").to_owned(),
+        spec_version: event.text("specversion").to_owned(),
+        data_content_type: event.text("datacontenttype").to_owned(),
+        data: event.data_bytes(),
+        topic: subscription.topic.clone(),
+        pubsub_name: subscription.pubsub_name.clone(),
+        path: path.to_owned(),
+    }
+}
+
+/// The message as it arrived (payload, content type, user properties),
+/// published to `topic` through `subscriber`, within `within`.
+async fn publish_dead_letter(
+    subscriber: &Subscriber,
+    topic: &str,
+    message: &Received,
+    within: Duration,
+) -> Result<(), String> {
+    let properties = PublishProperties {
+        content_type: message.properties.content_type.clone(),
+        user_properties: message.properties.user_properties.clone(),
+        ..PublishProperties::default()
+    };
+    tokio::time::timeout(
+        within,
+        subscriber.publish(topic, message.payload.clone(), properties),
+    )
+    .await
+    .map_err(|_| "no PUBACK in time".to_owned())?
+    .map_err(|error| error.to_string())
 }

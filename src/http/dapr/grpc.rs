@@ -19,6 +19,7 @@ use axum::Router;
 use axum::response::{IntoResponse as _, Response};
 use futures_util::StreamExt as _;
 use prost::Message as _;
+use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Status};
 
 use super::answer::{Failure, Operation};
@@ -31,7 +32,9 @@ use super::proto::runtime::v1::{
     GetBulkStateRequest, GetBulkStateResponse, GetMetadataRequest, GetMetadataResponse,
     GetStateRequest, GetStateResponse, PubsubSubscription, PubsubSubscriptionRule,
     PubsubSubscriptionRules, PubsubSubscriptionType, RegisteredComponents, SaveStateRequest,
-    TryLockRequest, TryLockResponse, UnlockRequest, UnlockResponse,
+    SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsResponseAlpha1, TryLockRequest,
+    TryLockResponse, UnlockRequest, UnlockResponse,
+    subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType,
 };
 use crate::access::rules::{Access, Need, Principal};
 use crate::dapr::pubsub::SubscriptionKind;
@@ -153,6 +156,35 @@ fn item_of(key: String, read: Result<Option<Versioned<bytes::Bytes>>, DaprError>
 
 #[tonic::async_trait]
 impl Dapr for DaprGrpc {
+    async fn subscribe_topic_events_alpha1(
+        &self,
+        request: Request<tonic::Streaming<SubscribeTopicEventsRequestAlpha1>>,
+    ) -> Answer<BoxStream<SubscribeTopicEventsResponseAlpha1>> {
+        let mut requests = request.into_inner();
+        let first = tokio::time::timeout(self.state.request_timeout(), requests.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no initial request"))??;
+        let Some(SubscribeTopicEventsRequestType::InitialRequest(initial)) =
+            first.and_then(|first| first.subscribe_topic_events_request_type)
+        else {
+            return Err(Status::invalid_argument(
+                "initial request is required to start a subscription stream",
+            ));
+        };
+        if !crate::dapr::pubsub::pubsub_names().contains(&initial.pubsub_name) {
+            return Err(Status::invalid_argument(format!(
+                "pubsub '{}' not found",
+                initial.pubsub_name
+            )));
+        }
+        if initial.topic.is_empty() {
+            return Err(Status::invalid_argument("topic is required"));
+        }
+        let events = super::delivery::stream(&self.state, initial, requests)
+            .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        Ok(tonic::Response::new(Box::pin(events)))
+    }
+
     async fn get_state(&self, request: Request<GetStateRequest>) -> Answer<GetStateResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
