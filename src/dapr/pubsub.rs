@@ -587,14 +587,14 @@ impl Event {
         self.cloud_event
             .get("expiration")
             .and_then(Value::as_str)
-            .and_then(|text| httpdate_rfc3339(text))
+            .and_then(rfc3339)
             .is_some_and(|expiry| expiry < now)
     }
 }
 
 /// An RFC 3339 time (`2024-01-01T00:00:00Z`, with an optional fraction and
 /// offset), as daprd writes `expiration`.
-fn httpdate_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
     let (date, time) = text.split_once(['T', 't'])?;
     let mut date_parts = date.split('-').map(str::parse::<i64>);
     let (year, month, day) = (

@@ -245,10 +245,11 @@ async fn run(
                 Ok(Event::Incoming(Packet::ConnAck(connack))) => {
                     served_since = Some(tokio::time::Instant::now());
                     let resumed = connack.session_present;
-                    if (!resumed || !subscribed_once) && !filters.is_empty() {
-                        if let Err(error) = client.try_subscribe_many(filters.clone()) {
-                            break Some(format!("cannot queue SUBSCRIBE: {error}"));
-                        }
+                    if (!resumed || !subscribed_once)
+                        && !filters.is_empty()
+                        && let Err(error) = client.try_subscribe_many(filters.clone())
+                    {
+                        break Some(format!("cannot queue SUBSCRIBE: {error}"));
                     }
                     shared.lock().client = Some(client.clone());
                     tracing::info!(client_id = %settings.client_id, resumed, "subscriber connected");

@@ -261,10 +261,10 @@ async fn listen(broker: &Mosquitto, topic: &str) -> tokio::sync::mpsc::Unbounded
                         let _ = subscribed.send(());
                     }
                 }
-                Event::Incoming(Packet::Publish(publish)) => {
-                    if messages.send(publish.payload.to_vec()).is_err() {
-                        return;
-                    }
+                Event::Incoming(Packet::Publish(publish))
+                    if messages.send(publish.payload.to_vec()).is_err() =>
+                {
+                    return;
                 }
                 _ => {}
             }
