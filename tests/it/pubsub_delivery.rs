@@ -870,3 +870,87 @@ async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
     assert!(status.success(), "{:?}", lines.lock().unwrap());
     assert_eq!(got(2).len(), 1);
 }
+
+#[tokio::test]
+async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "batch", "route": "/bulk",
+        "deadLetterTopic": "batch-dead",
+        "bulkSubscribe": {"enabled": true, "maxMessagesCount": 10, "maxAwaitDurationMs": 500}}]);
+    // Per entry: event 2 RETRY once, event 3 DROP, the others SUCCESS.
+    let retried = Arc::new(Mutex::new(false));
+    let answer: Answer = Arc::new(move |delivered, _| {
+        let statuses: Vec<Value> = delivered.event["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|entry| {
+                let status = match entry["event"]["data"]["n"].as_i64() {
+                    Some(2) if !std::mem::replace(&mut *retried.lock().unwrap(), true) => "RETRY",
+                    Some(3) => "DROP",
+                    _ => "SUCCESS",
+                };
+                json!({"entryId": entry["entryId"], "status": status})
+            })
+            .collect();
+        reply(200, &json!({ "statuses": statuses }).to_string())
+    });
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let mut dead = listen(&broker, "batch-dead").await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    let ns = |events: &[Delivered]| -> Vec<i64> {
+        events
+            .iter()
+            .flat_map(|call| {
+                call.event["entries"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|entry| entry["event"]["data"]["n"].as_i64())
+            .collect()
+    };
+    // Warm up until a call arrived.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ns(&app.events()).contains(&0) {
+        assert!(Instant::now() < deadline, "no bulk call within 20 s");
+        publish(&broker, "batch", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let calls_before = app.events().len();
+    for n in 1..=4 {
+        publish(&broker, "batch", &format!(r#"{{"n":{n}}}"#), None).await;
+    }
+    let letter = tokio::time::timeout(Duration::from_secs(10), dead.recv())
+        .await
+        .expect("the dropped entry on the dead letter topic")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 3})
+    );
+    app.until("event 2 again", Duration::from_secs(10), |events| {
+        ns(events).iter().filter(|&&n| n == 2).count() == 2
+    })
+    .await;
+    let calls = app.events();
+    let later = &calls[calls_before..];
+    // Daprd's bulk shape: one call held several events.
+    assert_eq!(later[0].path, "/bulk");
+    assert_eq!(later[0].content_type, "application/json");
+    assert_eq!(later[0].event["topic"], "batch");
+    assert_eq!(later[0].event["pubsubname"], "pubsub");
+    assert!(
+        later
+            .iter()
+            .any(|call| call.event["entries"].as_array().unwrap().len() > 1),
+        "{later:#?}"
+    );
+    let entry = &later[0].event["entries"][0];
+    assert_eq!(entry["contentType"], "application/cloudevents+json");
+    assert!(entry["entryId"].is_string());
+    // Warm-ups published meanwhile may come in these calls too.
+    let mut delivered: Vec<i64> = ns(later).into_iter().filter(|&n| n != 0).collect();
+    delivered.sort();
+    assert_eq!(delivered, [1, 2, 2, 3, 4]);
+}

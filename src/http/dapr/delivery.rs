@@ -119,11 +119,33 @@ pub async fn run(
     // Aborting this task drops the set, which aborts every delivery, and
     // the last reference to the subscriber, which then disconnects.
     let mut tasks = tokio::task::JoinSet::new();
+    // Bulk subscriptions of an HTTP app: one batcher each, by index.
+    let mut batchers: HashMap<usize, mpsc::UnboundedSender<Received>> = HashMap::new();
     while let Some(message) = received.recv().await {
         // Finished tasks are reaped as new ones come: the set holds at
         // most the broker's receive maximum per connection.
         while tasks.try_join_next().is_some() {}
-        tasks.spawn(deliverer.clone().deliver(message));
+        let bulk = deliverer
+            .subscriptions
+            .iter()
+            .position(|subscription| topic_matches(&subscription.topic, &message.topic))
+            .filter(|&at| {
+                deliverer.subscriptions[at].bulk.is_some()
+                    && deliverer.app.protocol() == AppProtocol::Http
+            });
+        match bulk {
+            None => {
+                tasks.spawn(deliverer.clone().deliver(message));
+            }
+            Some(at) => {
+                let batcher = batchers.entry(at).or_insert_with(|| {
+                    let (batch, batched) = mpsc::unbounded_channel();
+                    tasks.spawn(deliverer.clone().batch(at, batched));
+                    batch
+                });
+                let _ = batcher.send(message);
+            }
+        }
     }
 }
 
@@ -300,6 +322,150 @@ impl Deliverer {
                     }
                 }
                 Outcome::Retry => {}
+            }
+            tokio::time::sleep(retry.delay(attempt)).await;
+        }
+    }
+
+    /// Collects the messages of bulk subscription `at` into calls of at
+    /// most its `maxMessagesCount` events, each waiting at most its
+    /// `maxAwaitDurationMs` for more, and delivers each call on its own task.
+    async fn batch(self: Arc<Self>, at: usize, mut batched: mpsc::UnboundedReceiver<Received>) {
+        let Some(bulk) = self.subscriptions[at].bulk else {
+            return;
+        };
+        let mut calls = tokio::task::JoinSet::new();
+        while let Some(first) = batched.recv().await {
+            while calls.try_join_next().is_some() {}
+            let mut messages = vec![first];
+            let deadline = tokio::time::Instant::now() + bulk.max_await;
+            while messages.len() < bulk.max_messages {
+                tokio::select! {
+                    message = batched.recv() => match message {
+                        Some(message) => messages.push(message),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            calls.spawn(self.clone().deliver_bulk(at, messages));
+        }
+    }
+
+    /// One bulk call per route, as daprd's: `POST /<path>` of the entries
+    /// as JSON, the app's `statuses` read per entry (SUCCESS acknowledges,
+    /// DROP drops, RETRY or no status retries the entry in the next call
+    /// after the backoff; a 404 drops them all, any other status retries
+    /// them all). Past the policy's calls, the remaining entries go to the
+    /// dead letter topic, if any, else are tried again without end.
+    async fn deliver_bulk(self: Arc<Self>, at: usize, messages: Vec<Received>) {
+        let subscription = &self.subscriptions[at];
+        let retry = self.settings.retry;
+        // (entry id, message, event, path)
+        let mut pending: Vec<(String, Received, Event, String)> = Vec::new();
+        for message in messages {
+            let event = pubsub::event_of(
+                &message.payload,
+                message.properties.content_type.as_deref(),
+                &message.topic,
+                &subscription.pubsub_name,
+                subscription.raw_payload(),
+                || format!("{:032x}", rand::random::<u128>()),
+            );
+            match subscription.route(&event.cloud_event) {
+                Ok(Some(path)) if !event.has_expired(SystemTime::now()) => {
+                    let path = path.to_owned();
+                    pending.push((
+                        format!("{:032x}", rand::random::<u128>()),
+                        message,
+                        event,
+                        path,
+                    ));
+                }
+                Ok(_) => self.dropped(subscription, message).await,
+                Err(error) => {
+                    tracing::error!(topic = %message.topic, %error, "routing rule failed");
+                    self.dropped(subscription, message).await;
+                }
+            }
+        }
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            attempt += 1;
+            let mut paths: Vec<String> = pending.iter().map(|entry| entry.3.clone()).collect();
+            paths.sort();
+            paths.dedup();
+            let mut outcomes: HashMap<String, Outcome> = HashMap::new();
+            for path in paths {
+                let entries: Vec<(String, &Event, Option<&bytes::Bytes>)> = pending
+                    .iter()
+                    .filter(|entry| entry.3 == path)
+                    .map(|(id, message, event, _)| {
+                        (
+                            id.clone(),
+                            event,
+                            subscription.raw_payload().then_some(&message.payload),
+                        )
+                    })
+                    .collect();
+                let body = pubsub::http_bulk_body(subscription, &entries);
+                let answer = self
+                    .app
+                    .post(&path, "application/json", HeaderMap::new(), body)
+                    .await;
+                let all = |outcome: Outcome, outcomes: &mut HashMap<String, Outcome>| {
+                    for (id, ..) in &entries {
+                        outcomes.insert(id.clone(), outcome);
+                    }
+                };
+                match answer {
+                    Ok(answer) if answer.status.is_success() => {
+                        // An entry without a status retries, as in daprd.
+                        all(Outcome::Retry, &mut outcomes);
+                        for (id, outcome) in
+                            pubsub::http_bulk_outcomes(&answer.body).unwrap_or_default()
+                        {
+                            if let Some(known) = outcomes.get_mut(&id) {
+                                *known = outcome;
+                            }
+                        }
+                    }
+                    Ok(answer) if answer.status == hyper::StatusCode::NOT_FOUND => {
+                        all(Outcome::Drop, &mut outcomes);
+                    }
+                    Ok(answer) => {
+                        tracing::warn!(
+                            status = answer.status.as_u16(),
+                            path,
+                            "the app asks for the bulk events again"
+                        );
+                        all(Outcome::Retry, &mut outcomes);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "bulk events not delivered");
+                        all(Outcome::Retry, &mut outcomes);
+                    }
+                }
+            }
+            let mut again = Vec::new();
+            for (id, message, event, path) in pending {
+                match outcomes.get(&id).copied().unwrap_or(Outcome::Retry) {
+                    Outcome::Success => self.finish(message, "success"),
+                    Outcome::Drop => self.dropped(subscription, message).await,
+                    Outcome::Retry => again.push((id, message, event, path)),
+                }
+            }
+            pending = again;
+            if pending.is_empty() {
+                return;
+            }
+            if attempt >= retry.max_attempts
+                && let Some(topic) = &subscription.dead_letter_topic
+            {
+                for (_, message, ..) in pending {
+                    self.dead_letter(topic, message, attempt).await;
+                }
+                return;
             }
             tokio::time::sleep(retry.delay(attempt)).await;
         }
