@@ -954,3 +954,83 @@ async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
     delivered.sort();
     assert_eq!(delivered, [1, 2, 2, 3, 4]);
 }
+
+/// The JS SDK's `DaprServer` with one `server.pubsub.subscribe` handler:
+/// prints each event's data as a JSON line, and exits once it got event 1.
+const JS_SERVER: &str = r#"
+import { CommunicationProtocolEnum, DaprServer } from "@dapr/dapr";
+const server = new DaprServer({
+  serverHost: "127.0.0.1",
+  serverPort: process.env.APP_PORT,
+  communicationProtocol: CommunicationProtocolEnum.HTTP,
+  clientOptions: { daprHost: "127.0.0.1", daprPort: process.env.DAPR_HTTP_PORT,
+                   communicationProtocol: CommunicationProtocolEnum.HTTP },
+});
+await server.pubsub.subscribe("pubsub", "js-orders", async (data) => {
+  console.log(JSON.stringify({ data }));
+  if (data && data.n === 1) { setTimeout(() => process.exit(0), 100); }
+});
+await server.start();
+"#;
+
+#[tokio::test]
+async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
+    let dapr_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr");
+    assert!(
+        dapr_dir
+            .join("node_modules/@dapr/dapr/package.json")
+            .is_file(),
+        "the npm packages of tests/dapr are missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    let app_port = crate::support::free_port();
+    // The gateway starts first and waits for the app's port, as daprd does.
+    let gateway = gateway(&broker, app_port, &[]).await;
+    let mut child = tokio::process::Command::new("node")
+        .args(["--input-type=module", "-e", JS_SERVER])
+        .current_dir(&dapr_dir)
+        .env("APP_PORT", app_port.to_string())
+        .env("DAPR_HTTP_PORT", gateway.api.port().to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| line["data"]["n"] == n)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !got(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the JS app got no event within 30 s"
+        );
+        publish(&broker, "js-orders", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    publish(&broker, "js-orders", r#"{"n":1}"#, None).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the JS app ends once it got event 1")
+        .unwrap();
+    assert!(status.success());
+    assert!(got(1));
+}
