@@ -12,7 +12,12 @@
 //!    `/keys` on the same protocol (the median of the rounds');
 //! 2. **saves**: a Dapr save without an etag against one with the key's
 //!    current etag (read by a bulk get before each, not timed): latency and
-//!    the store round trips each costs (the gateway's store request count).
+//!    the store round trips each costs (the gateway's store request count);
+//! 3. **queries**: Dapr's state query (alpha) over `--query-keys` keys
+//!    (default 10,000) of small JSON values, half of them matching: a full
+//!    unsorted query (every page, following the tokens) and the first page
+//!    of a sorted one, each a scan of the whole key space: latency and
+//!    store round trips.
 //!
 //! `scripts/bench --dapr` runs it (release build); `scripts/bench --smoke`
 //! runs a small version on the debug build that checks every answer and
@@ -39,6 +44,7 @@ use support::{proc_fs, procs};
 struct Options {
     requests: usize,
     rounds: usize,
+    query_keys: usize,
     smoke: bool,
     report: Option<PathBuf>,
 }
@@ -51,6 +57,7 @@ impl Options {
         let mut options = Options {
             requests: if smoke { 200 } else { 20_000 },
             rounds: if smoke { 2 } else { 10 },
+            query_keys: if smoke { 200 } else { 10_000 },
             smoke,
             report: None,
         };
@@ -59,6 +66,7 @@ impl Options {
             &mut [
                 ("--requests", &mut options.requests),
                 ("--rounds", &mut options.rounds),
+                ("--query-keys", &mut options.query_keys),
             ],
             &mut options.report,
         )?;
@@ -303,6 +311,67 @@ async fn store_requests(gateway: &GatewayProc) -> Result<f64> {
         .sum())
 }
 
+/// One query through every page, following the tokens (`first_page`:
+/// the first page only): the results and pages it answered.
+async fn query_through(
+    conn: &mut HttpConn,
+    query: &serde_json::Value,
+    first_page: bool,
+) -> Result<(usize, usize)> {
+    let (mut results, mut pages) = (0, 0);
+    let mut query = query.clone();
+    loop {
+        let response = conn
+            .request(
+                "POST",
+                "/v1.0-alpha1/state/statestore/query",
+                &serde_json::to_vec(&query)?,
+            )
+            .await?;
+        pages += 1;
+        if response.status == 204 {
+            return Ok((results, pages));
+        }
+        if response.status != 200 {
+            bail!("query: {}", response.status);
+        }
+        let page: serde_json::Value =
+            serde_json::from_slice(&response.body).context("query JSON")?;
+        let items = page["results"].as_array().context("results")?;
+        for item in items {
+            if item["data"]["even"] != true {
+                bail!("a result the filter refuses: {item}");
+            }
+        }
+        results += items.len();
+        match page["token"].as_str() {
+            Some(token) if !first_page => query["page"]["token"] = token.into(),
+            _ => return Ok((results, pages)),
+        }
+    }
+}
+
+/// `queries` runs of `query`: their latencies, the store round trips of
+/// one, and the results and pages of the last.
+async fn timed_queries(
+    gateway: &GatewayProc,
+    conn: &mut HttpConn,
+    queries: usize,
+    query: &serde_json::Value,
+    first_page: bool,
+) -> Result<(Percentiles, f64, usize, usize)> {
+    let mut samples = Vec::with_capacity(queries);
+    let before = store_requests(gateway).await?;
+    let mut answered = (0, 0);
+    for _ in 0..queries {
+        let started = Instant::now();
+        answered = query_through(conn, query, first_page).await?;
+        samples.push(started.elapsed());
+    }
+    let trips = (store_requests(gateway).await? - before) / queries as f64;
+    Ok((Percentiles::of(&mut samples), trips, answered.0, answered.1))
+}
+
 async fn run(options: Options) -> Result<()> {
     let mosquitto = procs::find_program(&["mosquitto"])
         .context("mosquitto is needed (scripts/bench installs it)")?;
@@ -389,7 +458,38 @@ async fn run(options: Options) -> Result<()> {
     let etag = Percentiles::of(&mut etag_samples);
     let etag_trips = etag_trips / saves as f64;
 
+    // Queries: small JSON values, every other one matching.
+    let numbers: Vec<usize> = (0..options.query_keys).collect();
+    for chunk in numbers.chunks(1_000) {
+        let items: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|n| serde_json::json!({"key": format!("bench-q/{n:06}"), "value": {"n": n, "even": n % 2 == 0}}))
+            .collect();
+        let saved = conn
+            .request(
+                "POST",
+                "/v1.0/state/statestore",
+                &serde_json::to_vec(&items)?,
+            )
+            .await?;
+        if saved.status != 204 {
+            bail!("saving the query's keys: {}", saved.status);
+        }
+    }
+    let queries = if options.smoke { 3 } else { 20 };
+    let unsorted = serde_json::json!({"filter": {"EQ": {"even": true}}});
+    let (unsorted_latency, unsorted_trips, unsorted_results, unsorted_pages) =
+        timed_queries(&gateway, &mut conn, queries, &unsorted, false).await?;
+    let sorted = serde_json::json!({"filter": {"EQ": {"even": true}}, "sort": [{"key": "n", "order": "DESC"}], "page": {"limit": 100}});
+    let (sorted_latency, sorted_trips, sorted_results, _) =
+        timed_queries(&gateway, &mut conn, queries, &sorted, true).await?;
+    let matching = options.query_keys.div_ceil(2);
+    if unsorted_results != matching || sorted_results != matching.min(100) {
+        bail!("the queries answered {unsorted_results} and {sorted_results} of {matching} matches");
+    }
+
     let us = |value: f64| format!("{value:.0} µs");
+    let ms = |value: f64| format!("{:.1} ms", value / 1e3);
     let mut report = String::new();
     writeln!(
         report,
@@ -451,6 +551,24 @@ async fn run(options: Options) -> Result<()> {
         "| with the current etag (lease, read beside the expiry record, claim, write, release) | {} | {} | {etag_trips:.1} |",
         us(etag.p50),
         us(etag.p99)
+    )?;
+    writeln!(
+        report,
+        "\n| Dapr state query over {} keys, {matching} matching ({queries} each) | p50 | p99 | store round trips |",
+        options.query_keys
+    )?;
+    writeln!(report, "|---|---:|---:|---:|")?;
+    writeln!(
+        report,
+        "| unsorted, every page ({unsorted_pages} pages of at most 1,000) | {} | {} | {unsorted_trips:.0} |",
+        ms(unsorted_latency.p50),
+        ms(unsorted_latency.p99)
+    )?;
+    writeln!(
+        report,
+        "| sorted, the first page of 100 | {} | {} | {sorted_trips:.0} |",
+        ms(sorted_latency.p50),
+        ms(sorted_latency.p99)
     )?;
     println!("\n{report}");
     if let Some(path) = &options.report {

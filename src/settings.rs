@@ -350,6 +350,15 @@ pub const DAPR_LOCK_STORE: Setting = Setting {
     helm: Helm::Default("gateway.daprLockStore"),
 };
 
+/// The pub/sub component names apps publish through, comma-separated:
+/// every one is the broker.
+pub const DAPR_PUBSUB: Setting = Setting {
+    flag: "--dapr-pubsub",
+    env: "STATESTORE_GATEWAY_DAPR_PUBSUB",
+    default: "pubsub",
+    helm: Helm::Default("gateway.daprPubsub"),
+};
+
 /// The app id Dapr's metadata names, and the key prefix `app-id` uses.
 pub const DAPR_APP_ID: Setting = Setting {
     flag: "--dapr-app-id",
@@ -373,6 +382,23 @@ pub const DAPR_LOCK_KEY_PREFIX: Setting = Setting {
     env: "STATESTORE_GATEWAY_DAPR_LOCK_KEY_PREFIX",
     default: "appid",
     helm: Helm::Default("gateway.daprLockKeyPrefix"),
+};
+
+/// The configuration store's name in Dapr's configuration API.
+pub const DAPR_CONFIGURATION_STORE: Setting = Setting {
+    flag: "--dapr-configuration-store",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_STORE",
+    default: "configstore",
+    helm: Helm::Default("gateway.daprConfigurationStore"),
+};
+
+/// What the store keys of configuration items start with (empty: items
+/// are keys as named).
+pub const DAPR_CONFIGURATION_KEY_PREFIX: Setting = Setting {
+    flag: "--dapr-configuration-key-prefix",
+    env: "STATESTORE_GATEWAY_DAPR_CONFIGURATION_KEY_PREFIX",
+    default: "",
+    helm: Helm::Default("gateway.daprConfigurationKeyPrefix"),
 };
 
 /// Dapr transactions: on, every Dapr read and write checks its key's lease.
@@ -563,9 +589,12 @@ pub const SERVE: &[&Setting] = &[
     &MAX_BATCH_BYTES,
     &DAPR_STATE_STORE,
     &DAPR_LOCK_STORE,
+    &DAPR_PUBSUB,
     &DAPR_APP_ID,
     &DAPR_KEY_PREFIX,
     &DAPR_LOCK_KEY_PREFIX,
+    &DAPR_CONFIGURATION_STORE,
+    &DAPR_CONFIGURATION_KEY_PREFIX,
     &DAPR_ETAG_LEASE,
     &DAPR_TRANSACTIONS,
     &DAPR_MAX_BODY_SIZE,

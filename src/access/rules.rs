@@ -1,6 +1,8 @@
-//! Per-key rules (`--authz-file`): which caller may read or write which
-//! keys, in the shape of the broker's own BrokerAuthorization policy
-//! (`stateStoreResources`), so that a team can copy theirs.
+//! Per-key and per-topic rules (`--authz-file`): which caller may read or
+//! write which keys, and publish or subscribe to which topics (Dapr's
+//! pub/sub), in the shape of the broker's own BrokerAuthorization policy
+//! (`stateStoreResources`, `brokerResources`), so that a team can copy
+//! theirs.
 //!
 //! ```yaml
 //! rules:
@@ -11,6 +13,9 @@
 //!       - keyType: Pattern      # Pattern | String | Binary (base64)
 //!         keys: ["sensors/*"]
 //!         method: Read          # Read | Write | ReadWrite
+//!     brokerResources:
+//!       - method: Publish       # Publish | Subscribe (Connect: ignored)
+//!         topics: ["orders/+", "telemetry/#"]   # MQTT topic filters
 //! ```
 //!
 //! With rules, everything they do not allow is denied. The file is
@@ -92,11 +97,34 @@ impl Need {
     }
 }
 
-/// The keys one caller may read and those it may write.
+/// What a pub/sub request does to a topic: the rules' broker `method` it
+/// needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicNeed {
+    /// Publish on a topic.
+    Publish,
+    /// Subscribe to a topic filter.
+    Subscribe,
+}
+
+impl TopicNeed {
+    /// As the rules spell it, and the denial metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopicNeed::Publish => "Publish",
+            TopicNeed::Subscribe => "Subscribe",
+        }
+    }
+}
+
+/// The keys one caller may read and those it may write, and the topic
+/// filters it may publish and subscribe to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grants {
     read: KeySet,
     write: KeySet,
+    publish: Vec<String>,
+    subscribe: Vec<String>,
 }
 
 impl Grants {
@@ -109,6 +137,30 @@ impl Grants {
         match need {
             Need::Read => self.read.contains(key),
             Need::Write => self.write.contains(key),
+        }
+    }
+
+    /// Whether these grants let a caller publish on `topic` (a topic
+    /// name) or subscribe to `topic` (a filter, wildcards allowed: every
+    /// topic it matches must be granted).
+    pub fn allows_topic(&self, topic: &str, need: TopicNeed) -> bool {
+        let granted = match need {
+            TopicNeed::Publish => &self.publish,
+            TopicNeed::Subscribe => &self.subscribe,
+        };
+        granted.iter().any(|filter| filter_covers(filter, topic))
+    }
+
+    fn add_topics(&mut self, resource: &BrokerResource) {
+        let set = match resource.method {
+            BrokerMethod::Connect => return,
+            BrokerMethod::Publish => &mut self.publish,
+            BrokerMethod::Subscribe => &mut self.subscribe,
+        };
+        for topic in &resource.topics {
+            if !set.contains(topic) {
+                set.push(topic.clone());
+            }
         }
     }
 
@@ -126,6 +178,47 @@ impl Grants {
     fn merge(&mut self, other: &Grants) {
         self.read.merge(&other.read);
         self.write.merge(&other.write);
+        for (set, others) in [
+            (&mut self.publish, &other.publish),
+            (&mut self.subscribe, &other.subscribe),
+        ] {
+            for topic in others {
+                if !set.contains(topic) {
+                    set.push(topic.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Whether the MQTT topic filter `granted` matches every topic `asked`
+/// (a topic name, or itself a filter) matches: level by level, `+` in
+/// `granted` takes any one level (`+` too), `#` the rest (`#` too);
+/// `asked`'s wildcards need the same or wider in `granted`. Topics
+/// starting with `$` only match filters that name their first level, as
+/// the broker matches them.
+fn filter_covers(granted: &str, asked: &str) -> bool {
+    let mut granted_levels = granted.split('/');
+    let mut asked_levels = asked.split('/');
+    let mut first = true;
+    loop {
+        match (granted_levels.next(), asked_levels.next()) {
+            (Some("#"), Some(level)) => return !(first && level.starts_with('$')),
+            (Some("#"), None) => return true,
+            (Some("+"), Some(level)) => {
+                if level == "#" || (first && level.starts_with('$')) {
+                    return false;
+                }
+            }
+            (Some(want), Some(level)) => {
+                if want != level {
+                    return false;
+                }
+            }
+            (None, None) => return true,
+            _ => return false,
+        }
+        first = false;
     }
 }
 
@@ -205,6 +298,9 @@ impl Rules {
             let mut grants = Grants::default();
             for resource in &rule.resources {
                 grants.add(resource);
+            }
+            for resource in &rule.broker_resources {
+                grants.add_topics(resource);
             }
             let principals = &rule.principals;
             if principals.subjects.iter().any(|subject| subject == "*") {
@@ -456,8 +552,24 @@ impl Access {
         }
     }
 
+    /// `Ok` when the caller may `need` on `topic` (always, without rules),
+    /// else the 403 naming the caller (counted by `need`).
+    pub fn require_topic(&self, topic: &str, need: TopicNeed) -> Result<(), Denied> {
+        match &self.0 {
+            Some(checked) if !checked.grants.allows_topic(topic, need) => {
+                Err(self.denial(need.as_str()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The 403 of a caller the rules refuse `need` (counted by `need`).
     pub fn denied(&self, need: Need) -> Denied {
+        self.denial(need.as_str())
+    }
+
+    /// The 403 of a caller the rules refuse the method `need`.
+    fn denial(&self, need: &'static str) -> Denied {
         let caller = match &self.0 {
             Some(checked) => {
                 checked
@@ -466,16 +578,13 @@ impl Access {
                     .reload()
                     .metrics
                     .authz_denials
-                    .with_label_values(&[need.as_str()])
+                    .with_label_values(&[need])
                     .inc();
                 checked.principal.name()
             }
             None => Principal::Nobody.name(),
         };
-        Denied::Rules {
-            caller,
-            need: need.as_str(),
-        }
+        Denied::Rules { caller, need }
     }
 
     /// For a watch stream: whether the caller may read a key under the
@@ -500,13 +609,119 @@ struct RulesFile {
     rules: Vec<Rule>,
 }
 
-/// One rule: who, and which keys with which method.
+/// One rule: who, which keys with which method, which topics with which
+/// method (at least one of the two).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(deny_unknown_fields, rename_all = "camelCase", try_from = "RuleFile")]
 struct Rule {
     principals: Principals,
-    #[serde(rename = "stateStoreResources")]
     resources: Vec<Resource>,
+    broker_resources: Vec<BrokerResource>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RuleFile {
+    principals: Principals,
+    #[serde(rename = "stateStoreResources")]
+    resources: Option<Vec<Resource>>,
+    broker_resources: Option<Vec<BrokerResource>>,
+}
+
+impl TryFrom<RuleFile> for Rule {
+    type Error = String;
+
+    fn try_from(file: RuleFile) -> Result<Self, String> {
+        if file.resources.is_none() && file.broker_resources.is_none() {
+            return Err(
+                "a rule grants nothing: give stateStoreResources, brokerResources or both".into(),
+            );
+        }
+        Ok(Rule {
+            principals: file.principals,
+            resources: file.resources.unwrap_or_default(),
+            broker_resources: file.broker_resources.unwrap_or_default(),
+        })
+    }
+}
+
+/// A `brokerResources` entry's `method`, as the broker spells it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum BrokerMethod {
+    Connect,
+    Publish,
+    Subscribe,
+}
+
+/// One `brokerResources` entry: topic filters and what may be done on
+/// them (`Connect`, whose `clientIds` the gateway cannot see, grants
+/// nothing here).
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "BrokerResourceFile")]
+struct BrokerResource {
+    method: BrokerMethod,
+    topics: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BrokerResourceFile {
+    method: BrokerMethod,
+    #[serde(default)]
+    topics: Vec<String>,
+    #[serde(default)]
+    client_ids: Vec<String>,
+}
+
+impl TryFrom<BrokerResourceFile> for BrokerResource {
+    type Error = String;
+
+    fn try_from(file: BrokerResourceFile) -> Result<Self, String> {
+        match file.method {
+            BrokerMethod::Connect => {
+                if !file.topics.is_empty() {
+                    return Err("method Connect takes clientIds, not topics".into());
+                }
+            }
+            BrokerMethod::Publish | BrokerMethod::Subscribe => {
+                if !file.client_ids.is_empty() {
+                    return Err("clientIds go with method Connect only".into());
+                }
+                if file.topics.is_empty() {
+                    return Err("topics is empty: name at least one topic filter".into());
+                }
+            }
+        }
+        for topic in &file.topics {
+            if topic.contains("{principal.") {
+                return Err(format!(
+                    "{topic:?}: the broker's {{principal.*}} variables are not supported; name the topics"
+                ));
+            }
+            if !is_topic_filter(topic) {
+                return Err(format!(
+                    "{topic:?} is not an MQTT topic filter: not empty, '+' and '#' a whole level each, '#' last"
+                ));
+            }
+        }
+        Ok(BrokerResource {
+            method: file.method,
+            topics: file.topics,
+        })
+    }
+}
+
+/// Whether `topic` is a valid MQTT topic filter.
+fn is_topic_filter(topic: &str) -> bool {
+    if topic.is_empty() || topic.contains('\0') {
+        return false;
+    }
+    let levels: Vec<&str> = topic.split('/').collect();
+    levels.iter().enumerate().all(|(at, level)| match *level {
+        "#" => at == levels.len() - 1,
+        "+" => true,
+        other => !other.contains(['+', '#']),
+    })
 }
 
 /// Whom a rule applies to: token subjects (`"*"`: every caller, the API
@@ -671,6 +886,79 @@ rules:
         assert!(!rules.allows(&Principal::ApiToken, b"sensors/1", Need::Read));
         assert!(!rules.allows(&Principal::Nobody, b"sensors/1", Need::Read));
         assert_eq!(rules.len(), 1);
+    }
+
+    #[test]
+    fn broker_resources_grant_topics_by_mqtt_filter() {
+        let rules = rules(
+            r#"
+rules:
+  - principals: {subjects: [a]}
+    brokerResources:
+      - {method: Connect, clientIds: ["a-*"]}
+      - {method: Publish, topics: ["orders/+", "telemetry/#"]}
+      - {method: Subscribe, topics: ["orders/#"]}
+  - principals: {subjects: ["*"]}
+    brokerResources:
+      - {method: Publish, topics: ["public"]}
+"#,
+        );
+        let a = rules.grants(&subject("a"));
+        assert!(a.allows_topic("orders/eu", TopicNeed::Publish));
+        assert!(!a.allows_topic("orders/eu/1", TopicNeed::Publish));
+        assert!(!a.allows_topic("orders", TopicNeed::Publish));
+        assert!(a.allows_topic("telemetry", TopicNeed::Publish));
+        assert!(a.allows_topic("telemetry/a/b", TopicNeed::Publish));
+        assert!(a.allows_topic("public", TopicNeed::Publish));
+        // A subscription's filter must be covered whole.
+        assert!(a.allows_topic("orders/+", TopicNeed::Subscribe));
+        assert!(a.allows_topic("orders/#", TopicNeed::Subscribe));
+        assert!(a.allows_topic("orders", TopicNeed::Subscribe));
+        assert!(!a.allows_topic("#", TopicNeed::Subscribe));
+        assert!(!a.allows_topic("+/eu", TopicNeed::Subscribe));
+        assert!(!a.allows_topic("telemetry/x", TopicNeed::Subscribe));
+        let other = rules.grants(&subject("b"));
+        assert!(other.allows_topic("public", TopicNeed::Publish));
+        assert!(!other.allows_topic("orders/eu", TopicNeed::Publish));
+        // Rules without keys grant no key.
+        assert!(!a.allows(b"orders/eu", Need::Read));
+    }
+
+    #[test]
+    fn a_dollar_topic_is_not_under_a_leading_wildcard() {
+        assert!(!filter_covers("#", "$SYS/x"));
+        assert!(!filter_covers("+/x", "$SYS/x"));
+        assert!(filter_covers("$SYS/#", "$SYS/x"));
+        assert!(filter_covers("a/#", "a"));
+    }
+
+    #[test]
+    fn bad_broker_resources_are_refused_by_name() {
+        for (resource, expected) in [
+            ("{method: Publish, topics: []}", "topics is empty"),
+            (
+                "{method: Publish, topics: [\"a/#/b\"]}",
+                "not an MQTT topic filter",
+            ),
+            (
+                "{method: Subscribe, topics: [\"a+\"]}",
+                "not an MQTT topic filter",
+            ),
+            (
+                "{method: Publish, topics: [\"{principal.clientId}/x\"]}",
+                "not supported",
+            ),
+            ("{method: Connect, topics: [a]}", "Connect takes clientIds"),
+            ("{method: Listen, topics: [a]}", "Listen"),
+        ] {
+            let text = format!(
+                "rules:\n  - principals: {{subjects: [a]}}\n    brokerResources:\n      - {resource}\n"
+            );
+            let error = Rules::parse(&text).unwrap_err();
+            assert!(error.contains(expected), "{resource}: {error}");
+        }
+        let error = Rules::parse("rules:\n  - principals: {subjects: [a]}\n").unwrap_err();
+        assert!(error.contains("grants nothing"), "{error}");
     }
 
     #[test]

@@ -159,8 +159,13 @@ pub struct ServeArgs {
     /// The Dapr lock store's name (`/v1.0-alpha1/lock/{name}`).
     #[arg(long, env = settings::DAPR_LOCK_STORE.env, default_value = settings::DAPR_LOCK_STORE.default, value_parser = parse_store_name)]
     pub dapr_lock_store: String,
+    /// The Dapr pub/sub component names apps publish through
+    /// (`/v1.0/publish/{name}/{topic}`), comma-separated: every one is the
+    /// broker.
+    #[arg(long, env = settings::DAPR_PUBSUB.env, default_value = settings::DAPR_PUBSUB.default, value_parser = parse_pubsub_names)]
+    pub dapr_pubsub: PubsubNames,
     /// The app id Dapr's metadata names (and `--dapr-key-prefix app-id` uses).
-    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_store_name)]
+    #[arg(long, env = settings::DAPR_APP_ID.env, default_value = settings::DAPR_APP_ID.default, value_parser = parse_app_id)]
     pub dapr_app_id: String,
     /// How Dapr state keys are named in the store: `none` (as given, shared
     /// with `/keys`) or `app-id` (`<app-id>||<key>`, as Dapr and the AIO
@@ -173,6 +178,13 @@ pub struct ServeArgs {
     /// (`lock||<resource>`) or a custom prefix (`lock||<prefix>||<resource>`).
     #[arg(long, env = settings::DAPR_LOCK_KEY_PREFIX.env, default_value = settings::DAPR_LOCK_KEY_PREFIX.default, value_parser = LockKeyPrefix::parse)]
     pub dapr_lock_key_prefix: LockKeyPrefix,
+    /// The Dapr configuration store's name (`/v1.0/configuration/{name}`).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_STORE.env, default_value = settings::DAPR_CONFIGURATION_STORE.default, value_parser = parse_store_name)]
+    pub dapr_configuration_store: String,
+    /// What the store keys of Dapr configuration items start with: item
+    /// `a` is the key `<prefix>a` (empty: keys as named).
+    #[arg(long, env = settings::DAPR_CONFIGURATION_KEY_PREFIX.env, default_value = settings::DAPR_CONFIGURATION_KEY_PREFIX.default)]
+    pub dapr_configuration_key_prefix: String,
     /// How long the per-key lease of a Dapr etag write lasts (a gateway that
     /// dies holding one delays other etag writes of that key this long).
     #[arg(long, env = settings::DAPR_ETAG_LEASE.env, default_value = settings::DAPR_ETAG_LEASE.default, value_parser = parse_positive_duration)]
@@ -213,6 +225,34 @@ fn parse_store_name(text: &str) -> Result<String, String> {
         return Err("must be non-empty, without '/'".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// An app id names keys (`<app-id>||<key>`, `lock||<app-id>||...`) and the
+/// MQTT shared subscription of its replicas (`$share/<app-id>/...`): it may
+/// hold neither Dapr's separator nor what MQTT forbids in a share name.
+fn parse_app_id(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(['/', '+', '#']) || text.contains("||") {
+        return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// The pub/sub names, as clap keeps one value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubNames(pub Vec<String>);
+
+/// Comma-separated pub/sub names: each a store name (not empty, no `/`),
+/// blanks around commas ignored, none twice.
+fn parse_pubsub_names(text: &str) -> Result<PubsubNames, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in text.split(',').map(str::trim) {
+        let name = parse_store_name(name)?;
+        if names.contains(&name) {
+            return Err(format!("{name} is named twice"));
+        }
+        names.push(name);
+    }
+    Ok(PubsubNames(names))
 }
 
 fn parse_key_prefix(text: &str) -> Result<KeyPrefix, String> {
@@ -349,9 +389,12 @@ impl ServeArgs {
             dapr: DaprSettings {
                 state_store: self.dapr_state_store.clone(),
                 lock_store: self.dapr_lock_store.clone(),
+                pubsubs: self.dapr_pubsub.0.clone(),
                 app_id: self.dapr_app_id.clone(),
                 key_prefix: self.dapr_key_prefix.clone(),
                 lock_key_prefix: self.dapr_lock_key_prefix.clone(),
+                configuration_store: self.dapr_configuration_store.clone(),
+                configuration_key_prefix: self.dapr_configuration_key_prefix.clone(),
                 etag_lease: self.dapr_etag_lease,
                 transactions: self.dapr_transactions,
                 app: self
@@ -559,6 +602,16 @@ mod tests {
             Command::Serve(args) => Ok(args),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn app_ids_that_would_break_keys_or_topics_are_refused() {
+        for bad in ["", "a||b", "a/b", "a+b", "a#b"] {
+            let arg = format!("--dapr-app-id={bad}");
+            assert!(serve_args(&[&arg]).is_err(), "{bad:?} was accepted");
+        }
+        let args = serve_args(&["--dapr-app-id=orders-v2.app_1"]).expect("a plain app id");
+        assert_eq!(args.dapr_app_id, "orders-v2.app_1");
     }
 
     #[test]

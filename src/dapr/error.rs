@@ -50,6 +50,31 @@ pub enum DaprError {
     /// Another etag write of the key held its lease for the whole wait.
     #[error("another conditional write of this key held it for {0:?}")]
     LeaseBusy(Duration),
+    /// The extended metadata holds its most attributes already.
+    #[error("the sidecar's extended metadata holds at most {0} attributes")]
+    MetadataFull(usize),
+    /// An extended metadata name over its limit.
+    #[error("an extended metadata name may have at most {0} bytes")]
+    MetadataNameTooLong(usize),
+    /// An extended metadata value over its limit.
+    #[error("an extended metadata value may have at most {0} bytes")]
+    MetadataValueTooLarge(usize),
+    /// A state query that cannot be run as asked (its JSON, its filter,
+    /// its token, or a sorted result past the bound the gateway sorts).
+    #[error("state store query failed: {0}")]
+    Query(String),
+    /// A configuration get of every key found more keys than one answer
+    /// holds.
+    #[error(
+        "more than {0} configuration items under the configuration key prefix: name the keys to get"
+    )]
+    TooManyItems(usize),
+    /// A configuration subscription that could not start.
+    #[error("failed to subscribe to configuration: {0}")]
+    Subscribe(String),
+    /// An unsubscribe of no subscription of this gateway.
+    #[error("failed to unsubscribe to configuration request {0}: subscription does not exist")]
+    NoSubscription(String),
     /// The store refused the request or could not be reached.
     #[error(transparent)]
     Store(#[from] RequestError),

@@ -1,6 +1,11 @@
-//! Dapr's state and lock building blocks over the store: what each Dapr
-//! operation does in store commands, shared by Dapr's HTTP routes and gRPC
-//! service ([`crate::http::dapr`]), which only translate shapes.
+//! Dapr's building blocks over the store and the broker: what each Dapr
+//! operation does in store commands or MQTT messages, shared by Dapr's HTTP
+//! routes and gRPC service ([`crate::http::dapr`]), which only translate
+//! shapes. Pub/sub: `publish` makes an event's MQTT message as daprd makes
+//! its CloudEvent; [`pubsub`] holds delivery's rules (subscriptions,
+//! routes, what an app's answer means, retries); [`app`] reaches the app.
+//! [`query`] and [`metadata`] hold the state query and the sidecar's own
+//! metadata.
 //!
 //! - A read is `GET`; the etag is the key's version (its HLC).
 //! - A write or delete without an etag is one `SET`/`DEL`; `first-write`
@@ -24,12 +29,17 @@
 
 pub mod app;
 mod conditional;
+pub mod configuration;
 mod error;
 mod expiry;
 mod keys;
 mod lease;
+pub mod metadata;
+mod publish;
 pub mod pubsub;
+pub mod query;
 mod settings;
+mod subscriptions;
 mod transaction;
 
 use std::sync::Arc;
@@ -43,6 +53,7 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
+pub use publish::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
 pub use settings::{
     AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
     LockKeyPrefix, SEPARATOR,
@@ -53,11 +64,20 @@ pub use transaction::TxOp;
 pub const STATE_COMPONENT_TYPE: &str = "state.azure.iotoperations";
 /// The lock store's component type.
 pub const LOCK_COMPONENT_TYPE: &str = "lock.azure.iotoperations";
+/// The configuration store's component type.
+pub const CONFIGURATION_COMPONENT_TYPE: &str = "configuration.azure.iotoperations";
 /// The runtime version Dapr's metadata names.
 pub const RUNTIME_VERSION: &str = concat!("statestore-gateway/", env!("CARGO_PKG_VERSION"));
 
 /// How many saves of one request run at once.
 const SAVE_PARALLELISM: usize = 16;
+
+/// How many events of one bulk publish are in flight at once.
+const PUBLISH_PARALLELISM: usize = 16;
+
+/// One event of a bulk publish that was not published: its entry id and
+/// why.
+pub type FailedEntry = (String, PubsubError);
 
 /// One component as Dapr's metadata lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +144,8 @@ pub enum UnlockStatus {
 pub struct DaprStore {
     store: StoreClient,
     settings: Arc<DaprSettings>,
+    extended: Arc<metadata::ExtendedMetadata>,
+    subscriptions: Arc<subscriptions::Subscriptions>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -139,12 +161,19 @@ impl DaprStore {
         Self {
             store,
             settings: Arc::new(settings),
+            extended: Arc::default(),
+            subscriptions: Arc::default(),
         }
     }
 
     /// The settings.
     pub fn settings(&self) -> &DaprSettings {
         &self.settings
+    }
+
+    /// The sidecar's extended metadata (`PUT /v1.0/metadata/{name}`).
+    pub fn extended_metadata(&self) -> &metadata::ExtendedMetadata {
+        &self.extended
     }
 
     /// The store key of the app's state key.
@@ -173,15 +202,21 @@ impl DaprStore {
     /// The state store's capabilities: those that hold with these settings.
     pub fn capabilities(&self) -> &'static [&'static str] {
         if self.settings.transactions {
-            &["ETAG", "TRANSACTIONAL", "TTL"]
+            &["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]
         } else {
-            &["ETAG", "TTL"]
+            &["ETAG", "TTL", "QUERY_API"]
         }
     }
 
-    /// The components Dapr's metadata lists: the state store, then the
-    /// lock store.
-    pub fn components(&self) -> [Component<'_>; 2] {
+    /// The components Dapr's metadata lists: the state store, the lock
+    /// store, the configuration store, then each pub/sub component.
+    pub fn components(&self) -> Vec<Component<'_>> {
+        let pubsubs = self.settings.pubsubs.iter().map(|name| Component {
+            name,
+            kind: PUBSUB_COMPONENT_TYPE,
+            version: "v1",
+            capabilities: &[],
+        });
         [
             Component {
                 name: &self.settings.state_store,
@@ -195,7 +230,65 @@ impl DaprStore {
                 version: "v1",
                 capabilities: &[],
             },
+            Component {
+                name: &self.settings.configuration_store,
+                kind: CONFIGURATION_COMPONENT_TYPE,
+                version: "v1",
+                capabilities: &[],
+            },
         ]
+        .into_iter()
+        .chain(pubsubs)
+        .collect()
+    }
+
+    /// Whether `name` is one of the pub/sub components.
+    pub fn has_pubsub(&self, name: &str) -> bool {
+        self.settings.pubsubs.iter().any(|pubsub| pubsub == name)
+    }
+
+    /// Publishes `event` through the pub/sub component `pubsub` (see
+    /// [`pubsub`]): one MQTT message, acknowledged by the broker.
+    pub async fn publish(&self, pubsub: &str, event: Event) -> Result<(), PubsubError> {
+        let message = publish::message(
+            &self.settings.app_id,
+            pubsub,
+            event,
+            std::time::SystemTime::now(),
+        )?;
+        self.store.pool().publish(message).await?;
+        Ok(())
+    }
+
+    /// Publishes each `(entry id, event)`, a few at once. An event that
+    /// cannot be made refuses them all, before any is published (as
+    /// daprd); otherwise the answer is those the broker did not take.
+    pub async fn publish_bulk(
+        &self,
+        pubsub: &str,
+        entries: Vec<(String, Event)>,
+    ) -> Result<Vec<FailedEntry>, PubsubError> {
+        let now = std::time::SystemTime::now();
+        let messages = entries
+            .into_iter()
+            .map(|(id, event)| {
+                Ok((
+                    id,
+                    publish::message(&self.settings.app_id, pubsub, event, now)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, PubsubError>>()?;
+        let pool = self.store.pool();
+        let failed = stream::iter(messages)
+            .map(|(id, message)| async move {
+                let published = pool.publish(message).await;
+                published.err().map(|error| (id, PubsubError::from(error)))
+            })
+            .buffered(PUBLISH_PARALLELISM)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        Ok(failed)
     }
 
     /// A checked save as a transaction's op (`delete`: the key is deleted

@@ -15,17 +15,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-/// A CloudEvent's content type, as daprd posts events to HTTP apps.
-pub const CLOUD_EVENT_CONTENT_TYPE: &str = "application/cloudevents+json";
-/// The type Dapr gives an event it wraps.
-pub const DEFAULT_EVENT_TYPE: &str = "com.dapr.event.sent";
-
-/// The pub/sub component names apps use: every one is the broker.
-// Replaced by `--dapr-pubsub` (the publishing side's setting) when both
-// halves meet; until then Dapr's conventional name.
-pub fn pubsub_names() -> Vec<String> {
-    vec!["pubsub".to_owned()]
-}
+pub use super::publish::{CLOUDEVENT_CONTENT_TYPE as CLOUD_EVENT_CONTENT_TYPE, DEFAULT_EVENT_TYPE};
 
 /// How a subscription was made, as daprd's metadata names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -123,12 +123,19 @@ pub struct DaprSettings {
     pub state_store: String,
     /// The lock store's name (`/v1.0-alpha1/lock/{lockstore}`).
     pub lock_store: String,
+    /// The pub/sub component names (`/v1.0/publish/{pubsub}/...`): every
+    /// one publishes to the broker.
+    pub pubsubs: Vec<String>,
     /// The app id the metadata names (and the key prefix uses).
     pub app_id: String,
     /// How state keys are named in the store.
     pub key_prefix: KeyPrefix,
     /// How lock resources are named in the store.
     pub lock_key_prefix: LockKeyPrefix,
+    /// The configuration store's name (`/v1.0/configuration/{store}`).
+    pub configuration_store: String,
+    /// What the store keys of configuration items start with.
+    pub configuration_key_prefix: String,
     /// How long a conditional write's per-key lease lasts: a gateway that
     /// dies holding one delays other etag writes of that key this long.
     pub etag_lease: Duration,
@@ -149,9 +156,12 @@ impl Default for DaprSettings {
         Self {
             state_store: settings::DAPR_STATE_STORE.default.to_owned(),
             lock_store: settings::DAPR_LOCK_STORE.default.to_owned(),
+            pubsubs: vec![settings::DAPR_PUBSUB.default.to_owned()],
             app_id: settings::DAPR_APP_ID.default.to_owned(),
             key_prefix: KeyPrefix::None,
             lock_key_prefix: LockKeyPrefix::AppId,
+            configuration_store: settings::DAPR_CONFIGURATION_STORE.default.to_owned(),
+            configuration_key_prefix: settings::DAPR_CONFIGURATION_KEY_PREFIX.default.to_owned(),
             etag_lease: settings::DEFAULT_DAPR_ETAG_LEASE,
             transactions: false,
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,

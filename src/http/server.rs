@@ -179,6 +179,7 @@ impl Server {
             broker: settings.pool.broker.clone(),
             client_id: format!("{}-sub", settings.pool.client_id),
             app_id: settings.dapr.app_id.clone(),
+            pubsubs: settings.dapr.pubsubs.clone(),
             declarative: settings.dapr.subscriptions.clone(),
             max_message_bytes: settings.limits.dapr_max_body_size,
             retry: RetryPolicy::default(),

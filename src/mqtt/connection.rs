@@ -58,6 +58,19 @@ pub(crate) enum Delivery {
     /// The broker refused the request in its PUBACK (not authorized, no
     /// subscriber on the request topic, ...): it never reached the store.
     Refused(PubAckReason),
+    /// The PUBACK of a message that awaits no reply (a pub/sub event),
+    /// whatever its reason.
+    Acknowledged(PubAckReason),
+}
+
+/// What a published message waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Awaits {
+    /// A store request: the reply on the response topic (a refusing
+    /// PUBACK ends it early).
+    Reply,
+    /// A pub/sub message: its PUBACK.
+    Ack,
 }
 
 type ReplySender = oneshot::Sender<Result<Delivery, PoolError>>;
@@ -195,7 +208,7 @@ struct MemberState {
     /// while a packet id collides), so the n-th `Outgoing::Publish` event is
     /// the n-th request here: that is how a PUBACK's packet id finds its
     /// request.
-    queued: VecDeque<CorrelationId>,
+    queued: VecDeque<(CorrelationId, Awaits)>,
     /// The token the current connection authenticated with.
     sat_token: Option<Bytes>,
 }
@@ -346,13 +359,16 @@ impl Member {
         }
     }
 
-    /// Registers the reply waiter and hands the request to rumqttc without
-    /// waiting; `ConnectionLost` if the member is no longer subscribed.
+    /// Registers the waiter (`awaits`: the reply or the PUBACK;
+    /// `correlation` keys it either way) and hands the message to rumqttc
+    /// without waiting; `ConnectionLost` if the member is no longer
+    /// subscribed.
     pub(crate) fn publish(
         &self,
         correlation: CorrelationId,
         reply: ReplySender,
-        topic: &'static str,
+        awaits: Awaits,
+        topic: impl Into<String>,
         payload: Bytes,
         properties: PublishProperties,
     ) -> Result<(), PoolError> {
@@ -372,19 +388,26 @@ impl Member {
                 may_have_left: false,
             },
         );
-        state.queued.push_back(correlation);
+        state.queued.push_back((correlation, awaits));
         Ok(())
     }
 
-    /// The request behind the next `Outgoing::Publish` event: it has been
+    /// The message behind the next `Outgoing::Publish` event: it has been
     /// written to the network.
-    fn next_queued(&self) -> Option<CorrelationId> {
+    fn next_queued(&self) -> Option<(CorrelationId, Awaits)> {
         let mut state = self.lock();
-        let correlation = state.queued.pop_front()?;
-        if let Some(waiter) = state.pending.get_mut(&correlation) {
+        let queued = state.queued.pop_front()?;
+        if let Some(waiter) = state.pending.get_mut(&queued.0) {
             waiter.may_have_left = true;
         }
-        Some(correlation)
+        Some(queued)
+    }
+
+    /// A message awaiting its PUBACK got it: tell the waiter.
+    fn acknowledged(&self, correlation: CorrelationId, reason: PubAckReason) {
+        if let Some(waiter) = self.lock().pending.remove(&correlation) {
+            let _ = waiter.reply.send(Ok(Delivery::Acknowledged(reason)));
+        }
     }
 
     /// The broker refused a request in its PUBACK: tell the waiter now
@@ -460,7 +483,7 @@ impl Member {
         // it (`Outgoing::Publish`) after writing it: the oldest request not
         // yet reported may be half written when the connection fails. The
         // ones behind it are still in the channel.
-        if let Some(first) = state.queued.front().copied()
+        if let Some((first, _)) = state.queued.front().copied()
             && let Some(waiter) = state.pending.get_mut(&first)
         {
             waiter.may_have_left = true;
@@ -656,7 +679,7 @@ async fn drive(
     // stops acknowledging (frozen, or a half-open connection after a node
     // died) is noticed within the request timeout rather than after two
     // keep-alive periods, and a refusing PUBACK fails its request at once.
-    let mut unacked: HashMap<u16, (Option<CorrelationId>, Instant)> = HashMap::new();
+    let mut unacked: HashMap<u16, (Option<(CorrelationId, Awaits)>, Instant)> = HashMap::new();
     let ack_check = sleep_until(Instant::now() + ACK_CHECK);
     let mut refusals = RepeatedFailure::default();
     // Made once per connection, not once per event: every request brings
@@ -757,8 +780,8 @@ async fn drive(
                 unacked.insert(packet_id, (member.next_queued(), Instant::now()));
             }
             Ok(Event::Incoming(Packet::PubAck(ack))) => {
-                if let Some((correlation, _)) = unacked.remove(&ack.pkid) {
-                    on_puback(member, &ack, correlation, &mut refusals);
+                if let Some((queued, _)) = unacked.remove(&ack.pkid) {
+                    on_puback(member, &ack, queued, &mut refusals);
                 }
             }
             Ok(_) => {}
@@ -766,14 +789,21 @@ async fn drive(
     }
 }
 
-/// A PUBACK other than success (or "no matching subscribers", which rumqttc
-/// also counts as success but means no store is listening) ends its request.
+/// A message awaiting its PUBACK gets it, whatever the reason. For a
+/// store request, a PUBACK other than success (or "no matching
+/// subscribers", which rumqttc also counts as success but means no store
+/// is listening) ends it.
 fn on_puback(
     member: &Member,
     ack: &PubAck,
-    correlation: Option<CorrelationId>,
+    queued: Option<(CorrelationId, Awaits)>,
     refusals: &mut RepeatedFailure,
 ) {
+    let correlation = match queued {
+        Some((correlation, Awaits::Ack)) => return member.acknowledged(correlation, ack.reason),
+        Some((correlation, Awaits::Reply)) => Some(correlation),
+        None => None,
+    };
     if ack.reason == PubAckReason::Success {
         return;
     }
@@ -884,12 +914,13 @@ mod tests {
             .publish(
                 correlation,
                 reply,
+                Awaits::Reply,
                 "t",
                 Bytes::new(),
                 PublishProperties::default(),
             )
             .unwrap();
-        assert_eq!(member.next_queued(), Some(correlation));
+        assert_eq!(member.next_queued(), Some((correlation, Awaits::Reply)));
     }
 
     fn publish(
@@ -961,6 +992,7 @@ mod tests {
                 .publish(
                     correlation,
                     tx,
+                    Awaits::Reply,
                     "t",
                     Bytes::new(),
                     PublishProperties::default(),
@@ -986,7 +1018,14 @@ mod tests {
         assert_eq!(member.status(), Status::Down);
         let (tx, _rx) = oneshot::channel();
         assert!(matches!(
-            member.publish([2; 16], tx, "t", Bytes::new(), PublishProperties::default()),
+            member.publish(
+                [2; 16],
+                tx,
+                Awaits::Reply,
+                "t",
+                Bytes::new(),
+                PublishProperties::default()
+            ),
             Err(PoolError::ConnectionLost)
         ));
     }

@@ -67,6 +67,63 @@ pub enum PoolError {
     ShuttingDown,
 }
 
+/// Why a pub/sub message was not published (or may not have been).
+#[derive(Debug, Clone, Error)]
+pub enum PublishError {
+    /// No member is connected and subscribed.
+    #[error("no usable broker connection")]
+    Unavailable,
+    /// Every member's in-flight window stayed full for the slot wait.
+    #[error("every broker connection is at its in-flight limit")]
+    Overloaded,
+    /// No PUBACK within the request timeout.
+    #[error("the broker did not acknowledge the message within {0:?}")]
+    Timeout(Duration),
+    /// The connection was lost before the message left the gateway.
+    #[error("the broker connection was lost before the message was sent")]
+    ConnectionLost,
+    /// The connection was lost after the message may have gone out.
+    #[error(
+        "the broker connection was lost after the message was sent: it may have been published"
+    )]
+    OutcomeUnknown,
+    /// The message is larger than the broker accepts.
+    #[error("a message of {size} bytes exceeds the broker's maximum packet size of {max} bytes")]
+    TooLarge {
+        /// Payload plus topic and properties.
+        size: usize,
+        /// The largest packet allowed.
+        max: usize,
+    },
+    /// The broker's authorization refused the topic (PUBACK 0x87).
+    #[error("the broker refused the message: not authorized to publish on this topic")]
+    NotAuthorized,
+    /// Another refusing PUBACK (quota exceeded, topic name invalid, ...).
+    #[error("the broker refused the message: {0}")]
+    Refused(String),
+    /// The pool is shutting down.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+impl From<PoolError> for PublishError {
+    /// The failures taking a slot and handing the message over can have.
+    fn from(error: PoolError) -> Self {
+        match error {
+            PoolError::Overloaded => Self::Overloaded,
+            PoolError::Timeout(timeout) => Self::Timeout(timeout),
+            PoolError::ConnectionLost => Self::ConnectionLost,
+            PoolError::OutcomeUnknown => Self::OutcomeUnknown,
+            PoolError::TooLarge { size, max } => Self::TooLarge { size, max },
+            PoolError::ShuttingDown => Self::ShuttingDown,
+            PoolError::Unavailable
+            | PoolError::Decode(_)
+            | PoolError::BadVersion(_)
+            | PoolError::Clock(_) => Self::Unavailable,
+        }
+    }
+}
+
 impl PoolError {
     /// One error of each kind, for tests that go through them all.
     #[cfg(test)]

@@ -33,9 +33,9 @@ use tokio::time::Instant;
 
 use super::auth;
 use super::connection::{
-    self, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
+    self, Awaits, CorrelationId, Delivery, Member, MemberContext, ReplyMessage, Status,
 };
-use super::error::{PoolError, PoolStartError};
+use super::error::{PoolError, PoolStartError, PublishError};
 use super::events::{KeyNotification, MemberEvent};
 use super::options::{CONNECT_TIMEOUT, MAX_PACKET_SIZE, REQUEST_CHANNEL_CAPACITY};
 use super::settings::PoolSettings;
@@ -74,6 +74,31 @@ pub struct RequestOptions {
     /// Send on this member only (`None`: the least-loaded one). KEYNOTIFY
     /// registrations belong to the member (client id) that sent them.
     pub member: Option<usize>,
+}
+
+/// A pub/sub message: published at QoS 1, not retained.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    /// The MQTT topic (checked by the caller: no wildcards, not empty).
+    pub topic: String,
+    /// The payload, as it goes out.
+    pub payload: Bytes,
+    /// The MQTT5 content type property.
+    pub content_type: Option<String>,
+    /// The MQTT5 message expiry interval, in seconds.
+    pub expiry_seconds: Option<u32>,
+    /// MQTT5 user properties, in order.
+    pub user_properties: Vec<(String, String)>,
+}
+
+/// What the broker's PUBACK said of a published message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Accepted (PUBACK success).
+    Accepted,
+    /// Accepted, and nobody subscribes to the topic now (PUBACK 0x10): a
+    /// success for pub/sub, where publishers do not wait for subscribers.
+    NoSubscribers,
 }
 
 /// A decoded reply and the key's version from its `__ts`.
@@ -290,6 +315,70 @@ impl Pool {
         &self.inner.client_id
     }
 
+    /// Publishes `message` at QoS 1 on the least-loaded member (sharing
+    /// the in-flight windows with store requests) and waits for its PUBACK,
+    /// bounded by the request timeout. "No matching subscribers" is
+    /// success; "not authorized" and other refusals are errors.
+    ///
+    /// `ConnectionLost` means the message never left the gateway;
+    /// `OutcomeUnknown` and `Timeout` that it may have been published.
+    pub async fn publish(&self, message: Message) -> Result<Published, PublishError> {
+        if self.inner.shutting_down.load(Ordering::Acquire) {
+            return Err(PublishError::ShuttingDown);
+        }
+        let mut slot = self.acquire(None).await?;
+        let member = slot.member.clone();
+        let properties = PublishProperties {
+            message_expiry_interval: message.expiry_seconds,
+            content_type: message.content_type,
+            user_properties: message.user_properties,
+            ..Default::default()
+        };
+        let max = member
+            .max_packet_size()
+            .unwrap_or(MAX_PACKET_SIZE)
+            .min(MAX_PACKET_SIZE) as usize;
+        if message.payload.len() + envelope_bound(&message.topic, &properties) > max {
+            let size = Publish::new(
+                message.topic.as_str(),
+                QoS::AtLeastOnce,
+                message.payload.clone(),
+                Some(properties.clone()),
+            )
+            .size()
+                + 2;
+            if size > max {
+                return Err(PublishError::TooLarge { size, max });
+            }
+        }
+        // Keys the PUBACK's waiter only: nothing of it goes on the wire.
+        let correlation: CorrelationId = rand::random();
+        let (ack_tx, ack_rx) = oneshot::channel();
+        member.publish(
+            correlation,
+            ack_tx,
+            Awaits::Ack,
+            message.topic,
+            message.payload,
+            properties,
+        )?;
+        slot.correlation = Some(correlation);
+        let timeout = self.inner.ctx.request_timeout;
+        let delivery = match tokio::time::timeout(timeout, ack_rx).await {
+            Err(_) => return Err(PublishError::Timeout(timeout)),
+            Ok(Err(_)) => return Err(PublishError::OutcomeUnknown),
+            Ok(Ok(result)) => {
+                slot.correlation = None;
+                result?
+            }
+        };
+        match delivery {
+            Delivery::Acknowledged(reason) => acknowledgement(reason),
+            // Only store requests get replies or early refusals.
+            Delivery::Reply(_) | Delivery::Refused(_) => Err(PublishError::OutcomeUnknown),
+        }
+    }
+
     /// The request timeout: how long a request may wait for its reply.
     pub fn request_timeout(&self) -> Duration {
         self.inner.ctx.request_timeout
@@ -438,7 +527,7 @@ impl Pool {
             .max_packet_size()
             .unwrap_or(MAX_PACKET_SIZE)
             .min(MAX_PACKET_SIZE) as usize;
-        if payload.len() + envelope_bound(&properties) > max {
+        if payload.len() + envelope_bound(REQUEST_TOPIC, &properties) > max {
             // Close to the limit: size the packet exactly as it will go out
             // (packet id included).
             let size = Publish::new(
@@ -455,7 +544,14 @@ impl Pool {
         }
 
         let (reply_tx, reply_rx) = oneshot::channel();
-        member.publish(correlation, reply_tx, REQUEST_TOPIC, payload, properties)?;
+        member.publish(
+            correlation,
+            reply_tx,
+            Awaits::Reply,
+            REQUEST_TOPIC,
+            payload,
+            properties,
+        )?;
         slot.correlation = Some(correlation);
 
         let timeout = self.inner.ctx.request_timeout;
@@ -474,6 +570,8 @@ impl Pool {
         match delivery {
             Delivery::Reply(message) => self.interpret(request, message),
             Delivery::Refused(reason) => refusal(reason),
+            // Only pub/sub messages await their PUBACK alone.
+            Delivery::Acknowledged(_) => Err(PoolError::OutcomeUnknown),
         }
     }
 
@@ -729,11 +827,21 @@ fn refusal(reason: PubAckReason) -> Result<StoreResponse, PoolError> {
     })
 }
 
-/// An upper bound of a request packet's bytes besides its payload: fixed
-/// header, topic, packet id and properties (each with its id and lengths).
-fn envelope_bound(properties: &PublishProperties) -> usize {
+/// What a pub/sub message's PUBACK means.
+fn acknowledgement(reason: PubAckReason) -> Result<Published, PublishError> {
+    match reason {
+        PubAckReason::Success => Ok(Published::Accepted),
+        PubAckReason::NoMatchingSubscribers => Ok(Published::NoSubscribers),
+        PubAckReason::NotAuthorized => Err(PublishError::NotAuthorized),
+        other => Err(PublishError::Refused(format!("{other:?}"))),
+    }
+}
+
+/// An upper bound of a packet's bytes besides its payload: fixed header,
+/// topic, packet id and properties (each with its id and lengths).
+fn envelope_bound(topic: &str, properties: &PublishProperties) -> usize {
     let strings = |value: &Option<String>| value.as_ref().map_or(0, |text| text.len() + 3);
-    64 + REQUEST_TOPIC.len()
+    64 + topic.len()
         + strings(&properties.response_topic)
         + strings(&properties.content_type)
         + properties
@@ -867,8 +975,28 @@ mod tests {
             )
             .size()
                 + 2;
-            assert!(payload_len + envelope_bound(&properties) >= exact);
+            assert!(payload_len + envelope_bound(REQUEST_TOPIC, &properties) >= exact);
         }
+    }
+
+    #[test]
+    fn no_matching_subscribers_is_a_published_message_and_not_authorized_is_not() {
+        assert_eq!(
+            acknowledgement(PubAckReason::Success).unwrap(),
+            Published::Accepted
+        );
+        assert_eq!(
+            acknowledgement(PubAckReason::NoMatchingSubscribers).unwrap(),
+            Published::NoSubscribers
+        );
+        assert!(matches!(
+            acknowledgement(PubAckReason::NotAuthorized),
+            Err(PublishError::NotAuthorized)
+        ));
+        assert!(matches!(
+            acknowledgement(PubAckReason::QuotaExceeded),
+            Err(PublishError::Refused(reason)) if reason == "QuotaExceeded"
+        ));
     }
 
     #[test]

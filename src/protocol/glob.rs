@@ -160,6 +160,20 @@ fn match_from(pattern: &[u8], key: &[u8], state: &mut Matching, nesting: usize) 
     p == pattern.len() && k == key.len()
 }
 
+/// The pattern of every key that starts with the bytes `prefix`: each
+/// byte the glob reads as syntax escaped, then `*`.
+pub fn prefix_pattern(prefix: &[u8]) -> Vec<u8> {
+    let mut pattern = Vec::with_capacity(prefix.len() + 1);
+    for &byte in prefix {
+        if matches!(byte, b'*' | b'?' | b'[' | b']' | b'\\') {
+            pattern.push(b'\\');
+        }
+        pattern.push(byte);
+    }
+    pattern.push(b'*');
+    pattern
+}
+
 /// The literal bytes every key matching `pattern` starts with, so that a
 /// scan can skip straight to them in an ordered store.
 pub fn literal_prefix(pattern: &[u8]) -> Vec<u8> {
@@ -187,6 +201,17 @@ mod tests {
 
     fn m(pattern: &str, key: &str) -> bool {
         matches(pattern.as_bytes(), key.as_bytes())
+    }
+
+    #[test]
+    fn a_prefix_pattern_matches_the_keys_that_start_with_the_prefix() {
+        let pattern = prefix_pattern(b"app*[x]?\\||");
+        assert!(matches(&pattern, b"app*[x]?\\||order-1"));
+        assert!(matches(&pattern, b"app*[x]?\\||"));
+        assert!(!matches(&pattern, b"appzz[x]?\\||order-1"));
+        assert!(!matches(&pattern, b"app*x?\\||order-1"));
+        assert_eq!(literal_prefix(&pattern), b"app*[x]?\\||");
+        assert_eq!(prefix_pattern(b""), b"*");
     }
 
     #[test]

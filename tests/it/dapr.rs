@@ -26,14 +26,14 @@ use crate::support::{broker_store, freeze, raw_get, raw_set, thaw};
 
 mod answers;
 
-const TOKEN: &str = "dapr-api-t0ken";
+pub(crate) const TOKEN: &str = "dapr-api-t0ken";
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn dapr_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr")
 }
 
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     dapr_dir().join(".venv/bin/python")
 }
 
@@ -58,7 +58,12 @@ fn require_sdks() {
 
 /// Runs one SDK script against the gateway at `api` (bounded), with the
 /// environment variables a Dapr app gets from its sidecar.
-async fn run_sdk(program: &Path, script: &str, api: std::net::SocketAddr, prefix: &str) -> Output {
+pub(crate) async fn run_sdk(
+    program: &Path,
+    script: &str,
+    api: std::net::SocketAddr,
+    prefix: &str,
+) -> Output {
     require_sdks();
     let mut command = tokio::process::Command::new(program);
     command
@@ -77,7 +82,7 @@ async fn run_sdk(program: &Path, script: &str, api: std::net::SocketAddr, prefix
         .unwrap_or_else(|error| panic!("cannot run {}: {error}", program.display()))
 }
 
-fn assert_script_ok(script: &str, output: &Output) {
+pub(crate) fn assert_script_ok(script: &str, output: &Output) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -87,7 +92,7 @@ fn assert_script_ok(script: &str, output: &Output) {
     );
 }
 
-async fn stack_with_token() -> Stack {
+pub(crate) async fn stack_with_token() -> Stack {
     Stack::builder()
         .gateway(GatewayOptions {
             api_token: Some(TOKEN.into()),
@@ -139,7 +144,7 @@ async fn the_python_sdk_runs_unchanged_over_grpc() {
 }
 
 /// A client that sends the API token as Dapr's SDKs do.
-fn dapr_client() -> reqwest::Client {
+pub(crate) fn dapr_client() -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("dapr-api-token", TOKEN.parse().unwrap());
     reqwest::Client::builder()
@@ -150,7 +155,7 @@ fn dapr_client() -> reqwest::Client {
         .unwrap()
 }
 
-async fn error_code(response: reqwest::Response, status: u16) -> String {
+pub(crate) async fn error_code(response: reqwest::Response, status: u16) -> String {
     assert_eq!(response.status().as_u16(), status);
     let body: Value = response.json().await.unwrap();
     assert!(body["message"].is_string(), "{body}");
@@ -196,7 +201,10 @@ async fn http_answers_with_daprs_statuses_and_bodies() {
     assert_eq!(metadata["id"], "statestore-gateway");
     let components = metadata["components"].as_array().unwrap();
     assert_eq!(components[0]["name"], "statestore");
-    assert_eq!(components[0]["capabilities"], json!(["ETAG", "TTL"]));
+    assert_eq!(
+        components[0]["capabilities"],
+        json!(["ETAG", "TTL", "QUERY_API"])
+    );
     assert_eq!(components[1]["name"], "lockstore");
     assert!(components[1]["type"].as_str().unwrap().starts_with("lock."));
 
@@ -697,7 +705,11 @@ enum Through {
 /// generated gRPC stub on the gateway at `api`, `md`, the metadata that
 /// carries the API token, and `code_of(call)`, a call's gRPC status code
 /// name; `env` are environment variables for it. Returns what it printed.
-async fn grpc_python(api: std::net::SocketAddr, code: &str, env: &[(&str, String)]) -> String {
+pub(crate) async fn grpc_python(
+    api: std::net::SocketAddr,
+    code: &str,
+    env: &[(&str, String)],
+) -> String {
     const PRELUDE: &str = r#"
 import base64, json, os, grpc
 from dapr.proto import api_service_v1, api_v1, common_v1

@@ -171,12 +171,18 @@ declares its port; used by this chart's standalone Deployment.
       value: {{ $g.daprStateStore | quote }}
     - name: STATESTORE_GATEWAY_DAPR_LOCK_STORE
       value: {{ $g.daprLockStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_PUBSUB
+      value: {{ $g.daprPubsub | quote }}
     - name: STATESTORE_GATEWAY_DAPR_APP_ID
       value: {{ $g.daprAppId | quote }}
     - name: STATESTORE_GATEWAY_DAPR_KEY_PREFIX
       value: {{ $g.daprKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_LOCK_KEY_PREFIX
       value: {{ $g.daprLockKeyPrefix | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_CONFIGURATION_STORE
+      value: {{ $g.daprConfigurationStore | quote }}
+    - name: STATESTORE_GATEWAY_DAPR_CONFIGURATION_KEY_PREFIX
+      value: {{ $g.daprConfigurationKeyPrefix | quote }}
     - name: STATESTORE_GATEWAY_DAPR_MAX_BODY_SIZE
       value: {{ int64 $g.daprMaxBodySize | quote }}
     {{- if $g.daprAppPort }}

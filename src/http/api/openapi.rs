@@ -147,7 +147,7 @@ mod tests {
     fn every_route_and_method_is_documented() {
         let document = document();
         let paths = document["paths"].as_object().expect("paths");
-        let expected: [(&str, &[&str]); 25] = [
+        let expected: [(&str, &[&str]); 30] = [
             ("/keys", &["get"]),
             ("/keys/{key}", &["get", "head", "put", "delete"]),
             ("/batch", &["post"]),
@@ -173,6 +173,11 @@ mod tests {
             ("/v1.0/state/{store}/transaction", &["post", "put"]),
             ("/v1.0-alpha1/lock/{store}", &["post"]),
             ("/v1.0-alpha1/unlock/{store}", &["post"]),
+            ("/v1.0/metadata/{name}", &["put"]),
+            ("/v1.0-alpha1/state/{store}/query", &["post", "put"]),
+            ("/v1.0/configuration/{store}", &["get"]),
+            ("/v1.0/configuration/{store}/subscribe", &["get"]),
+            ("/v1.0/configuration/{store}/{id}/unsubscribe", &["get"]),
         ];
         assert_eq!(paths.len(), expected.len(), "{:?}", paths.keys());
         for (path, methods) in expected {

@@ -14,7 +14,7 @@ use tonic::Code;
 use tonic_types::{BadRequest, ErrorDetail, ErrorInfo, ResourceInfo, StatusExt as _};
 
 use super::check::{LockCall, Refusal};
-use crate::dapr::DaprError;
+use crate::dapr::{DaprError, PubsubError};
 use crate::http::problem::{FailureLog, Severity};
 
 /// The Dapr operation that failed: it names the HTTP `errorCode` of a
@@ -33,6 +33,16 @@ pub enum Operation {
     TryLock,
     /// `unlock`.
     Unlock,
+    /// Set an extended metadata attribute.
+    SetMetadata,
+    /// A state query (alpha).
+    Query,
+    /// Get configuration items.
+    ConfigurationGet,
+    /// Subscribe to configuration items.
+    ConfigurationSubscribe,
+    /// End a configuration subscription.
+    ConfigurationUnsubscribe,
 }
 
 /// A failure as Dapr answers it, over either protocol.
@@ -104,6 +114,11 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_LOCK_STORE_NOT_FOUND",
             Code::InvalidArgument,
         ),
+        Refusal::ConfigurationStoreNotFound(_) => (
+            S::BAD_REQUEST,
+            "ERR_CONFIGURATION_STORE_NOT_FOUND",
+            Code::InvalidArgument,
+        ),
         Refusal::Forbidden(_) => (
             S::FORBIDDEN,
             "ERR_PERMISSION_DENIED",
@@ -134,6 +149,30 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_HEALTH_NOT_READY",
             Code::Unavailable,
         ),
+        // Dapr answers a pub/sub it does not have, or no topic, with 404
+        // over HTTP but INVALID_ARGUMENT over gRPC.
+        Refusal::PubsubNotFound(_) => (S::NOT_FOUND, "ERR_PUBSUB_NOT_FOUND", Code::InvalidArgument),
+        Refusal::TopicEmpty(_) => (S::NOT_FOUND, "ERR_TOPIC_NAME_EMPTY", Code::InvalidArgument),
+        // Dapr has no such check (its MQTT component fails the publish):
+        // the publish's error code, as the caller's mistake.
+        Refusal::IllegalTopic(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_PUBLISH_MESSAGE",
+            Code::InvalidArgument,
+        ),
+        Refusal::PubsubForbidden { .. } => {
+            (S::FORBIDDEN, "ERR_PUBSUB_FORBIDDEN", Code::PermissionDenied)
+        }
+        Refusal::BulkEvents(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_EVENTS_SER",
+            Code::InvalidArgument,
+        ),
+        Refusal::NoAppChannel => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_APP_CHANNEL_NIL",
+            Code::Internal,
+        ),
     };
     (status, code, grpc, None)
 }
@@ -150,16 +189,49 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
         Operation::Transaction => "ERR_STATE_TRANSACTION",
         Operation::TryLock => "ERR_TRY_LOCK",
         Operation::Unlock => "ERR_UNLOCK",
+        Operation::SetMetadata => MALFORMED,
+        Operation::Query => "ERR_STATE_QUERY",
+        Operation::ConfigurationGet => "ERR_CONFIGURATION_GET",
+        Operation::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
+        Operation::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
     };
     let (status, grpc) = match (operation, error) {
         (_, DaprError::MalformedEtag(_)) => (S::BAD_REQUEST, Code::InvalidArgument),
         (_, DaprError::RecordTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument),
+        (
+            _,
+            DaprError::MetadataFull(_)
+            | DaprError::MetadataNameTooLong(_)
+            | DaprError::MetadataValueTooLarge(_),
+        ) => (S::BAD_REQUEST, Code::InvalidArgument),
         (Operation::Get | Operation::Save | Operation::Delete, DaprError::EtagMismatch) => {
             (S::CONFLICT, Code::Aborted)
         }
         (_, _) => (S::INTERNAL_SERVER_ERROR, Code::Internal),
     };
     (status, code, grpc)
+}
+
+/// The table of publish failures.
+fn publish_row(error: &PubsubError) -> (StatusCode, &'static str, Code) {
+    match error {
+        PubsubError::Metadata(_) => (
+            S::BAD_REQUEST,
+            "ERR_PUBSUB_REQUEST_METADATA",
+            Code::InvalidArgument,
+        ),
+        // As Dapr: 500 over HTTP, INVALID_ARGUMENT over gRPC.
+        PubsubError::CloudEvent => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_PUBSUB_CLOUD_EVENTS_SER",
+            Code::InvalidArgument,
+        ),
+        PubsubError::Publish(_) => (
+            S::INTERNAL_SERVER_ERROR,
+            "ERR_PUBSUB_PUBLISH_MESSAGE",
+            Code::Internal,
+        ),
+    }
 }
 
 impl From<Refusal> for Failure {
@@ -192,6 +264,24 @@ impl Failure {
             code,
             grpc,
             message: error.to_string(),
+            details: None,
+        }
+    }
+
+    /// Publishing to `topic` through `pubsub` failed with `error`.
+    pub fn of_publish(pubsub: &str, topic: &str, error: &PubsubError) -> Self {
+        let (status, code, grpc) = publish_row(error);
+        let message = match error {
+            PubsubError::Publish(error) => {
+                format!("error when publishing to topic {topic} in pubsub {pubsub}: {error}")
+            }
+            other => other.to_string(),
+        };
+        Self {
+            status,
+            code,
+            grpc,
+            message,
             details: None,
         }
     }
@@ -292,7 +382,7 @@ mod tests {
     use crate::http::dapr::check::Counted;
 
     /// How many kinds of refusal there are.
-    const KINDS: usize = 23;
+    const KINDS: usize = 30;
 
     /// The place of a refusal's kind: the match has no wildcard, so a new
     /// kind does not compile until it has a place, and then fails
@@ -322,6 +412,13 @@ mod tests {
             Refusal::Expiry => 20,
             Refusal::Malformed(_) => 21,
             Refusal::NotReady => 22,
+            Refusal::PubsubNotFound(_) => 23,
+            Refusal::TopicEmpty(_) => 24,
+            Refusal::IllegalTopic(_) => 25,
+            Refusal::PubsubForbidden { .. } => 26,
+            Refusal::BulkEvents(_) => 27,
+            Refusal::ConfigurationStoreNotFound(_) => 28,
+            Refusal::NoAppChannel => 29,
         }
     }
 
@@ -364,6 +461,16 @@ mod tests {
             Refusal::Expiry,
             Refusal::Malformed("expected value".into()),
             Refusal::NotReady,
+            Refusal::PubsubNotFound("other".into()),
+            Refusal::TopicEmpty("pubsub".into()),
+            Refusal::IllegalTopic("a/+".into()),
+            Refusal::PubsubForbidden {
+                topic: "orders".into(),
+                app_id: "app".into(),
+            },
+            Refusal::BulkEvents("entryId is duplicated".into()),
+            Refusal::ConfigurationStoreNotFound("other".into()),
+            Refusal::NoAppChannel,
         ];
         let covered: std::collections::BTreeSet<usize> = all.iter().map(kind_of).collect();
         assert_eq!(covered.len(), KINDS, "a kind of refusal has no example");
@@ -379,6 +486,13 @@ mod tests {
             DaprError::Unapplied(Box::new(DaprError::FencedOut)),
             DaprError::RecordTooLarge { size: 2, max: 1 },
             DaprError::LeaseBusy(Duration::from_secs(1)),
+            DaprError::MetadataFull(64),
+            DaprError::MetadataNameTooLong(256),
+            DaprError::MetadataValueTooLarge(65536),
+            DaprError::Query("unsupported filter \"LIKE\"".into()),
+            DaprError::TooManyItems(1000),
+            DaprError::Subscribe("too many watchers".into()),
+            DaprError::NoSubscription("id".into()),
             DaprError::Store(crate::store::RequestError::UnexpectedReply {
                 verb: "SET",
                 reply: "-ERR".into(),
@@ -386,18 +500,28 @@ mod tests {
         ]
     }
 
-    const OPERATIONS: [Operation; 6] = [
+    const OPERATIONS: [Operation; 11] = [
         Operation::Get,
         Operation::Save,
         Operation::Delete,
         Operation::Transaction,
         Operation::TryLock,
         Operation::Unlock,
+        Operation::SetMetadata,
+        Operation::Query,
+        Operation::ConfigurationGet,
+        Operation::ConfigurationSubscribe,
+        Operation::ConfigurationUnsubscribe,
     ];
 
-    /// The gRPC code that means what an HTTP status means.
-    fn same_meaning(status: StatusCode, grpc: Code) -> bool {
+    /// The gRPC code that means what an HTTP status means (or that Dapr
+    /// answers with it).
+    fn same_meaning(status: StatusCode, grpc: Code, code: &str) -> bool {
         match status.as_u16() {
+            // A pub/sub or topic that is not there.
+            404 => grpc == Code::InvalidArgument,
+            // Dapr's odd pair for an event it cannot make.
+            500 if code == "ERR_PUBSUB_CLOUD_EVENTS_SER" => grpc == Code::InvalidArgument,
             // A request or answer over the size limit is RESOURCE_EXHAUSTED.
             400 | 413 => matches!(grpc, Code::InvalidArgument | Code::ResourceExhausted),
             403 => grpc == Code::PermissionDenied,
@@ -420,7 +544,7 @@ mod tests {
         let (status, body) = http_answer(&failure).await;
         let grpc = tonic::Status::from(failure.clone());
         assert!(
-            same_meaning(status, grpc.code()),
+            same_meaning(status, grpc.code(), failure.code),
             "{failure:?}: HTTP {status} but gRPC {:?}",
             grpc.code()
         );
@@ -496,6 +620,26 @@ mod tests {
                 assert_same_over_both(Failure::of(operation, error)).await;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn every_publish_failure_means_the_same_over_http_and_grpc() {
+        for error in [
+            PubsubError::Metadata("rawPayload value must be a valid boolean".into()),
+            PubsubError::CloudEvent,
+            PubsubError::Publish(crate::mqtt::PublishError::NotAuthorized),
+        ] {
+            assert_same_over_both(Failure::of_publish("pubsub", "orders", &error)).await;
+        }
+        let failed = Failure::of_publish(
+            "pubsub",
+            "orders",
+            &PubsubError::Publish(crate::mqtt::PublishError::Unavailable),
+        );
+        assert_eq!(
+            failed.message,
+            "error when publishing to topic orders in pubsub pubsub: no usable broker connection"
+        );
     }
 
     #[test]

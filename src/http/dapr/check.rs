@@ -3,12 +3,13 @@
 //! expiry, counts and operation names. A broken rule is a [`Refusal`],
 //! which [`super::answer`] turns into Dapr's HTTP answer or gRPC status.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::access::rules::{Access, Need};
+use crate::access::rules::{Access, Need, TopicNeed};
 use crate::dapr::{Concurrency, SEPARATOR, Save, ttl_from_metadata};
 use crate::http::state::AppState;
 
@@ -21,6 +22,9 @@ pub enum Refusal {
     /// No lock store of that name.
     #[error("lock store {0} is not found")]
     LockStoreNotFound(String),
+    /// No configuration store of that name.
+    #[error("configuration store {0} not found")]
+    ConfigurationStoreNotFound(String),
     /// An empty key.
     #[error("a key must not be empty")]
     EmptyKey,
@@ -98,9 +102,35 @@ pub enum Refusal {
     /// A body or parameter that cannot be read as Dapr's request.
     #[error("{0}")]
     Malformed(String),
+    /// An HTTP configuration subscription on a gateway with no app to
+    /// deliver its changes to.
+    #[error("app channel is not initialized. cannot subscribe to configuration updates")]
+    NoAppChannel,
     /// The gateway cannot reach the store (Dapr's health routes).
     #[error("the gateway is not connected to the state store")]
     NotReady,
+    /// No pub/sub component of that name.
+    #[error("pubsub {0} is not found")]
+    PubsubNotFound(String),
+    /// A publish without a topic (the pub/sub component's name).
+    #[error("topic is empty in pubsub {0}")]
+    TopicEmpty(String),
+    /// A topic MQTT does not allow in a PUBLISH.
+    #[error(
+        "topic {0:?} cannot be published to: an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes"
+    )]
+    IllegalTopic(String),
+    /// The caller's rules do not allow publishing on the topic.
+    #[error("topic {topic} is not allowed for app id {app_id}")]
+    PubsubForbidden {
+        /// The topic.
+        topic: String,
+        /// The app id the gateway serves.
+        app_id: String,
+    },
+    /// A bulk publish's events cannot be read (Dapr's message).
+    #[error("{0}")]
+    BulkEvents(String),
 }
 
 /// What [`Refusal::TooMany`] counted.
@@ -181,12 +211,63 @@ pub(super) fn state_store(state: &AppState, name: &str) -> Result<(), Refusal> {
     Err(Refusal::StateStoreNotFound(name.to_owned()))
 }
 
+/// The pub/sub component a request names must be one of the gateway's,
+/// and its topic one MQTT allows in a PUBLISH.
+pub(super) fn publish_target(state: &AppState, pubsub: &str, topic: &str) -> Result<(), Refusal> {
+    if !state.dapr.has_pubsub(pubsub) {
+        return Err(Refusal::PubsubNotFound(pubsub.to_owned()));
+    }
+    if topic.is_empty() {
+        return Err(Refusal::TopicEmpty(pubsub.to_owned()));
+    }
+    if topic.len() > usize::from(u16::MAX) || topic.contains(['+', '#', '\0']) {
+        return Err(Refusal::IllegalTopic(topic.to_owned()));
+    }
+    Ok(())
+}
+
+/// A bulk publish's entry ids: each present and different (Dapr's rule,
+/// and message).
+pub(super) fn entry_ids<'a>(
+    pubsub: &str,
+    topic: &str,
+    ids: impl Iterator<Item = &'a str>,
+) -> Result<(), Refusal> {
+    let mut seen = std::collections::HashSet::new();
+    for id in ids {
+        if id.is_empty() || !seen.insert(id) {
+            return Err(Refusal::BulkEvents(format!(
+                "error marshaling events to bytes for topic {topic} pubsub {pubsub}. error: entryId is duplicated or not present for entry"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A bulk entry's metadata: the request's, with the entry's own over it.
+pub(super) fn entry_metadata(
+    request: &HashMap<String, String>,
+    entry: HashMap<String, String>,
+) -> HashMap<String, String> {
+    let mut merged = request.clone();
+    merged.extend(entry);
+    merged
+}
+
 /// The lock store a request names must be the gateway's.
 pub(super) fn lock_store(state: &AppState, name: &str) -> Result<(), Refusal> {
     if name == state.dapr.settings().lock_store {
         return Ok(());
     }
     Err(Refusal::LockStoreNotFound(name.to_owned()))
+}
+
+/// The configuration store a request names must be the gateway's.
+pub(super) fn configuration_store(state: &AppState, name: &str) -> Result<(), Refusal> {
+    if name == state.dapr.settings().configuration_store {
+        return Ok(());
+    }
+    Err(Refusal::ConfigurationStoreNotFound(name.to_owned()))
 }
 
 /// A concurrency option by Dapr's name (none or empty: `last-write`).
@@ -252,6 +333,22 @@ impl<'a> Check<'a> {
         Ok(store_key)
     }
 
+    /// The configuration items `names`: each not empty, its store key
+    /// within the key limit, and the caller may read it.
+    pub(super) fn configuration_keys(&self, names: &[String]) -> Result<(), Refusal> {
+        for name in names {
+            if name.is_empty() {
+                return Err(Refusal::EmptyKey);
+            }
+            let store_key = self.state.dapr.configuration_key(name);
+            if store_key.len() > self.state.limits.max_key_bytes {
+                return Err(Refusal::KeyTooLong(self.state.limits.max_key_bytes));
+            }
+            self.allowed(&store_key, Need::Read)?;
+        }
+        Ok(())
+    }
+
     /// A save of one item: its key may be written, its expiry is
     /// `query_ttl` (the request's `metadata.ttlInSeconds`, which Dapr
     /// merges over each item's metadata), else the item's, its value
@@ -309,6 +406,17 @@ impl<'a> Check<'a> {
             return Err(Refusal::ResourceTooLong(max_key));
         }
         self.allowed(&lock_key, Need::Write)
+    }
+
+    /// The caller's rules let it publish on `topic` (`brokerResources`,
+    /// method `Publish`).
+    pub(super) fn publish(&self, topic: &str) -> Result<(), Refusal> {
+        self.access
+            .require_topic(topic, TopicNeed::Publish)
+            .map_err(|_| Refusal::PubsubForbidden {
+                topic: topic.to_owned(),
+                app_id: self.state.dapr.settings().app_id.clone(),
+            })
     }
 
     fn allowed(&self, store_key: &[u8], need: Need) -> Result<(), Refusal> {

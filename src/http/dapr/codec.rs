@@ -214,6 +214,8 @@ fn counted(field: &Field) -> Option<Counted> {
         "states" => Some(Counted::Items),
         "keys" => Some(Counted::Keys),
         "operations" => Some(Counted::Operations),
+        // A bulk publish's events, counted as a save's items.
+        "entries" => Some(Counted::Items),
         _ => None,
     }
 }

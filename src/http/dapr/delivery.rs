@@ -54,6 +54,8 @@ pub struct DeliverySettings {
     /// The app id: the shared subscriptions' group, and the scope
     /// declarative subscriptions are read for.
     pub app_id: String,
+    /// The pub/sub component names (`--dapr-pubsub`): every one the broker.
+    pub pubsubs: Vec<String>,
     /// Declarative subscriptions (`--dapr-subscriptions`).
     pub declarative: Option<PathBuf>,
     /// The largest gRPC message either way.
@@ -164,7 +166,7 @@ async fn subscriptions(app: &AppChannel, settings: &DeliverySettings) -> Vec<Sub
         Ok(found) => all.extend(found),
         Err(error) => tracing::error!(%error, "the app's subscriptions not read"),
     }
-    let names = pubsub::pubsub_names();
+    let names = &settings.pubsubs;
     let mut kept: Vec<Subscription> = Vec::new();
     for subscription in all {
         if subscription.rules.is_empty() {

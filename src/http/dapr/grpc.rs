@@ -17,7 +17,9 @@ use std::collections::HashMap;
 
 use axum::Router;
 use axum::response::{IntoResponse as _, Response};
-use futures_util::StreamExt as _;
+use std::pin::Pin;
+
+use futures_util::stream::{self, Stream, StreamExt as _};
 use prost::Message as _;
 use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Status};
@@ -25,20 +27,28 @@ use tonic::{Code, Request, Status};
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, OperationKind, Refusal, SaveItem};
 use super::codec::{Checked, DecodeLimits};
-use super::proto::common::v1::{StateItem, StateOptions, state_options::StateConcurrency};
+use super::proto::common::v1::{
+    ConfigurationItem, StateItem, StateOptions, state_options::StateConcurrency,
+};
 use super::proto::runtime::v1::dapr_server::{Dapr, DaprServer};
 use super::proto::runtime::v1::{
-    AppConnectionProperties, BulkStateItem, DeleteStateRequest, ExecuteStateTransactionRequest,
-    GetBulkStateRequest, GetBulkStateResponse, GetMetadataRequest, GetMetadataResponse,
-    GetStateRequest, GetStateResponse, PubsubSubscription, PubsubSubscriptionRule,
-    PubsubSubscriptionRules, PubsubSubscriptionType, RegisteredComponents, SaveStateRequest,
+    AppConnectionProperties, BulkPublishRequest, BulkPublishResponse, BulkStateItem,
+    DeleteStateRequest, ExecuteStateTransactionRequest, GetBulkStateRequest, GetBulkStateResponse,
+    GetConfigurationRequest, GetConfigurationResponse, GetMetadataRequest, GetMetadataResponse,
+    GetStateRequest, GetStateResponse, PublishEventRequest, PubsubSubscription,
+    PubsubSubscriptionRule, PubsubSubscriptionRules, PubsubSubscriptionType, QueryStateItem,
+    QueryStateRequest, QueryStateResponse, RegisteredComponents, SaveStateRequest,
+    SetMetadataRequest, SubscribeConfigurationRequest, SubscribeConfigurationResponse,
     SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsResponseAlpha1, TryLockRequest,
-    TryLockResponse, UnlockRequest, UnlockResponse,
+    TryLockResponse, UnlockRequest, UnlockResponse, UnsubscribeConfigurationRequest,
+    UnsubscribeConfigurationResponse,
     subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType,
 };
 use crate::access::rules::{Access, Need, Principal};
+use crate::dapr::configuration::Items;
 use crate::dapr::pubsub::SubscriptionKind;
-use crate::dapr::{Concurrency, DaprError, Delete};
+use crate::dapr::query::Query;
+use crate::dapr::{Concurrency, DaprError, Delete, Event};
 use crate::http::state::AppState;
 use crate::store::Versioned;
 
@@ -46,15 +56,26 @@ use crate::store::Versioned;
 const SERVICE_PREFIX: &str = "/dapr.proto.runtime.v1.Dapr/";
 
 /// The methods served, each its own route (so metrics and spans name it).
-const METHODS: [&str; 8] = [
+const METHODS: [&str; 19] = [
     "GetState",
     "GetBulkState",
     "SaveState",
     "DeleteState",
     "ExecuteStateTransaction",
     "GetMetadata",
+    "SetMetadata",
+    "QueryStateAlpha1",
+    "GetConfiguration",
+    "GetConfigurationAlpha1",
+    "SubscribeConfiguration",
+    "SubscribeConfigurationAlpha1",
+    "UnsubscribeConfiguration",
+    "UnsubscribeConfigurationAlpha1",
     "TryLockAlpha1",
     "UnlockAlpha1",
+    "PublishEvent",
+    "BulkPublishEventAlpha1",
+    "BulkPublishEvent",
 ];
 
 /// The gRPC routes: one per method served, held to the gateway's
@@ -121,6 +142,48 @@ fn save_item(item: StateItem) -> SaveItem {
 }
 
 impl DaprGrpc {
+    /// `BulkPublishEventAlpha1` and `BulkPublishEvent`: every entry is
+    /// published (a few at once); any failure fails the call, as daprd's
+    /// (whose failed entries only travel over HTTP).
+    async fn bulk_publish(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        let (pubsub, topic) = (request.pubsub_name, request.topic);
+        check::publish_target(&self.state, &pubsub, &topic)?;
+        Check::new(&self.state, &access).publish(&topic)?;
+        check::entry_ids(
+            &pubsub,
+            &topic,
+            request.entries.iter().map(|entry| entry.entry_id.as_str()),
+        )?;
+        let events = request
+            .entries
+            .into_iter()
+            .map(|entry| {
+                let event = Event {
+                    topic: topic.clone(),
+                    data: entry.event,
+                    content_type: entry.content_type,
+                    metadata: check::entry_metadata(&request.metadata, entry.metadata),
+                };
+                (entry.entry_id, event)
+            })
+            .collect();
+        let failed = self
+            .state
+            .dapr
+            .publish_bulk(&pubsub, events)
+            .await
+            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+        if let Some((_, error)) = failed.first() {
+            return Err(Failure::of_publish(&pubsub, &topic, error).into());
+        }
+        Ok(tonic::Response::new(BulkPublishResponse::default()))
+    }
+
     /// The caller's access, as the guard put it on the request.
     fn access<T>(&self, request: &Request<T>) -> Access {
         match &self.state.callers.authz {
@@ -131,6 +194,104 @@ impl DaprGrpc {
                 .cloned()
                 .unwrap_or_else(|| authz.access(Principal::Nobody)),
         }
+    }
+}
+
+/// A server stream of the service.
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Configuration items as the protos carry them.
+fn configuration_items(items: Items) -> HashMap<String, ConfigurationItem> {
+    items
+        .into_iter()
+        .map(|(name, item)| {
+            let item = ConfigurationItem {
+                value: item.value,
+                version: item.version,
+                metadata: HashMap::new(),
+            };
+            (name, item)
+        })
+        .collect()
+}
+
+impl DaprGrpc {
+    async fn get_configuration_items(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).configuration_keys(&request.keys)?;
+        let readable = |key: &[u8]| access.allows(key, Need::Read);
+        let items = self
+            .state
+            .dapr
+            .get_configuration(request.keys, &readable)
+            .await
+            .map_err(failed(Operation::ConfigurationGet))?;
+        let response = GetConfigurationResponse {
+            items: configuration_items(items),
+        };
+        let max = self.state.limits.dapr_max_body_size;
+        if response.encoded_len() > max {
+            return Err(Status::from(Refusal::AnswerTooLarge(max)));
+        }
+        Ok(tonic::Response::new(response))
+    }
+
+    /// A subscription's stream: first its id alone, then one message per
+    /// change, until it is unsubscribed, the client goes or the gateway
+    /// shuts down.
+    async fn subscribe_configuration_items(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        Check::new(&self.state, &access).configuration_keys(&request.keys)?;
+        let subscription = self
+            .state
+            .dapr
+            .subscribe_configuration(&self.state.hub, &request.keys, access.live_read_filter())
+            .await
+            .map_err(failed(Operation::ConfigurationSubscribe))?;
+        let first = SubscribeConfigurationResponse {
+            id: subscription.id.clone(),
+            items: HashMap::new(),
+        };
+        let changes = stream::unfold(subscription, |mut subscription| async move {
+            let items = subscription.next().await?;
+            let message = SubscribeConfigurationResponse {
+                id: subscription.id.clone(),
+                items: configuration_items(items),
+            };
+            Some((Ok(message), subscription))
+        });
+        let stream = stream::once(async { Ok(first) }).chain(changes);
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    fn unsubscribe(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        let request = request.into_inner();
+        check::configuration_store(&self.state, &request.store_name)?;
+        // As Dapr answers: an unknown id is `ok: false`, not an error.
+        let response = match self.state.dapr.unsubscribe_configuration(&request.id) {
+            Ok(()) => UnsubscribeConfigurationResponse {
+                ok: true,
+                message: String::new(),
+            },
+            Err(error) => UnsubscribeConfigurationResponse {
+                ok: false,
+                message: error.to_string(),
+            },
+        };
+        Ok(tonic::Response::new(response))
     }
 }
 
@@ -171,7 +332,13 @@ impl Dapr for DaprGrpc {
                 "initial request is required to start a subscription stream",
             ));
         };
-        if !crate::dapr::pubsub::pubsub_names().contains(&initial.pubsub_name) {
+        if !self
+            .state
+            .dapr
+            .settings()
+            .pubsubs
+            .contains(&initial.pubsub_name)
+        {
             return Err(Status::invalid_argument(format!(
                 "pubsub '{}' not found",
                 initial.pubsub_name
@@ -373,10 +540,140 @@ impl Dapr for DaprGrpc {
             id: self.state.dapr.settings().app_id.clone(),
             registered_components,
             runtime_version: crate::dapr::RUNTIME_VERSION.to_owned(),
+            extended_metadata: self
+                .state
+                .dapr
+                .extended_metadata()
+                .entries()
+                .into_iter()
+                .collect(),
             subscriptions,
             app_connection_properties,
             ..GetMetadataResponse::default()
         }))
+    }
+
+    async fn publish_event(&self, request: Request<PublishEventRequest>) -> Answer<()> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        let pubsub = request.pubsub_name;
+        check::publish_target(&self.state, &pubsub, &request.topic)?;
+        Check::new(&self.state, &access).publish(&request.topic)?;
+        let event = Event {
+            topic: request.topic,
+            data: request.data,
+            content_type: request.data_content_type,
+            metadata: request.metadata,
+        };
+        let topic = event.topic.clone();
+        self.state
+            .dapr
+            .publish(&pubsub, event)
+            .await
+            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn bulk_publish_event_alpha1(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        self.bulk_publish(request).await
+    }
+
+    async fn bulk_publish_event(
+        &self,
+        request: Request<BulkPublishRequest>,
+    ) -> Answer<BulkPublishResponse> {
+        self.bulk_publish(request).await
+    }
+
+    async fn set_metadata(&self, request: Request<SetMetadataRequest>) -> Answer<()> {
+        let request = request.into_inner();
+        self.state
+            .dapr
+            .extended_metadata()
+            .set(&request.key, request.value)
+            .map_err(failed(Operation::SetMetadata))?;
+        Ok(tonic::Response::new(()))
+    }
+
+    async fn query_state_alpha1(
+        &self,
+        request: Request<QueryStateRequest>,
+    ) -> Answer<QueryStateResponse> {
+        let access = self.access(&request);
+        let request = request.into_inner();
+        check::state_store(&self.state, &request.store_name)?;
+        let query = Query::parse(request.query.as_bytes()).map_err(failed(Operation::Query))?;
+        let readable = |key: &[u8]| access.allows(key, Need::Read);
+        let page = self
+            .state
+            .dapr
+            .query(query, &readable, self.state.request_timeout() / 2)
+            .await
+            .map_err(failed(Operation::Query))?;
+        let response = QueryStateResponse {
+            results: page
+                .results
+                .into_iter()
+                .map(|item| QueryStateItem {
+                    key: item.key,
+                    data: item.data,
+                    etag: item.etag.unwrap_or_default(),
+                    error: String::new(),
+                })
+                .collect(),
+            token: page.token.unwrap_or_default(),
+            metadata: HashMap::new(),
+        };
+        let max = self.state.limits.dapr_max_body_size;
+        if response.encoded_len() > max {
+            return Err(Status::from(Refusal::AnswerTooLarge(max)));
+        }
+        Ok(tonic::Response::new(response))
+    }
+
+    async fn get_configuration(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        self.get_configuration_items(request).await
+    }
+
+    async fn get_configuration_alpha1(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Answer<GetConfigurationResponse> {
+        self.get_configuration_items(request).await
+    }
+
+    async fn subscribe_configuration(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        self.subscribe_configuration_items(request).await
+    }
+
+    async fn subscribe_configuration_alpha1(
+        &self,
+        request: Request<SubscribeConfigurationRequest>,
+    ) -> Answer<Streamed<SubscribeConfigurationResponse>> {
+        self.subscribe_configuration_items(request).await
+    }
+
+    async fn unsubscribe_configuration(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        self.unsubscribe(request)
+    }
+
+    async fn unsubscribe_configuration_alpha1(
+        &self,
+        request: Request<UnsubscribeConfigurationRequest>,
+    ) -> Answer<UnsubscribeConfigurationResponse> {
+        self.unsubscribe(request)
     }
 
     async fn try_lock_alpha1(&self, request: Request<TryLockRequest>) -> Answer<TryLockResponse> {

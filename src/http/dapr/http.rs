@@ -23,7 +23,7 @@ use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt as _};
 use serde::Deserialize;
@@ -33,7 +33,10 @@ use serde_json::value::RawValue;
 use super::answer::{Failure, Operation};
 use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
-use crate::dapr::{BulkRead, Delete};
+use crate::dapr::AppProtocol;
+use crate::dapr::configuration::items_json;
+use crate::dapr::query::Query;
+use crate::dapr::{BulkRead, DaprError, Delete, Event};
 use crate::http::api::extract;
 use crate::http::api::keys::{Joined, json_into, json_string_pieces};
 use crate::http::problem::ApiError;
@@ -44,6 +47,7 @@ use crate::store::Versioned;
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1.0/metadata", get(metadata))
+        .route("/v1.0/metadata/{name}", put(set_metadata))
         .route("/v1.0/state/{store}", post(save))
         .route("/v1.0/state/{store}/bulk", post(get_bulk).put(get_bulk))
         .route(
@@ -51,8 +55,52 @@ pub(super) fn routes() -> Router<AppState> {
             post(transaction).put(transaction),
         )
         .route("/v1.0/state/{store}/{*key}", get(get_state).delete(delete))
+        .route(
+            "/v1.0-alpha1/state/{store}/query",
+            post(query_state).put(query_state),
+        )
         .route("/v1.0-alpha1/lock/{store}", post(try_lock))
+        .merge(configuration_routes("/v1.0"))
+        .merge(configuration_routes("/v1.0-alpha1"))
+        .route(
+            "/v1.0/publish/{pubsub}/{*topic}",
+            post(publish).put(publish),
+        )
+        .route(
+            "/v1.0/publish/{pubsub}",
+            post(publish_no_topic).put(publish_no_topic),
+        )
+        .route(
+            "/v1.0/publish/{pubsub}/",
+            post(publish_no_topic).put(publish_no_topic),
+        )
+        .route(
+            "/v1.0-alpha1/publish/bulk/{pubsub}/{*topic}",
+            post(publish_bulk).put(publish_bulk),
+        )
+        .route(
+            "/v1.0/publish/bulk/{pubsub}/{*topic}",
+            post(publish_bulk).put(publish_bulk),
+        )
         .route("/v1.0-alpha1/unlock/{store}", post(unlock))
+}
+
+/// The configuration routes under `version` (the SDKs still call the
+/// alpha paths).
+fn configuration_routes(version: &str) -> Router<AppState> {
+    Router::new()
+        .route(
+            &format!("{version}/configuration/{{store}}"),
+            get(get_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/subscribe"),
+            get(subscribe_configuration),
+        )
+        .route(
+            &format!("{version}/configuration/{{store}}/{{id}}/unsubscribe"),
+            get(unsubscribe_configuration),
+        )
 }
 
 /// Dapr's health routes: public, as Dapr's are (the Python SDK polls
@@ -90,20 +138,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for LockBody<T> {
     }
 }
 
-/// The body of `request` (at most `--dapr-max-body-size`, within the
-/// request timeout), once `store_is` accepts the store its path names.
-async fn store_body(
-    request: Request,
+/// A body of at most `--dapr-max-body-size`, read within the request
+/// timeout.
+async fn bounded_body(
     state: &AppState,
-    store_is: fn(&AppState, &str) -> Result<(), Refusal>,
+    headers: &HeaderMap,
+    mut body: Body,
 ) -> Result<Bytes, Refusal> {
-    let (mut parts, mut body) = request.into_parts();
-    let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
-        .await
-        .map_err(|rejection| Refusal::Malformed(rejection.body_text()))?;
-    store_is(state, &store)?;
-    let declared = parts
-        .headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse().ok());
     let max = state.limits.dapr_max_body_size;
@@ -113,6 +155,21 @@ async fn store_body(
             ApiError::ValueTooLarge { .. } => Refusal::TooLarge(max),
             other => Refusal::Malformed(other.to_string()),
         })
+}
+
+/// The body of `request` (at most `--dapr-max-body-size`, within the
+/// request timeout), once `store_is` accepts the store its path names.
+async fn store_body(
+    request: Request,
+    state: &AppState,
+    store_is: fn(&AppState, &str) -> Result<(), Refusal>,
+) -> Result<Bytes, Refusal> {
+    let (mut parts, body) = request.into_parts();
+    let Path(store) = Path::<String>::from_request_parts(&mut parts, state)
+        .await
+        .map_err(|rejection| Refusal::Malformed(rejection.body_text()))?;
+    store_is(state, &store)?;
+    bounded_body(state, &parts.headers, body).await
 }
 
 fn malformed(error: serde_json::Error) -> Refusal {
@@ -200,6 +257,176 @@ fn query_value(query: Option<&str>, wanted: &str) -> Option<String> {
         })
 }
 
+/// `POST|PUT /v1.0/publish/{pubsub}/{topic}`: the body as one event
+/// (its `Content-Type` the event's), `metadata.*` from the query; 204
+/// once the broker acknowledged it.
+async fn publish(
+    State(state): State<AppState>,
+    Path((pubsub, topic)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    access: Access,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    check::publish_target(&state, &pubsub, &topic)?;
+    Check::new(&state, &access).publish(&topic)?;
+    let data = bounded_body(&state, &headers, body).await?;
+    let event = Event {
+        topic,
+        data,
+        content_type: content_type(&headers),
+        metadata: query_metadata(query.as_deref()),
+    };
+    let topic = event.topic.clone();
+    state
+        .dapr
+        .publish(&pubsub, event)
+        .await
+        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST|PUT /v1.0/publish/{pubsub}` without a topic.
+async fn publish_no_topic(State(state): State<AppState>, Path(pubsub): Path<String>) -> Answer {
+    Err(check::publish_target(&state, &pubsub, "")
+        .err()
+        .unwrap_or(Refusal::TopicEmpty(pubsub))
+        .into())
+}
+
+/// The request's content type (empty: none).
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// One event of a bulk publish, as Dapr's HTTP API takes it. Go reads
+/// JSON field names in any case, and the JS SDK sends `entryID`: the
+/// usual spellings are read.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BulkEntry<'a> {
+    #[serde(
+        default,
+        alias = "entryID",
+        alias = "EntryID",
+        alias = "EntryId",
+        alias = "entryid"
+    )]
+    entry_id: String,
+    #[serde(borrow, alias = "Event")]
+    event: &'a RawValue,
+    #[serde(default, alias = "ContentType", alias = "contenttype")]
+    content_type: String,
+    #[serde(default, alias = "Metadata")]
+    metadata: Option<HashMap<String, String>>,
+}
+
+/// An entry's event as bytes, as Dapr reads it by its content type: a
+/// base64 string for `application/octet-stream`, a string for text and
+/// XML, the JSON itself (compacted) for JSON and CloudEvents.
+fn entry_data(body: &Bytes, entry: &BulkEntry<'_>) -> Result<Bytes, String> {
+    let mismatch = || "error: mismatch between contentType and event".to_owned();
+    let essence = entry
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let json = entry.event.get();
+    let string = || serde_json::from_str::<String>(json).map_err(|_| mismatch());
+    match essence.as_str() {
+        "application/octet-stream" => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(string()?)
+                .map(Bytes::from)
+                .map_err(|error| {
+                    format!(
+                        "error: unable to decode base64 application/octect-stream data: {error}"
+                    )
+                })
+        }
+        text if text.starts_with("text/") || text == "application/xml" => {
+            Ok(Bytes::from(string()?))
+        }
+        "application/json" | "application/cloudevents+json" => {
+            Ok(compact_json(body, json.as_bytes()))
+        }
+        _ => Err(mismatch()),
+    }
+}
+
+/// `POST|PUT /v1.0-alpha1/publish/bulk/{pubsub}/{topic}` (and `/v1.0/`):
+/// each entry as one event, a few at once; 204 when the broker took them
+/// all, else 500 with the failed entries, as Dapr answers.
+async fn publish_bulk(
+    State(state): State<AppState>,
+    Path((pubsub, topic)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    access: Access,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer {
+    check::publish_target(&state, &pubsub, &topic)?;
+    Check::new(&state, &access).publish(&topic)?;
+    let body = bounded_body(&state, &headers, body).await?;
+    let metadata = query_metadata(query.as_deref());
+    let entries: Vec<BulkEntry<'_>> = json_list(&body, state.limits.max_batch_ops, Counted::Items)
+        .map_err(|refusal| match refusal {
+            Refusal::Malformed(error) => Refusal::BulkEvents(format!(
+                "error when unmarshaling the request for topic {topic} pubsub {pubsub}: {error}"
+            )),
+            other => other,
+        })?;
+    check::entry_ids(
+        &pubsub,
+        &topic,
+        entries.iter().map(|entry| entry.entry_id.as_str()),
+    )?;
+    let mut events = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let data = entry_data(&body, &entry).map_err(|error| {
+            Refusal::BulkEvents(format!(
+                "error when marshalling cloud event envelope for topic {topic} pubsub {pubsub}: {error}"
+            ))
+        })?;
+        let event = Event {
+            topic: topic.clone(),
+            data,
+            content_type: entry.content_type,
+            metadata: check::entry_metadata(&metadata, entry.metadata.unwrap_or_default()),
+        };
+        events.push((entry.entry_id, event));
+    }
+    let failed = state
+        .dapr
+        .publish_bulk(&pubsub, events)
+        .await
+        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+    let Some((_, first)) = failed.first() else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let failure = Failure::of_publish(&pubsub, &topic, first);
+    let failed_entries: Vec<_> = failed
+        .iter()
+        .map(|(id, error)| serde_json::json!({"entryId": id, "error": error.to_string()}))
+        .collect();
+    let body = serde_json::json!({"failedEntries": failed_entries, "errorCode": failure.code});
+    let mut response = (failure.status, axum::Json(body)).into_response();
+    response
+        .extensions_mut()
+        .insert(crate::http::problem::FailureLog {
+            severity: crate::http::problem::Severity::Error,
+            cause: format!("{}: {}", failure.code, failure.message),
+        });
+    Ok(response)
+}
+
 /// `GET /v1.0/healthz` and `/v1.0/healthz/outbound`: 204 once the store
 /// can be reached.
 async fn healthz(State(state): State<AppState>) -> Answer {
@@ -232,7 +459,7 @@ async fn metadata(State(state): State<AppState>) -> Answer {
         "id": state.dapr.settings().app_id,
         "runtimeVersion": crate::dapr::RUNTIME_VERSION,
         "components": components,
-        "extended": {},
+        "extended": state.dapr.extended_metadata().entries(),
     });
     // As daprd: the subscriptions in force (the default route is a rule
     // without a match), and how the app is reached.
@@ -271,6 +498,40 @@ async fn metadata(State(state): State<AppState>) -> Answer {
         });
     }
     Ok(axum::Json(body).into_response())
+}
+
+/// `PUT /v1.0/metadata/{name}`: the body is the attribute's value (read
+/// as text, as daprd reads it); 204.
+async fn set_metadata(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Answer {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse().ok());
+    let max = crate::dapr::metadata::MAX_VALUE_BYTES;
+    let value = extract::read_body(
+        &mut request.into_body(),
+        declared,
+        max,
+        state.request_timeout(),
+    )
+    .await
+    .map_err(|error| match error {
+        ApiError::ValueTooLarge { .. } => Failure::of(
+            Operation::SetMetadata,
+            DaprError::MetadataValueTooLarge(max),
+        ),
+        other => Refusal::Malformed(other.to_string()).into(),
+    })?;
+    state
+        .dapr
+        .extended_metadata()
+        .set(&name, String::from_utf8_lossy(&value).into_owned())
+        .map_err(Failure::on(Operation::SetMetadata))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// One item of a save, as Dapr's HTTP API takes it: its value the JSON
@@ -627,6 +888,142 @@ async fn transaction(
         .await
         .map_err(Failure::on(Operation::Transaction))?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST|PUT /v1.0-alpha1/state/{store}/query`: one page of Dapr's state
+/// query ([`crate::dapr::query`]): `{"results": [{key, data, etag}],
+/// "token"}`, each `data` the key's JSON as stored; 204 without a body
+/// when nothing matched, as Dapr answers.
+async fn query_state(
+    State(state): State<AppState>,
+    access: Access,
+    StateBody(body): StateBody,
+) -> Answer {
+    let query = Query::parse(&body).map_err(Failure::on(Operation::Query))?;
+    let readable = |key: &[u8]| access.allows(key, Need::Read);
+    let page = state
+        .dapr
+        .query(query, &readable, state.request_timeout() / 2)
+        .await
+        .map_err(Failure::on(Operation::Query))?;
+    if page.results.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let size: usize = page
+        .results
+        .iter()
+        .map(|item| item.key.len() + item.data.len() + 64)
+        .sum();
+    let mut out = Vec::with_capacity(size + 64);
+    out.extend_from_slice(b"{\"results\":[");
+    for (at, item) in page.results.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"key\":");
+        json_into(&mut out, &item.key);
+        // Only JSON values are results: each goes in as it is.
+        out.extend_from_slice(b",\"data\":");
+        out.extend_from_slice(&item.data);
+        if let Some(etag) = &item.etag {
+            out.extend_from_slice(b",\"etag\":");
+            json_into(&mut out, etag);
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    if let Some(token) = &page.token {
+        out.extend_from_slice(b",\"token\":");
+        json_into(&mut out, token);
+    }
+    out.push(b'}');
+    let mut response = Response::new(Body::from(out));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// Every `key=` of the query, in order.
+fn query_keys(query: Option<&str>) -> Vec<String> {
+    extract::query_pairs(query)
+        .filter(|(name, _)| *name == "key")
+        .map(|(_, value)| {
+            String::from_utf8_lossy(&extract::form_decode(value.as_bytes(), true)).into_owned()
+        })
+        .collect()
+}
+
+/// `GET /v1.0/configuration/{store}?key=a&key=b`: `{"a": {"value",
+/// "version"}}` (empty fields left out, as Dapr writes them); no key:
+/// every item; 204 when there is none.
+async fn get_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let readable = |key: &[u8]| access.allows(key, Need::Read);
+    let items = state
+        .dapr
+        .get_configuration(names, &readable)
+        .await
+        .map_err(Failure::on(Operation::ConfigurationGet))?;
+    if items.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    Ok(axum::Json(items_json(&items)).into_response())
+}
+
+/// `GET /v1.0/configuration/{store}/subscribe?key=...`: `{"id"}`; the
+/// changes go to the app's `/configuration/{store}/{key}` on its channel
+/// ([`crate::dapr::configuration`]). Without an HTTP app channel, as Dapr
+/// answers without one.
+async fn subscribe_configuration(
+    State(state): State<AppState>,
+    Path(store): Path<String>,
+    RawQuery(query): RawQuery,
+    access: Access,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    let Some(app) = state
+        .app
+        .clone()
+        .filter(|app| app.protocol() == AppProtocol::Http)
+    else {
+        return Err(Refusal::NoAppChannel.into());
+    };
+    let names = query_keys(query.as_deref());
+    Check::new(&state, &access).configuration_keys(&names)?;
+    let subscription = state
+        .dapr
+        .subscribe_configuration(&state.hub, &names, access.live_read_filter())
+        .await
+        .map_err(Failure::on(Operation::ConfigurationSubscribe))?;
+    let id = subscription.id.clone();
+    tokio::spawn(subscription.deliver_to(app, store));
+    Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
+}
+
+/// `GET /v1.0/configuration/{store}/{id}/unsubscribe`: `{"ok": true}`,
+/// or as Dapr answers an unknown id, 500 with `{"ok": false, "message"}`.
+async fn unsubscribe_configuration(
+    State(state): State<AppState>,
+    Path((store, id)): Path<(String, String)>,
+) -> Answer {
+    check::configuration_store(&state, &store)?;
+    match state.dapr.unsubscribe_configuration(&id) {
+        Ok(()) => Ok(axum::Json(serde_json::json!({ "ok": true })).into_response()),
+        Err(error) => {
+            let failure = Failure::of(Operation::ConfigurationUnsubscribe, error);
+            let body = serde_json::json!({ "ok": false, "message": failure.message });
+            Ok((failure.status, axum::Json(body)).into_response())
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

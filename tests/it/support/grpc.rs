@@ -120,6 +120,8 @@ pub mod code {
 #[derive(Debug)]
 pub struct GrpcClient {
     sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    /// Sent as `dapr-api-token`, as the SDKs send it.
+    token: Option<String>,
 }
 
 /// `message` with gRPC's length prefix (uncompressed).
@@ -132,6 +134,13 @@ pub fn frame(message: &[u8]) -> Bytes {
 }
 
 impl GrpcClient {
+    /// [`GrpcClient::connect`], sending the API token with every call.
+    pub async fn connect_with_token(addr: SocketAddr, token: &str) -> Self {
+        let mut client = Self::connect(addr).await;
+        client.token = Some(token.to_owned());
+        client
+    }
+
     /// Connects to `addr` (h2c with prior knowledge).
     pub async fn connect(addr: SocketAddr) -> Self {
         let stream = tokio::time::timeout(CALL_TIMEOUT, tokio::net::TcpStream::connect(addr))
@@ -148,7 +157,10 @@ impl GrpcClient {
                 .await
                 .expect("HTTP/2 handshake");
         tokio::spawn(connection);
-        Self { sender }
+        Self {
+            sender,
+            token: None,
+        }
     }
 
     /// Calls `method` with `message` (unframed).
@@ -158,11 +170,13 @@ impl GrpcClient {
 
     /// Calls `method` with `body` as sent: a framed message, or anything.
     pub async fn call_framed(&mut self, method: &str, body: Bytes) -> Answer {
-        let request = hyper::Request::post(format!("{SERVICE}{method}"))
+        let mut request = hyper::Request::post(format!("{SERVICE}{method}"))
             .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(Full::new(body))
-            .unwrap();
+            .header("te", "trailers");
+        if let Some(token) = &self.token {
+            request = request.header("dapr-api-token", token);
+        }
+        let request = request.body(Full::new(body)).unwrap();
         let exchange = async {
             self.sender.ready().await.unwrap();
             let response = self.sender.send_request(request).await.unwrap();

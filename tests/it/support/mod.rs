@@ -21,6 +21,7 @@ pub mod scripted_store;
 pub mod sdk;
 pub mod sse;
 pub mod tokens;
+pub mod topic_subscriber;
 
 pub use auth_proxy::AuthProxy;
 pub use certs::TestPki;
