@@ -307,12 +307,33 @@ impl SubscriptionTable {
             .clone()
     }
 
-    /// Replaces them.
-    pub fn set(&self, subscriptions: Vec<Subscription>) {
-        *self
+    /// Adds one (a stream's).
+    pub fn add(&self, subscription: Subscription) {
+        self.current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(subscription);
+    }
+
+    /// Removes one (a stream's, when it ends).
+    pub fn remove(&self, subscription: &Subscription) {
+        let mut current = self
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = subscriptions;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = current.iter().position(|other| other == subscription) {
+            current.remove(at);
+        }
+    }
+
+    /// Replaces the app's and the declarative ones, keeping the streams'.
+    pub fn set_delivered(&self, subscriptions: Vec<Subscription>) {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        current.retain(|subscription| subscription.kind == SubscriptionKind::Streaming);
+        current.extend(subscriptions);
     }
 }
 
@@ -556,14 +577,14 @@ impl Event {
         self.cloud_event
             .get("expiration")
             .and_then(Value::as_str)
-            .and_then(httpdate_rfc3339)
+            .and_then(rfc3339)
             .is_some_and(|expiry| expiry < now)
     }
 }
 
 /// An RFC 3339 time (`2024-01-01T00:00:00Z`, with an optional fraction and
 /// offset), as daprd writes `expiration`.
-fn httpdate_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
     let (date, time) = text.split_once(['T', 't'])?;
     let mut date_parts = date.split('-').map(str::parse::<i64>);
     let (year, month, day) = (

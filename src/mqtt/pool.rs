@@ -311,6 +311,17 @@ impl Pool {
         result
     }
 
+    /// The broker the members connect to (other connections of the
+    /// gateway, such as pub/sub subscribers, connect there too).
+    pub fn broker(&self) -> &super::BrokerSettings {
+        &self.inner.ctx.broker
+    }
+
+    /// The base client id (members are `<id>-<n>`).
+    pub fn client_id(&self) -> &str {
+        &self.inner.client_id
+    }
+
     /// Publishes `message` at QoS 1 on the least-loaded member (sharing
     /// the in-flight windows with store requests) and waits for its PUBACK,
     /// bounded by the request timeout. "No matching subscribers" is

@@ -738,3 +738,299 @@ async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
     assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
     assert_eq!(got(2).len(), 1);
 }
+
+/// The Python SDK's streaming subscription (`client.subscribe`): an app
+/// with no server of its own. Answers RETRY to event 1's first delivery,
+/// DROP to event 2, SUCCESS otherwise; prints each message as a JSON line.
+const PYTHON_STREAMING: &str = r#"
+import json, sys, time
+from dapr.clients import DaprClient
+
+with DaprClient() as client:
+    subscription = client.subscribe(pubsub_name="pubsub", topic="streamed", dead_letter_topic="streamed-dead")
+    print(json.dumps({"subscribed": True}), flush=True)
+    seen = {}
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        message = subscription.next_message()
+        if message is None:
+            continue
+        data = message.data()
+        seen[message.id()] = seen.get(message.id(), 0) + 1
+        print(json.dumps({"id": message.id(), "topic": message.topic(), "data": data,
+                          "attempt": seen[message.id()]}), flush=True)
+        n = data.get("n") if isinstance(data, dict) else None
+        if n == 1 and seen[message.id()] == 1:
+            subscription.respond_retry(message)
+        elif n == 2:
+            subscription.respond_drop(message)
+        else:
+            subscription.respond_success(message)
+        if n == 3:
+            break
+    subscription.close()
+"#;
+
+#[tokio::test]
+async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    // No app port: the app has no server, only the stream.
+    let gateway = GatewayProcess::start(broker.addr.port(), &[]).await;
+    let mut dead = listen(&broker, "streamed-dead").await;
+    let port = gateway.api.port().to_string();
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(PYTHON_STREAMING)
+        .env("DAPR_RUNTIME_HOST", "127.0.0.1")
+        .env("DAPR_HTTP_PORT", &port)
+        .env("DAPR_GRPC_PORT", &port)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line["data"]["n"] == n)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Warm up until the stream's subscription is in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got(0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the stream got no event within 30 s: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(&broker, "streamed", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Listed as a streaming subscription while it lasts.
+    let metadata: Value = gateway
+        .http
+        .get(gateway.url("/v1.0/metadata"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metadata["subscriptions"][0]["type"], "STREAMING");
+    assert_eq!(metadata["subscriptions"][0]["topic"], "streamed");
+    publish(&broker, "streamed", r#"{"n":1}"#, None).await;
+    publish(&broker, "streamed", r#"{"n":2}"#, None).await;
+    let letter = tokio::time::timeout(Duration::from_secs(15), dead.recv())
+        .await
+        .expect("the dropped event on the dead letter topic")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 2})
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got(1).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "event 1 not sent again: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got(1)[0]["id"], got(1)[1]["id"]);
+    assert_eq!(got(1)[0]["topic"], "streamed");
+    publish(&broker, "streamed", r#"{"n":3}"#, None).await;
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the script ends after event 3")
+        .unwrap();
+    assert!(status.success(), "{:?}", lines.lock().unwrap());
+    assert_eq!(got(2).len(), 1);
+}
+
+#[tokio::test]
+async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
+    let broker = Mosquitto::start().await;
+    let subscriptions = json!([{"pubsubname": "pubsub", "topic": "batch", "route": "/bulk",
+        "deadLetterTopic": "batch-dead",
+        "bulkSubscribe": {"enabled": true, "maxMessagesCount": 10, "maxAwaitDurationMs": 500}}]);
+    // Per entry: event 2 RETRY once, event 3 DROP, the others SUCCESS.
+    let retried = Arc::new(Mutex::new(false));
+    let answer: Answer = Arc::new(move |delivered, _| {
+        let statuses: Vec<Value> = delivered.event["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|entry| {
+                let status = match entry["event"]["data"]["n"].as_i64() {
+                    Some(2) if !std::mem::replace(&mut *retried.lock().unwrap(), true) => "RETRY",
+                    Some(3) => "DROP",
+                    _ => "SUCCESS",
+                };
+                json!({"entryId": entry["entryId"], "status": status})
+            })
+            .collect();
+        reply(200, &json!({ "statuses": statuses }).to_string())
+    });
+    let app = TestApp::start(Some(subscriptions), answer).await;
+    let mut dead = listen(&broker, "batch-dead").await;
+    let _gateway = gateway(&broker, app.port, &[]).await;
+    let ns = |events: &[Delivered]| -> Vec<i64> {
+        events
+            .iter()
+            .flat_map(|call| {
+                call.event["entries"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|entry| entry["event"]["data"]["n"].as_i64())
+            .collect()
+    };
+    // Warm up until a call arrived.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ns(&app.events()).contains(&0) {
+        assert!(Instant::now() < deadline, "no bulk call within 20 s");
+        publish(&broker, "batch", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let calls_before = app.events().len();
+    for n in 1..=4 {
+        publish(&broker, "batch", &format!(r#"{{"n":{n}}}"#), None).await;
+    }
+    let letter = tokio::time::timeout(Duration::from_secs(10), dead.recv())
+        .await
+        .expect("the dropped entry on the dead letter topic")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 3})
+    );
+    app.until("event 2 again", Duration::from_secs(10), |events| {
+        ns(events).iter().filter(|&&n| n == 2).count() == 2
+    })
+    .await;
+    let calls = app.events();
+    let later = &calls[calls_before..];
+    // Daprd's bulk shape: one call held several events.
+    assert_eq!(later[0].path, "/bulk");
+    assert_eq!(later[0].content_type, "application/json");
+    assert_eq!(later[0].event["topic"], "batch");
+    assert_eq!(later[0].event["pubsubname"], "pubsub");
+    assert!(
+        later
+            .iter()
+            .any(|call| call.event["entries"].as_array().unwrap().len() > 1),
+        "{later:#?}"
+    );
+    let entry = &later[0].event["entries"][0];
+    assert_eq!(entry["contentType"], "application/cloudevents+json");
+    assert!(entry["entryId"].is_string());
+    // Warm-ups published meanwhile may come in these calls too.
+    let mut delivered: Vec<i64> = ns(later).into_iter().filter(|&n| n != 0).collect();
+    delivered.sort();
+    assert_eq!(delivered, [1, 2, 2, 3, 4]);
+}
+
+/// The JS SDK's `DaprServer` with one `server.pubsub.subscribe` handler:
+/// prints each event's data as a JSON line, and exits once it got event 1.
+const JS_SERVER: &str = r#"
+import { CommunicationProtocolEnum, DaprServer } from "@dapr/dapr";
+const server = new DaprServer({
+  serverHost: "127.0.0.1",
+  serverPort: process.env.APP_PORT,
+  communicationProtocol: CommunicationProtocolEnum.HTTP,
+  clientOptions: { daprHost: "127.0.0.1", daprPort: process.env.DAPR_HTTP_PORT,
+                   communicationProtocol: CommunicationProtocolEnum.HTTP },
+});
+await server.pubsub.subscribe("pubsub", "js-orders", async (data) => {
+  console.log(JSON.stringify({ data }));
+  if (data && data.n === 1) { setTimeout(() => process.exit(0), 100); }
+});
+await server.start();
+"#;
+
+#[tokio::test]
+async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
+    let dapr_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr");
+    assert!(
+        dapr_dir
+            .join("node_modules/@dapr/dapr/package.json")
+            .is_file(),
+        "the npm packages of tests/dapr are missing: run scripts/install-dapr-sdks"
+    );
+    let broker = Mosquitto::start().await;
+    let app_port = crate::support::free_port();
+    // The gateway starts first and waits for the app's port, as daprd does.
+    let gateway = gateway(&broker, app_port, &[]).await;
+    let mut child = tokio::process::Command::new("node")
+        .args(["--input-type=module", "-e", JS_SERVER])
+        .current_dir(&dapr_dir)
+        .env("APP_PORT", app_port.to_string())
+        .env("DAPR_HTTP_PORT", gateway.api.port().to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    {
+        let lines = lines.clone();
+        let stdout = child.stdout.take().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    lines.lock().unwrap().push(value);
+                }
+            }
+        });
+    }
+    let got = |n: i64| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| line["data"]["n"] == n)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !got(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the JS app got no event within 30 s"
+        );
+        publish(&broker, "js-orders", r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    publish(&broker, "js-orders", r#"{"n":1}"#, None).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the JS app ends once it got event 1")
+        .unwrap();
+    assert!(status.success());
+    assert!(got(1));
+}

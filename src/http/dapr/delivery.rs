@@ -9,16 +9,24 @@
 //! the subscription's dead letter topic. What each answer means, the
 //! event a message becomes and the retry delays are [`crate::dapr::pubsub`]'s.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use tokio::sync::mpsc;
 
 use super::app_callback::app_callback;
-use super::proto::runtime::v1::TopicEventRequest;
+use super::proto::runtime::v1::subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType;
+use super::proto::runtime::v1::subscribe_topic_events_response_alpha1::SubscribeTopicEventsResponseType;
 use super::proto::runtime::v1::topic_event_response::TopicEventResponseStatus;
+use super::proto::runtime::v1::{
+    SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsRequestInitialAlpha1,
+    SubscribeTopicEventsResponseAlpha1, SubscribeTopicEventsResponseInitialAlpha1,
+    TopicEventRequest,
+};
 use crate::dapr::app::AppChannel;
 use crate::dapr::pubsub::{
     self, CLOUD_EVENT_CONTENT_TYPE, Event, Outcome, RetryPolicy, Rule, Subscription,
@@ -77,7 +85,7 @@ pub async fn run(
 ) {
     app.wait_until_listening().await;
     let subscriptions = subscriptions(&app, &settings).await;
-    table.set(subscriptions.clone());
+    table.set_delivered(subscriptions.clone());
     if subscriptions.is_empty() {
         tracing::info!("the app subscribes to no topic");
         return;
@@ -113,11 +121,33 @@ pub async fn run(
     // Aborting this task drops the set, which aborts every delivery, and
     // the last reference to the subscriber, which then disconnects.
     let mut tasks = tokio::task::JoinSet::new();
+    // Bulk subscriptions of an HTTP app: one batcher each, by index.
+    let mut batchers: HashMap<usize, mpsc::UnboundedSender<Received>> = HashMap::new();
     while let Some(message) = received.recv().await {
         // Finished tasks are reaped as new ones come: the set holds at
         // most the broker's receive maximum per connection.
         while tasks.try_join_next().is_some() {}
-        tasks.spawn(deliverer.clone().deliver(message));
+        let bulk = deliverer
+            .subscriptions
+            .iter()
+            .position(|subscription| topic_matches(&subscription.topic, &message.topic))
+            .filter(|&at| {
+                deliverer.subscriptions[at].bulk.is_some()
+                    && deliverer.app.protocol() == AppProtocol::Http
+            });
+        match bulk {
+            None => {
+                tasks.spawn(deliverer.clone().deliver(message));
+            }
+            Some(at) => {
+                let batcher = batchers.entry(at).or_insert_with(|| {
+                    let (batch, batched) = mpsc::unbounded_channel();
+                    tasks.spawn(deliverer.clone().batch(at, batched));
+                    batch
+                });
+                let _ = batcher.send(message);
+            }
+        }
     }
 }
 
@@ -299,6 +329,150 @@ impl Deliverer {
         }
     }
 
+    /// Collects the messages of bulk subscription `at` into calls of at
+    /// most its `maxMessagesCount` events, each waiting at most its
+    /// `maxAwaitDurationMs` for more, and delivers each call on its own task.
+    async fn batch(self: Arc<Self>, at: usize, mut batched: mpsc::UnboundedReceiver<Received>) {
+        let Some(bulk) = self.subscriptions[at].bulk else {
+            return;
+        };
+        let mut calls = tokio::task::JoinSet::new();
+        while let Some(first) = batched.recv().await {
+            while calls.try_join_next().is_some() {}
+            let mut messages = vec![first];
+            let deadline = tokio::time::Instant::now() + bulk.max_await;
+            while messages.len() < bulk.max_messages {
+                tokio::select! {
+                    message = batched.recv() => match message {
+                        Some(message) => messages.push(message),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            calls.spawn(self.clone().deliver_bulk(at, messages));
+        }
+    }
+
+    /// One bulk call per route, as daprd's: `POST /<path>` of the entries
+    /// as JSON, the app's `statuses` read per entry (SUCCESS acknowledges,
+    /// DROP drops, RETRY or no status retries the entry in the next call
+    /// after the backoff; a 404 drops them all, any other status retries
+    /// them all). Past the policy's calls, the remaining entries go to the
+    /// dead letter topic, if any, else are tried again without end.
+    async fn deliver_bulk(self: Arc<Self>, at: usize, messages: Vec<Received>) {
+        let subscription = &self.subscriptions[at];
+        let retry = self.settings.retry;
+        // (entry id, message, event, path)
+        let mut pending: Vec<(String, Received, Event, String)> = Vec::new();
+        for message in messages {
+            let event = pubsub::event_of(
+                &message.payload,
+                message.properties.content_type.as_deref(),
+                &message.topic,
+                &subscription.pubsub_name,
+                subscription.raw_payload(),
+                || format!("{:032x}", rand::random::<u128>()),
+            );
+            match subscription.route(&event.cloud_event) {
+                Ok(Some(path)) if !event.has_expired(SystemTime::now()) => {
+                    let path = path.to_owned();
+                    pending.push((
+                        format!("{:032x}", rand::random::<u128>()),
+                        message,
+                        event,
+                        path,
+                    ));
+                }
+                Ok(_) => self.dropped(subscription, message).await,
+                Err(error) => {
+                    tracing::error!(topic = %message.topic, %error, "routing rule failed");
+                    self.dropped(subscription, message).await;
+                }
+            }
+        }
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            attempt += 1;
+            let mut paths: Vec<String> = pending.iter().map(|entry| entry.3.clone()).collect();
+            paths.sort();
+            paths.dedup();
+            let mut outcomes: HashMap<String, Outcome> = HashMap::new();
+            for path in paths {
+                let entries: Vec<(String, &Event, Option<&bytes::Bytes>)> = pending
+                    .iter()
+                    .filter(|entry| entry.3 == path)
+                    .map(|(id, message, event, _)| {
+                        (
+                            id.clone(),
+                            event,
+                            subscription.raw_payload().then_some(&message.payload),
+                        )
+                    })
+                    .collect();
+                let body = pubsub::http_bulk_body(subscription, &entries);
+                let answer = self
+                    .app
+                    .post(&path, "application/json", HeaderMap::new(), body)
+                    .await;
+                let all = |outcome: Outcome, outcomes: &mut HashMap<String, Outcome>| {
+                    for (id, ..) in &entries {
+                        outcomes.insert(id.clone(), outcome);
+                    }
+                };
+                match answer {
+                    Ok(answer) if answer.status.is_success() => {
+                        // An entry without a status retries, as in daprd.
+                        all(Outcome::Retry, &mut outcomes);
+                        for (id, outcome) in
+                            pubsub::http_bulk_outcomes(&answer.body).unwrap_or_default()
+                        {
+                            if let Some(known) = outcomes.get_mut(&id) {
+                                *known = outcome;
+                            }
+                        }
+                    }
+                    Ok(answer) if answer.status == hyper::StatusCode::NOT_FOUND => {
+                        all(Outcome::Drop, &mut outcomes);
+                    }
+                    Ok(answer) => {
+                        tracing::warn!(
+                            status = answer.status.as_u16(),
+                            path,
+                            "the app asks for the bulk events again"
+                        );
+                        all(Outcome::Retry, &mut outcomes);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "bulk events not delivered");
+                        all(Outcome::Retry, &mut outcomes);
+                    }
+                }
+            }
+            let mut again = Vec::new();
+            for (id, message, event, path) in pending {
+                match outcomes.get(&id).copied().unwrap_or(Outcome::Retry) {
+                    Outcome::Success => self.finish(message, "success"),
+                    Outcome::Drop => self.dropped(subscription, message).await,
+                    Outcome::Retry => again.push((id, message, event, path)),
+                }
+            }
+            pending = again;
+            if pending.is_empty() {
+                return;
+            }
+            if attempt >= retry.max_attempts
+                && let Some(topic) = &subscription.dead_letter_topic
+            {
+                for (_, message, ..) in pending {
+                    self.dead_letter(topic, message, attempt).await;
+                }
+                return;
+            }
+            tokio::time::sleep(retry.delay(attempt)).await;
+        }
+    }
+
     /// The outcome is final: acknowledged, and counted.
     fn finish(&self, message: Received, outcome: &str) {
         message.ack();
@@ -340,22 +514,9 @@ impl Deliverer {
         self.finish(message, "dropped");
     }
 
-    /// The message as it arrived (payload, content type, user
-    /// properties), published to `topic`.
+    /// The message published to the dead letter `topic`.
     async fn publish_dead_letter(&self, topic: &str, message: &Received) -> Result<(), String> {
-        let properties = PublishProperties {
-            content_type: message.properties.content_type.clone(),
-            user_properties: message.properties.user_properties.clone(),
-            ..PublishProperties::default()
-        };
-        tokio::time::timeout(
-            self.app.call_timeout(),
-            self.subscriber
-                .publish(topic, message.payload.clone(), properties),
-        )
-        .await
-        .map_err(|_| "no PUBACK in time".to_owned())?
-        .map_err(|error| error.to_string())
+        publish_dead_letter(&self.subscriber, topic, message, self.app.call_timeout()).await
     }
 
     /// One call to the app with the event, and what its answer means.
@@ -401,17 +562,7 @@ impl Deliverer {
             }
             AppProtocol::Grpc => {
                 let mut client = app_callback(&self.app, self.settings.max_message_bytes);
-                let request = TopicEventRequest {
-                    id: event.id().to_owned(),
-                    source: event.text("source").to_owned(),
-                    r#type: event.text("type").to_owned(),
-                    spec_version: event.text("specversion").to_owned(),
-                    data_content_type: event.text("datacontenttype").to_owned(),
-                    data: event.data_bytes(),
-                    topic: subscription.topic.clone(),
-                    pubsub_name: subscription.pubsub_name.clone(),
-                    path: path.to_owned(),
-                };
+                let request = topic_event_request(subscription, event, path);
                 match tokio::time::timeout(self.app.call_timeout(), client.on_topic_event(request))
                     .await
                 {
@@ -439,4 +590,193 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// Why a streaming subscription cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// Its routing, metadata or names do not make a subscription.
+    #[error(transparent)]
+    Subscription(#[from] pubsub::SubscriptionError),
+}
+
+/// A streaming subscription (`SubscribeTopicEventsAlpha1`): its own MQTT
+/// connection (`<client id>-stream-<random>`, a session that ends with
+/// it: what it had not acknowledged goes to another member of the group),
+/// subscribed `$share/<app id>/<topic>`; each event is sent on the stream,
+/// and acknowledged to the broker once the app answered SUCCESS or DROP
+/// (DROP: to the dead letter topic first, if any) for its id. RETRY sends
+/// it again after Dapr's backoff; past the policy's calls, to the dead
+/// letter topic if any, else again without end. The subscription is
+/// listed in metadata while the stream lasts.
+pub fn stream(
+    state: &crate::http::state::AppState,
+    initial: SubscribeTopicEventsRequestInitialAlpha1,
+    mut requests: tonic::Streaming<SubscribeTopicEventsRequestAlpha1>,
+) -> Result<
+    impl futures_util::Stream<Item = Result<SubscribeTopicEventsResponseAlpha1, tonic::Status>>
+    + Send
+    + 'static,
+    StreamError,
+> {
+    let subscription = SubscriptionParts {
+        pubsub_name: initial.pubsub_name,
+        topic: initial.topic,
+        metadata: initial.metadata.into_iter().collect(),
+        dead_letter_topic: initial.dead_letter_topic.unwrap_or_default(),
+        ..SubscriptionParts::default()
+    }
+    .build(SubscriptionKind::Streaming)?;
+    let pool = state.store.pool();
+    let app_id = state.dapr.settings().app_id.clone();
+    let (subscriber, mut received) = Subscriber::start(SubscriberSettings {
+        broker: pool.broker().clone(),
+        client_id: format!("{}-stream-{:08x}", pool.client_id(), rand::random::<u32>()),
+        session_expiry: Duration::ZERO,
+        receive_maximum: DELIVERY_IN_FLIGHT,
+        filters: vec![format!("$share/{app_id}/{}", subscription.topic)],
+    });
+    let table = state.subscriptions.clone();
+    table.add(subscription.clone());
+    let metrics = state.metrics.clone();
+    let (events, stream) = mpsc::channel(usize::from(DELIVERY_IN_FLIGHT));
+    tokio::spawn(async move {
+        let retry = RetryPolicy::default();
+        let listed = subscription.clone();
+        // Events sent and not yet answered, by id: the message, the event
+        // and its calls so far.
+        let mut pending: HashMap<String, (Received, TopicEventRequest, u32)> = HashMap::new();
+        let (again, mut retries) = mpsc::unbounded_channel::<String>();
+        let initial = SubscribeTopicEventsResponseAlpha1 {
+            subscribe_topic_events_response_type: Some(
+                SubscribeTopicEventsResponseType::InitialResponse(
+                    SubscribeTopicEventsResponseInitialAlpha1 {},
+                ),
+            ),
+        };
+        let as_response = |request: TopicEventRequest| SubscribeTopicEventsResponseAlpha1 {
+            subscribe_topic_events_response_type: Some(
+                SubscribeTopicEventsResponseType::EventMessage(request),
+            ),
+        };
+        if events.send(Ok(initial)).await.is_ok() {
+            loop {
+                tokio::select! {
+                    message = received.recv() => {
+                        let Some(message) = message else { break };
+                        let event = pubsub::event_of(
+                            &message.payload,
+                            message.properties.content_type.as_deref(),
+                            &message.topic,
+                            &subscription.pubsub_name,
+                            subscription.raw_payload(),
+                            || format!("{:032x}", rand::random::<u128>()),
+                        );
+                        let request = topic_event_request(&subscription, &event, "");
+                        if events.send(Ok(as_response(request.clone()))).await.is_err() {
+                            break;
+                        }
+                        pending.insert(request.id.clone(), (message, request, 1));
+                    }
+                    Some(id) = retries.recv() => {
+                        if let Some((_, request, _)) = pending.get(&id)
+                            && events.send(Ok(as_response(request.clone()))).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                    answer = requests.message() => {
+                        let Ok(Some(answer)) = answer else { break };
+                        let Some(SubscribeTopicEventsRequestType::EventProcessed(processed)) =
+                            answer.subscribe_topic_events_request_type
+                        else {
+                            continue;
+                        };
+                        let status = processed
+                            .status
+                            .map_or(TopicEventResponseStatus::Success, |status| status.status());
+                        let Some((message, request, calls)) = pending.remove(&processed.id) else {
+                            continue;
+                        };
+                        match status {
+                            TopicEventResponseStatus::Success => {
+                                message.ack();
+                                metrics.pubsub_events.with_label_values(&["success"]).inc();
+                            }
+                            TopicEventResponseStatus::Drop => {
+                                if let Some(topic) = &subscription.dead_letter_topic {
+                                    let _ = publish_dead_letter(&subscriber, topic, &message, retry.max_interval).await;
+                                }
+                                message.ack();
+                                metrics.pubsub_events.with_label_values(&["dropped"]).inc();
+                            }
+                            TopicEventResponseStatus::Retry => {
+                                if calls >= retry.max_attempts
+                                    && let Some(topic) = &subscription.dead_letter_topic
+                                    && publish_dead_letter(&subscriber, topic, &message, retry.max_interval).await.is_ok()
+                                {
+                                    message.ack();
+                                    metrics.pubsub_events.with_label_values(&["dead_letter"]).inc();
+                                    continue;
+                                }
+                                let id = request.id.clone();
+                                pending.insert(id.clone(), (message, request, calls + 1));
+                                let again = again.clone();
+                                let delay = retry.delay(calls);
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(delay).await;
+                                    let _ = again.send(id);
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Unacknowledged events go back to the broker with the session.
+        table.remove(&listed);
+        subscriber.shutdown().await;
+    });
+    Ok(tokio_stream::wrappers::ReceiverStream::new(stream))
+}
+
+/// The gRPC shape of an event (`OnTopicEvent`, streaming).
+fn topic_event_request(
+    subscription: &Subscription,
+    event: &Event,
+    path: &str,
+) -> TopicEventRequest {
+    TopicEventRequest {
+        id: event.id().to_owned(),
+        source: event.text("source").to_owned(),
+        r#type: event.text("type").to_owned(),
+        spec_version: event.text("specversion").to_owned(),
+        data_content_type: event.text("datacontenttype").to_owned(),
+        data: event.data_bytes(),
+        topic: subscription.topic.clone(),
+        pubsub_name: subscription.pubsub_name.clone(),
+        path: path.to_owned(),
+    }
+}
+
+/// The message as it arrived (payload, content type, user properties),
+/// published to `topic` through `subscriber`, within `within`.
+async fn publish_dead_letter(
+    subscriber: &Subscriber,
+    topic: &str,
+    message: &Received,
+    within: Duration,
+) -> Result<(), String> {
+    let properties = PublishProperties {
+        content_type: message.properties.content_type.clone(),
+        user_properties: message.properties.user_properties.clone(),
+        ..PublishProperties::default()
+    };
+    tokio::time::timeout(
+        within,
+        subscriber.publish(topic, message.payload.clone(), properties),
+    )
+    .await
+    .map_err(|_| "no PUBACK in time".to_owned())?
+    .map_err(|error| error.to_string())
 }

@@ -21,6 +21,7 @@ use std::pin::Pin;
 
 use futures_util::stream::{self, Stream, StreamExt as _};
 use prost::Message as _;
+use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Status};
 
 use super::answer::{Failure, Operation};
@@ -38,8 +39,10 @@ use super::proto::runtime::v1::{
     PubsubSubscriptionRule, PubsubSubscriptionRules, PubsubSubscriptionType, QueryStateItem,
     QueryStateRequest, QueryStateResponse, RegisteredComponents, SaveStateRequest,
     SetMetadataRequest, SubscribeConfigurationRequest, SubscribeConfigurationResponse,
-    TryLockRequest, TryLockResponse, UnlockRequest, UnlockResponse,
-    UnsubscribeConfigurationRequest, UnsubscribeConfigurationResponse,
+    SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsResponseAlpha1, TryLockRequest,
+    TryLockResponse, UnlockRequest, UnlockResponse, UnsubscribeConfigurationRequest,
+    UnsubscribeConfigurationResponse,
+    subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType,
 };
 use crate::access::rules::{Access, Need, Principal};
 use crate::dapr::configuration::Items;
@@ -314,6 +317,41 @@ fn item_of(key: String, read: Result<Option<Versioned<bytes::Bytes>>, DaprError>
 
 #[tonic::async_trait]
 impl Dapr for DaprGrpc {
+    async fn subscribe_topic_events_alpha1(
+        &self,
+        request: Request<tonic::Streaming<SubscribeTopicEventsRequestAlpha1>>,
+    ) -> Answer<BoxStream<SubscribeTopicEventsResponseAlpha1>> {
+        let mut requests = request.into_inner();
+        let first = tokio::time::timeout(self.state.request_timeout(), requests.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no initial request"))??;
+        let Some(SubscribeTopicEventsRequestType::InitialRequest(initial)) =
+            first.and_then(|first| first.subscribe_topic_events_request_type)
+        else {
+            return Err(Status::invalid_argument(
+                "initial request is required to start a subscription stream",
+            ));
+        };
+        if !self
+            .state
+            .dapr
+            .settings()
+            .pubsubs
+            .contains(&initial.pubsub_name)
+        {
+            return Err(Status::invalid_argument(format!(
+                "pubsub '{}' not found",
+                initial.pubsub_name
+            )));
+        }
+        if initial.topic.is_empty() {
+            return Err(Status::invalid_argument("topic is required"));
+        }
+        let events = super::delivery::stream(&self.state, initial, requests)
+            .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        Ok(tonic::Response::new(Box::pin(events)))
+    }
+
     async fn get_state(&self, request: Request<GetStateRequest>) -> Answer<GetStateResponse> {
         let access = self.access(&request);
         let request = request.into_inner();
