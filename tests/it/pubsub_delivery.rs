@@ -680,20 +680,7 @@ async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
         .kill_on_drop(true)
         .spawn()
         .expect("python runs");
-    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
-    {
-        let lines = lines.clone();
-        let stdout = child.stdout.take().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt as _;
-            let mut reader = tokio::io::BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Ok(value) = serde_json::from_str(&line) {
-                    lines.lock().unwrap().push(value);
-                }
-            }
-        });
-    }
+    let lines = json_lines(&mut child);
     let port_text = port.to_string();
     let _gateway = GatewayProcess::start(
         broker.addr.port(),
@@ -795,20 +782,7 @@ async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
         .kill_on_drop(true)
         .spawn()
         .expect("python runs");
-    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
-    {
-        let lines = lines.clone();
-        let stdout = child.stdout.take().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt as _;
-            let mut reader = tokio::io::BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Ok(value) = serde_json::from_str(&line) {
-                    lines.lock().unwrap().push(value);
-                }
-            }
-        });
-    }
+    let lines = json_lines(&mut child);
     let got = |n: i64| {
         lines
             .lock()
@@ -996,20 +970,7 @@ async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
         .kill_on_drop(true)
         .spawn()
         .expect("node runs");
-    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
-    {
-        let lines = lines.clone();
-        let stdout = child.stdout.take().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt as _;
-            let mut reader = tokio::io::BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Ok(value) = serde_json::from_str(&line) {
-                    lines.lock().unwrap().push(value);
-                }
-            }
-        });
-    }
+    let lines = json_lines(&mut child);
     let got = |n: i64| {
         lines
             .lock()
@@ -1033,4 +994,21 @@ async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
         .unwrap();
     assert!(status.success());
     assert!(got(1));
+}
+
+/// The JSON lines a child prints on its stdout, gathered as they come.
+fn json_lines(child: &mut tokio::process::Child) -> Arc<Mutex<Vec<Value>>> {
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let gathered = lines.clone();
+    let stdout = child.stdout.take().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut reader = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if let Ok(value) = serde_json::from_str(&line) {
+                gathered.lock().unwrap().push(value);
+            }
+        }
+    });
+    lines
 }
