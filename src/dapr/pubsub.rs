@@ -17,6 +17,10 @@ use thiserror::Error;
 
 pub use super::publish::{CLOUDEVENT_CONTENT_TYPE as CLOUD_EVENT_CONTENT_TYPE, DEFAULT_EVENT_TYPE};
 
+/// The `type` of a bulk call to the app (components-contrib's
+/// `DefaultBulkEventType`).
+pub const DEFAULT_BULK_EVENT_TYPE: &str = "com.dapr.event.sent.bulk";
+
 /// How a subscription was made, as daprd's metadata names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscriptionKind {
@@ -808,7 +812,7 @@ pub fn http_bulk_body(
             "entries": entries,
             "topic": subscription.topic,
             "pubsubname": subscription.pubsub_name,
-            "type": DEFAULT_EVENT_TYPE,
+            "type": DEFAULT_BULK_EVENT_TYPE,
             "metadata": {},
         })
         .to_string(),
