@@ -65,9 +65,10 @@ pub enum PubsubError {
     /// `rawPayload` or `ttlInSeconds` cannot be read.
     #[error("failed deserializing metadata. Error: {0}")]
     Metadata(String),
-    /// Data sent as a CloudEvent is not a JSON object.
+    /// Data sent as a CloudEvent is not a JSON object (why, as daprd
+    /// names it in the error's details).
     #[error("cannot create cloudevent")]
-    CloudEvent,
+    CloudEvent(String),
     /// The broker did not take the message.
     #[error(transparent)]
     Publish(#[from] PublishError),
@@ -136,7 +137,8 @@ pub fn message(
         let expiration = now + std::time::Duration::from_secs(seconds.min(u64::from(u32::MAX)));
         cloud_event.insert("expiration".into(), json_string(&rfc3339(expiration)));
     }
-    let payload = serde_json::to_vec(&cloud_event).map_err(|_| PubsubError::CloudEvent)?;
+    let payload = serde_json::to_vec(&cloud_event)
+        .map_err(|error| PubsubError::CloudEvent(error.to_string()))?;
     Ok(Message {
         topic: event.topic,
         payload: Bytes::from(payload),
@@ -253,8 +255,8 @@ fn complete(
     trace: &Trace,
     now: SystemTime,
 ) -> Result<CloudEvent, PubsubError> {
-    let mut cloud_event: CloudEvent =
-        serde_json::from_slice(&event.data).map_err(|_| PubsubError::CloudEvent)?;
+    let mut cloud_event: CloudEvent = serde_json::from_slice(&event.data)
+        .map_err(|error| PubsubError::CloudEvent(error.to_string()))?;
     cloud_event
         .entry("time".to_owned())
         .or_insert_with(|| json_string(&rfc3339(now)));
@@ -447,7 +449,7 @@ mod tests {
             event("[1]", "application/cloudevents+json", &[]),
             at(0),
         );
-        assert!(matches!(refused, Err(PubsubError::CloudEvent)));
+        assert!(matches!(refused, Err(PubsubError::CloudEvent(_))));
     }
 
     #[test]
