@@ -521,53 +521,16 @@ async fn pubsub_errors_carry_daprds_details_over_http_and_grpc() {
         data_content_type: "text/plain".into(),
         metadata: HashMap::from([("key".to_owned(), "value".to_owned())]),
     };
-    let answer = grpc
-        .call("PublishEvent", &request.encode_to_vec())
-        .await
-        .expect(INVALID_ARGUMENT);
-    // daprd's gRPC API names no metadata here.
-    assert_eq!(
-        details_json(&answer.details),
-        json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                "reason": "DAPR_PUBSUB_NOT_FOUND", "domain": "dapr.io", "metadata": {}}])
-    );
     let bad_metadata = PublishEventRequest {
         pubsub_name: "pubsub".into(),
         metadata: HashMap::from([("ttlInSeconds".to_owned(), "soon".to_owned())]),
         ..request.clone()
     };
-    let answer = grpc
-        .call("PublishEvent", &bad_metadata.encode_to_vec())
-        .await
-        .expect(INVALID_ARGUMENT);
-    let message = "failed deserializing metadata. Error: ttlInSeconds value must be a valid integer: actual is 'soon'";
-    assert_eq!(
-        details_json(&answer.details),
-        pubsub_details(
-            true,
-            message,
-            "DAPR_PUBSUB_METADATA_DESERIALIZATION",
-            json!({"ttlInSeconds": "soon"})
-        )
-    );
     let no_topic = PublishEventRequest {
         pubsub_name: "pubsub".into(),
         topic: String::new(),
         ..request.clone()
     };
-    let answer = grpc
-        .call("PublishEvent", &no_topic.encode_to_vec())
-        .await
-        .expect(INVALID_ARGUMENT);
-    assert_eq!(
-        details_json(&answer.details),
-        pubsub_details(
-            true,
-            "topic is empty in pubsub pubsub",
-            "DAPR_PUBSUB_TOPIC_NAME_EMPTY",
-            json!({"key": "value"})
-        )
-    );
     let entry = |id: &str| BulkPublishRequestEntry {
         entry_id: id.into(),
         event: b"x".to_vec(),
@@ -580,19 +543,49 @@ async fn pubsub_errors_carry_daprds_details_over_http_and_grpc() {
         entries: vec![entry("a"), entry("")],
         metadata: HashMap::new(),
     };
-    let answer = grpc
-        .call("BulkPublishEvent", &duplicated.encode_to_vec())
-        .await
-        .expect(INVALID_ARGUMENT);
-    assert_eq!(
-        details_json(&answer.details),
-        pubsub_details(
-            true,
-            "error marshaling events to bytes for topic orders pubsub pubsub. error: entryId is duplicated or not present for entry",
-            "DAPR_PUBSUB_MARSHAL_EVENTS",
-            json!({"appID": "statestore-gateway", "error": "entryId is duplicated or not present for entry"}),
-        )
-    );
+    let cases = [
+        (
+            "PublishEvent",
+            request.encode_to_vec(),
+            // daprd's gRPC API names no metadata here.
+            json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "DAPR_PUBSUB_NOT_FOUND", "domain": "dapr.io", "metadata": {}}]),
+        ),
+        (
+            "PublishEvent",
+            bad_metadata.encode_to_vec(),
+            pubsub_details(
+                true,
+                "failed deserializing metadata. Error: ttlInSeconds value must be a valid integer: actual is 'soon'",
+                "DAPR_PUBSUB_METADATA_DESERIALIZATION",
+                json!({"ttlInSeconds": "soon"}),
+            ),
+        ),
+        (
+            "PublishEvent",
+            no_topic.encode_to_vec(),
+            pubsub_details(
+                true,
+                "topic is empty in pubsub pubsub",
+                "DAPR_PUBSUB_TOPIC_NAME_EMPTY",
+                json!({"key": "value"}),
+            ),
+        ),
+        (
+            "BulkPublishEvent",
+            duplicated.encode_to_vec(),
+            pubsub_details(
+                true,
+                "error marshaling events to bytes for topic orders pubsub pubsub. error: entryId is duplicated or not present for entry",
+                "DAPR_PUBSUB_MARSHAL_EVENTS",
+                json!({"appID": "statestore-gateway", "error": "entryId is duplicated or not present for entry"}),
+            ),
+        ),
+    ];
+    for (method, message, details) in cases {
+        let answer = grpc.call(method, &message).await.expect(INVALID_ARGUMENT);
+        assert_eq!(details_json(&answer.details), details, "{method}");
+    }
 }
 
 /// A stack whose broker takes packets of at most 8 KiB, so one large

@@ -663,49 +663,17 @@ app.run(int(sys.argv[1]))
 
 #[tokio::test]
 async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
-    let venv_python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
-    assert!(
-        venv_python.is_file(),
-        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
-    );
     let broker = Mosquitto::start().await;
     let port = crate::support::free_port();
-    let mut child = tokio::process::Command::new(venv_python)
-        .arg("-c")
-        .arg(PYTHON_GRPC_APP)
-        .arg(port.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs");
-    let lines = json_lines(&mut child);
     let port_text = port.to_string();
+    let (_child, lines) = python(PYTHON_GRPC_APP, &[&port_text], &[]);
     let _gateway = GatewayProcess::start(
         broker.addr.port(),
         &["--dapr-app-port", &port_text, "--dapr-app-protocol", "grpc"],
     )
     .await;
-    let got = |n: i64| {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line["data"]["n"] == n)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    // Warm up until the subscription is in place.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got(0).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the gRPC app got no event within 30 s"
-        );
-        publish(&broker, "grpc-orders", r#"{"n":0}"#, None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "grpc-orders", &lines).await;
     publish(&broker, "grpc-orders", r#"{"n":1}"#, None).await;
     publish(&broker, "grpc-orders", r#"{"n":2}"#, None).await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -760,49 +728,22 @@ with DaprClient() as client:
 
 #[tokio::test]
 async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
-    let venv_python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
-    assert!(
-        venv_python.is_file(),
-        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
-    );
     let broker = Mosquitto::start().await;
     // No app port: the app has no server, only the stream.
     let gateway = GatewayProcess::start(broker.addr.port(), &[]).await;
     let mut dead = listen(&broker, "streamed-dead").await;
     let port = gateway.api.port().to_string();
-    let mut child = tokio::process::Command::new(venv_python)
-        .arg("-c")
-        .arg(PYTHON_STREAMING)
-        .env("DAPR_RUNTIME_HOST", "127.0.0.1")
-        .env("DAPR_HTTP_PORT", &port)
-        .env("DAPR_GRPC_PORT", &port)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs");
-    let lines = json_lines(&mut child);
-    let got = |n: i64| {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line["data"]["n"] == n)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    // Warm up until the stream's subscription is in place.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got(0).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the stream got no event within 30 s: {:?}",
-            lines.lock().unwrap()
-        );
-        publish(&broker, "streamed", r#"{"n":0}"#, None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let (mut child, lines) = python(
+        PYTHON_STREAMING,
+        &[],
+        &[
+            ("DAPR_RUNTIME_HOST", "127.0.0.1"),
+            ("DAPR_HTTP_PORT", &port),
+            ("DAPR_GRPC_PORT", &port),
+        ],
+    );
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "streamed", &lines).await;
     // Listed as a streaming subscription while it lasts.
     let metadata: Value = gateway
         .http
@@ -965,12 +906,6 @@ app.run(int(sys.argv[1]))
 
 #[tokio::test]
 async fn a_grpc_apps_bulk_subscription_gets_on_bulk_topic_event_and_answers_each_entry() {
-    let venv_python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
-    assert!(
-        venv_python.is_file(),
-        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
-    );
     let broker = Mosquitto::start().await;
     let dir = tempfile::tempdir().unwrap();
     // The route is the topic: the path the SDK files its handler under.
@@ -995,17 +930,8 @@ spec:
     .unwrap();
     let mut dead = listen(&broker, "grpc-batch-dead").await;
     let port = crate::support::free_port();
-    let mut child = tokio::process::Command::new(venv_python)
-        .arg("-c")
-        .arg(PYTHON_GRPC_BULK_APP)
-        .arg(port.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs");
-    let lines = json_lines(&mut child);
     let port_text = port.to_string();
+    let (_child, lines) = python(PYTHON_GRPC_BULK_APP, &[&port_text], &[]);
     let path = dir.path().to_str().unwrap().to_owned();
     let _gateway = GatewayProcess::start(
         broker.addr.port(),
@@ -1019,26 +945,8 @@ spec:
         ],
     )
     .await;
-    let got = |n: i64| {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line["data"]["n"] == n)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    // Warm up until the subscription is in place.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got(0).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the gRPC app got no event within 30 s: {:?}",
-            lines.lock().unwrap()
-        );
-        publish(&broker, "grpc-batch", r#"{"n":0}"#, None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "grpc-batch", &lines).await;
     let calls_before = lines.lock().unwrap().len();
     for n in 1..=4 {
         publish(&broker, "grpc-batch", &format!(r#"{{"n":{n}}}"#), None).await;
@@ -1168,6 +1076,60 @@ async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
         .unwrap();
     assert!(status.success());
     assert!(got(1));
+}
+
+/// A Python program run by the SDK tests' environment (`tests/dapr/.venv`)
+/// with `args` and `envs`, and the JSON lines it prints, gathered as they
+/// come; killed when the child is dropped.
+fn python(
+    script: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (tokio::process::Child, Arc<Mutex<Vec<Value>>>) {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = json_lines(&mut child);
+    (child, lines)
+}
+
+/// The lines about event `n` (`data.n`).
+fn with_n(lines: &Mutex<Vec<Value>>, n: i64) -> Vec<Value> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|line| line["data"]["n"] == n)
+        .cloned()
+        .collect()
+}
+
+/// Publishes event 0 on `topic` until a line tells of it: the
+/// subscription is in place.
+async fn warm_up(broker: &Mosquitto, topic: &str, lines: &Mutex<Vec<Value>>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while with_n(lines, 0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no event on {topic} within 30 s: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(broker, topic, r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// The JSON lines a child prints on its stdout, gathered as they come.

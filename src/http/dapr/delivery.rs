@@ -802,16 +802,36 @@ fn topic_event_request(
     event: &Event,
     path: &str,
 ) -> TopicEventRequest {
+    let TopicEventCeRequest {
+        id,
+        source,
+        r#type,
+        spec_version,
+        data_content_type,
+        data,
+    } = cloud_event_request(event);
     TopicEventRequest {
+        id,
+        source,
+        r#type,
+        spec_version,
+        data_content_type,
+        data,
+        topic: subscription.topic.clone(),
+        pubsub_name: subscription.pubsub_name.clone(),
+        path: path.to_owned(),
+    }
+}
+
+/// The event's CloudEvent attributes and data as gRPC carries them.
+fn cloud_event_request(event: &Event) -> TopicEventCeRequest {
+    TopicEventCeRequest {
         id: event.id().to_owned(),
         source: event.text("source").to_owned(),
         r#type: event.text("type").to_owned(),
         spec_version: event.text("specversion").to_owned(),
         data_content_type: event.text("datacontenttype").to_owned(),
         data: event.data_bytes(),
-        topic: subscription.topic.clone(),
-        pubsub_name: subscription.pubsub_name.clone(),
-        path: path.to_owned(),
     }
 }
 
@@ -844,14 +864,7 @@ fn topic_event_bulk_request(
                 },
                 None => TopicEventBulkRequestEntry {
                     entry_id: entry_id.clone(),
-                    event: Some(BulkEntryEvent::CloudEvent(TopicEventCeRequest {
-                        id: event.id().to_owned(),
-                        source: event.text("source").to_owned(),
-                        r#type: event.text("type").to_owned(),
-                        spec_version: event.text("specversion").to_owned(),
-                        data_content_type: event.text("datacontenttype").to_owned(),
-                        data: event.data_bytes(),
-                    })),
+                    event: Some(BulkEntryEvent::CloudEvent(cloud_event_request(event))),
                     content_type: CLOUD_EVENT_CONTENT_TYPE.to_owned(),
                     metadata: HashMap::new(),
                 },
