@@ -1,11 +1,15 @@
 //! Dapr's `AppCallback` gRPC client on the app channel: how the gateway
-//! calls a gRPC app (`--dapr-app-protocol grpc`). The client is generated
-//! beside the server (`proto`); the channel is [`crate::dapr::app`]'s.
+//! calls a gRPC app (`--dapr-app-protocol grpc`): bulk pub/sub calls with
+//! daprd's fallback to the alpha service, and configuration changes
+//! through `OnInvoke`. The client is generated beside the server
+//! (`proto`); the channel is [`crate::dapr::app`]'s.
 
 use std::time::Duration;
 
 use crate::dapr::app::{AppChannel, GrpcChannel};
+use crate::dapr::configuration::Subscription;
 
+use super::proto::common::v1::{HttpExtension, InvokeRequest, http_extension::Verb};
 use super::proto::runtime::v1::{TopicEventBulkRequest, TopicEventBulkResponse};
 
 pub use super::proto::runtime::v1::app_callback_alpha_client::AppCallbackAlphaClient;
@@ -63,6 +67,53 @@ pub async fn on_bulk_topic_event(
             .map(tonic::Response::into_inner)
         }
         other => other.map(tonic::Response::into_inner),
+    }
+}
+
+/// Delivers a configuration subscription's changes to a gRPC app as
+/// daprd does through its gRPC app channel: for each changed item,
+/// `OnInvoke` of the method `/configuration/{store}/{key}` with the HTTP
+/// subscription's JSON (`{"id", "items"}`) as its data, `application/json`,
+/// verb POST; a call that fails is logged, not retried (daprd's without a
+/// resiliency policy). Until unsubscribed or the gateway shuts down.
+pub async fn deliver_configuration(
+    mut subscription: Subscription,
+    channel: AppChannel,
+    store: String,
+    max_message_bytes: usize,
+) {
+    let mut client = app_callback(&channel, max_message_bytes);
+    while let Some(items) = subscription.next().await {
+        let body = subscription.update_body(&items);
+        for name in items.keys() {
+            let method = format!("/configuration/{store}/{name}");
+            let request = InvokeRequest {
+                method: method.clone(),
+                data: Some(prost_types::Any {
+                    type_url: String::new(),
+                    value: body.to_vec(),
+                }),
+                content_type: "application/json".to_owned(),
+                http_extension: Some(HttpExtension {
+                    verb: Verb::Post.into(),
+                    querystring: String::new(),
+                }),
+            };
+            match tokio::time::timeout(channel.call_timeout(), client.on_invoke(request)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(status)) => tracing::warn!(
+                    subscription = %subscription.id,
+                    %method,
+                    %status,
+                    "the app refused a configuration update"
+                ),
+                Err(_) => tracing::warn!(
+                    subscription = %subscription.id,
+                    %method,
+                    "a configuration update got no answer in time"
+                ),
+            }
+        }
     }
 }
 

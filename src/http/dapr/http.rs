@@ -31,6 +31,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, IgnoredAny, MapAccess, Seq
 use serde_json::value::RawValue;
 
 use super::answer::{Failure, Operation, Publishing};
+use super::app_callback::deliver_configuration;
 use super::check::{self, BulkFault, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
 use crate::dapr::AppProtocol;
@@ -1001,8 +1002,8 @@ async fn get_configuration(
 
 /// `GET /v1.0/configuration/{store}/subscribe?key=...`: `{"id"}`; the
 /// changes go to the app's `/configuration/{store}/{key}` on its channel
-/// ([`crate::dapr::configuration`]). Without an HTTP app channel, as Dapr
-/// answers without one.
+/// ([`crate::dapr::configuration`]; a gRPC app's `OnInvoke`). Without an
+/// app channel, as Dapr answers without one.
 async fn subscribe_configuration(
     State(state): State<AppState>,
     Path(store): Path<String>,
@@ -1010,11 +1011,7 @@ async fn subscribe_configuration(
     access: Access,
 ) -> Answer {
     check::configuration_store(&state, &store)?;
-    let Some(app) = state
-        .app
-        .clone()
-        .filter(|app| app.protocol() == AppProtocol::Http)
-    else {
+    let Some(app) = state.app.clone() else {
         return Err(Refusal::NoAppChannel.into());
     };
     let names = query_keys(query.as_deref());
@@ -1025,7 +1022,15 @@ async fn subscribe_configuration(
         .await
         .map_err(Failure::on(Operation::ConfigurationSubscribe))?;
     let id = subscription.id.clone();
-    tokio::spawn(subscription.deliver_to(app, store));
+    match app.protocol() {
+        AppProtocol::Http => {
+            tokio::spawn(subscription.deliver_to(app, store));
+        }
+        AppProtocol::Grpc => {
+            let max = state.limits.dapr_max_body_size;
+            tokio::spawn(deliver_configuration(subscription, app, store, max));
+        }
+    }
     Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
 }
 
