@@ -24,9 +24,10 @@
 //!    one), against the gateway's pool
 //!    ([`statestore_gateway::mqtt::Pool::publish`]) used directly from this
 //!    process, on a runtime of one thread of its own as `serve` runs by
-//!    default (and, for the record, on this program's workers), publishing
-//!    a CloudEvent of the same size to the same broker: throughput ratios,
-//!    latency percentiles and CPU per publish;
+//!    default (and, once for the record, on this program's workers),
+//!    publishing a CloudEvent of the same size to the same broker, in 5
+//!    rounds that rotate the three ways: throughput ratios (the median of
+//!    the rounds'), latency percentiles and CPU per publish;
 //! 5. **delivery** to an HTTP app: a minimal app in this process
 //!    (`GET /dapr/subscribe`, its route answering SUCCESS) behind a second
 //!    gateway (`--dapr-app-port`), the events published by this process's
@@ -399,6 +400,7 @@ const PUBLISHERS: usize = 64;
 struct PublishRun {
     per_second: f64,
     latency: Percentiles,
+    samples: Vec<Duration>,
     /// CPU per publish, in nanoseconds: the gateway's (its threads'), or
     /// for direct publishes the publishing thread's (pool included).
     cpu_per_publish: f64,
@@ -485,29 +487,169 @@ fn thread_cpu_ns() -> Result<u64> {
         .context("/proc/thread-self/schedstat")
 }
 
-/// Direct publishes by a pool on a runtime of one thread of its own, as
-/// `serve` runs by default: each `(in flight, total)` run in turn, with the
-/// thread's CPU per publish.
-fn direct_on_one_thread(
-    broker_port: u16,
-    payload: Bytes,
-    runs: Vec<(usize, usize)>,
-) -> Result<Vec<PublishRun>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let pool = support::direct::start_pool(broker_port, 4).await?;
-        let mut results = Vec::with_capacity(runs.len());
-        for (in_flight, total) in runs {
-            let before = thread_cpu_ns()?;
-            let mut run = direct_publishes(&pool, payload.clone(), in_flight, total).await?;
-            run.cpu_per_publish = thread_cpu_ns()?.saturating_sub(before) as f64 / total as f64;
-            results.push(run);
+/// A request to the one-thread publisher: in flight, total, the answer.
+type PublishOrder = (
+    usize,
+    usize,
+    tokio::sync::oneshot::Sender<Result<PublishRun>>,
+);
+
+/// The pool on a runtime of one thread of its own, as `serve` runs by
+/// default, publishing a CloudEvent on request, with the thread's CPU per
+/// publish.
+struct OneThreadPublisher {
+    orders: tokio::sync::mpsc::UnboundedSender<PublishOrder>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OneThreadPublisher {
+    fn start(broker_port: u16, payload: Bytes) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (orders, mut received) = tokio::sync::mpsc::unbounded_channel::<PublishOrder>();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let pool = match support::direct::start_pool(broker_port, 4).await {
+                    Ok(pool) => pool,
+                    Err(error) => {
+                        let error = format!("{error:#}");
+                        while let Some((_, _, answer)) = received.recv().await {
+                            let _ = answer.send(Err(anyhow::anyhow!("{error}")));
+                        }
+                        return;
+                    }
+                };
+                while let Some((in_flight, total, answer)) = received.recv().await {
+                    let run = async {
+                        let before = thread_cpu_ns()?;
+                        let mut run =
+                            direct_publishes(&pool, payload.clone(), in_flight, total).await?;
+                        run.cpu_per_publish =
+                            thread_cpu_ns()?.saturating_sub(before) as f64 / total as f64;
+                        Ok(run)
+                    }
+                    .await;
+                    let _ = answer.send(run);
+                }
+                pool.shutdown().await;
+            });
+        });
+        Ok(Self { orders, thread })
+    }
+
+    async fn publish(&self, in_flight: usize, total: usize) -> Result<PublishRun> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.orders
+            .send((in_flight, total, answer))
+            .map_err(|_| anyhow::anyhow!("the one-thread publisher stopped"))?;
+        answered.await.context("the one-thread publisher stopped")?
+    }
+
+    /// Shuts its pool down and ends its thread.
+    async fn stop(self) -> Result<()> {
+        drop(self.orders);
+        tokio::task::spawn_blocking(move || self.thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the one-thread publisher panicked"))
+    }
+}
+
+/// The ways of publishing compared, in the order of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PublishWay {
+    Http,
+    Grpc,
+    Direct,
+}
+
+const PUBLISH_WAYS: [PublishWay; 3] = [PublishWay::Http, PublishWay::Grpc, PublishWay::Direct];
+
+impl PublishWay {
+    fn name(self) -> &'static str {
+        match self {
+            PublishWay::Http => "Dapr `POST /v1.0/publish`, HTTP/1.1 (a connection each)",
+            PublishWay::Grpc => "Dapr gRPC `PublishEvent`, streams of one h2c connection",
+            PublishWay::Direct => "the pool's `publish`, directly, on one thread (as `serve`)",
         }
-        pool.shutdown().await;
-        Ok(results)
-    })
+    }
+
+    async fn run(
+        self,
+        gateway: &GatewayProc,
+        direct: &OneThreadPublisher,
+        in_flight: usize,
+        total: usize,
+    ) -> Result<PublishRun> {
+        match self {
+            PublishWay::Http => http_publishes(gateway, in_flight, total).await,
+            PublishWay::Grpc => grpc_publishes(gateway, in_flight, total).await,
+            PublishWay::Direct => direct.publish(in_flight, total).await,
+        }
+    }
+}
+
+/// Each way's runs of one in-flight count, over the rounds.
+struct PublishRounds {
+    /// By [`PUBLISH_WAYS`] index, one run per round.
+    runs: Vec<Vec<PublishRun>>,
+}
+
+impl PublishRounds {
+    /// `rounds` rounds of `total` publishes each way, `in_flight` at once,
+    /// the ways in an order that rotates from round to round.
+    async fn measure(
+        gateway: &GatewayProc,
+        direct: &OneThreadPublisher,
+        in_flight: usize,
+        total: usize,
+        rounds: usize,
+    ) -> Result<Self> {
+        let mut runs: Vec<Vec<PublishRun>> = PUBLISH_WAYS.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for offset in 0..PUBLISH_WAYS.len() {
+                let index = (round + offset) % PUBLISH_WAYS.len();
+                let run = PUBLISH_WAYS[index]
+                    .run(gateway, direct, in_flight, total)
+                    .await?;
+                runs[index].push(run);
+            }
+        }
+        Ok(Self { runs })
+    }
+
+    fn way(&self, way: PublishWay) -> &[PublishRun] {
+        let index = PUBLISH_WAYS.iter().position(|w| *w == way).unwrap_or(0);
+        &self.runs[index]
+    }
+
+    /// A way's figures over every round: the median rate, the latency of
+    /// every publish, the mean CPU per publish.
+    fn summary(&self, way: PublishWay) -> PublishRun {
+        let runs = self.way(way);
+        let mut samples: Vec<Duration> = runs.iter().flat_map(|run| run.samples.clone()).collect();
+        let per_second = median_low_high(runs.iter().map(|run| run.per_second))
+            .map_or(f64::NAN, |(median, _, _)| median);
+        let cpu_per_publish =
+            runs.iter().map(|run| run.cpu_per_publish).sum::<f64>() / runs.len().max(1) as f64;
+        PublishRun {
+            per_second,
+            latency: Percentiles::of(&mut samples),
+            samples: Vec::new(),
+            cpu_per_publish,
+        }
+    }
+
+    /// The median, lowest and highest of the rounds' rate ratios `way` /
+    /// direct.
+    fn rate_ratio(&self, way: PublishWay) -> (f64, f64, f64) {
+        let ratios = self
+            .way(way)
+            .iter()
+            .zip(self.way(PublishWay::Direct))
+            .map(|(run, direct)| run.per_second / direct.per_second);
+        median_low_high(ratios).unwrap_or((f64::NAN, f64::NAN, f64::NAN))
+    }
 }
 
 /// Dapr's `PublishEventRequest` (the fields a publish sets).
@@ -593,6 +735,7 @@ async fn collect_run(
     Ok(PublishRun {
         per_second: samples.len() as f64 / elapsed,
         latency: Percentiles::of(&mut samples),
+        samples,
         cpu_per_publish: f64::NAN,
     })
 }
@@ -1011,30 +1154,29 @@ async fn run(options: Options) -> Result<()> {
             tp = "00-00000000000000000000000000000000-0000000000000000-00",
         ))
     };
-    // The pool on one thread of its own, as `serve` runs by default: a
-    // warm-up, then 64 in flight and one at a time.
-    let one_thread = {
-        let sample = sample.clone();
-        let runs = vec![
-            (PUBLISHERS, PUBLISHERS * 4),
-            (PUBLISHERS, publishes),
-            (1, one_at_a_time),
-        ];
-        tokio::task::spawn_blocking(move || direct_on_one_thread(port, sample, runs))
-            .await
-            .context("the one-thread publisher")??
-    };
-    let mut one_thread = one_thread.into_iter().skip(1);
-    let (direct_run, direct_one) = one_thread
-        .next()
-        .zip(one_thread.next())
-        .context("the one-thread publisher's runs")?;
-    http_publishes(&gateway, PUBLISHERS, PUBLISHERS * 4).await?;
-    grpc_publishes(&gateway, PUBLISHERS, PUBLISHERS * 4).await?;
-    let http_run = http_publishes(&gateway, PUBLISHERS, publishes).await?;
-    let grpc_run = grpc_publishes(&gateway, PUBLISHERS, publishes).await?;
-    let http_one = http_publishes(&gateway, 1, one_at_a_time).await?;
-    let grpc_one = grpc_publishes(&gateway, 1, one_at_a_time).await?;
+    // The pool on one thread of its own, as `serve` runs by default,
+    // against the gateway over HTTP and gRPC: a warm-up round, then the
+    // rounds at 64 in flight and one at a time, the ways rotating.
+    let publish_rounds = if options.smoke { 1 } else { 5 };
+    let direct = OneThreadPublisher::start(port, sample.clone())?;
+    PublishRounds::measure(&gateway, &direct, PUBLISHERS, PUBLISHERS * 4, 1).await?;
+    let in_flight = PublishRounds::measure(
+        &gateway,
+        &direct,
+        PUBLISHERS,
+        (publishes / publish_rounds).max(PUBLISHERS),
+        publish_rounds,
+    )
+    .await?;
+    let one_by_one = PublishRounds::measure(
+        &gateway,
+        &direct,
+        1,
+        (one_at_a_time / publish_rounds).max(1),
+        publish_rounds,
+    )
+    .await?;
+    direct.stop().await?;
     // The pool on this program's runtime (a worker per core).
     let pool = support::direct::start_pool(port, 4).await?;
     direct_publishes(&pool, sample.clone(), PUBLISHERS, PUBLISHERS * 4).await?;
@@ -1132,25 +1274,12 @@ async fn run(options: Options) -> Result<()> {
     )?;
     writeln!(
         report,
-        "\n| publish ({publishes} at {PUBLISHERS} in flight, {one_at_a_time} one at a time) | in flight | per second | p50 | p99 | CPU per publish |"
+        "\n| publish ({publish_rounds} rounds of {} at {PUBLISHERS} in flight and of {} one at a time, the ways rotating) | in flight | per second (median of the rounds) | p50 | p99 | CPU per publish |",
+        (publishes / publish_rounds).max(PUBLISHERS),
+        (one_at_a_time / publish_rounds).max(1),
     )?;
     writeln!(report, "|---|--:|---:|---:|---:|---:|")?;
-    let http_name = "Dapr `POST /v1.0/publish`, HTTP/1.1 (a connection each)";
-    let grpc_name = "Dapr gRPC `PublishEvent`, streams of one h2c connection";
-    let direct_name = "the pool's `publish`, directly, on one thread (as `serve`)";
-    for (name, in_flight, run) in [
-        (http_name, PUBLISHERS, &http_run),
-        (grpc_name, PUBLISHERS, &grpc_run),
-        (direct_name, PUBLISHERS, &direct_run),
-        (
-            "the pool's `publish`, directly, on this program's workers (one per core)",
-            PUBLISHERS,
-            &workers_run,
-        ),
-        (http_name, 1, &http_one),
-        (grpc_name, 1, &grpc_one),
-        (direct_name, 1, &direct_one),
-    ] {
+    let row = |report: &mut String, name: &str, in_flight: usize, run: &PublishRun| {
         let cpu = if run.cpu_per_publish.is_nan() {
             String::new()
         } else {
@@ -1162,22 +1291,34 @@ async fn run(options: Options) -> Result<()> {
             run.per_second,
             us(run.latency.p50),
             us(run.latency.p99)
-        )?;
+        )
+    };
+    for (rounds, count) in [(&in_flight, PUBLISHERS), (&one_by_one, 1)] {
+        for way in PUBLISH_WAYS {
+            row(&mut report, way.name(), count, &rounds.summary(way))?;
+        }
     }
+    row(
+        &mut report,
+        "the pool's `publish`, directly, on this program's workers (one per core), once",
+        PUBLISHERS,
+        &workers_run,
+    )?;
     writeln!(
         report,
         "\nCPU per publish: the gateway's threads' for Dapr's, the publishing thread's (its pool included) for direct ones."
     )?;
-    for (what, run, one) in [
-        ("HTTP", &http_run, &http_one),
-        ("gRPC", &grpc_run, &grpc_one),
-    ] {
+    let direct_run = in_flight.summary(PublishWay::Direct);
+    let direct_one = one_by_one.summary(PublishWay::Direct);
+    for way in [PublishWay::Http, PublishWay::Grpc] {
+        let (run, one) = (in_flight.summary(way), one_by_one.summary(way));
+        let (ratio, low, high) = in_flight.rate_ratio(way);
         writeln!(
             report,
-            "\nDapr publish over {what} / direct on one thread: throughput at {PUBLISHERS} in flight {:.2}x \
-             (/ direct on one worker per core: {:.2}x), added latency p50 one at a time {:+.0} µs \
-             ({PUBLISHERS} in flight: {:+.0} µs), CPU per publish {:.2}x.",
-            run.per_second / direct_run.per_second,
+            "\n{} / direct on one thread: throughput at {PUBLISHERS} in flight {ratio:.2}x \
+             (median of the rounds; {low:.2} to {high:.2}; / direct on one worker per core, once: {:.2}x), \
+             added latency p50 one at a time {:+.0} µs ({PUBLISHERS} in flight: {:+.0} µs), CPU per publish {:.2}x.",
+            way.name(),
             run.per_second / workers_run.per_second,
             one.latency.p50 - direct_one.latency.p50,
             run.latency.p50 - direct_run.latency.p50,
