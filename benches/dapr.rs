@@ -18,11 +18,24 @@
 //!    unsorted query (every page, following the tokens) and the first page
 //!    of a sorted one, each a scan of the whole key space: latency and
 //!    store round trips;
-//! 4. **publishes**, 64 in flight: Dapr's `POST /v1.0/publish/pubsub/bench`
-//!    over 64 keep-alive connections against the gateway's pool
+//! 4. **publishes**, 64 in flight and one at a time: Dapr's
+//!    `POST /v1.0/publish/pubsub/bench` over 64 keep-alive connections (or
+//!    one) and gRPC `PublishEvent` as 64 streams of one h2c connection (or
+//!    one), against the gateway's pool
 //!    ([`statestore_gateway::mqtt::Pool::publish`]) used directly from this
-//!    process with 64 tasks, publishing a CloudEvent of the same size to
-//!    the same broker: throughput ratio and latency percentiles.
+//!    process, on a runtime of one thread of its own as `serve` runs by
+//!    default (and, once for the record, on this program's workers),
+//!    publishing a CloudEvent of the same size to the same broker, in 5
+//!    rounds that rotate the three ways: throughput ratios (the median of
+//!    the rounds'), latency percentiles and CPU per publish;
+//! 5. **delivery** to an HTTP app: a minimal app in this process
+//!    (`GET /dapr/subscribe`, its route answering SUCCESS) behind a second
+//!    gateway (`--dapr-app-port`), the events published by this process's
+//!    pool (64 in flight), against a plain MQTT subscriber (rumqttc, QoS 1)
+//!    of the same broker getting as many, in alternating rounds: events per
+//!    second from the first publish to the last event received, and the
+//!    gateway's CPU per delivered event against its CPU per `GET /keys/k`
+//!    (one at a time, as many).
 //!
 //! `scripts/bench --dapr` runs it (release build); `scripts/bench --smoke`
 //! runs a small version on the debug build that checks every answer and
@@ -34,6 +47,8 @@ mod support;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -378,27 +393,37 @@ async fn timed_queries(
     Ok((Percentiles::of(&mut samples), trips, answered.0, answered.1))
 }
 
-/// Publishes in flight at once, each way.
+/// Publishes in flight at once for the throughput runs.
 const PUBLISHERS: usize = 64;
 
-/// Throughput and latency of a publish run.
+/// Throughput, latency and CPU of a publish run.
 struct PublishRun {
     per_second: f64,
     latency: Percentiles,
+    samples: Vec<Duration>,
+    /// CPU per publish, in nanoseconds: the gateway's (its threads'), or
+    /// for direct publishes the publishing thread's (pool included).
+    cpu_per_publish: f64,
 }
 
-/// `total` Dapr publishes over [`PUBLISHERS`] connections.
-async fn http_publishes(gateway: &GatewayProc, total: usize) -> Result<PublishRun> {
-    let mut conns = Vec::with_capacity(PUBLISHERS);
-    for _ in 0..PUBLISHERS {
+/// `total` Dapr publishes over `in_flight` keep-alive connections, each
+/// one request at a time.
+async fn http_publishes(
+    gateway: &GatewayProc,
+    in_flight: usize,
+    total: usize,
+) -> Result<PublishRun> {
+    let mut conns = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
         conns.push(HttpConn::connect(gateway.api).await?);
     }
+    let cpu_before = proc_fs::cpu_ns(gateway.proc.pid())?;
     let started = Instant::now();
     let tasks: Vec<_> = conns
         .into_iter()
         .enumerate()
         .map(|(index, mut conn)| {
-            let count = total / PUBLISHERS + usize::from(index < total % PUBLISHERS);
+            let count = total / in_flight + usize::from(index < total % in_flight);
             tokio::spawn(async move {
                 let mut samples = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -415,15 +440,23 @@ async fn http_publishes(gateway: &GatewayProc, total: usize) -> Result<PublishRu
             })
         })
         .collect();
-    collect_run(tasks, started).await
+    let mut run = collect_run(tasks, started).await?;
+    run.cpu_per_publish =
+        proc_fs::cpu_ns(gateway.proc.pid())?.saturating_sub(cpu_before) as f64 / total as f64;
+    Ok(run)
 }
 
-/// `total` publishes of `payload` through `pool` by [`PUBLISHERS`] tasks.
-async fn direct_publishes(pool: &Pool, payload: Bytes, total: usize) -> Result<PublishRun> {
+/// `total` publishes of `payload` through `pool` by `in_flight` tasks.
+async fn direct_publishes(
+    pool: &Pool,
+    payload: Bytes,
+    in_flight: usize,
+    total: usize,
+) -> Result<PublishRun> {
     let started = Instant::now();
-    let tasks: Vec<_> = (0..PUBLISHERS)
+    let tasks: Vec<_> = (0..in_flight)
         .map(|index| {
-            let count = total / PUBLISHERS + usize::from(index < total % PUBLISHERS);
+            let count = total / in_flight + usize::from(index < total % in_flight);
             let (pool, payload) = (pool.clone(), payload.clone());
             tokio::spawn(async move {
                 let mut samples = Vec::with_capacity(count);
@@ -445,6 +478,251 @@ async fn direct_publishes(pool: &Pool, payload: Bytes, total: usize) -> Result<P
     collect_run(tasks, started).await
 }
 
+/// The CPU time of the calling thread so far, in nanoseconds.
+fn thread_cpu_ns() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    text.split_whitespace()
+        .next()
+        .and_then(|ns| ns.parse().ok())
+        .context("/proc/thread-self/schedstat")
+}
+
+/// A request to the one-thread publisher: in flight, total, the answer.
+type PublishOrder = (
+    usize,
+    usize,
+    tokio::sync::oneshot::Sender<Result<PublishRun>>,
+);
+
+/// The pool on a runtime of one thread of its own, as `serve` runs by
+/// default, publishing a CloudEvent on request, with the thread's CPU per
+/// publish.
+struct OneThreadPublisher {
+    orders: tokio::sync::mpsc::UnboundedSender<PublishOrder>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OneThreadPublisher {
+    fn start(broker_port: u16, payload: Bytes) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (orders, mut received) = tokio::sync::mpsc::unbounded_channel::<PublishOrder>();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let pool = match support::direct::start_pool(broker_port, 4).await {
+                    Ok(pool) => pool,
+                    Err(error) => {
+                        let error = format!("{error:#}");
+                        while let Some((_, _, answer)) = received.recv().await {
+                            let _ = answer.send(Err(anyhow::anyhow!("{error}")));
+                        }
+                        return;
+                    }
+                };
+                while let Some((in_flight, total, answer)) = received.recv().await {
+                    let run = async {
+                        let before = thread_cpu_ns()?;
+                        let mut run =
+                            direct_publishes(&pool, payload.clone(), in_flight, total).await?;
+                        run.cpu_per_publish =
+                            thread_cpu_ns()?.saturating_sub(before) as f64 / total as f64;
+                        Ok(run)
+                    }
+                    .await;
+                    let _ = answer.send(run);
+                }
+                pool.shutdown().await;
+            });
+        });
+        Ok(Self { orders, thread })
+    }
+
+    async fn publish(&self, in_flight: usize, total: usize) -> Result<PublishRun> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.orders
+            .send((in_flight, total, answer))
+            .map_err(|_| anyhow::anyhow!("the one-thread publisher stopped"))?;
+        answered.await.context("the one-thread publisher stopped")?
+    }
+
+    /// Shuts its pool down and ends its thread.
+    async fn stop(self) -> Result<()> {
+        drop(self.orders);
+        tokio::task::spawn_blocking(move || self.thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the one-thread publisher panicked"))
+    }
+}
+
+/// The ways of publishing compared, in the order of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PublishWay {
+    Http,
+    Grpc,
+    Direct,
+}
+
+const PUBLISH_WAYS: [PublishWay; 3] = [PublishWay::Http, PublishWay::Grpc, PublishWay::Direct];
+
+impl PublishWay {
+    fn name(self) -> &'static str {
+        match self {
+            PublishWay::Http => "Dapr `POST /v1.0/publish`, HTTP/1.1 (a connection each)",
+            PublishWay::Grpc => "Dapr gRPC `PublishEvent`, streams of one h2c connection",
+            PublishWay::Direct => "the pool's `publish`, directly, on one thread (as `serve`)",
+        }
+    }
+
+    async fn run(
+        self,
+        gateway: &GatewayProc,
+        direct: &OneThreadPublisher,
+        in_flight: usize,
+        total: usize,
+    ) -> Result<PublishRun> {
+        match self {
+            PublishWay::Http => http_publishes(gateway, in_flight, total).await,
+            PublishWay::Grpc => grpc_publishes(gateway, in_flight, total).await,
+            PublishWay::Direct => direct.publish(in_flight, total).await,
+        }
+    }
+}
+
+/// Each way's runs of one in-flight count, over the rounds.
+struct PublishRounds {
+    /// By [`PUBLISH_WAYS`] index, one run per round.
+    runs: Vec<Vec<PublishRun>>,
+}
+
+impl PublishRounds {
+    /// `rounds` rounds of `total` publishes each way, `in_flight` at once,
+    /// the ways in an order that rotates from round to round.
+    async fn measure(
+        gateway: &GatewayProc,
+        direct: &OneThreadPublisher,
+        in_flight: usize,
+        total: usize,
+        rounds: usize,
+    ) -> Result<Self> {
+        let mut runs: Vec<Vec<PublishRun>> = PUBLISH_WAYS.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for offset in 0..PUBLISH_WAYS.len() {
+                let index = (round + offset) % PUBLISH_WAYS.len();
+                let run = PUBLISH_WAYS[index]
+                    .run(gateway, direct, in_flight, total)
+                    .await?;
+                runs[index].push(run);
+            }
+        }
+        Ok(Self { runs })
+    }
+
+    fn way(&self, way: PublishWay) -> &[PublishRun] {
+        let index = PUBLISH_WAYS.iter().position(|w| *w == way).unwrap_or(0);
+        &self.runs[index]
+    }
+
+    /// A way's figures over every round: the median rate, the latency of
+    /// every publish, the mean CPU per publish.
+    fn summary(&self, way: PublishWay) -> PublishRun {
+        let runs = self.way(way);
+        let mut samples: Vec<Duration> = runs.iter().flat_map(|run| run.samples.clone()).collect();
+        let per_second = median_low_high(runs.iter().map(|run| run.per_second))
+            .map_or(f64::NAN, |(median, _, _)| median);
+        let cpu_per_publish =
+            runs.iter().map(|run| run.cpu_per_publish).sum::<f64>() / runs.len().max(1) as f64;
+        PublishRun {
+            per_second,
+            latency: Percentiles::of(&mut samples),
+            samples: Vec::new(),
+            cpu_per_publish,
+        }
+    }
+
+    /// The median, lowest and highest of the rounds' rate ratios `way` /
+    /// direct.
+    fn rate_ratio(&self, way: PublishWay) -> (f64, f64, f64) {
+        let ratios = self
+            .way(way)
+            .iter()
+            .zip(self.way(PublishWay::Direct))
+            .map(|(run, direct)| run.per_second / direct.per_second);
+        median_low_high(ratios).unwrap_or((f64::NAN, f64::NAN, f64::NAN))
+    }
+}
+
+/// Dapr's `PublishEventRequest` (the fields a publish sets).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PublishEventRequest {
+    #[prost(string, tag = "1")]
+    pubsub_name: String,
+    #[prost(string, tag = "2")]
+    topic: String,
+    #[prost(bytes = "vec", tag = "3")]
+    data: Vec<u8>,
+    #[prost(string, tag = "4")]
+    data_content_type: String,
+}
+
+/// `total` gRPC `PublishEvent` calls, `in_flight` at once as streams of
+/// one HTTP/2 (h2c) connection, as a gRPC client's channel sends them.
+async fn grpc_publishes(
+    gateway: &GatewayProc,
+    in_flight: usize,
+    total: usize,
+) -> Result<PublishRun> {
+    let conn = H2Conn::connect(gateway.api).await?;
+    let message = PublishEventRequest {
+        pubsub_name: "pubsub".to_owned(),
+        topic: "bench".to_owned(),
+        data: br#"{"n":1}"#.to_vec(),
+        data_content_type: "application/json".to_owned(),
+    }
+    .encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(message.len())?.to_be_bytes());
+    frame.extend_from_slice(&message);
+    let frame = Bytes::from(frame);
+    let cpu_before = proc_fs::cpu_ns(gateway.proc.pid())?;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|index| {
+            let count = total / in_flight + usize::from(index < total % in_flight);
+            let mut conn = H2Conn {
+                sender: conn.sender.clone(),
+            };
+            let frame = frame.clone();
+            tokio::spawn(async move {
+                let mut samples = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let request = hyper::Request::post("/dapr.proto.runtime.v1.Dapr/PublishEvent")
+                        .header("content-type", "application/grpc")
+                        .header("te", "trailers")
+                        .body(Full::new(frame.clone()))?;
+                    let sent = Instant::now();
+                    let (status, _, trailers) = conn.send(request).await?;
+                    samples.push(sent.elapsed());
+                    let grpc_status = trailers
+                        .as_ref()
+                        .and_then(|t| t.get("grpc-status"))
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("missing");
+                    if status != 200 || grpc_status != "0" {
+                        bail!("PublishEvent: HTTP {status}, grpc-status {grpc_status}");
+                    }
+                }
+                Ok::<_, anyhow::Error>(samples)
+            })
+        })
+        .collect();
+    let mut run = collect_run(tasks, started).await?;
+    run.cpu_per_publish =
+        proc_fs::cpu_ns(gateway.proc.pid())?.saturating_sub(cpu_before) as f64 / total as f64;
+    Ok(run)
+}
+
 async fn collect_run(
     tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
     started: Instant,
@@ -457,7 +735,297 @@ async fn collect_run(
     Ok(PublishRun {
         per_second: samples.len() as f64 / elapsed,
         latency: Percentiles::of(&mut samples),
+        samples,
+        cpu_per_publish: f64::NAN,
     })
+}
+
+/// The topic events are delivered to the app on.
+const DELIVER_TOPIC: &str = "bench-deliver";
+/// The topic the plain MQTT subscriber follows.
+const PLAIN_TOPIC: &str = "bench-plain";
+/// The app's route for [`DELIVER_TOPIC`].
+const APP_ROUTE: &str = "/events";
+/// How long a delivery run may take before the run fails.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A minimal Dapr app over HTTP/1.1 in this process: it subscribes to
+/// [`DELIVER_TOPIC`] (`GET /dapr/subscribe`) and answers every event posted
+/// to its route with SUCCESS, counting them.
+struct App {
+    port: u16,
+    events: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl App {
+    async fn start() -> Result<App> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let port = listener.local_addr()?.port();
+        let events = Arc::new(AtomicUsize::new(0));
+        let counted = events.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let counted = counted.clone();
+                        async move { app_answer(request, &counted).await }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(App { port, events, task })
+    }
+
+    fn events(&self) -> usize {
+        self.events.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn app_answer(
+    request: hyper::Request<hyper::body::Incoming>,
+    counted: &AtomicUsize,
+) -> Result<hyper::Response<Full<Bytes>>, hyper::Error> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let (status, answer) = match (parts.method.as_str(), parts.uri.path()) {
+        ("GET", "/dapr/subscribe") => (
+            200,
+            format!(
+                r#"[{{"pubsubname":"pubsub","topic":"{DELIVER_TOPIC}","route":"{APP_ROUTE}"}}]"#
+            ),
+        ),
+        ("POST", APP_ROUTE) => {
+            // The data published (the CloudEvent's other attributes are
+            // the publisher's).
+            let data = br#""data":{"n":1}"#;
+            if body.windows(data.len()).any(|w| w == data) {
+                counted.fetch_add(1, Ordering::Relaxed);
+                (200, r#"{"status":"SUCCESS"}"#.to_owned())
+            } else {
+                // Not the event sent: DROP, so the count falls short.
+                (200, r#"{"status":"DROP"}"#.to_owned())
+            }
+        }
+        _ => (404, String::new()),
+    };
+    let response = hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(answer)));
+    Ok(response.unwrap_or_default())
+}
+
+/// A plain MQTT5 client subscribed to [`PLAIN_TOPIC`] at QoS 1 (rumqttc,
+/// acknowledging each message as it arrives): counts what it receives.
+async fn plain_subscriber(
+    broker_port: u16,
+) -> Result<(Arc<AtomicUsize>, tokio::task::JoinHandle<()>)> {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let mut options = MqttOptions::new("bench-plain-subscriber", "127.0.0.1", broker_port);
+    options.set_keep_alive(Duration::from_secs(30));
+    options.set_max_packet_size(Some(1 << 20));
+    let (client, mut eventloop) = AsyncClient::new(options, 64);
+    let received = Arc::new(AtomicUsize::new(0));
+    let counted = received.clone();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut subscribed_tx = Some(subscribed_tx);
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    let _ = client.try_subscribe(PLAIN_TOPIC, QoS::AtLeastOnce);
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(tx) = subscribed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(_))) => {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(15), subscribed)
+        .await
+        .context("the plain subscriber's SUBACK: timed out")?
+        .context("the plain subscriber stopped")?;
+    Ok((received, task))
+}
+
+/// Publishes `total` messages of `payload` on `topic` through `pool`,
+/// [`PUBLISHERS`] in flight, and waits until `received` counts `total`
+/// more than it did: the messages per second from the first publish to
+/// the last one received.
+async fn publish_and_count(
+    pool: &Pool,
+    topic: &'static str,
+    payload: &Bytes,
+    total: usize,
+    received: impl Fn() -> usize,
+) -> Result<f64> {
+    let before = received();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..PUBLISHERS)
+        .map(|index| {
+            let count = total / PUBLISHERS + usize::from(index < total % PUBLISHERS);
+            let (pool, payload) = (pool.clone(), payload.clone());
+            tokio::spawn(async move {
+                for _ in 0..count {
+                    let message = Message {
+                        topic: topic.into(),
+                        payload: payload.clone(),
+                        content_type: Some("application/cloudevents+json".into()),
+                        ..Message::default()
+                    };
+                    pool.publish(message).await.context("a publish")?;
+                }
+                Ok::<_, anyhow::Error>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.context("a publisher task")??;
+    }
+    let deadline = Instant::now() + DELIVERY_TIMEOUT;
+    while received() < before + total {
+        if Instant::now() > deadline {
+            bail!(
+                "{} of {total} messages on {topic} arrived within {DELIVERY_TIMEOUT:?}",
+                received() - before
+            );
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if received() != before + total {
+        bail!(
+            "{} messages on {topic} arrived, {total} published",
+            received() - before
+        );
+    }
+    Ok(total as f64 / elapsed)
+}
+
+/// Delivery to an HTTP app against a plain MQTT subscriber.
+struct DeliveryRuns {
+    /// Each round's events per second: delivered to the app, received by
+    /// the plain subscriber.
+    delivered: Vec<f64>,
+    plain: Vec<f64>,
+    /// The delivering gateway's CPU per event and per `GET /keys/k`, in
+    /// nanoseconds, each round.
+    cpu_per_event: Vec<f64>,
+    cpu_per_get: Vec<f64>,
+}
+
+/// `rounds` rounds of `total` events each way, alternating, and as many
+/// GETs one at a time on the delivering gateway for its CPU per GET.
+async fn deliveries(
+    launch: &GatewayLaunch<'_>,
+    pool: &Pool,
+    payload: &Bytes,
+    total: usize,
+    rounds: usize,
+) -> Result<DeliveryRuns> {
+    let app = App::start().await?;
+    let env = [(
+        "STATESTORE_GATEWAY_DAPR_APP_PORT".to_owned(),
+        app.port.to_string(),
+    )];
+    let gateway = GatewayLaunch {
+        env: &env,
+        ..*launch
+    }
+    .start("gateway-app")
+    .await?;
+    let (plain, plain_task) = plain_subscriber(launch.broker_port).await?;
+    // The gateway subscribes once it has read the app's subscriptions:
+    // publish until the app has an event.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.events() == 0 {
+        if Instant::now() > deadline {
+            bail!(
+                "the app got no event within 15 s; {}",
+                gateway.proc.log_tail()
+            );
+        }
+        publish_one(pool, DELIVER_TOPIC, payload).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let settled = Instant::now() + Duration::from_secs(2);
+    let mut seen = app.events();
+    while Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if app.events() == seen {
+            break;
+        }
+        seen = app.events();
+    }
+    let mut conn = HttpConn::connect(gateway.api).await?;
+    // Warm-up of each way.
+    publish_and_count(pool, DELIVER_TOPIC, payload, PUBLISHERS * 4, || {
+        app.events()
+    })
+    .await?;
+    publish_and_count(pool, PLAIN_TOPIC, payload, PUBLISHERS * 4, || {
+        plain.load(Ordering::Relaxed)
+    })
+    .await?;
+    timed(&mut conn, 100, "GET", "/keys/bench", b"", 200).await?;
+    let mut runs = DeliveryRuns {
+        delivered: Vec::new(),
+        plain: Vec::new(),
+        cpu_per_event: Vec::new(),
+        cpu_per_get: Vec::new(),
+    };
+    for _ in 0..rounds {
+        let before = proc_fs::cpu_ns(gateway.proc.pid())?;
+        runs.delivered
+            .push(publish_and_count(pool, DELIVER_TOPIC, payload, total, || app.events()).await?);
+        let used = proc_fs::cpu_ns(gateway.proc.pid())?.saturating_sub(before);
+        runs.cpu_per_event.push(used as f64 / total as f64);
+        runs.plain.push(
+            publish_and_count(pool, PLAIN_TOPIC, payload, total, || {
+                plain.load(Ordering::Relaxed)
+            })
+            .await?,
+        );
+        let before = proc_fs::cpu_ns(gateway.proc.pid())?;
+        timed(&mut conn, total, "GET", "/keys/bench", b"", 200).await?;
+        let used = proc_fs::cpu_ns(gateway.proc.pid())?.saturating_sub(before);
+        runs.cpu_per_get.push(used as f64 / total as f64);
+    }
+    plain_task.abort();
+    Ok(runs)
+}
+
+async fn publish_one(pool: &Pool, topic: &'static str, payload: &Bytes) -> Result<()> {
+    let message = Message {
+        topic: topic.into(),
+        payload: payload.clone(),
+        content_type: Some("application/cloudevents+json".into()),
+        ..Message::default()
+    };
+    pool.publish(message).await.context("a publish")?;
+    Ok(())
 }
 
 async fn run(options: Options) -> Result<()> {
@@ -470,16 +1038,15 @@ async fn run(options: Options) -> Result<()> {
         .context("a temporary directory")?;
     let (_broker, port) = procs::start_mosquitto(&mosquitto, dir.path())?;
     let _emulator = procs::start_emulator(&binary, dir.path(), port).await?;
-    let gateway = GatewayLaunch {
+    let launch = GatewayLaunch {
         binary: &binary,
         dir: dir.path(),
         broker_port: port,
         pool_size: 4,
         max_watchers: 1_000,
         env: &[],
-    }
-    .start("gateway")
-    .await?;
+    };
+    let gateway = launch.start("gateway").await?;
     let mut conn = HttpConn::connect(gateway.api).await?;
     let n = options.requests;
 
@@ -578,8 +1145,8 @@ async fn run(options: Options) -> Result<()> {
     // Publishes: an event as the gateway makes it (same attributes, same
     // size) for the direct ones; a warm-up of each, then each way measured
     // once.
-    let pool = support::direct::start_pool(port, 4).await?;
     let publishes = n.max(PUBLISHERS);
+    let one_at_a_time = (n / 4).max(10);
     let sample = {
         Bytes::from(format!(
             r#"{{"data":{{"n":1}},"datacontenttype":"application/json","id":"{}","pubsubname":"pubsub","source":"statestore-gateway","specversion":"1.0","time":"2026-01-01T00:00:00Z","topic":"bench","traceid":"{tp}","traceparent":"{tp}","tracestate":"","type":"com.dapr.event.sent"}}"#,
@@ -587,10 +1154,40 @@ async fn run(options: Options) -> Result<()> {
             tp = "00-00000000000000000000000000000000-0000000000000000-00",
         ))
     };
-    http_publishes(&gateway, PUBLISHERS * 4).await?;
-    direct_publishes(&pool, sample.clone(), PUBLISHERS * 4).await?;
-    let http_run = http_publishes(&gateway, publishes).await?;
-    let direct_run = direct_publishes(&pool, sample, publishes).await?;
+    // The pool on one thread of its own, as `serve` runs by default,
+    // against the gateway over HTTP and gRPC: a warm-up round, then the
+    // rounds at 64 in flight and one at a time, the ways rotating.
+    let publish_rounds = if options.smoke { 1 } else { 5 };
+    let direct = OneThreadPublisher::start(port, sample.clone())?;
+    PublishRounds::measure(&gateway, &direct, PUBLISHERS, PUBLISHERS * 4, 1).await?;
+    let in_flight = PublishRounds::measure(
+        &gateway,
+        &direct,
+        PUBLISHERS,
+        (publishes / publish_rounds).max(PUBLISHERS),
+        publish_rounds,
+    )
+    .await?;
+    let one_by_one = PublishRounds::measure(
+        &gateway,
+        &direct,
+        1,
+        (one_at_a_time / publish_rounds).max(1),
+        publish_rounds,
+    )
+    .await?;
+    direct.stop().await?;
+    // The pool on this program's runtime (a worker per core).
+    let pool = support::direct::start_pool(port, 4).await?;
+    direct_publishes(&pool, sample.clone(), PUBLISHERS, PUBLISHERS * 4).await?;
+    let workers_run = direct_publishes(&pool, sample.clone(), PUBLISHERS, publishes).await?;
+
+    // Delivery: events published by this process's pool (a plain MQTT
+    // publisher) to the app through a second gateway, against a plain
+    // MQTT subscriber of the same broker.
+    let delivery_rounds = if options.smoke { 1 } else { 5 };
+    let events_per_round = (n / 2).max(PUBLISHERS);
+    let delivery = deliveries(&launch, &pool, &sample, events_per_round, delivery_rounds).await?;
     pool.shutdown().await;
 
     let us = |value: f64| format!("{value:.0} µs");
@@ -677,26 +1274,101 @@ async fn run(options: Options) -> Result<()> {
     )?;
     writeln!(
         report,
-        "\n| publish, {PUBLISHERS} in flight ({publishes} each) | per second | p50 | p99 |"
+        "\n| publish ({publish_rounds} rounds of {} at {PUBLISHERS} in flight and of {} one at a time, the ways rotating) | in flight | per second (median of the rounds) | p50 | p99 | CPU per publish |",
+        (publishes / publish_rounds).max(PUBLISHERS),
+        (one_at_a_time / publish_rounds).max(1),
     )?;
-    writeln!(report, "|---|---:|---:|---:|")?;
-    for (name, run) in [
-        ("Dapr `POST /v1.0/publish` over HTTP/1.1", &http_run),
-        ("the pool's `publish`, directly", &direct_run),
-    ] {
+    writeln!(report, "|---|--:|---:|---:|---:|---:|")?;
+    let row = |report: &mut String, name: &str, in_flight: usize, run: &PublishRun| {
+        let cpu = if run.cpu_per_publish.is_nan() {
+            String::new()
+        } else {
+            format!("{:.1} µs", run.cpu_per_publish / 1e3)
+        };
         writeln!(
             report,
-            "| {name} | {:.0} | {} | {} |",
+            "| {name} | {in_flight} | {:.0} | {} | {} | {cpu} |",
             run.per_second,
             us(run.latency.p50),
             us(run.latency.p99)
-        )?;
+        )
+    };
+    for (rounds, count) in [(&in_flight, PUBLISHERS), (&one_by_one, 1)] {
+        for way in PUBLISH_WAYS {
+            row(&mut report, way.name(), count, &rounds.summary(way))?;
+        }
     }
+    row(
+        &mut report,
+        "the pool's `publish`, directly, on this program's workers (one per core), once",
+        PUBLISHERS,
+        &workers_run,
+    )?;
     writeln!(
         report,
-        "\nDapr publish / direct: throughput {:.2}x, added latency p50 {:+.0} µs.",
-        http_run.per_second / direct_run.per_second,
-        http_run.latency.p50 - direct_run.latency.p50,
+        "\nCPU per publish: the gateway's threads' for Dapr's, the publishing thread's (its pool included) for direct ones."
+    )?;
+    let direct_run = in_flight.summary(PublishWay::Direct);
+    let direct_one = one_by_one.summary(PublishWay::Direct);
+    for way in [PublishWay::Http, PublishWay::Grpc] {
+        let (run, one) = (in_flight.summary(way), one_by_one.summary(way));
+        let (ratio, low, high) = in_flight.rate_ratio(way);
+        writeln!(
+            report,
+            "\n{} / direct on one thread: throughput at {PUBLISHERS} in flight {ratio:.2}x \
+             (median of the rounds; {low:.2} to {high:.2}; / direct on one worker per core, once: {:.2}x), \
+             added latency p50 one at a time {:+.0} µs ({PUBLISHERS} in flight: {:+.0} µs), CPU per publish {:.2}x.",
+            way.name(),
+            run.per_second / workers_run.per_second,
+            one.latency.p50 - direct_one.latency.p50,
+            run.latency.p50 - direct_run.latency.p50,
+            run.cpu_per_publish / direct_run.cpu_per_publish,
+        )?;
+    }
+    let median = |values: &[f64]| median_low_high(values.iter().copied()).map_or(f64::NAN, |m| m.0);
+    let rates: Vec<f64> = delivery
+        .delivered
+        .iter()
+        .zip(&delivery.plain)
+        .map(|(delivered, plain)| delivered / plain)
+        .collect();
+    let cpus: Vec<f64> = delivery
+        .cpu_per_event
+        .iter()
+        .zip(&delivery.cpu_per_get)
+        .map(|(event, get)| event / get)
+        .collect();
+    let (rate_ratio, rate_low, rate_high) =
+        median_low_high(rates.iter().copied()).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+    let (cpu_ratio, cpu_low, cpu_high) =
+        median_low_high(cpus.iter().copied()).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+    writeln!(
+        report,
+        "\n| delivery, {} rounds of {events_per_round} events ({PUBLISHERS} publishes in flight) | events per second | gateway CPU per event |",
+        delivery.delivered.len()
+    )?;
+    writeln!(report, "|---|---:|---:|")?;
+    writeln!(
+        report,
+        "| to an HTTP app (`POST {APP_ROUTE}`, SUCCESS), through the gateway | {:.0} | {:.1} µs |",
+        median(&delivery.delivered),
+        median(&delivery.cpu_per_event) / 1e3
+    )?;
+    writeln!(
+        report,
+        "| to a plain MQTT subscriber (rumqttc, QoS 1) | {:.0} | |",
+        median(&delivery.plain)
+    )?;
+    writeln!(
+        report,
+        "| (the same gateway's `GET /keys/k`, one at a time) | | {:.1} µs |",
+        median(&delivery.cpu_per_get) / 1e3
+    )?;
+    writeln!(
+        report,
+        "\nDelivery / plain subscriber: events per second {rate_ratio:.2}x (median of the rounds; \
+         {rate_low:.2} to {rate_high:.2}); gateway CPU per delivered event / per GET {cpu_ratio:.2}x \
+         ({cpu_low:.2} to {cpu_high:.2})."
     )?;
     println!("\n{report}");
     if let Some(path) = &options.report {

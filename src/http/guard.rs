@@ -13,10 +13,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
 
-use super::api::{extract, locks, subscribe, watch};
+use super::api::{extract, locks, watch};
 use super::dapr::grpc;
 use super::problem::ApiError;
-use super::transport::watch_request::is_watch_request;
+use super::transport::stream_request::is_stream_request;
 use crate::access::rules::Principal;
 use crate::access::{self, AuthFailure, Caller, CallerChecks, presented_token};
 use crate::metrics::Metrics;
@@ -118,9 +118,7 @@ async fn authenticate(
 /// has no other way. Only these streams take it; the gateway logs paths,
 /// never queries.
 fn query_token(method: &Method, uri: &Uri) -> Option<Vec<u8>> {
-    let stream = is_watch_request(method, uri.path())
-        || (method == Method::GET && uri.path() == subscribe::PATH);
-    if !stream {
+    if !is_stream_request(method, uri.path()) {
         return None;
     }
     let (_, value) = extract::query_pairs(uri.query())

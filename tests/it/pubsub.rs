@@ -1095,3 +1095,52 @@ async fn subscribe_takes_valid_filters_the_callers_rules_grant() {
     let event = first_event(&mut stream, stack.broker.addr, "orders/eu", "x").await;
     assert_eq!(event.data["topic"], "orders/eu");
 }
+
+/// A topic stream that opens its connection is written by the gateway
+/// itself (not hyper), as a watch is: the wire form a browser sees, the
+/// API token taken from `access_token` (an `EventSource` sends no
+/// header), and the broker subscription ended once the client leaves.
+#[tokio::test]
+async fn a_topic_stream_opening_its_connection_is_chunked_takes_access_token_and_closes_after() {
+    const TOKEN: &str = "subscribe-wire-t0ken";
+    let (stack, _rules) = stack_with_topic_rule(TOKEN, "Subscribe", "orders/#").await;
+    let hub = stack.gateway.server().state().topics.clone();
+    let unauthenticated = crate::support::sse::open_raw(
+        stack.gateway.api,
+        &["GET /subscribe?topic=orders/%23 HTTP/1.1\r\nHost: x\r\n\r\n"],
+    )
+    .await;
+    assert_eq!(unauthenticated.status, 401, "{}", unauthenticated.head);
+    assert_eq!(unauthenticated.stream.headers["connection"], "close");
+    drop(unauthenticated);
+
+    let mut raw = crate::support::sse::open_raw(
+        stack.gateway.api,
+        &[&format!(
+            "GET /subscribe?topic=orders/%23&access_token={TOKEN} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"
+        )],
+    )
+    .await;
+    assert_eq!(raw.status, 200, "{}", raw.head);
+    let headers = &raw.stream.headers;
+    assert_eq!(headers["content-type"], "text/event-stream");
+    assert_eq!(headers["transfer-encoding"], "chunked");
+    assert_eq!(headers["connection"], "close");
+    assert!(!headers.contains_key("content-length"));
+    let subscribed = raw.stream.expect("subscribed").await;
+    assert_eq!(subscribed.data, serde_json::json!({"topics": ["orders/#"]}));
+    let event = first_event(&mut raw.stream, stack.broker.addr, "orders/eu", "x").await;
+    assert_eq!(
+        event.data,
+        serde_json::json!({"topic": "orders/eu", "payload": "x", "encoding": "utf-8", "contentType": "text/plain"})
+    );
+
+    // The gateway notices the client leaving without waiting for a write.
+    assert_eq!(hub.filters(), 1);
+    drop(raw);
+    let deadline = std::time::Instant::now() + WAIT;
+    while hub.filters() != 0 {
+        assert!(std::time::Instant::now() < deadline, "filter still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -31,11 +31,12 @@ use super::watch::ACCESS_TOKEN_PARAMETER;
 use crate::access::rules::{Access, TopicNeed};
 use crate::http::problem::ApiError;
 use crate::http::state::AppState;
+use crate::http::transport::stream_request::SUBSCRIBE_PATH;
 use crate::mqtt::{TopicMessage, is_topic_filter};
 use crate::watch::{Followed, TopicFollow};
 
-/// The route's path.
-pub const PATH: &str = "/subscribe";
+/// The route's path (the stream transport knows its requests by it).
+pub const PATH: &str = SUBSCRIBE_PATH;
 
 /// Topic filters one stream may follow.
 pub const MAX_TOPICS_PER_STREAM: usize = 64;

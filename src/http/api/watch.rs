@@ -40,8 +40,8 @@ const RETRY_FRAME: &[u8] = b"retry: 2000\n\n";
 /// proxies and load balancers do not close it as idle.
 const KEEP_ALIVE_FRAME: &[u8] = b": keep-alive\n\n";
 
-/// The watch routes: their GETs are the requests that
-/// `transport::watch_request` recognises as watch requests.
+/// The watch routes: their GETs are requests that
+/// `transport::stream_request` recognises as stream requests.
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/watch", get(watch_query).fallback(method_not_allowed))

@@ -4,8 +4,10 @@
 //! buffer of 8 KiB each, for as long as the connection lives. A watch
 //! stream lives for hours and writes a few hundred bytes now and then, so
 //! those 16 KiB were most of what a watcher cost (10,000 watchers: about
-//! 147 MiB). So when a connection's *first* request is a plain
-//! `GET /watch…`, the listener reads its head here ([`read_first_request`]),
+//! 147 MiB); a topic stream (`GET /subscribe`) is the same. So when a
+//! connection's *first* request is a plain `GET /watch…` or
+//! `GET /subscribe?…`, the listener reads its head here
+//! ([`read_first_request`]),
 //! runs it through the same router (authentication, CORS, limits and error
 //! bodies are exactly the API's) and writes the response itself
 //! ([`respond`]): the head, then each body frame as it is produced, one
@@ -13,7 +15,7 @@
 //! connection closes when the response ends (`Connection: close`).
 //!
 //! Anything else (another method or path, a request with a body, a head
-//! this parser does not take, a watch after another request on a
+//! this parser does not take, a stream after another request on a
 //! keep-alive connection) goes to hyper as before, with the bytes already
 //! read handed back first by [`Prefixed`].
 
@@ -32,7 +34,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-use super::watch_request::{REQUEST_LINE_START, is_watch_request};
+use super::stream_request::{REQUEST_LINE_STARTS, is_stream_request};
 
 /// What an HTTP/2 client with prior knowledge sends first (RFC 9113,
 /// section 3.4); a connection that starts with it goes to hyper's HTTP/2.
@@ -64,7 +66,7 @@ pub enum FirstRequest {
     Gone,
 }
 
-/// Reads until the first request is known to be a watch or not; at most
+/// Reads until the first request is known to be a stream or not; at most
 /// `header_read_timeout` in all, and `max_header_bytes` of head.
 pub async fn read_first_request(
     stream: &mut (impl AsyncRead + Unpin),
@@ -112,9 +114,17 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
         };
     }
     // Request lines served here start so; other bytes go to hyper as soon
-    // as they differ from it.
-    let seen = buffer.len().min(REQUEST_LINE_START.len());
-    if buffer[..seen] != REQUEST_LINE_START[..seen] {
+    // as they differ from every start.
+    let mut started = false;
+    let mut whole = false;
+    for start in REQUEST_LINE_STARTS {
+        let seen = buffer.len().min(start.len());
+        if buffer[..seen] == start[..seen] {
+            started = true;
+            whole |= seen == start.len();
+        }
+    }
+    if !started {
         return Head::Other;
     }
     if buffer.len() > max_header_bytes {
@@ -123,7 +133,7 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
     }
     // A head ends with a line feed: parse only when a new one arrived, so
     // a client trickling bytes costs one scan per line, not per byte.
-    if seen < REQUEST_LINE_START.len() || !buffer[scanned..].contains(&b'\n') {
+    if !whole || !buffer[scanned..].contains(&b'\n') {
         return Head::Incomplete;
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -138,13 +148,13 @@ fn classify(buffer: &[u8], scanned: usize, max_header_bytes: usize) -> Head {
     }
 }
 
-/// The request, if it is one served here: a watch route, no body, nothing
+/// The request, if it is one served here: a stream route, no body, nothing
 /// hyper would treat specially.
 fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
     let method = Method::from_bytes(parsed.method?.as_bytes()).ok()?;
     let path = parsed.path?;
     let route = path.split_once('?').map_or(path, |(route, _)| route);
-    if !is_watch_request(&method, route) {
+    if !is_stream_request(&method, route) {
         return None;
     }
     let version = match parsed.version? {
@@ -173,9 +183,9 @@ fn request(parsed: &httparse::Request<'_, '_>) -> Option<Request<Body>> {
 
 /// Answers `request` with `router` on `stream`, then closes it. Returns
 /// when the response has ended, the client has gone, or a write stalled
-/// for [`WRITE_STALL_TIMEOUT`]. A shutdown ends watch streams through
-/// their bodies (the watch hub closes the channels they read), so a
-/// stream, 10,000 of them in a fan-out, waits on no shutdown signal here.
+/// for [`WRITE_STALL_TIMEOUT`]. A shutdown ends streams through their
+/// bodies (the watch and topic hubs close what they read), so a stream,
+/// 10,000 of them in a fan-out, waits on no shutdown signal here.
 pub async fn respond(
     mut stream: impl AsyncRead + AsyncWrite + Unpin,
     router: Router,
@@ -636,8 +646,15 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_watch_request_is_served_here() {
-        for path in ["/watch/a", "/watch?key=a&key=b", "/watch", "/watch/%2Fx"] {
+    fn a_plain_stream_request_is_served_here() {
+        for path in [
+            "/watch/a",
+            "/watch?key=a&key=b",
+            "/watch",
+            "/watch/%2Fx",
+            "/subscribe?topic=orders%2F%23",
+            "/subscribe?topic=a&access_token=t",
+        ] {
             let head =
                 format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n");
             let Head::Stream(request) = classify_all(head.as_bytes()) else {
@@ -660,6 +677,9 @@ mod tests {
             b"POST /watch/a HTTP/1.1\r\n\r\n",
             b"HEAD /watch/a HTTP/1.1\r\n\r\n",
             b"GET /watchers HTTP/1.1\r\n\r\n",
+            b"GET /subscribers HTTP/1.1\r\n\r\n",
+            b"POST /subscribe?topic=a HTTP/1.1\r\n\r\n",
+            b"GET /subscribe?topic=a HTTP/1.1\r\nContent-Length: 1\r\n\r\nx",
             b"GET /keys/a HTTP/1.1\r\n\r\n",
             b"get /watch/a HTTP/1.1\r\n\r\n",
             b"GET /watch/a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
@@ -684,6 +704,9 @@ mod tests {
             &b""[..],
             b"G",
             b"GET /wat",
+            b"GET /",
+            b"GET /subsc",
+            b"GET /subscribe?topic=a HTTP/1.1\r\n",
             b"GET /watch/a HTTP/1.1\r\nHost: x\r\n",
         ] {
             assert_classified(partial, |head| matches!(head, Head::Incomplete));

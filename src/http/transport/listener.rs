@@ -16,7 +16,8 @@
 //!   when it is quiet, so a peer that vanished is noticed;
 //! - TCP_NODELAY, so small responses do not wait for delayed ACKs.
 //!
-//! A connection that opens with an HTTP/1 watch request is answered by
+//! A connection that opens with an HTTP/1 stream request (`/watch`,
+//! `/subscribe`) is answered by
 //! [`event_stream`](super::event_stream) instead of hyper (it explains why),
 //! over TLS too. [`serve`] runs the same loop over TLS, with a handshake
 //! timeout.
