@@ -195,6 +195,11 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
         Operation::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
         Operation::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
     };
+    // The outbox's publish, whatever operation needed it.
+    let code = match error {
+        DaprError::Outbox(_) => "ERR_PUBLISH_OUTBOX",
+        _ => code,
+    };
     let (status, grpc) = match (operation, error) {
         (_, DaprError::MalformedEtag(_)) => (S::BAD_REQUEST, Code::InvalidArgument),
         (_, DaprError::RecordTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument),
