@@ -44,6 +44,7 @@ mod settings;
 mod transaction;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -159,6 +160,8 @@ pub struct DaprStore {
     settings: Arc<DaprSettings>,
     extended: Arc<metadata::ExtendedMetadata>,
     subscriptions: Arc<config_subscriptions::Subscriptions>,
+    /// Whether the outbox's relay is subscribed (see [`outbox`]).
+    relay_subscribed: Arc<AtomicBool>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -176,6 +179,7 @@ impl DaprStore {
             settings: Arc::new(settings),
             extended: Arc::default(),
             subscriptions: Arc::default(),
+            relay_subscribed: Arc::default(),
         }
     }
 
@@ -373,7 +377,15 @@ impl DaprStore {
             outbox,
             broker,
             client_id,
+            self.relay_subscribed.clone(),
         ))
+    }
+
+    /// Whether the outbox, if any, can take transactions: its relay is
+    /// subscribed to the internal topic (before then, the broker would drop
+    /// the internal events, and transactions fail).
+    pub fn outbox_ready(&self) -> bool {
+        self.settings.outbox.is_none() || self.relay_subscribed.load(Ordering::Acquire)
     }
 
     /// Each key's value and etag, in the order asked, as the reads are

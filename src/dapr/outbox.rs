@@ -37,6 +37,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -52,7 +53,9 @@ use super::publish::{
 };
 use super::settings::{DaprSettings, OutboxSettings};
 use super::transaction::{self, RESOLVE, TxOp};
-use crate::mqtt::{BrokerSettings, Message, Pool, Received, Subscriber, SubscriberSettings};
+use crate::mqtt::{
+    BrokerSettings, Message, Pool, Published, Received, Subscriber, SubscriberSettings,
+};
 use crate::protocol::{SetCondition, SetOptions};
 use crate::store::StoreClient;
 use crate::store::reserved::OUTBOX_PREFIX;
@@ -254,17 +257,29 @@ pub(super) fn prepare(
 }
 
 /// Publishes the internal events, a few at once; the first failure is the
-/// answer (the transaction then does not run).
+/// answer (the transaction then does not run). An event the broker says
+/// nobody subscribes to (PUBACK 0x10: no relay's session exists yet, as
+/// on a gateway that has just started) fails too: its marker would never
+/// be looked at.
 pub(super) async fn publish_internal(pool: &Pool, prepared: &Prepared) -> Result<(), DaprError> {
-    let failures: Vec<_> = stream::iter(prepared.events.iter().cloned())
-        .map(|message| pool.publish(message))
+    let failures: Vec<String> = stream::iter(prepared.events.iter().cloned())
+        .map(|message| async move {
+            match pool.publish(message.clone()).await {
+                Ok(Published::Accepted) => None,
+                Ok(Published::NoSubscribers) => Some(format!(
+                    "no outbox relay subscribes to {} yet",
+                    message.topic
+                )),
+                Err(error) => Some(error.to_string()),
+            }
+        })
         .buffer_unordered(PUBLISH_PARALLELISM)
-        .filter_map(|published| std::future::ready(published.err()))
+        .filter_map(std::future::ready)
         .collect()
         .await;
     match failures.into_iter().next() {
         None => Ok(()),
-        Some(error) => Err(DaprError::Outbox(error.to_string())),
+        Some(error) => Err(DaprError::Outbox(error)),
     }
 }
 
@@ -288,6 +303,7 @@ pub(super) async fn relay(
     outbox: OutboxSettings,
     broker: BrokerSettings,
     client_id: String,
+    ready: Arc<AtomicBool>,
 ) {
     let topic = internal_topic(&settings.app_id, &outbox.topic);
     let (subscriber, mut received) = Subscriber::start(SubscriberSettings {
@@ -306,8 +322,14 @@ pub(super) async fn relay(
     });
     // Aborting this task drops the set (and every relay of an event) and
     // the subscriber, which then disconnects.
+    let mut subscribed = subscriber.subscribed();
     let _subscriber = subscriber;
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        if subscribed.wait_for(|subscribed| *subscribed).await.is_ok() {
+            ready.store(true, Ordering::Release);
+        }
+    });
     while let Some(message) = received.recv().await {
         while tasks.try_join_next().is_some() {}
         tasks.spawn(relay.clone().relay(message));

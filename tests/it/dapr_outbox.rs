@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5::Publish;
 use serde_json::{Value, json};
-use statestore_gateway::dapr::{DaprSettings, OutboxSettings, internal_topic};
+use statestore_gateway::dapr::{
+    Change, DaprError, DaprSettings, DaprStore, OutboxSettings, Save, TxOperation, internal_topic,
+};
 
 use crate::pubsub_delivery::{TestApp, success, until_subscribed};
 use crate::support::gateway::{GatewayOptions, Stack, http_client};
@@ -336,6 +338,48 @@ async fn a_dapr_app_subscribed_to_the_outbox_topic_gets_its_events() {
     assert_eq!(event["topic"], TOPIC);
     assert_eq!(event["source"], APP_ID);
     assert!(event["id"].as_str().unwrap().starts_with("outbox-"));
+}
+
+#[tokio::test]
+async fn with_no_relay_subscribed_a_transaction_fails_and_writes_nothing() {
+    // The store and broker of a stack whose gateway has no outbox, and the
+    // Dapr operations of an outbox whose relay never started: the broker
+    // answers the internal event with "no matching subscribers".
+    let stack = Stack::start().await;
+    let store = broker_store(stack.broker.addr).await;
+    let dapr = DaprStore::new(
+        store.clone(),
+        DaprSettings {
+            app_id: "unrelayed".into(),
+            transactions: true,
+            outbox: Some(OutboxSettings {
+                pubsub: "pubsub".into(),
+                topic: TOPIC.into(),
+            }),
+            ..DaprSettings::default()
+        },
+    );
+    let operation = TxOperation {
+        save: Save {
+            key: "unrelayed-1".into(),
+            value: "1".into(),
+            etag: None,
+            concurrency: Default::default(),
+            ttl_ms: None,
+        },
+        delete: false,
+        change: Change {
+            key: "unrelayed-1".into(),
+            data: "1".into(),
+            metadata: Default::default(),
+        },
+    };
+    let error = dapr.transaction(vec![operation]).await.unwrap_err();
+    assert!(
+        matches!(&error, DaprError::Outbox(why) if why.contains("no outbox relay subscribes to unrelayedorders-doneoutbox")),
+        "{error}"
+    );
+    assert_eq!(raw_get(&store, b"unrelayed-1").await, None);
 }
 
 /// The Python SDK's `execute_state_transaction` with outbox metadata, as

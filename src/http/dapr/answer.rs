@@ -695,6 +695,26 @@ mod tests {
     }
 
     #[test]
+    fn an_outbox_that_could_not_publish_is_daprs_publish_outbox_error() {
+        let failure = Failure::of(
+            Operation::Transaction,
+            DaprError::Outbox("the broker is down".into()),
+        );
+        assert_eq!(
+            (failure.status, failure.code, failure.grpc),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "ERR_PUBLISH_OUTBOX",
+                Code::Internal
+            )
+        );
+        assert_eq!(
+            failure.message,
+            "error while publishing outbox message: the broker is down"
+        );
+    }
+
+    #[test]
     fn an_etag_mismatch_is_a_conflict_except_in_a_transaction_and_a_fenced_key_is_no_mismatch() {
         let save = Failure::of(Operation::Save, DaprError::EtagMismatch);
         assert_eq!((save.status, save.code), (S::CONFLICT, "ERR_STATE_SAVE"));
