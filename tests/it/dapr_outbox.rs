@@ -18,7 +18,7 @@ use crate::pubsub_delivery::{TestApp, success, until_subscribed};
 use crate::support::gateway::{GatewayOptions, Stack, http_client};
 use crate::support::gateway_process::GatewayProcess;
 use crate::support::topic_subscriber::TopicSubscriber;
-use crate::support::{broker_store, raw_get};
+use crate::support::{broker_store, raw_get, raw_set};
 
 const WAIT: Duration = Duration::from_secs(15);
 const APP_ID: &str = "checkout";
@@ -293,6 +293,72 @@ async fn a_gateway_killed_after_its_commit_publishes_once_it_is_back() {
     assert_eq!(event["data"], "5");
     until_marker(stack.broker.addr, &id, None).await;
     assert_eq!(state(gateway.api, "order-5").await, json!(5));
+}
+
+#[tokio::test]
+async fn a_relay_rolls_forward_a_transaction_committed_but_not_applied_and_publishes_it() {
+    // What a gateway killed between its commit and its apply leaves: the
+    // leases of a key and of a marker, the intent record naming both, and
+    // the internal event it published before the commit. The relay that
+    // gets the event applies the transaction, marker included, and
+    // publishes.
+    let stack = outbox_stack(Duration::from_secs(5)).await;
+    let store = broker_store(stack.broker.addr).await;
+    let mut published = TopicSubscriber::start(stack.broker.addr, TOPIC).await;
+    let id = format!("outbox-{:032x}", rand::random::<u128>());
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000;
+    let transaction_id = format!("{:032x}", rand::random::<u128>());
+    let lease_value = format!("txn:{transaction_id}:{deadline}");
+    // The record's bytes: its format's name, then length-prefixed fields
+    // (u32, big-endian): the lease, the ops (each key, its token, kind 1:
+    // a set without expiry, the value).
+    let field = |record: &mut Vec<u8>, bytes: &[u8]| {
+        record.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
+        record.extend_from_slice(bytes);
+    };
+    let mut record = b"dapr-txn/2\n".to_vec();
+    field(&mut record, lease_value.as_bytes());
+    let marker_key = marker(&id);
+    let ops: [(&[u8], &[u8]); 2] = [(b"order-8", b"8"), (&marker_key, b"0")];
+    record.extend_from_slice(&2u32.to_be_bytes());
+    for (key, value) in ops {
+        let mut lease = b"dapr-etag-lease||".to_vec();
+        lease.extend_from_slice(key);
+        let token = raw_set(&store, &lease, lease_value.as_bytes())
+            .await
+            .encode();
+        field(&mut record, key);
+        field(&mut record, token.as_bytes());
+        record.push(1);
+        field(&mut record, value);
+    }
+    raw_set(
+        &store,
+        format!("dapr-txn||{transaction_id}").as_bytes(),
+        &record,
+    )
+    .await;
+    let internal_event = json!({
+        "id": id, "specversion": "1.0", "datacontenttype": "text/plain", "source": APP_ID,
+        "type": "com.dapr.event.sent", "topic": "", "pubsubname": "pubsub", "traceid": "",
+        "traceparent": "", "tracestate": "", "time": "2026-01-01T00:00:00Z", "data": "8",
+    });
+    crate::pubsub::mosquitto_pub(
+        stack.broker.addr,
+        &internal_topic(APP_ID, TOPIC),
+        &internal_event.to_string(),
+        "application/cloudevents+json",
+    );
+    let event = cloud_event(&published.next(WAIT).await);
+    assert_eq!(event["id"], json!(id));
+    assert_eq!(event["data"], "8");
+    assert_eq!(event["topic"], TOPIC);
+    assert_eq!(state(stack.gateway.api, "order-8").await, json!(8));
+    until_marker(stack.broker.addr, &id, None).await;
 }
 
 #[tokio::test]
