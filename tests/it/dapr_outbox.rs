@@ -3,8 +3,8 @@
 //! CloudEvents, a transaction that did not commit publishes nothing, a
 //! projection is published while the state keeps the real value, a
 //! gateway killed between its commit and the publish publishes once it is
-//! back, a Dapr app gets the events through delivery, and the Python SDK
-//! runs unchanged.
+//! back, a Dapr app gets the events through delivery, and the Python and
+//! JS SDKs run unchanged.
 
 use std::time::{Duration, Instant};
 
@@ -510,6 +510,74 @@ async fn the_python_sdks_transaction_with_outbox_metadata_runs_unchanged() {
     assert_eq!(events[0]["datacontenttype"], "application/json");
     assert_eq!(events[0]["outbox.cloudevent.kind"], "order");
     assert_eq!(events[1]["data"], "hidden");
+    assert_eq!(events[1]["datacontenttype"], "text/plain");
+    for event in &events {
+        until_marker(stack.broker.addr, event["id"].as_str().unwrap(), None).await;
+    }
+    assert!(
+        subscriber.try_next().is_none(),
+        "the delete published nothing"
+    );
+}
+
+/// The JS SDK's `state.transaction` (HTTP) with outbox metadata, as an app
+/// written for daprd calls it.
+const JS_TRANSACTION: &str = r#"
+import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
+const client = new DaprClient({
+  daprHost: "127.0.0.1",
+  daprPort: process.env.DAPR_HTTP_PORT,
+  communicationProtocol: CommunicationProtocolEnum.HTTP,
+});
+await client.start();
+await client.state.transaction("statestore", [
+  { operation: "upsert", request: { key: "js-1", value: { n: 1 },
+    metadata: { contentType: "application/json", "outbox.cloudevent.kind": "order" } } },
+  { operation: "upsert", request: { key: "js-2", value: "plain" } },
+  { operation: "delete", request: { key: "js-3" } },
+]);
+console.log(JSON.stringify(await client.state.get("statestore", "js-1")));
+console.log("ok");
+"#;
+
+#[tokio::test]
+async fn the_js_sdks_transaction_with_outbox_metadata_runs_unchanged() {
+    let stack = outbox_stack(Duration::from_secs(5)).await;
+    let mut subscriber = TopicSubscriber::start(stack.broker.addr, TOPIC).await;
+    let dapr_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr");
+    assert!(
+        dapr_dir
+            .join("node_modules/@dapr/dapr/package.json")
+            .is_file(),
+        "the npm packages of tests/dapr are missing: run scripts/install-dapr-sdks"
+    );
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .args(["--input-type=module", "-e", JS_TRANSACTION])
+            .current_dir(&dapr_dir)
+            .env("DAPR_HTTP_PORT", stack.gateway.api.port().to_string())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the script finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        // The SDK logs on stdout too: the script's own lines are the last.
+        output.status.success() && stdout.lines().rev().take(2).eq(["ok", "{\"n\":1}"]),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut events = Vec::new();
+    for _ in 0..2 {
+        events.push(cloud_event(&subscriber.next(WAIT).await));
+    }
+    events.sort_by_key(|event| event["datacontenttype"].as_str().map(str::to_owned));
+    assert_eq!(events[0]["data"], json!({"n": 1}));
+    assert_eq!(events[0]["outbox.cloudevent.kind"], "order");
+    assert_eq!(events[1]["data"], "plain");
     assert_eq!(events[1]["datacontenttype"], "text/plain");
     for event in &events {
         until_marker(stack.broker.addr, event["id"].as_str().unwrap(), None).await;
