@@ -789,12 +789,31 @@ pub const DEV_DATA_DIR: Setting = Setting {
     helm: Helm::None,
 };
 
+/// `serve`'s `--dapr-transactions`, for `dev`'s gateway.
+pub const DEV_DAPR_TRANSACTIONS: Setting = Setting {
+    flag: "--dapr-transactions",
+    env: "STATESTORE_GATEWAY_DEV_DAPR_TRANSACTIONS",
+    default: "false",
+    helm: Helm::None,
+};
+
+/// The topic of `dev`'s Dapr outbox (through the pub/sub `pubsub`); empty:
+/// no outbox.
+pub const DEV_DAPR_OUTBOX_TOPIC: Setting = Setting {
+    flag: "--dapr-outbox-topic",
+    env: "STATESTORE_GATEWAY_DEV_DAPR_OUTBOX_TOPIC",
+    default: "",
+    helm: Helm::None,
+};
+
 /// Every setting of `dev`, in `--help` order.
 pub const DEV: &[&Setting] = &[
     &DEV_LISTEN,
     &DEV_ADMIN_LISTEN,
     &DEV_BROKER_LISTEN,
     &DEV_DATA_DIR,
+    &DEV_DAPR_TRANSACTIONS,
+    &DEV_DAPR_OUTBOX_TOPIC,
 ];
 
 // `injector`.

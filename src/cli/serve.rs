@@ -18,7 +18,7 @@ use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
-use crate::settings::{self, SettingError};
+use crate::settings::{self, Setting, SettingError};
 use crate::watch::WatchSettings;
 
 /// Settings of `serve`.
@@ -248,6 +248,30 @@ fn parse_app_id(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+/// An outbox's topic is one MQTT takes (with room for the internal topic
+/// made of it), and transactions are on: the outbox publishes what a
+/// transaction commits. `serve`'s and `dev`'s check.
+pub(super) fn check_outbox(
+    topic: &str,
+    topic_setting: &Setting,
+    transactions: bool,
+    transactions_setting: &Setting,
+) -> Result<(), SettingError> {
+    if topic.len() > usize::from(u16::MAX) / 2 || topic.contains(['+', '#', '\0']) {
+        return Err(SettingError::new(
+            topic_setting,
+            "an MQTT topic name holds no '+', '#' or NUL and has at most 32767 bytes",
+        ));
+    }
+    if !transactions {
+        return Err(SettingError::new(
+            transactions_setting,
+            "the outbox publishes what a transaction commits: it needs --dapr-transactions true",
+        ));
+    }
+    Ok(())
+}
+
 /// The pub/sub names, as clap keeps one value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PubsubNames(pub Vec<String>);
@@ -454,18 +478,12 @@ impl ServeArgs {
                 ),
             ));
         }
-        if topic.len() > usize::from(u16::MAX) / 2 || topic.contains(['+', '#', '\0']) {
-            return Err(SettingError::new(
-                &settings::DAPR_OUTBOX_TOPIC,
-                "an MQTT topic name holds no '+', '#' or NUL and has at most 32767 bytes",
-            ));
-        }
-        if !self.dapr_transactions {
-            return Err(SettingError::new(
-                &settings::DAPR_OUTBOX_PUBSUB,
-                "the outbox publishes what a transaction commits: it needs --dapr-transactions true",
-            ));
-        }
+        check_outbox(
+            topic,
+            &settings::DAPR_OUTBOX_TOPIC,
+            self.dapr_transactions,
+            &settings::DAPR_TRANSACTIONS,
+        )?;
         Ok(Some(OutboxSettings {
             pubsub: pubsub.clone(),
             topic: topic.clone(),

@@ -58,6 +58,7 @@ impl DevStack {
             admin_listen: settings.admin_listen,
             pool: PoolSettings::new(broker_settings, GATEWAY_CLIENT_ID),
             shutdown_grace: SHUTDOWN_GRACE,
+            dapr: settings.dapr.clone(),
             ..ServeSettings::default()
         };
         let gateway = match Server::start(gateway_settings, Metrics::new()).await {

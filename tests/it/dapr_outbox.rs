@@ -587,3 +587,26 @@ async fn the_js_sdks_transaction_with_outbox_metadata_runs_unchanged() {
         "the delete published nothing"
     );
 }
+
+#[tokio::test]
+async fn dev_runs_the_outbox_on_its_embedded_broker() {
+    let dev = crate::support::dev::DevProcess::start(&[
+        "--dapr-transactions",
+        "true",
+        "--dapr-outbox-topic",
+        TOPIC,
+    ])
+    .await;
+    let mut subscriber = TopicSubscriber::start(dev.broker, TOPIC).await;
+    let response = http_client()
+        .post(dev.url("/v1.0/state/statestore/transaction"))
+        .json(&json!({"operations": [{"operation": "upsert", "request": {"key": "dev-1", "value": 1}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+    let event = cloud_event(&subscriber.next(WAIT).await);
+    assert_eq!(event["data"], "1");
+    assert_eq!(event["topic"], TOPIC);
+    assert_eq!(event["pubsubname"], "pubsub");
+}
