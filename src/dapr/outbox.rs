@@ -79,6 +79,11 @@ const RELAY_IN_FLIGHT: u16 = 64;
 /// How long the broker keeps the relay's session while the gateway is
 /// away: internal events published meanwhile wait that long.
 const SESSION_EXPIRY: Duration = Duration::from_secs(3600);
+/// The first pause between two looks at a marker, or two tries of a
+/// relay step that failed.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between two looks at a marker not there yet.
+const LONGEST_LOOK: Duration = Duration::from_secs(1);
 /// The longest pause between two tries of a relay step that failed.
 const LONGEST_PAUSE: Duration = Duration::from_secs(30);
 /// Internal events published at once, per transaction.
@@ -355,17 +360,22 @@ impl Relay {
             return;
         };
         tokio::time::sleep(SCAN_DELAY).await;
-        let mut pause = Duration::from_millis(100);
+        let (mut looking, mut failing) = (FIRST_PAUSE, FIRST_PAUSE);
+        let mut published = false;
         let outcome = loop {
-            match self.step(&id, &event, arrived).await {
+            let pause = match self.step(&id, &event, arrived, &mut published).await {
                 Ok(Some(outcome)) => break outcome,
-                Ok(None) => {}
+                Ok(None) => {
+                    looking = (looking * 2).min(LONGEST_LOOK);
+                    looking
+                }
                 Err(error) => {
                     tracing::warn!(%id, %error, "outbox: relaying an event failed; trying again");
+                    failing = (failing * 2).min(LONGEST_PAUSE);
+                    failing
                 }
-            }
+            };
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(LONGEST_PAUSE);
         };
         match outcome {
             Relayed::Published => tracing::debug!(%id, "outbox event published"),
@@ -377,11 +387,14 @@ impl Relay {
     }
 
     /// One look at the marker and what follows; `None`: look again.
+    /// `published`: the event went out in an earlier step (whose marker
+    /// delete failed), so it is not published twice by this relay.
     async fn step(
         &self,
         id: &str,
         event: &CloudEvent,
         arrived: Instant,
+        published: &mut bool,
     ) -> Result<Option<Relayed>, String> {
         let key = marker_key(id);
         let marker = transaction::read(&self.store, key.clone(), self.settings.lease_wait)
@@ -389,7 +402,10 @@ impl Relay {
             .map_err(|error| error.to_string())?;
         match marker {
             Some(marker) if marker.value.as_ref() == COMMITTED => {
-                self.publish(event).await?;
+                if !*published {
+                    self.publish(event).await?;
+                    *published = true;
+                }
                 conditional::run(
                     &self.store,
                     &self.settings,
@@ -403,6 +419,8 @@ impl Relay {
                 Ok(Some(Relayed::Published))
             }
             Some(_) => Ok(Some(Relayed::NotCommitted)),
+            // The delete of an earlier step landed after all.
+            None if *published => Ok(Some(Relayed::Published)),
             None if arrived.elapsed() < self.fence_after => Ok(None),
             None => match self.fence(key).await {
                 Ok(()) => Ok(Some(Relayed::NotCommitted)),
