@@ -69,6 +69,13 @@ fn shapes(descriptors: &FileDescriptorSet) -> Result<String, Box<dyn std::error:
         writeln!(out, "    fields: &[")?;
         for field in &message.field {
             let kind = match field.r#type() {
+                // A well-known type (`google.protobuf.Any`, only in what
+                // the gateway sends an app) is walked as opaque bytes.
+                Type::Message | Type::Group
+                    if field.type_name().starts_with(".google.protobuf.") =>
+                {
+                    "Kind::Bytes".to_owned()
+                }
                 Type::Message | Type::Group => {
                     let target = statics
                         .get(field.type_name())

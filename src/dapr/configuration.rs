@@ -262,8 +262,7 @@ impl Subscription {
     /// the gateway shuts down.
     pub async fn deliver_to(mut self, app: AppChannel, store: String) {
         while let Some(items) = self.next().await {
-            let event = serde_json::json!({ "id": self.id, "items": items_json(&items) });
-            let body = Bytes::from(event.to_string());
+            let body = self.update_body(&items);
             for name in items.keys() {
                 let path = format!(
                     "/configuration/{}/{}",
@@ -290,6 +289,13 @@ impl Subscription {
                 }
             }
         }
+    }
+
+    /// A change as daprd sends it to the app, over HTTP or gRPC:
+    /// `{"id", "items"}` in JSON.
+    pub fn update_body(&self, items: &Items) -> Bytes {
+        let event = serde_json::json!({ "id": self.id, "items": items_json(items) });
+        Bytes::from(event.to_string())
     }
 
     /// The next change, as the items it changed; `None` once unsubscribed

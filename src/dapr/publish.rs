@@ -31,6 +31,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use thiserror::Error;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use crate::mqtt::{Message, PublishError};
 use crate::trace;
@@ -65,9 +67,10 @@ pub enum PubsubError {
     /// `rawPayload` or `ttlInSeconds` cannot be read.
     #[error("failed deserializing metadata. Error: {0}")]
     Metadata(String),
-    /// Data sent as a CloudEvent is not a JSON object.
+    /// Data sent as a CloudEvent is not a JSON object (why, as daprd
+    /// names it in the error's details).
     #[error("cannot create cloudevent")]
-    CloudEvent,
+    CloudEvent(String),
     /// The broker did not take the message.
     #[error(transparent)]
     Publish(#[from] PublishError),
@@ -136,7 +139,8 @@ pub fn message(
         let expiration = now + std::time::Duration::from_secs(seconds.min(u64::from(u32::MAX)));
         cloud_event.insert("expiration".into(), json_string(&rfc3339(expiration)));
     }
-    let payload = serde_json::to_vec(&cloud_event).map_err(|_| PubsubError::CloudEvent)?;
+    let payload = serde_json::to_vec(&cloud_event)
+        .map_err(|error| PubsubError::CloudEvent(error.to_string()))?;
     Ok(Message {
         topic: event.topic,
         payload: Bytes::from(payload),
@@ -260,8 +264,8 @@ fn complete(
     trace: &Trace,
     now: SystemTime,
 ) -> Result<CloudEvent, PubsubError> {
-    let mut cloud_event: CloudEvent =
-        serde_json::from_slice(&event.data).map_err(|_| PubsubError::CloudEvent)?;
+    let mut cloud_event: CloudEvent = serde_json::from_slice(&event.data)
+        .map_err(|error| PubsubError::CloudEvent(error.to_string()))?;
     cloud_event
         .entry("time".to_owned())
         .or_insert_with(|| json_string(&rfc3339(now)));
@@ -339,29 +343,20 @@ pub(super) fn uuid_v4() -> String {
     )
 }
 
-/// `time` as RFC 3339 in UTC, to the second (Go's `time.RFC3339`).
+/// `time` as RFC 3339 in UTC, to the second (Go's `time.RFC3339`);
+/// before 1970 is 1970, past 9999 is 9999's last second (RFC 3339 has
+/// four-digit years).
 pub(super) fn rfc3339(time: SystemTime) -> String {
+    /// 9999-12-31T23:59:59Z.
+    const LAST: i64 = 253_402_300_799;
     let seconds = time
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
-    let days = i64::try_from(seconds / 86_400).unwrap_or(i64::MAX / 2);
-    let rest = seconds % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+        .map_or(0, |since| i64::try_from(since.as_secs()).unwrap_or(LAST));
+    OffsetDateTime::from_unix_timestamp(seconds.min(LAST))
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok())
+        // Unreachable: every second from 1970 to 9999 has a text.
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -454,7 +449,7 @@ mod tests {
             event("[1]", "application/cloudevents+json", &[]),
             at(0),
         );
-        assert!(matches!(refused, Err(PubsubError::CloudEvent)));
+        assert!(matches!(refused, Err(PubsubError::CloudEvent(_))));
     }
 
     #[test]
@@ -525,5 +520,15 @@ mod tests {
         assert_eq!(rfc3339(at(0)), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(at(951_782_400)), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(at(4_102_444_799)), "2099-12-31T23:59:59Z");
+        // To the second, and within RFC 3339's years.
+        assert_eq!(
+            rfc3339(at(1_700_000_000) + Duration::from_millis(999)),
+            "2023-11-14T22:13:20Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH - Duration::from_secs(1)),
+            "1970-01-01T00:00:00Z"
+        );
+        assert_eq!(rfc3339(at(300_000_000_000)), "9999-12-31T23:59:59Z");
     }
 }

@@ -14,8 +14,14 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 pub use super::publish::{CLOUDEVENT_CONTENT_TYPE as CLOUD_EVENT_CONTENT_TYPE, DEFAULT_EVENT_TYPE};
+
+/// The `type` of a bulk call to the app (components-contrib's
+/// `DefaultBulkEventType`).
+pub const DEFAULT_BULK_EVENT_TYPE: &str = "com.dapr.event.sent.bulk";
 
 /// How a subscription was made, as daprd's metadata names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -583,45 +589,15 @@ impl Event {
 }
 
 /// An RFC 3339 time (`2024-01-01T00:00:00Z`, with an optional fraction and
-/// offset), as daprd writes `expiration`.
+/// offset), as daprd writes and reads `expiration` (Go's `time.RFC3339`).
 fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
-    let (date, time) = text.split_once(['T', 't'])?;
-    let mut date_parts = date.split('-').map(str::parse::<i64>);
-    let (year, month, day) = (
-        date_parts.next()?.ok()?,
-        date_parts.next()?.ok()?,
-        date_parts.next()?.ok()?,
-    );
-    let (clock, offset_seconds) = if let Some(clock) = time.strip_suffix(['Z', 'z']) {
-        (clock, 0)
-    } else {
-        let at = time.rfind(['+', '-'])?;
-        let (clock, offset) = time.split_at(at);
-        let sign = if offset.starts_with('-') { -1 } else { 1 };
-        let (hours, minutes) = offset[1..].split_once(':')?;
-        (
-            clock,
-            sign * (hours.parse::<i64>().ok()? * 3600 + minutes.parse::<i64>().ok()? * 60),
-        )
-    };
-    let clock = clock.split('.').next()?;
-    let mut clock_parts = clock.split(':').map(str::parse::<i64>);
-    let (hour, minute, second) = (
-        clock_parts.next()?.ok()?,
-        clock_parts.next()?.ok()?,
-        clock_parts.next()?.ok()?,
-    );
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_seconds;
-    let seconds = u64::try_from(seconds).ok()?;
-    Some(std::time::UNIX_EPOCH + Duration::from_secs(seconds))
+    // The crate also reads RFC 3339's other separator, a space; Go does not.
+    if !matches!(text.as_bytes().get(10), Some(b'T' | b't')) {
+        return None;
+    }
+    OffsetDateTime::parse(text, &Rfc3339)
+        .ok()
+        .map(std::time::SystemTime::from)
 }
 
 /// The event an MQTT message is for a subscription:
@@ -808,7 +784,7 @@ pub fn http_bulk_body(
             "entries": entries,
             "topic": subscription.topic,
             "pubsubname": subscription.pubsub_name,
-            "type": DEFAULT_EVENT_TYPE,
+            "type": DEFAULT_BULK_EVENT_TYPE,
             "metadata": {},
         })
         .to_string(),
@@ -1159,5 +1135,10 @@ scopes: [billing]
         assert!(!event("2023-11-14T22:13:21Z").has_expired(now));
         assert!(!event("2023-11-14T23:13:19.5+01:00").has_expired(now - Duration::from_secs(2)));
         assert!(!event("garbage").has_expired(now));
+        // Go's RFC 3339: lower-case separators read, other layouts not.
+        assert!(event("2023-11-14t22:13:19z").has_expired(now));
+        assert!(!event("2023-11-14 22:13:19Z").has_expired(now));
+        assert!(!event("2023-11-14T22:13:19").has_expired(now));
+        assert!(!event("2023-13-14T22:13:19Z").has_expired(now));
     }
 }

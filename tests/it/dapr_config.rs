@@ -342,6 +342,17 @@ fn config_options() -> GatewayOptions {
     }
 }
 
+/// [`config_options`] with the app on `port`, called over `protocol`.
+fn with_app(port: u16, protocol: AppProtocol) -> GatewayOptions {
+    let mut options = config_options();
+    options.dapr.app = Some(AppSettings {
+        port,
+        protocol,
+        call_timeout: DEFAULT_APP_CALL_TIMEOUT,
+    });
+    options
+}
+
 /// `PUT /keys/<key>` with the token; the new version.
 async fn put_key(gw: &Gateway, key: &str, value: &str) -> String {
     let put = gw
@@ -672,13 +683,10 @@ async fn next_update(
 #[tokio::test]
 async fn an_http_subscription_posts_each_change_to_the_app_until_unsubscribed() {
     let (port, mut received) = configuration_app().await;
-    let mut options = config_options();
-    options.dapr.app = Some(AppSettings {
-        port,
-        protocol: AppProtocol::Http,
-        call_timeout: DEFAULT_APP_CALL_TIMEOUT,
-    });
-    let stack = Stack::builder().gateway(options).start().await;
+    let stack = Stack::builder()
+        .gateway(with_app(port, AppProtocol::Http))
+        .start()
+        .await;
     let gw = &stack.gateway;
     let client = dapr_client();
     let subscribe = |path: &str| client.get(gw.url(path)).send();
@@ -735,6 +743,89 @@ async fn an_http_subscription_posts_each_change_to_the_app_until_unsubscribed() 
     assert_eq!(path, "/configuration/configstore/b");
     assert_eq!(update["id"], again.as_str());
     assert_eq!(update["items"]["b"]["value"], "heard");
+}
+
+/// A gRPC app of the Python SDK's `dapr-ext-grpc` taking configuration
+/// changes as daprd passes them to a gRPC app: `OnInvoke` of
+/// `/configuration/configstore/{key}`; prints each call as a JSON line.
+const PYTHON_GRPC_CONFIGURATION_APP: &str = r#"
+import json, sys
+from dapr.ext.grpc import App
+
+app = App()
+
+def taking(method):
+    def handler(request):
+        print(json.dumps({"method": method, "content_type": request.content_type,
+                          "data": json.loads(request.text())}), flush=True)
+    handler.__name__ = method
+    return handler
+
+for key in ["a", "b"]:
+    method = "/configuration/configstore/" + key
+    app.method(method)(taking(method))
+
+app.run(int(sys.argv[1]))
+"#;
+
+#[tokio::test]
+async fn an_http_subscription_of_a_grpc_app_calls_its_on_invoke_for_each_change() {
+    let port = crate::support::free_port();
+    let mut app = tokio::process::Command::new(python())
+        .arg("-c")
+        .arg(PYTHON_GRPC_CONFIGURATION_APP)
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs (scripts/install-dapr-sdks)");
+    let mut lines = tokio::io::BufReader::new(app.stdout.take().unwrap()).lines();
+    let mut next_line = async || -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the app prints within 20 s")
+            .unwrap()
+            .expect("the app is still running");
+        serde_json::from_str(&line).unwrap()
+    };
+    // A change is passed once, not retried: the app listens first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app listens within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stack = Stack::builder()
+        .gateway(with_app(port, AppProtocol::Grpc))
+        .start()
+        .await;
+    let gw = &stack.gateway;
+    let subscribed: Value = dapr_client()
+        .get(gw.url("/v1.0/configuration/configstore/subscribe?key=a&key=b"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = subscribed["id"].as_str().expect("an id").to_owned();
+    let version = put_key(gw, "cfg/b", "on").await;
+    assert_eq!(
+        next_line().await,
+        json!({"method": "/configuration/configstore/b", "content_type": "application/json",
+               "data": {"id": id, "items": {"b": {"value": "on", "version": version}}}})
+    );
+    let version = put_key(gw, "cfg/a", "off").await;
+    assert_eq!(
+        next_line().await["data"],
+        json!({"id": id, "items": {"a": {"value": "off", "version": version}}})
+    );
 }
 
 /// The API token may read and write `t1/*` only.

@@ -9,7 +9,8 @@ use std::time::Duration;
 use prost::Message as _;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Publish;
-use serde_json::Value;
+use serde_json::{Value, json};
+use tonic_types::ErrorDetail;
 
 use crate::support::MosquittoConfig;
 use crate::support::gateway::{GatewayOptions, Stack, http_client};
@@ -315,6 +316,278 @@ async fn a_grpc_publish_reaches_an_mqtt_subscriber_and_refusals_are_daprs() {
     assert!(subscriber.try_next().is_none());
 }
 
+/// gRPC error details written as daprd's errors kit writes them in its
+/// HTTP answers (`details`), so both protocols compare to one expectation.
+fn details_json(details: &[ErrorDetail]) -> Value {
+    details
+        .iter()
+        .map(|detail| match detail {
+            ErrorDetail::ResourceInfo(info) => json!({
+                "@type": "type.googleapis.com/google.rpc.ResourceInfo",
+                "resource_type": info.resource_type,
+                "resource_name": info.resource_name,
+                "owner": info.owner,
+                "description": info.description,
+            }),
+            ErrorDetail::ErrorInfo(info) => json!({
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": info.reason,
+                "domain": info.domain,
+                "metadata": info.metadata,
+            }),
+            other => json!({ "other": format!("{other:?}") }),
+        })
+        .collect()
+}
+
+/// daprd's details of a pub/sub error: a `ResourceInfo` of the pub/sub
+/// named `pubsub` (described by the message), unless `resource` is
+/// false, and an `ErrorInfo`.
+fn pubsub_details(resource: bool, message: &str, reason: &str, metadata: Value) -> Value {
+    let mut details = Vec::new();
+    if resource {
+        details.push(json!({
+            "@type": "type.googleapis.com/google.rpc.ResourceInfo",
+            "resource_type": "pubsub",
+            "resource_name": "pubsub",
+            "owner": "",
+            "description": message,
+        }));
+    }
+    details.push(json!({
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": reason,
+        "domain": "dapr.io",
+        "metadata": metadata,
+    }));
+    Value::Array(details)
+}
+
+#[tokio::test]
+async fn pubsub_errors_carry_daprds_details_over_http_and_grpc() {
+    let stack = Stack::start().await;
+    let client = http_client();
+    let post = |path: &str, content_type: &str, body: &'static str| {
+        client
+            .post(stack.gateway.url(path))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    // Over HTTP: the errors kit's JSON, its message as it is.
+    let cases: [(&str, &str, &str, u16, &str, &str, Value); 6] = [
+        (
+            "/v1.0/publish/kafka/orders?metadata.key=value",
+            "text/plain",
+            "x",
+            404,
+            "ERR_PUBSUB_NOT_FOUND",
+            "pubsub kafka is not found",
+            json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "DAPR_PUBSUB_NOT_FOUND", "domain": "dapr.io",
+                    "metadata": {"key": "value"}}]),
+        ),
+        (
+            "/v1.0/publish/pubsub/",
+            "text/plain",
+            "x",
+            404,
+            "ERR_TOPIC_NAME_EMPTY",
+            "topic is empty in pubsub pubsub",
+            pubsub_details(
+                true,
+                "topic is empty in pubsub pubsub",
+                "DAPR_PUBSUB_TOPIC_NAME_EMPTY",
+                json!({}),
+            ),
+        ),
+        (
+            "/v1.0/publish/pubsub/orders?metadata.rawPayload=maybe",
+            "text/plain",
+            "x",
+            400,
+            "ERR_PUBSUB_REQUEST_METADATA",
+            "failed deserializing metadata. Error: rawPayload value must be a valid boolean: actual is 'maybe'",
+            pubsub_details(
+                true,
+                "failed deserializing metadata. Error: rawPayload value must be a valid boolean: actual is 'maybe'",
+                "DAPR_PUBSUB_METADATA_DESERIALIZATION",
+                json!({"rawPayload": "maybe"}),
+            ),
+        ),
+        (
+            "/v1.0/publish/pubsub/orders/%2B",
+            "text/plain",
+            "x",
+            400,
+            "ERR_PUBSUB_PUBLISH_MESSAGE",
+            "error when publishing to topic orders/+ in pubsub pubsub: an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes",
+            pubsub_details(
+                true,
+                "error when publishing to topic orders/+ in pubsub pubsub: an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes",
+                "DAPR_PUBSUB_PUBLISH_MESSAGE",
+                json!({"topic": "orders/+", "error": "an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes"}),
+            ),
+        ),
+        (
+            "/v1.0-alpha1/publish/bulk/pubsub/orders",
+            "application/json",
+            r#"[{"entryId": "1", "event": "a", "contentType": "text/plain"},
+                {"entryId": "1", "event": "b", "contentType": "text/plain"}]"#,
+            400,
+            "ERR_PUBSUB_EVENTS_SER",
+            "error marshaling events to bytes for topic orders pubsub pubsub. error: entryId is duplicated or not present for entry",
+            pubsub_details(
+                true,
+                "error marshaling events to bytes for topic orders pubsub pubsub. error: entryId is duplicated or not present for entry",
+                "DAPR_PUBSUB_MARSHAL_EVENTS",
+                json!({"appID": "statestore-gateway", "error": "entryId is duplicated or not present for entry"}),
+            ),
+        ),
+        (
+            "/v1.0-alpha1/publish/bulk/pubsub/orders",
+            "application/json",
+            r#"[{"entryId": "1", "event": 5, "contentType": "text/plain"}]"#,
+            400,
+            "ERR_PUBSUB_EVENTS_SER",
+            "error when marshalling cloud event envelope for topic orders pubsub pubsub: error: mismatch between contentType and event",
+            pubsub_details(
+                true,
+                "error when marshalling cloud event envelope for topic orders pubsub pubsub: error: mismatch between contentType and event",
+                "DAPR_PUBSUB_MARSHAL_ENVELOPE",
+                json!({"appID": "statestore-gateway", "error": "error: mismatch between contentType and event"}),
+            ),
+        ),
+    ];
+    for (path, content_type, body, status, code, message, details) in cases {
+        let body = dapr_error(post(path, content_type, body).await.unwrap(), status).await;
+        assert_eq!(
+            body,
+            json!({"errorCode": code, "message": message, "details": details}),
+            "{path}"
+        );
+    }
+    // Data sent as a CloudEvent that is not a JSON object: the reason is
+    // the JSON parser's, named in the metadata.
+    let body = dapr_error(
+        post(
+            "/v1.0/publish/pubsub/orders",
+            "application/cloudevents+json",
+            "[1]",
+        )
+        .await
+        .unwrap(),
+        500,
+    )
+    .await;
+    assert_eq!(body["errorCode"], "ERR_PUBSUB_CLOUD_EVENTS_SER");
+    assert_eq!(body["message"], "cannot create cloudevent");
+    assert_eq!(
+        body["details"][1]["reason"],
+        "DAPR_PUBSUB_CLOUD_EVENT_CREATION"
+    );
+    assert_eq!(
+        body["details"][1]["metadata"]["appID"],
+        "statestore-gateway"
+    );
+    assert!(
+        body["details"][1]["metadata"]["error"].is_string(),
+        "{body}"
+    );
+    // A body that is not a list of entries: the app only, no error.
+    let body = dapr_error(
+        post(
+            "/v1.0-alpha1/publish/bulk/pubsub/orders",
+            "application/json",
+            "{}",
+        )
+        .await
+        .unwrap(),
+        400,
+    )
+    .await;
+    assert_eq!(body["details"][1]["reason"], "DAPR_PUBSUB_UNMARSHAL_EVENTS");
+    assert_eq!(
+        body["details"][1]["metadata"],
+        json!({"appID": "statestore-gateway"})
+    );
+
+    // Over gRPC: the same details in the status.
+    let mut grpc = GrpcClient::connect(stack.gateway.api).await;
+    let request = PublishEventRequest {
+        pubsub_name: "kafka".into(),
+        topic: "orders".into(),
+        data: b"x".to_vec(),
+        data_content_type: "text/plain".into(),
+        metadata: HashMap::from([("key".to_owned(), "value".to_owned())]),
+    };
+    let bad_metadata = PublishEventRequest {
+        pubsub_name: "pubsub".into(),
+        metadata: HashMap::from([("ttlInSeconds".to_owned(), "soon".to_owned())]),
+        ..request.clone()
+    };
+    let no_topic = PublishEventRequest {
+        pubsub_name: "pubsub".into(),
+        topic: String::new(),
+        ..request.clone()
+    };
+    let entry = |id: &str| BulkPublishRequestEntry {
+        entry_id: id.into(),
+        event: b"x".to_vec(),
+        content_type: "text/plain".into(),
+        metadata: HashMap::new(),
+    };
+    let duplicated = BulkPublishRequest {
+        pubsub_name: "pubsub".into(),
+        topic: "orders".into(),
+        entries: vec![entry("a"), entry("")],
+        metadata: HashMap::new(),
+    };
+    let cases = [
+        (
+            "PublishEvent",
+            request.encode_to_vec(),
+            // daprd's gRPC API names no metadata here.
+            json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "DAPR_PUBSUB_NOT_FOUND", "domain": "dapr.io", "metadata": {}}]),
+        ),
+        (
+            "PublishEvent",
+            bad_metadata.encode_to_vec(),
+            pubsub_details(
+                true,
+                "failed deserializing metadata. Error: ttlInSeconds value must be a valid integer: actual is 'soon'",
+                "DAPR_PUBSUB_METADATA_DESERIALIZATION",
+                json!({"ttlInSeconds": "soon"}),
+            ),
+        ),
+        (
+            "PublishEvent",
+            no_topic.encode_to_vec(),
+            pubsub_details(
+                true,
+                "topic is empty in pubsub pubsub",
+                "DAPR_PUBSUB_TOPIC_NAME_EMPTY",
+                json!({"key": "value"}),
+            ),
+        ),
+        (
+            "BulkPublishEvent",
+            duplicated.encode_to_vec(),
+            pubsub_details(
+                true,
+                "error marshaling events to bytes for topic orders pubsub pubsub. error: entryId is duplicated or not present for entry",
+                "DAPR_PUBSUB_MARSHAL_EVENTS",
+                json!({"appID": "statestore-gateway", "error": "entryId is duplicated or not present for entry"}),
+            ),
+        ),
+    ];
+    for (method, message, details) in cases {
+        let answer = grpc.call(method, &message).await.expect(INVALID_ARGUMENT);
+        assert_eq!(details_json(&answer.details), details, "{method}");
+    }
+}
+
 /// A stack whose broker takes packets of at most 8 KiB, so one large
 /// event of a bulk publish fails while the others are published.
 async fn small_packet_stack() -> Stack {
@@ -403,6 +676,17 @@ async fn a_bulk_publish_reports_the_entry_the_broker_did_not_take() {
         "{}",
         answer.message
     );
+    let details = details_json(&answer.details);
+    assert_eq!(details[0]["resource_type"], "pubsub");
+    assert_eq!(details[1]["reason"], "DAPR_PUBSUB_PUBLISH_MESSAGE");
+    assert_eq!(details[1]["metadata"]["topic"], "bulk");
+    assert!(
+        details[1]["metadata"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("maximum packet size"),
+        "{details}"
+    );
     subscriber.next(WAIT).await;
     let duplicated = BulkPublishRequest {
         entries: vec![entry("a", b"one"), entry("a", b"two")],
@@ -454,10 +738,20 @@ async fn callers_publish_only_on_the_topics_their_rules_grant() {
             .send()
     };
     let body = dapr_error(publish("payments/eu").await.unwrap(), 403).await;
-    assert_eq!(body["errorCode"], "ERR_PUBSUB_FORBIDDEN");
+    let forbidden = "topic payments/eu is not allowed for app id statestore-gateway";
+    let details = |topic: &str| {
+        let message = format!("topic {topic} is not allowed for app id statestore-gateway");
+        pubsub_details(
+            true,
+            &message,
+            "DAPR_PUBSUB_FORBIDDEN",
+            json!({"topic": topic, "error": message}),
+        )
+    };
     assert_eq!(
-        body["message"],
-        "topic payments/eu is not allowed for app id statestore-gateway"
+        body,
+        json!({"errorCode": "ERR_PUBSUB_FORBIDDEN", "message": forbidden,
+               "details": details("payments/eu")})
     );
     assert_eq!(publish("orders/eu").await.unwrap().status(), 204);
 
@@ -469,9 +763,11 @@ async fn callers_publish_only_on_the_topics_their_rules_grant() {
         ..PublishEventRequest::default()
     };
     const PERMISSION_DENIED: i32 = 7;
-    grpc.call("PublishEvent", &request("orders/eu/1").encode_to_vec())
+    let answer = grpc
+        .call("PublishEvent", &request("orders/eu/1").encode_to_vec())
         .await
         .expect(PERMISSION_DENIED);
+    assert_eq!(details_json(&answer.details), details("orders/eu/1"));
     grpc.call("PublishEvent", &request("orders/us").encode_to_vec())
         .await
         .expect(0);

@@ -668,49 +668,17 @@ app.run(int(sys.argv[1]))
 
 #[tokio::test]
 async fn a_grpc_app_of_the_python_sdk_gets_its_events_through_on_topic_event() {
-    let venv_python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
-    assert!(
-        venv_python.is_file(),
-        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
-    );
     let broker = Mosquitto::start().await;
     let port = crate::support::free_port();
-    let mut child = tokio::process::Command::new(venv_python)
-        .arg("-c")
-        .arg(PYTHON_GRPC_APP)
-        .arg(port.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs");
-    let lines = json_lines(&mut child);
     let port_text = port.to_string();
+    let (_child, lines) = python(PYTHON_GRPC_APP, &[&port_text], &[]);
     let _gateway = GatewayProcess::start(
         broker.addr.port(),
         &["--dapr-app-port", &port_text, "--dapr-app-protocol", "grpc"],
     )
     .await;
-    let got = |n: i64| {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line["data"]["n"] == n)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    // Warm up until the subscription is in place.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got(0).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the gRPC app got no event within 30 s"
-        );
-        publish(&broker, "grpc-orders", r#"{"n":0}"#, None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "grpc-orders", &lines).await;
     publish(&broker, "grpc-orders", r#"{"n":1}"#, None).await;
     publish(&broker, "grpc-orders", r#"{"n":2}"#, None).await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -765,49 +733,22 @@ with DaprClient() as client:
 
 #[tokio::test]
 async fn the_python_sdks_streaming_subscription_gets_events_and_answers_them() {
-    let venv_python =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
-    assert!(
-        venv_python.is_file(),
-        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
-    );
     let broker = Mosquitto::start().await;
     // No app port: the app has no server, only the stream.
     let gateway = GatewayProcess::start(broker.addr.port(), &[]).await;
     let mut dead = listen(&broker, "streamed-dead").await;
     let port = gateway.api.port().to_string();
-    let mut child = tokio::process::Command::new(venv_python)
-        .arg("-c")
-        .arg(PYTHON_STREAMING)
-        .env("DAPR_RUNTIME_HOST", "127.0.0.1")
-        .env("DAPR_HTTP_PORT", &port)
-        .env("DAPR_GRPC_PORT", &port)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python runs");
-    let lines = json_lines(&mut child);
-    let got = |n: i64| {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line["data"]["n"] == n)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    // Warm up until the stream's subscription is in place.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got(0).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the stream got no event within 30 s: {:?}",
-            lines.lock().unwrap()
-        );
-        publish(&broker, "streamed", r#"{"n":0}"#, None).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let (mut child, lines) = python(
+        PYTHON_STREAMING,
+        &[],
+        &[
+            ("DAPR_RUNTIME_HOST", "127.0.0.1"),
+            ("DAPR_HTTP_PORT", &port),
+            ("DAPR_GRPC_PORT", &port),
+        ],
+    );
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "streamed", &lines).await;
     // Listed as a streaming subscription while it lasts.
     let metadata: Value = gateway
         .http
@@ -919,6 +860,7 @@ async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
     assert_eq!(later[0].content_type, "application/json");
     assert_eq!(later[0].event["topic"], "batch");
     assert_eq!(later[0].event["pubsubname"], "pubsub");
+    assert_eq!(later[0].event["type"], "com.dapr.event.sent.bulk");
     assert!(
         later
             .iter()
@@ -932,6 +874,146 @@ async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
     let mut delivered: Vec<i64> = ns(later).into_iter().filter(|&n| n != 0).collect();
     delivered.sort();
     assert_eq!(delivered, [1, 2, 2, 3, 4]);
+}
+
+/// A gRPC app of the Python SDK's `dapr-ext-grpc` with a bulk
+/// subscription (declarative: the SDK's `subscribe` has no bulk option):
+/// prints each `OnBulkTopicEvent` call's entry count and each event as
+/// JSON lines; answers RETRY to event 2's first delivery, DROP to event 3.
+const PYTHON_GRPC_BULK_APP: &str = r#"
+import json, sys
+from dapr.ext.grpc import App, _servicer
+from dapr.clients.grpc._response import TopicEventResponse
+
+bulk = _servicer._CallbackServicer.OnBulkTopicEvent
+def counted(self, request, context):
+    print(json.dumps({"bulk_call": len(request.entries), "type": request.type,
+                      "path": request.path}), flush=True)
+    return bulk(self, request, context)
+_servicer._CallbackServicer.OnBulkTopicEvent = counted
+
+app = App()
+seen = {}
+
+@app.subscribe(pubsub_name="pubsub", topic="grpc-batch")
+def batch(event):
+    data = json.loads(event.data)
+    seen[event.id] = seen.get(event.id, 0) + 1
+    print(json.dumps({"id": event.id, "data": data, "attempt": seen[event.id]}), flush=True)
+    if data.get("n") == 2 and seen[event.id] == 1:
+        return TopicEventResponse("retry")
+    if data.get("n") == 3:
+        return TopicEventResponse("drop")
+    return TopicEventResponse("success")
+
+app.run(int(sys.argv[1]))
+"#;
+
+#[tokio::test]
+async fn a_grpc_apps_bulk_subscription_gets_on_bulk_topic_event_and_answers_each_entry() {
+    let broker = Mosquitto::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The route is the topic: the path the SDK files its handler under.
+    std::fs::write(
+        dir.path().join("bulk.yaml"),
+        r#"apiVersion: dapr.io/v2alpha1
+kind: Subscription
+metadata:
+  name: grpc-batch
+spec:
+  pubsubname: pubsub
+  topic: grpc-batch
+  routes:
+    default: grpc-batch
+  deadLetterTopic: grpc-batch-dead
+  bulkSubscribe:
+    enabled: true
+    maxMessagesCount: 10
+    maxAwaitDurationMs: 500
+"#,
+    )
+    .unwrap();
+    let mut dead = listen(&broker, "grpc-batch-dead").await;
+    let port = crate::support::free_port();
+    let port_text = port.to_string();
+    let (_child, lines) = python(PYTHON_GRPC_BULK_APP, &[&port_text], &[]);
+    let path = dir.path().to_str().unwrap().to_owned();
+    let _gateway = GatewayProcess::start(
+        broker.addr.port(),
+        &[
+            "--dapr-app-port",
+            &port_text,
+            "--dapr-app-protocol",
+            "grpc",
+            "--dapr-subscriptions",
+            &path,
+        ],
+    )
+    .await;
+    let got = |n: i64| with_n(&lines, n);
+    warm_up(&broker, "grpc-batch", &lines).await;
+    let calls_before = lines.lock().unwrap().len();
+    for n in 1..=4 {
+        publish(&broker, "grpc-batch", &format!(r#"{{"n":{n}}}"#), None).await;
+    }
+    let letter = tokio::time::timeout(Duration::from_secs(15), dead.recv())
+        .await
+        .expect("the dropped entry on the dead letter topic")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&letter).unwrap(),
+        json!({"n": 3})
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got(2).len() < 2 || got(1).is_empty() || got(4).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "events 1, 2 (twice) and 4 not delivered: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every event came in a bulk call (entries counted = events printed,
+    // once the calls in flight printed theirs).
+    let in_bulk = |lines: &[Value]| {
+        let entries: u64 = lines
+            .iter()
+            .filter_map(|line| line["bulk_call"].as_u64())
+            .sum();
+        let events = lines
+            .iter()
+            .filter(|line| line.get("data").is_some())
+            .count();
+        (entries, events as u64)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while {
+        let (entries, events) = in_bulk(&lines.lock().unwrap());
+        entries != events
+    } {
+        assert!(
+            Instant::now() < deadline,
+            "events not delivered in bulk calls: {:?}",
+            lines.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let all = lines.lock().unwrap().clone();
+    let calls: Vec<&Value> = all[calls_before..]
+        .iter()
+        .filter(|line| line.get("bulk_call").is_some())
+        .collect();
+    assert!(
+        calls
+            .iter()
+            .any(|call| call["bulk_call"].as_u64() > Some(1)),
+        "one call held several events: {all:?}"
+    );
+    assert_eq!(calls[0]["type"], "com.dapr.event.sent.bulk");
+    assert_eq!(calls[0]["path"], "grpc-batch");
+    assert_eq!(got(2)[0]["id"], got(2)[1]["id"]);
+    assert_eq!(got(3).len(), 1);
+    assert_eq!(got(1).len(), 1);
 }
 
 /// The JS SDK's `DaprServer` with one `server.pubsub.subscribe` handler:
@@ -999,6 +1081,60 @@ async fn the_js_sdks_dapr_server_gets_its_subscribed_events() {
         .unwrap();
     assert!(status.success());
     assert!(got(1));
+}
+
+/// A Python program run by the SDK tests' environment (`tests/dapr/.venv`)
+/// with `args` and `envs`, and the JSON lines it prints, gathered as they
+/// come; killed when the child is dropped.
+fn python(
+    script: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (tokio::process::Child, Arc<Mutex<Vec<Value>>>) {
+    let venv_python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dapr/.venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "the Python environment tests/dapr/.venv is missing: run scripts/install-dapr-sdks"
+    );
+    let mut child = tokio::process::Command::new(venv_python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let lines = json_lines(&mut child);
+    (child, lines)
+}
+
+/// The lines about event `n` (`data.n`).
+fn with_n(lines: &Mutex<Vec<Value>>, n: i64) -> Vec<Value> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|line| line["data"]["n"] == n)
+        .cloned()
+        .collect()
+}
+
+/// Publishes event 0 on `topic` until a line tells of it: the
+/// subscription is in place.
+async fn warm_up(broker: &Mosquitto, topic: &str, lines: &Mutex<Vec<Value>>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while with_n(lines, 0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no event on {topic} within 30 s: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(broker, topic, r#"{"n":0}"#, None).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// The JSON lines a child prints on its stdout, gathered as they come.

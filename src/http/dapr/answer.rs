@@ -6,14 +6,14 @@
 //! kit also carries its [`Details`] (google.rpc messages): in the gRPC
 //! status, and in the HTTP body's `details`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
 use tonic_types::{BadRequest, ErrorDetail, ErrorInfo, ResourceInfo, StatusExt as _};
 
-use super::check::{LockCall, Refusal};
+use super::check::{BulkFault, ILLEGAL_TOPIC, LockCall, Refusal};
 use crate::dapr::{DaprError, PubsubError};
 use crate::http::problem::{FailureLog, Severity};
 
@@ -62,16 +62,24 @@ pub struct Failure {
 }
 
 /// The error details Dapr's errors kit attaches, in its order: a
-/// `BadRequest` with one field violation, a `ResourceInfo` and an
-/// `ErrorInfo` (domain `dapr.io`, no metadata).
+/// `BadRequest` with one field violation (state's illegal key), a
+/// `ResourceInfo` (all but a pub/sub that is not found) and an
+/// `ErrorInfo` (domain `dapr.io`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Details {
     /// The field violation's field: the key as the app named it.
-    pub field: String,
-    /// The resource's type (`state`) and name (the store's).
-    pub resource: (&'static str, String),
+    pub field: Option<String>,
+    /// The resource's type (`state`, `pubsub`), name (the component's)
+    /// and description.
+    pub resource: Option<(&'static str, String, String)>,
     /// `ErrorInfo`'s reason.
     pub reason: &'static str,
+    /// `ErrorInfo`'s metadata; none is Go's nil map (`null` over HTTP).
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Whether Dapr's HTTP handler wraps the message once more (`api
+    /// error: code = ... desc = ...`), as its state routes do; its pub/sub
+    /// routes answer the errors kit's JSON as it is.
+    pub wrapped: bool,
 }
 
 /// `ErrorInfo`'s domain in every Dapr error.
@@ -81,21 +89,13 @@ use StatusCode as S;
 
 const MALFORMED: &str = "ERR_MALFORMED_REQUEST";
 
-/// A refusal's answer: its status, error code, gRPC code and, when Dapr
-/// sends details, their `ErrorInfo` reason.
-type Row = (StatusCode, &'static str, Code, Option<&'static str>);
+/// A refusal's answer: its status, error code and gRPC code.
+type Row = (StatusCode, &'static str, Code);
 
 /// The table of refusals: one row per case.
 fn refusal_row(refusal: &Refusal) -> Row {
-    let (status, code, grpc) = match refusal {
-        Refusal::IllegalKey { .. } => {
-            return (
-                S::BAD_REQUEST,
-                MALFORMED,
-                Code::InvalidArgument,
-                Some("DAPR_STATE_ILLEGAL_KEY"),
-            );
-        }
+    match refusal {
+        Refusal::IllegalKey { .. } => (S::BAD_REQUEST, MALFORMED, Code::InvalidArgument),
         Refusal::IllegalResource {
             call: LockCall::TryLock,
             ..
@@ -151,11 +151,13 @@ fn refusal_row(refusal: &Refusal) -> Row {
         ),
         // Dapr answers a pub/sub it does not have, or no topic, with 404
         // over HTTP but INVALID_ARGUMENT over gRPC.
-        Refusal::PubsubNotFound(_) => (S::NOT_FOUND, "ERR_PUBSUB_NOT_FOUND", Code::InvalidArgument),
-        Refusal::TopicEmpty(_) => (S::NOT_FOUND, "ERR_TOPIC_NAME_EMPTY", Code::InvalidArgument),
+        Refusal::PubsubNotFound { .. } => {
+            (S::NOT_FOUND, "ERR_PUBSUB_NOT_FOUND", Code::InvalidArgument)
+        }
+        Refusal::TopicEmpty { .. } => (S::NOT_FOUND, "ERR_TOPIC_NAME_EMPTY", Code::InvalidArgument),
         // Dapr has no such check (its MQTT component fails the publish):
         // the publish's error code, as the caller's mistake.
-        Refusal::IllegalTopic(_) => (
+        Refusal::IllegalTopic { .. } => (
             S::BAD_REQUEST,
             "ERR_PUBSUB_PUBLISH_MESSAGE",
             Code::InvalidArgument,
@@ -163,7 +165,7 @@ fn refusal_row(refusal: &Refusal) -> Row {
         Refusal::PubsubForbidden { .. } => {
             (S::FORBIDDEN, "ERR_PUBSUB_FORBIDDEN", Code::PermissionDenied)
         }
-        Refusal::BulkEvents(_) => (
+        Refusal::BulkEvents { .. } => (
             S::BAD_REQUEST,
             "ERR_PUBSUB_EVENTS_SER",
             Code::InvalidArgument,
@@ -173,8 +175,107 @@ fn refusal_row(refusal: &Refusal) -> Row {
             "ERR_APP_CHANNEL_NIL",
             Code::Internal,
         ),
+    }
+}
+
+/// The details Dapr's errors kit gives a refusal (`message` is its
+/// message), with their `ErrorInfo` reasons (daprd's
+/// `pkg/messages/errorcodes`); none for the others.
+fn refusal_details(refusal: &Refusal, message: &str) -> Option<Details> {
+    let pubsub = |name: &str| Some((PUBSUB, name.to_owned(), message.to_owned()));
+    let details = match refusal {
+        Refusal::IllegalKey { key, store } => Details {
+            field: Some(key.clone()),
+            resource: Some(("state", store.clone(), String::new())),
+            reason: "DAPR_STATE_ILLEGAL_KEY",
+            metadata: None,
+            wrapped: true,
+        },
+        Refusal::PubsubNotFound { metadata, .. } => Details {
+            field: None,
+            resource: None,
+            reason: "DAPR_PUBSUB_NOT_FOUND",
+            metadata: metadata.clone(),
+            wrapped: false,
+        },
+        Refusal::TopicEmpty {
+            pubsub: name,
+            metadata,
+        } => Details {
+            field: None,
+            resource: pubsub(name),
+            reason: "DAPR_PUBSUB_TOPIC_NAME_EMPTY",
+            metadata: Some(metadata.clone()),
+            wrapped: false,
+        },
+        Refusal::IllegalTopic {
+            pubsub: name,
+            topic,
+        } => Details {
+            field: None,
+            resource: pubsub(name),
+            reason: PUBLISH_MESSAGE,
+            metadata: Some(topic_error(topic, ILLEGAL_TOPIC)),
+            wrapped: false,
+        },
+        Refusal::PubsubForbidden {
+            pubsub: name,
+            topic,
+            ..
+        } => Details {
+            field: None,
+            resource: pubsub(name),
+            reason: "DAPR_PUBSUB_FORBIDDEN",
+            // daprd's error is the refusal itself (NotAllowedError).
+            metadata: Some(topic_error(topic, message)),
+            wrapped: false,
+        },
+        Refusal::BulkEvents {
+            pubsub: name,
+            app_id,
+            fault,
+            ..
+        } => {
+            let (reason, error) = match fault {
+                BulkFault::Unmarshal(_) => ("DAPR_PUBSUB_UNMARSHAL_EVENTS", None),
+                BulkFault::Envelope(error) => {
+                    ("DAPR_PUBSUB_MARSHAL_ENVELOPE", Some(error.as_str()))
+                }
+                BulkFault::EntryId => ("DAPR_PUBSUB_MARSHAL_EVENTS", Some(BulkFault::ENTRY_ID)),
+            };
+            Details {
+                field: None,
+                resource: pubsub(name),
+                reason,
+                metadata: Some(app_error(app_id, error)),
+                wrapped: false,
+            }
+        }
+        _ => return None,
     };
-    (status, code, grpc, None)
+    Some(details)
+}
+
+/// `ResourceInfo`'s type for a pub/sub component.
+const PUBSUB: &str = "pubsub";
+/// `ErrorInfo`'s reason for a failed publish.
+const PUBLISH_MESSAGE: &str = "DAPR_PUBSUB_PUBLISH_MESSAGE";
+
+/// daprd's `ErrorInfo` metadata of a topic's error.
+fn topic_error(topic: &str, error: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("topic".to_owned(), topic.to_owned()),
+        ("error".to_owned(), error.to_owned()),
+    ])
+}
+
+/// daprd's `ErrorInfo` metadata of an app's error (`WithAppError`).
+fn app_error(app_id: &str, error: Option<&str>) -> BTreeMap<String, String> {
+    let mut metadata = BTreeMap::from([("appID".to_owned(), app_id.to_owned())]);
+    if let Some(error) = error {
+        metadata.insert("error".to_owned(), error.to_owned());
+    }
+    metadata
 }
 
 /// The table of operation failures: the error code is the operation's,
@@ -226,7 +327,7 @@ fn publish_row(error: &PubsubError) -> (StatusCode, &'static str, Code) {
             Code::InvalidArgument,
         ),
         // As Dapr: 500 over HTTP, INVALID_ARGUMENT over gRPC.
-        PubsubError::CloudEvent => (
+        PubsubError::CloudEvent(_) => (
             S::INTERNAL_SERVER_ERROR,
             "ERR_PUBSUB_CLOUD_EVENTS_SER",
             Code::InvalidArgument,
@@ -241,23 +342,29 @@ fn publish_row(error: &PubsubError) -> (StatusCode, &'static str, Code) {
 
 impl From<Refusal> for Failure {
     fn from(refusal: Refusal) -> Self {
-        let (status, code, grpc, reason) = refusal_row(&refusal);
-        let details = match (&refusal, reason) {
-            (Refusal::IllegalKey { key, store }, Some(reason)) => Some(Details {
-                field: key.clone(),
-                resource: ("state", store.clone()),
-                reason,
-            }),
-            _ => None,
-        };
+        let (status, code, grpc) = refusal_row(&refusal);
+        let message = refusal.to_string();
         Self {
             status,
             code,
             grpc,
-            message: refusal.to_string(),
-            details,
+            details: refusal_details(&refusal, &message),
+            message,
         }
     }
+}
+
+/// The publish that failed, as daprd's errors name it.
+#[derive(Debug, Clone, Copy)]
+pub struct Publishing<'a> {
+    /// The pub/sub component's name.
+    pub pubsub: &'a str,
+    /// The topic.
+    pub topic: &'a str,
+    /// The app id the gateway serves.
+    pub app_id: &'a str,
+    /// The request's metadata.
+    pub metadata: &'a HashMap<String, String>,
 }
 
 impl Failure {
@@ -273,21 +380,44 @@ impl Failure {
         }
     }
 
-    /// Publishing to `topic` through `pubsub` failed with `error`.
-    pub fn of_publish(pubsub: &str, topic: &str, error: &PubsubError) -> Self {
+    /// `publishing` failed with `error`: daprd's message and details.
+    pub fn of_publish(publishing: Publishing<'_>, error: &PubsubError) -> Self {
         let (status, code, grpc) = publish_row(error);
-        let message = match error {
-            PubsubError::Publish(error) => {
-                format!("error when publishing to topic {topic} in pubsub {pubsub}: {error}")
-            }
-            other => other.to_string(),
+        let Publishing {
+            pubsub,
+            topic,
+            app_id,
+            metadata,
+        } = publishing;
+        let (message, reason, metadata) = match error {
+            PubsubError::Metadata(_) => (
+                error.to_string(),
+                "DAPR_PUBSUB_METADATA_DESERIALIZATION",
+                metadata.clone().into_iter().collect(),
+            ),
+            PubsubError::CloudEvent(why) => (
+                error.to_string(),
+                "DAPR_PUBSUB_CLOUD_EVENT_CREATION",
+                app_error(app_id, Some(why)),
+            ),
+            PubsubError::Publish(why) => (
+                format!("error when publishing to topic {topic} in pubsub {pubsub}: {why}"),
+                PUBLISH_MESSAGE,
+                topic_error(topic, &why.to_string()),
+            ),
         };
         Self {
             status,
             code,
             grpc,
+            details: Some(Details {
+                field: None,
+                resource: Some((PUBSUB, pubsub.to_owned(), message.clone())),
+                reason,
+                metadata: Some(metadata),
+                wrapped: false,
+            }),
             message,
-            details: None,
         }
     }
 
@@ -298,45 +428,50 @@ impl Failure {
 }
 
 impl Failure {
-    /// The HTTP message: with details, Dapr's HTTP handlers wrap the
-    /// message of its errors kit once more.
+    /// The HTTP message: Dapr's state handlers wrap the message of its
+    /// errors kit once more.
     fn http_message(&self) -> String {
-        match self.details {
-            Some(_) => format!("api error: code = {:?} desc = {}", self.grpc, self.message),
-            None => self.message.clone(),
+        match &self.details {
+            Some(details) if details.wrapped => {
+                format!("api error: code = {:?} desc = {}", self.grpc, self.message)
+            }
+            _ => self.message.clone(),
         }
     }
 
     /// The HTTP body: `errorCode`, `message` and Dapr's `details`, each
-    /// as the JSON of its google.rpc message.
+    /// as its errors kit writes the JSON of its google.rpc message.
     fn http_body(&self) -> serde_json::Value {
         let message = self.http_message();
         let Some(details) = &self.details else {
             return serde_json::json!({"errorCode": self.code, "message": message});
         };
-        let (resource_type, resource_name) = &details.resource;
+        let mut sent = Vec::new();
+        if let Some(field) = &details.field {
+            sent.push(serde_json::json!({
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "field_violations": [{"field": field, "description": message}],
+            }));
+        }
+        if let Some((resource_type, resource_name, description)) = &details.resource {
+            sent.push(serde_json::json!({
+                "@type": "type.googleapis.com/google.rpc.ResourceInfo",
+                "resource_type": resource_type,
+                "resource_name": resource_name,
+                "owner": "",
+                "description": description,
+            }));
+        }
+        sent.push(serde_json::json!({
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": details.reason,
+            "domain": DAPR_DOMAIN,
+            "metadata": details.metadata,
+        }));
         serde_json::json!({
             "errorCode": self.code,
             "message": message,
-            "details": [
-                {
-                    "@type": "type.googleapis.com/google.rpc.BadRequest",
-                    "field_violations": [{"field": details.field, "description": message}],
-                },
-                {
-                    "@type": "type.googleapis.com/google.rpc.ResourceInfo",
-                    "resource_type": resource_type,
-                    "resource_name": resource_name,
-                    "owner": "",
-                    "description": "",
-                },
-                {
-                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                    "reason": details.reason,
-                    "domain": DAPR_DOMAIN,
-                    "metadata": null,
-                },
-            ],
+            "details": sent,
         })
     }
 }
@@ -369,13 +504,17 @@ impl From<Failure> for tonic::Status {
         let Some(details) = failure.details else {
             return tonic::Status::new(failure.grpc, failure.message);
         };
-        let (resource_type, resource_name) = details.resource;
-        let details: [ErrorDetail; 3] = [
-            BadRequest::with_violation(details.field, failure.message.clone()).into(),
-            ResourceInfo::new(resource_type, resource_name, "", "").into(),
-            ErrorInfo::new(details.reason, DAPR_DOMAIN, HashMap::new()).into(),
-        ];
-        tonic::Status::with_error_details_vec(failure.grpc, failure.message, details)
+        let mut sent: Vec<ErrorDetail> = Vec::with_capacity(3);
+        if let Some(field) = details.field {
+            sent.push(BadRequest::with_violation(field, failure.message.clone()).into());
+        }
+        if let Some((resource_type, resource_name, description)) = details.resource {
+            sent.push(ResourceInfo::new(resource_type, resource_name, "", description).into());
+        }
+        let metadata: HashMap<String, String> =
+            details.metadata.unwrap_or_default().into_iter().collect();
+        sent.push(ErrorInfo::new(details.reason, DAPR_DOMAIN, metadata).into());
+        tonic::Status::with_error_details_vec(failure.grpc, failure.message, sent)
     }
 }
 
@@ -417,11 +556,11 @@ mod tests {
             Refusal::Expiry => 20,
             Refusal::Malformed(_) => 21,
             Refusal::NotReady => 22,
-            Refusal::PubsubNotFound(_) => 23,
-            Refusal::TopicEmpty(_) => 24,
-            Refusal::IllegalTopic(_) => 25,
+            Refusal::PubsubNotFound { .. } => 23,
+            Refusal::TopicEmpty { .. } => 24,
+            Refusal::IllegalTopic { .. } => 25,
             Refusal::PubsubForbidden { .. } => 26,
-            Refusal::BulkEvents(_) => 27,
+            Refusal::BulkEvents { .. } => 27,
             Refusal::ConfigurationStoreNotFound(_) => 28,
             Refusal::NoAppChannel => 29,
         }
@@ -466,14 +605,29 @@ mod tests {
             Refusal::Expiry,
             Refusal::Malformed("expected value".into()),
             Refusal::NotReady,
-            Refusal::PubsubNotFound("other".into()),
-            Refusal::TopicEmpty("pubsub".into()),
-            Refusal::IllegalTopic("a/+".into()),
+            Refusal::PubsubNotFound {
+                pubsub: "other".into(),
+                metadata: None,
+            },
+            Refusal::TopicEmpty {
+                pubsub: "pubsub".into(),
+                metadata: BTreeMap::new(),
+            },
+            Refusal::IllegalTopic {
+                pubsub: "pubsub".into(),
+                topic: "a/+".into(),
+            },
             Refusal::PubsubForbidden {
+                pubsub: "pubsub".into(),
                 topic: "orders".into(),
                 app_id: "app".into(),
             },
-            Refusal::BulkEvents("entryId is duplicated".into()),
+            Refusal::BulkEvents {
+                pubsub: "pubsub".into(),
+                topic: "orders".into(),
+                app_id: "app".into(),
+                fault: BulkFault::EntryId,
+            },
             Refusal::ConfigurationStoreNotFound("other".into()),
             Refusal::NoAppChannel,
         ];
@@ -562,53 +716,81 @@ mod tests {
             assert!(grpc.details().is_empty(), "{failure:?}");
             return;
         };
-        // Dapr's HTTP handlers wrap its errors kit's message once more.
-        let wrapped = format!(
-            "api error: code = {:?} desc = {}",
-            grpc.code(),
-            grpc.message()
-        );
-        assert_eq!(body["message"], wrapped, "{failure:?}");
-        // The same three details, in Dapr's order, over both.
-        let sent = grpc.get_error_details_vec();
-        let [
-            ErrorDetail::BadRequest(bad),
-            ErrorDetail::ResourceInfo(resource),
-            ErrorDetail::ErrorInfo(info),
-        ] = &sent[..]
-        else {
-            panic!("{failure:?}: gRPC details {sent:?}");
+        // Dapr's state handlers wrap its errors kit's message once more.
+        let message = if details.wrapped {
+            format!(
+                "api error: code = {:?} desc = {}",
+                grpc.code(),
+                grpc.message()
+            )
+        } else {
+            grpc.message().to_owned()
         };
-        let http = &body["details"];
-        assert_eq!(bad.field_violations.len(), 1);
-        assert_eq!(bad.field_violations[0].field, details.field);
-        assert_eq!(bad.field_violations[0].description, grpc.message());
-        assert_eq!(http[0]["field_violations"][0]["field"], details.field);
-        assert_eq!(http[0]["field_violations"][0]["description"], wrapped);
-        assert_eq!(
-            (resource.resource_type.as_str(), &resource.resource_name),
-            (details.resource.0, &details.resource.1)
-        );
-        assert_eq!(http[1]["resource_type"], details.resource.0);
-        assert_eq!(http[1]["resource_name"], details.resource.1);
-        assert_eq!(
-            (info.reason.as_str(), info.domain.as_str()),
-            (details.reason, "dapr.io")
-        );
-        assert!(info.metadata.is_empty());
-        assert_eq!(http[2]["reason"], details.reason);
-        assert_eq!(http[2]["domain"], "dapr.io");
-        for (detail, kind) in
-            http.as_array()
-                .unwrap()
-                .iter()
-                .zip(["BadRequest", "ResourceInfo", "ErrorInfo"])
-        {
+        assert_eq!(body["message"], message, "{failure:?}");
+        // The same details, in Dapr's order, over both.
+        let sent = grpc.get_error_details_vec();
+        let http = body["details"].as_array().unwrap();
+        assert_eq!(sent.len(), http.len(), "{failure:?}: {sent:?}");
+        let mut kinds = Vec::new();
+        for (detail, json) in sent.iter().zip(http) {
+            let kind = match detail {
+                ErrorDetail::BadRequest(bad) => {
+                    assert_eq!(bad.field_violations.len(), 1);
+                    assert_eq!(Some(&bad.field_violations[0].field), details.field.as_ref());
+                    assert_eq!(bad.field_violations[0].description, grpc.message());
+                    assert_eq!(
+                        json["field_violations"][0]["field"],
+                        bad.field_violations[0].field
+                    );
+                    assert_eq!(json["field_violations"][0]["description"], message);
+                    "BadRequest"
+                }
+                ErrorDetail::ResourceInfo(resource) => {
+                    let (kind, name, description) = details.resource.clone().unwrap();
+                    assert_eq!(
+                        (
+                            resource.resource_type.as_str(),
+                            &resource.resource_name,
+                            &resource.description
+                        ),
+                        (kind, &name, &description)
+                    );
+                    assert_eq!(json["resource_type"], kind);
+                    assert_eq!(json["resource_name"], name);
+                    assert_eq!(json["owner"], "");
+                    assert_eq!(json["description"], description);
+                    "ResourceInfo"
+                }
+                ErrorDetail::ErrorInfo(info) => {
+                    assert_eq!(
+                        (info.reason.as_str(), info.domain.as_str()),
+                        (details.reason, "dapr.io")
+                    );
+                    let metadata: BTreeMap<String, String> =
+                        info.metadata.clone().into_iter().collect();
+                    assert_eq!(metadata, details.metadata.clone().unwrap_or_default());
+                    assert_eq!(json["reason"], details.reason);
+                    assert_eq!(json["domain"], "dapr.io");
+                    assert_eq!(json["metadata"], serde_json::json!(details.metadata));
+                    "ErrorInfo"
+                }
+                other => panic!("{failure:?}: {other:?}"),
+            };
             assert_eq!(
-                detail["@type"],
+                json["@type"],
                 format!("type.googleapis.com/google.rpc.{kind}")
             );
+            kinds.push(kind);
         }
+        let mut expected = Vec::new();
+        if details.field.is_some() {
+            expected.push("BadRequest");
+        }
+        if details.resource.is_some() {
+            expected.push("ResourceInfo");
+        }
+        expected.push("ErrorInfo");
+        assert_eq!(kinds, expected, "{failure:?}");
     }
 
     #[tokio::test]
@@ -627,24 +809,116 @@ mod tests {
         }
     }
 
+    fn publishing(metadata: &HashMap<String, String>) -> Publishing<'_> {
+        Publishing {
+            pubsub: "pubsub",
+            topic: "orders",
+            app_id: "app",
+            metadata,
+        }
+    }
+
     #[tokio::test]
     async fn every_publish_failure_means_the_same_over_http_and_grpc() {
+        let metadata = HashMap::from([("rawPayload".to_owned(), "yes".to_owned())]);
         for error in [
             PubsubError::Metadata("rawPayload value must be a valid boolean".into()),
-            PubsubError::CloudEvent,
+            PubsubError::CloudEvent("expected value at line 1 column 1".into()),
             PubsubError::Publish(crate::mqtt::PublishError::NotAuthorized),
         ] {
-            assert_same_over_both(Failure::of_publish("pubsub", "orders", &error)).await;
+            assert_same_over_both(Failure::of_publish(publishing(&metadata), &error)).await;
         }
         let failed = Failure::of_publish(
-            "pubsub",
-            "orders",
+            publishing(&metadata),
             &PubsubError::Publish(crate::mqtt::PublishError::Unavailable),
         );
         assert_eq!(
             failed.message,
             "error when publishing to topic orders in pubsub pubsub: no usable broker connection"
         );
+    }
+
+    #[test]
+    fn pubsub_failures_carry_daprds_details() {
+        let metadata = HashMap::from([("rawPayload".to_owned(), "yes".to_owned())]);
+        let resource = |message: &str| Some((PUBSUB, "pubsub".to_owned(), message.to_owned()));
+        let map = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        let metadata_error = Failure::of_publish(
+            publishing(&metadata),
+            &PubsubError::Metadata(
+                "rawPayload value must be a valid boolean: actual is 'yes'".into(),
+            ),
+        );
+        let message = "failed deserializing metadata. Error: rawPayload value must be a valid boolean: actual is 'yes'";
+        assert_eq!(metadata_error.message, message);
+        assert_eq!(
+            metadata_error.details,
+            Some(Details {
+                field: None,
+                resource: resource(message),
+                reason: "DAPR_PUBSUB_METADATA_DESERIALIZATION",
+                metadata: map(&[("rawPayload", "yes")]),
+                wrapped: false,
+            })
+        );
+        let cloud_event = Failure::of_publish(
+            publishing(&metadata),
+            &PubsubError::CloudEvent("expected value".into()),
+        );
+        assert_eq!(
+            cloud_event.details.unwrap().metadata,
+            map(&[("appID", "app"), ("error", "expected value")])
+        );
+        let published = Failure::of_publish(
+            publishing(&metadata),
+            &PubsubError::Publish(crate::mqtt::PublishError::NotAuthorized),
+        );
+        let details = published.details.unwrap();
+        assert_eq!(details.reason, "DAPR_PUBSUB_PUBLISH_MESSAGE");
+        assert_eq!(details.resource, resource(&published.message));
+        assert_eq!(details.metadata.unwrap()["topic"], "orders");
+        // A pub/sub that is not found: no ResourceInfo, as daprd.
+        let not_found = Failure::from(Refusal::PubsubNotFound {
+            pubsub: "kafka".into(),
+            metadata: map(&[]),
+        });
+        assert_eq!(not_found.message, "pubsub kafka is not found");
+        let details = not_found.details.unwrap();
+        assert_eq!(
+            (details.reason, details.resource),
+            ("DAPR_PUBSUB_NOT_FOUND", None)
+        );
+        let forbidden = Failure::from(Refusal::PubsubForbidden {
+            pubsub: "pubsub".into(),
+            topic: "orders".into(),
+            app_id: "app".into(),
+        });
+        let message = "topic orders is not allowed for app id app";
+        assert_eq!(forbidden.message, message);
+        assert_eq!(
+            forbidden.details.unwrap().metadata,
+            map(&[("topic", "orders"), ("error", message)])
+        );
+        let unmarshal = Failure::from(Refusal::BulkEvents {
+            pubsub: "pubsub".into(),
+            topic: "orders".into(),
+            app_id: "app".into(),
+            fault: BulkFault::Unmarshal("expected `[`".into()),
+        });
+        assert_eq!(
+            unmarshal.message,
+            "error when unmarshaling the request for topic orders pubsub pubsub: expected `[`"
+        );
+        let details = unmarshal.details.unwrap();
+        assert_eq!(details.reason, "DAPR_PUBSUB_UNMARSHAL_EVENTS");
+        assert_eq!(details.metadata, map(&[("appID", "app")]));
     }
 
     #[test]
@@ -665,9 +939,11 @@ mod tests {
         assert_eq!(
             key.details,
             Some(Details {
-                field: "a||b".into(),
-                resource: ("state", "statestore".into()),
+                field: Some("a||b".into()),
+                resource: Some(("state", "statestore".into(), String::new())),
                 reason: "DAPR_STATE_ILLEGAL_KEY",
+                metadata: None,
+                wrapped: true,
             })
         );
         for (call, code, message) in [

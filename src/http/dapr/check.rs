@@ -3,7 +3,7 @@
 //! expiry, counts and operation names. A broken rule is a [`Refusal`],
 //! which [`super::answer`] turns into Dapr's HTTP answer or gRPC status.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -110,27 +110,89 @@ pub enum Refusal {
     #[error("the gateway is not connected to the state store")]
     NotReady,
     /// No pub/sub component of that name.
-    #[error("pubsub {0} is not found")]
-    PubsubNotFound(String),
-    /// A publish without a topic (the pub/sub component's name).
-    #[error("topic is empty in pubsub {0}")]
-    TopicEmpty(String),
-    /// A topic MQTT does not allow in a PUBLISH.
-    #[error(
-        "topic {0:?} cannot be published to: an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes"
-    )]
-    IllegalTopic(String),
+    #[error("pubsub {pubsub} is not found")]
+    PubsubNotFound {
+        /// The name asked for.
+        pubsub: String,
+        /// The request's metadata, as daprd names it in the error's
+        /// `ErrorInfo` (over HTTP; none over gRPC).
+        metadata: Option<BTreeMap<String, String>>,
+    },
+    /// A publish without a topic.
+    #[error("topic is empty in pubsub {pubsub}")]
+    TopicEmpty {
+        /// The pub/sub component's name.
+        pubsub: String,
+        /// The request's metadata (the error's `ErrorInfo`).
+        metadata: BTreeMap<String, String>,
+    },
+    /// A topic MQTT does not allow in a PUBLISH: daprd's publish failure
+    /// (its MQTT component fails the publish), before anything is sent.
+    #[error("error when publishing to topic {topic} in pubsub {pubsub}: {ILLEGAL_TOPIC}")]
+    IllegalTopic {
+        /// The pub/sub component's name.
+        pubsub: String,
+        /// The topic.
+        topic: String,
+    },
     /// The caller's rules do not allow publishing on the topic.
     #[error("topic {topic} is not allowed for app id {app_id}")]
     PubsubForbidden {
+        /// The pub/sub component's name.
+        pubsub: String,
         /// The topic.
         topic: String,
         /// The app id the gateway serves.
         app_id: String,
     },
-    /// A bulk publish's events cannot be read (Dapr's message).
-    #[error("{0}")]
-    BulkEvents(String),
+    /// A bulk publish's events cannot be read (Dapr's messages).
+    #[error("{}", fault.message(pubsub, topic))]
+    BulkEvents {
+        /// The pub/sub component's name.
+        pubsub: String,
+        /// The topic.
+        topic: String,
+        /// The app id the gateway serves (the error's `ErrorInfo`).
+        app_id: String,
+        /// What is wrong with them.
+        fault: BulkFault,
+    },
+}
+
+/// Why an illegal topic cannot be published to.
+pub const ILLEGAL_TOPIC: &str =
+    "an MQTT topic name holds no '+', '#' or NUL and has at most 65535 bytes";
+
+/// What is wrong with a bulk publish's events, as daprd tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BulkFault {
+    /// The body is not a list of entries (the parser's error).
+    Unmarshal(String),
+    /// An entry's event is not of its content type.
+    Envelope(String),
+    /// An entry id is missing or repeated.
+    EntryId,
+}
+
+impl BulkFault {
+    /// daprd's message for it.
+    fn message(&self, pubsub: &str, topic: &str) -> String {
+        match self {
+            Self::Unmarshal(error) => format!(
+                "error when unmarshaling the request for topic {topic} pubsub {pubsub}: {error}"
+            ),
+            Self::Envelope(error) => format!(
+                "error when marshalling cloud event envelope for topic {topic} pubsub {pubsub}: {error}"
+            ),
+            Self::EntryId => format!(
+                "error marshaling events to bytes for topic {topic} pubsub {pubsub}. error: {}",
+                Self::ENTRY_ID
+            ),
+        }
+    }
+
+    /// daprd's error for a missing or repeated entry id.
+    pub const ENTRY_ID: &str = "entryId is duplicated or not present for entry";
 }
 
 /// What [`Refusal::TooMany`] counted.
@@ -213,15 +275,30 @@ pub(super) fn state_store(state: &AppState, name: &str) -> Result<(), Refusal> {
 
 /// The pub/sub component a request names must be one of the gateway's,
 /// and its topic one MQTT allows in a PUBLISH.
-pub(super) fn publish_target(state: &AppState, pubsub: &str, topic: &str) -> Result<(), Refusal> {
+pub(super) fn publish_target(
+    state: &AppState,
+    pubsub: &str,
+    topic: &str,
+    metadata: &HashMap<String, String>,
+) -> Result<(), Refusal> {
+    let sorted = || metadata.clone().into_iter().collect::<BTreeMap<_, _>>();
     if !state.dapr.has_pubsub(pubsub) {
-        return Err(Refusal::PubsubNotFound(pubsub.to_owned()));
+        return Err(Refusal::PubsubNotFound {
+            pubsub: pubsub.to_owned(),
+            metadata: Some(sorted()),
+        });
     }
     if topic.is_empty() {
-        return Err(Refusal::TopicEmpty(pubsub.to_owned()));
+        return Err(Refusal::TopicEmpty {
+            pubsub: pubsub.to_owned(),
+            metadata: sorted(),
+        });
     }
     if topic.len() > usize::from(u16::MAX) || topic.contains(['+', '#', '\0']) {
-        return Err(Refusal::IllegalTopic(topic.to_owned()));
+        return Err(Refusal::IllegalTopic {
+            pubsub: pubsub.to_owned(),
+            topic: topic.to_owned(),
+        });
     }
     Ok(())
 }
@@ -229,6 +306,7 @@ pub(super) fn publish_target(state: &AppState, pubsub: &str, topic: &str) -> Res
 /// A bulk publish's entry ids: each present and different (Dapr's rule,
 /// and message).
 pub(super) fn entry_ids<'a>(
+    state: &AppState,
     pubsub: &str,
     topic: &str,
     ids: impl Iterator<Item = &'a str>,
@@ -236,12 +314,25 @@ pub(super) fn entry_ids<'a>(
     let mut seen = std::collections::HashSet::new();
     for id in ids {
         if id.is_empty() || !seen.insert(id) {
-            return Err(Refusal::BulkEvents(format!(
-                "error marshaling events to bytes for topic {topic} pubsub {pubsub}. error: entryId is duplicated or not present for entry"
-            )));
+            return Err(bulk_events(state, pubsub, topic, BulkFault::EntryId));
         }
     }
     Ok(())
+}
+
+/// A bulk publish's events refused for `fault`.
+pub(super) fn bulk_events(
+    state: &AppState,
+    pubsub: &str,
+    topic: &str,
+    fault: BulkFault,
+) -> Refusal {
+    Refusal::BulkEvents {
+        pubsub: pubsub.to_owned(),
+        topic: topic.to_owned(),
+        app_id: state.dapr.settings().app_id.clone(),
+        fault,
+    }
 }
 
 /// A bulk entry's metadata: the request's, with the entry's own over it.
@@ -410,10 +501,11 @@ impl<'a> Check<'a> {
 
     /// The caller's rules let it publish on `topic` (`brokerResources`,
     /// method `Publish`).
-    pub(super) fn publish(&self, topic: &str) -> Result<(), Refusal> {
+    pub(super) fn publish(&self, pubsub: &str, topic: &str) -> Result<(), Refusal> {
         self.access
             .require_topic(topic, TopicNeed::Publish)
             .map_err(|_| Refusal::PubsubForbidden {
+                pubsub: pubsub.to_owned(),
                 topic: topic.to_owned(),
                 app_id: self.state.dapr.settings().app_id.clone(),
             })

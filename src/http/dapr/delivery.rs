@@ -18,14 +18,15 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use tokio::sync::mpsc;
 
-use super::app_callback::app_callback;
+use super::app_callback::{app_callback, on_bulk_topic_event};
 use super::proto::runtime::v1::subscribe_topic_events_request_alpha1::SubscribeTopicEventsRequestType;
 use super::proto::runtime::v1::subscribe_topic_events_response_alpha1::SubscribeTopicEventsResponseType;
+use super::proto::runtime::v1::topic_event_bulk_request_entry::Event as BulkEntryEvent;
 use super::proto::runtime::v1::topic_event_response::TopicEventResponseStatus;
 use super::proto::runtime::v1::{
     SubscribeTopicEventsRequestAlpha1, SubscribeTopicEventsRequestInitialAlpha1,
     SubscribeTopicEventsResponseAlpha1, SubscribeTopicEventsResponseInitialAlpha1,
-    TopicEventRequest,
+    TopicEventBulkRequest, TopicEventBulkRequestEntry, TopicEventCeRequest, TopicEventRequest,
 };
 use crate::dapr::app::AppChannel;
 use crate::dapr::pubsub::{
@@ -121,7 +122,7 @@ pub async fn run(
     // Aborting this task drops the set, which aborts every delivery, and
     // the last reference to the subscriber, which then disconnects.
     let mut tasks = tokio::task::JoinSet::new();
-    // Bulk subscriptions of an HTTP app: one batcher each, by index.
+    // Bulk subscriptions: one batcher each, by index.
     let mut batchers: HashMap<usize, mpsc::UnboundedSender<Received>> = HashMap::new();
     while let Some(message) = received.recv().await {
         // Finished tasks are reaped as new ones come: the set holds at
@@ -131,10 +132,7 @@ pub async fn run(
             .subscriptions
             .iter()
             .position(|subscription| topic_matches(&subscription.topic, &message.topic))
-            .filter(|&at| {
-                deliverer.subscriptions[at].bulk.is_some()
-                    && deliverer.app.protocol() == AppProtocol::Http
-            });
+            .filter(|&at| deliverer.subscriptions[at].bulk.is_some());
         match bulk {
             None => {
                 tasks.spawn(deliverer.clone().deliver(message));
@@ -354,11 +352,11 @@ impl Deliverer {
         }
     }
 
-    /// One bulk call per route, as daprd's: `POST /<path>` of the entries
-    /// as JSON, the app's `statuses` read per entry (SUCCESS acknowledges,
-    /// DROP drops, RETRY or no status retries the entry in the next call
-    /// after the backoff; a 404 drops them all, any other status retries
-    /// them all). Past the policy's calls, the remaining entries go to the
+    /// One bulk call per route, as daprd's (`POST /<path>` of the entries
+    /// as JSON to an HTTP app, `OnBulkTopicEvent` to a gRPC app), the
+    /// app's statuses read per entry (SUCCESS acknowledges, DROP drops,
+    /// RETRY or no status retries the entry in the next call after the
+    /// backoff; a failed call retries them all). Past the policy's calls, the remaining entries go to the
     /// dead letter topic, if any, else are tried again without end.
     async fn deliver_bulk(self: Arc<Self>, at: usize, messages: Vec<Received>) {
         let subscription = &self.subscriptions[at];
@@ -410,43 +408,17 @@ impl Deliverer {
                         )
                     })
                     .collect();
-                let body = pubsub::http_bulk_body(subscription, &entries);
-                let answer = self
-                    .app
-                    .post(&path, "application/json", HeaderMap::new(), body)
-                    .await;
-                let all = |outcome: Outcome, outcomes: &mut HashMap<String, Outcome>| {
-                    for (id, ..) in &entries {
-                        outcomes.insert(id.clone(), outcome);
-                    }
+                let outcome = match self.app.protocol() {
+                    AppProtocol::Http => self.call_bulk_http(subscription, &path, &entries).await,
+                    AppProtocol::Grpc => self.call_bulk_grpc(subscription, &path, &entries).await,
                 };
-                match answer {
-                    Ok(answer) if answer.status.is_success() => {
-                        // An entry without a status retries, as in daprd.
-                        all(Outcome::Retry, &mut outcomes);
-                        for (id, outcome) in
-                            pubsub::http_bulk_outcomes(&answer.body).unwrap_or_default()
-                        {
-                            if let Some(known) = outcomes.get_mut(&id) {
-                                *known = outcome;
-                            }
-                        }
-                    }
-                    Ok(answer) if answer.status == hyper::StatusCode::NOT_FOUND => {
-                        all(Outcome::Drop, &mut outcomes);
-                    }
-                    Ok(answer) => {
-                        tracing::warn!(
-                            status = answer.status.as_u16(),
-                            path,
-                            "the app asks for the bulk events again"
-                        );
-                        all(Outcome::Retry, &mut outcomes);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "bulk events not delivered");
-                        all(Outcome::Retry, &mut outcomes);
-                    }
+                // An entry without a status retries, as in daprd.
+                for (id, ..) in &entries {
+                    let known = match &outcome {
+                        BulkOutcome::All(outcome) => Some(*outcome),
+                        BulkOutcome::Each(each) => each.get(id).copied(),
+                    };
+                    outcomes.insert(id.clone(), known.unwrap_or(Outcome::Retry));
                 }
             }
             let mut again = Vec::new();
@@ -470,6 +442,90 @@ impl Deliverer {
                 return;
             }
             tokio::time::sleep(retry.delay(attempt)).await;
+        }
+    }
+
+    /// One HTTP bulk call: `POST /<path>` of the entries as daprd's JSON;
+    /// a 2xx answer's `statuses` per entry, a 404 drops them all, any
+    /// other answer retries them all.
+    async fn call_bulk_http(
+        &self,
+        subscription: &Subscription,
+        path: &str,
+        entries: &[(String, &Event, Option<&bytes::Bytes>)],
+    ) -> BulkOutcome {
+        let body = pubsub::http_bulk_body(subscription, entries);
+        match self
+            .app
+            .post(path, "application/json", HeaderMap::new(), body)
+            .await
+        {
+            Ok(answer) if answer.status.is_success() => BulkOutcome::Each(
+                pubsub::http_bulk_outcomes(&answer.body)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            ),
+            Ok(answer) if answer.status == hyper::StatusCode::NOT_FOUND => {
+                BulkOutcome::All(Outcome::Drop)
+            }
+            Ok(answer) => {
+                tracing::warn!(
+                    status = answer.status.as_u16(),
+                    path,
+                    "the app asks for the bulk events again"
+                );
+                BulkOutcome::All(Outcome::Retry)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "bulk events not delivered");
+                BulkOutcome::All(Outcome::Retry)
+            }
+        }
+    }
+
+    /// One gRPC bulk call, as daprd's: `OnBulkTopicEvent`, else (not
+    /// implemented) `OnBulkTopicEventAlpha1`; each entry's status
+    /// (SUCCESS, RETRY, DROP; unknown ones retry). Neither implemented:
+    /// all acknowledged with a warning, as daprd; any other error retries
+    /// them all.
+    async fn call_bulk_grpc(
+        &self,
+        subscription: &Subscription,
+        path: &str,
+        entries: &[(String, &Event, Option<&bytes::Bytes>)],
+    ) -> BulkOutcome {
+        let request = topic_event_bulk_request(subscription, path, entries);
+        match on_bulk_topic_event(
+            &self.app,
+            self.settings.max_message_bytes,
+            request,
+            self.app.call_timeout(),
+        )
+        .await
+        {
+            Ok(answer) => BulkOutcome::Each(
+                answer
+                    .statuses
+                    .into_iter()
+                    .map(|entry| {
+                        let outcome = match TopicEventResponseStatus::try_from(entry.status) {
+                            Ok(TopicEventResponseStatus::Success) => Outcome::Success,
+                            Ok(TopicEventResponseStatus::Drop) => Outcome::Drop,
+                            Ok(TopicEventResponseStatus::Retry) | Err(_) => Outcome::Retry,
+                        };
+                        (entry.entry_id, outcome)
+                    })
+                    .collect(),
+            ),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::warn!(%status, topic = %subscription.topic, "the app implements neither OnBulkTopicEvent nor OnBulkTopicEventAlpha1: bulk events acknowledged");
+                BulkOutcome::All(Outcome::Success)
+            }
+            Err(status) => {
+                tracing::warn!(%status, topic = %subscription.topic, "OnBulkTopicEvent failed");
+                BulkOutcome::All(Outcome::Retry)
+            }
         }
     }
 
@@ -746,15 +802,78 @@ fn topic_event_request(
     event: &Event,
     path: &str,
 ) -> TopicEventRequest {
+    let TopicEventCeRequest {
+        id,
+        source,
+        r#type,
+        spec_version,
+        data_content_type,
+        data,
+    } = cloud_event_request(event);
     TopicEventRequest {
+        id,
+        source,
+        r#type,
+        spec_version,
+        data_content_type,
+        data,
+        topic: subscription.topic.clone(),
+        pubsub_name: subscription.pubsub_name.clone(),
+        path: path.to_owned(),
+    }
+}
+
+/// The event's CloudEvent attributes and data as gRPC carries them.
+fn cloud_event_request(event: &Event) -> TopicEventCeRequest {
+    TopicEventCeRequest {
         id: event.id().to_owned(),
         source: event.text("source").to_owned(),
         r#type: event.text("type").to_owned(),
         spec_version: event.text("specversion").to_owned(),
         data_content_type: event.text("datacontenttype").to_owned(),
         data: event.data_bytes(),
+    }
+}
+
+/// What a bulk call's answer means for its entries.
+enum BulkOutcome {
+    /// The same for every entry.
+    All(Outcome),
+    /// Per entry id; an entry not named retries.
+    Each(HashMap<String, Outcome>),
+}
+
+/// The gRPC shape of a bulk call (`OnBulkTopicEvent`), as daprd's: each
+/// entry its CloudEvent (as `OnTopicEvent` gets it), or for `rawPayload`
+/// the bytes as they arrived.
+fn topic_event_bulk_request(
+    subscription: &Subscription,
+    path: &str,
+    entries: &[(String, &Event, Option<&bytes::Bytes>)],
+) -> TopicEventBulkRequest {
+    TopicEventBulkRequest {
+        id: format!("{:032x}", rand::random::<u128>()),
+        entries: entries
+            .iter()
+            .map(|(entry_id, event, raw)| match raw {
+                Some(raw) => TopicEventBulkRequestEntry {
+                    entry_id: entry_id.clone(),
+                    event: Some(BulkEntryEvent::Bytes((*raw).clone())),
+                    content_type: "application/octet-stream".to_owned(),
+                    metadata: HashMap::new(),
+                },
+                None => TopicEventBulkRequestEntry {
+                    entry_id: entry_id.clone(),
+                    event: Some(BulkEntryEvent::CloudEvent(cloud_event_request(event))),
+                    content_type: CLOUD_EVENT_CONTENT_TYPE.to_owned(),
+                    metadata: HashMap::new(),
+                },
+            })
+            .collect(),
+        metadata: HashMap::new(),
         topic: subscription.topic.clone(),
         pubsub_name: subscription.pubsub_name.clone(),
+        r#type: pubsub::DEFAULT_BULK_EVENT_TYPE.to_owned(),
         path: path.to_owned(),
     }
 }

@@ -24,7 +24,7 @@ use prost::Message as _;
 use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Status};
 
-use super::answer::{Failure, Operation};
+use super::answer::{Failure, Operation, Publishing};
 use super::check::{self, Check, OperationKind, Refusal, SaveItem};
 use super::codec::{Checked, DecodeLimits};
 use super::proto::common::v1::{
@@ -152,9 +152,11 @@ impl DaprGrpc {
         let access = self.access(&request);
         let request = request.into_inner();
         let (pubsub, topic) = (request.pubsub_name, request.topic);
-        check::publish_target(&self.state, &pubsub, &topic)?;
-        Check::new(&self.state, &access).publish(&topic)?;
+        check::publish_target(&self.state, &pubsub, &topic, &request.metadata)
+            .map_err(grpc_publish_refusal)?;
+        Check::new(&self.state, &access).publish(&pubsub, &topic)?;
         check::entry_ids(
+            &self.state,
             &pubsub,
             &topic,
             request.entries.iter().map(|entry| entry.entry_id.as_str()),
@@ -172,14 +174,20 @@ impl DaprGrpc {
                 (entry.entry_id, event)
             })
             .collect();
+        let publishing = Publishing {
+            pubsub: &pubsub,
+            topic: &topic,
+            app_id: &self.state.dapr.settings().app_id,
+            metadata: &request.metadata,
+        };
         let failed = self
             .state
             .dapr
             .publish_bulk(&pubsub, events)
             .await
-            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+            .map_err(|error| Status::from(Failure::of_publish(publishing, &error)))?;
         if let Some((_, error)) = failed.first() {
-            return Err(Failure::of_publish(&pubsub, &topic, error).into());
+            return Err(Failure::of_publish(publishing, error).into());
         }
         Ok(tonic::Response::new(BulkPublishResponse::default()))
     }
@@ -560,21 +568,27 @@ impl Dapr for DaprGrpc {
     async fn publish_event(&self, request: Request<PublishEventRequest>) -> Answer<()> {
         let access = self.access(&request);
         let request = request.into_inner();
-        let pubsub = request.pubsub_name;
-        check::publish_target(&self.state, &pubsub, &request.topic)?;
-        Check::new(&self.state, &access).publish(&request.topic)?;
+        let (pubsub, topic) = (request.pubsub_name, request.topic);
+        check::publish_target(&self.state, &pubsub, &topic, &request.metadata)
+            .map_err(grpc_publish_refusal)?;
+        Check::new(&self.state, &access).publish(&pubsub, &topic)?;
         let event = Event {
-            topic: request.topic,
+            topic: topic.clone(),
             data: request.data,
             content_type: request.data_content_type,
-            metadata: request.metadata,
+            metadata: request.metadata.clone(),
         };
-        let topic = event.topic.clone();
+        let publishing = Publishing {
+            pubsub: &pubsub,
+            topic: &topic,
+            app_id: &self.state.dapr.settings().app_id,
+            metadata: &request.metadata,
+        };
         self.state
             .dapr
             .publish(&pubsub, event)
             .await
-            .map_err(|error| Status::from(Failure::of_publish(&pubsub, &topic, &error)))?;
+            .map_err(|error| Status::from(Failure::of_publish(publishing, &error)))?;
         Ok(tonic::Response::new(()))
     }
 
@@ -710,6 +724,19 @@ impl Dapr for DaprGrpc {
         Ok(tonic::Response::new(UnlockResponse {
             status: status as i32,
         }))
+    }
+}
+
+/// A publish's target refused over gRPC: daprd's gRPC API names no
+/// metadata in a pub/sub that is not found (its HTTP API names the
+/// request's).
+fn grpc_publish_refusal(refusal: Refusal) -> Refusal {
+    match refusal {
+        Refusal::PubsubNotFound { pubsub, .. } => Refusal::PubsubNotFound {
+            pubsub,
+            metadata: None,
+        },
+        other => other,
     }
 }
 

@@ -30,8 +30,9 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::answer::{Failure, Operation};
-use super::check::{self, Check, Counted, OperationKind, Refusal, SaveItem};
+use super::answer::{Failure, Operation, Publishing};
+use super::app_callback::deliver_configuration;
+use super::check::{self, BulkFault, Check, Counted, OperationKind, Refusal, SaveItem};
 use crate::access::rules::{Access, Need};
 use crate::dapr::AppProtocol;
 use crate::dapr::configuration::items_json;
@@ -268,29 +269,44 @@ async fn publish(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    check::publish_target(&state, &pubsub, &topic)?;
-    Check::new(&state, &access).publish(&topic)?;
+    let metadata = query_metadata(query.as_deref());
+    check::publish_target(&state, &pubsub, &topic, &metadata)?;
+    Check::new(&state, &access).publish(&pubsub, &topic)?;
     let data = bounded_body(&state, &headers, body).await?;
     let event = Event {
-        topic,
+        topic: topic.clone(),
         data,
         content_type: content_type(&headers),
-        metadata: query_metadata(query.as_deref()),
+        metadata: metadata.clone(),
     };
-    let topic = event.topic.clone();
-    state
-        .dapr
-        .publish(&pubsub, event)
-        .await
-        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+    let app_id = &state.dapr.settings().app_id;
+    state.dapr.publish(&pubsub, event).await.map_err(|error| {
+        Failure::of_publish(
+            Publishing {
+                pubsub: &pubsub,
+                topic: &topic,
+                app_id,
+                metadata: &metadata,
+            },
+            &error,
+        )
+    })?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST|PUT /v1.0/publish/{pubsub}` without a topic.
-async fn publish_no_topic(State(state): State<AppState>, Path(pubsub): Path<String>) -> Answer {
-    Err(check::publish_target(&state, &pubsub, "")
+async fn publish_no_topic(
+    State(state): State<AppState>,
+    Path(pubsub): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Answer {
+    let metadata = query_metadata(query.as_deref());
+    Err(check::publish_target(&state, &pubsub, "", &metadata)
         .err()
-        .unwrap_or(Refusal::TopicEmpty(pubsub))
+        .unwrap_or_else(|| Refusal::TopicEmpty {
+            pubsub,
+            metadata: metadata.into_iter().collect(),
+        })
         .into())
 }
 
@@ -372,18 +388,19 @@ async fn publish_bulk(
     headers: HeaderMap,
     body: Body,
 ) -> Answer {
-    check::publish_target(&state, &pubsub, &topic)?;
-    Check::new(&state, &access).publish(&topic)?;
-    let body = bounded_body(&state, &headers, body).await?;
     let metadata = query_metadata(query.as_deref());
+    check::publish_target(&state, &pubsub, &topic, &metadata)?;
+    Check::new(&state, &access).publish(&pubsub, &topic)?;
+    let body = bounded_body(&state, &headers, body).await?;
     let entries: Vec<BulkEntry<'_>> = json_list(&body, state.limits.max_batch_ops, Counted::Items)
         .map_err(|refusal| match refusal {
-            Refusal::Malformed(error) => Refusal::BulkEvents(format!(
-                "error when unmarshaling the request for topic {topic} pubsub {pubsub}: {error}"
-            )),
+            Refusal::Malformed(error) => {
+                check::bulk_events(&state, &pubsub, &topic, BulkFault::Unmarshal(error))
+            }
             other => other,
         })?;
     check::entry_ids(
+        &state,
         &pubsub,
         &topic,
         entries.iter().map(|entry| entry.entry_id.as_str()),
@@ -391,9 +408,7 @@ async fn publish_bulk(
     let mut events = Vec::with_capacity(entries.len());
     for entry in entries {
         let data = entry_data(&body, &entry).map_err(|error| {
-            Refusal::BulkEvents(format!(
-                "error when marshalling cloud event envelope for topic {topic} pubsub {pubsub}: {error}"
-            ))
+            check::bulk_events(&state, &pubsub, &topic, BulkFault::Envelope(error))
         })?;
         let event = Event {
             topic: topic.clone(),
@@ -403,15 +418,21 @@ async fn publish_bulk(
         };
         events.push((entry.entry_id, event));
     }
+    let publishing = Publishing {
+        pubsub: &pubsub,
+        topic: &topic,
+        app_id: &state.dapr.settings().app_id,
+        metadata: &metadata,
+    };
     let failed = state
         .dapr
         .publish_bulk(&pubsub, events)
         .await
-        .map_err(|error| Failure::of_publish(&pubsub, &topic, &error))?;
+        .map_err(|error| Failure::of_publish(publishing, &error))?;
     let Some((_, first)) = failed.first() else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
-    let failure = Failure::of_publish(&pubsub, &topic, first);
+    let failure = Failure::of_publish(publishing, first);
     let failed_entries: Vec<_> = failed
         .iter()
         .map(|(id, error)| serde_json::json!({"entryId": id, "error": error.to_string()}))
@@ -993,8 +1014,8 @@ async fn get_configuration(
 
 /// `GET /v1.0/configuration/{store}/subscribe?key=...`: `{"id"}`; the
 /// changes go to the app's `/configuration/{store}/{key}` on its channel
-/// ([`crate::dapr::configuration`]). Without an HTTP app channel, as Dapr
-/// answers without one.
+/// ([`crate::dapr::configuration`]; a gRPC app's `OnInvoke`). Without an
+/// app channel, as Dapr answers without one.
 async fn subscribe_configuration(
     State(state): State<AppState>,
     Path(store): Path<String>,
@@ -1002,11 +1023,7 @@ async fn subscribe_configuration(
     access: Access,
 ) -> Answer {
     check::configuration_store(&state, &store)?;
-    let Some(app) = state
-        .app
-        .clone()
-        .filter(|app| app.protocol() == AppProtocol::Http)
-    else {
+    let Some(app) = state.app.clone() else {
         return Err(Refusal::NoAppChannel.into());
     };
     let names = query_keys(query.as_deref());
@@ -1017,7 +1034,15 @@ async fn subscribe_configuration(
         .await
         .map_err(Failure::on(Operation::ConfigurationSubscribe))?;
     let id = subscription.id.clone();
-    tokio::spawn(subscription.deliver_to(app, store));
+    match app.protocol() {
+        AppProtocol::Http => {
+            tokio::spawn(subscription.deliver_to(app, store));
+        }
+        AppProtocol::Grpc => {
+            let max = state.limits.dapr_max_body_size;
+            tokio::spawn(deliver_configuration(subscription, app, store, max));
+        }
+    }
     Ok(axum::Json(serde_json::json!({ "id": id })).into_response())
 }
 

@@ -92,6 +92,8 @@ pub struct Answer {
     pub message: String,
     /// The answer's message, without its 5-byte prefix (empty if none).
     pub body: Bytes,
+    /// The status's details (`grpc-status-details-bin`), decoded.
+    pub details: Vec<tonic_types::ErrorDetail>,
 }
 
 impl Answer {
@@ -194,6 +196,17 @@ impl GrpcClient {
                 .parse()
                 .unwrap();
             let message = field("grpc-message").unwrap_or_default();
+            let status_fields = if trailers.contains_key("grpc-status") {
+                &trailers
+            } else {
+                &headers
+            };
+            let details = tonic::Status::from_header_map(status_fields)
+                .map(|status| {
+                    use tonic_types::StatusExt as _;
+                    status.get_error_details_vec()
+                })
+                .unwrap_or_default();
             let body = collected.to_bytes();
             let body = if body.len() >= 5 {
                 body.slice(5..)
@@ -204,6 +217,7 @@ impl GrpcClient {
                 code,
                 message,
                 body,
+                details,
             }
         };
         tokio::time::timeout(CALL_TIMEOUT, exchange)
