@@ -357,7 +357,7 @@ impl DaprStore {
             }
         }
         let prepared = outbox::prepare(&self.settings, outbox, &changes, &projections);
-        outbox::publish_internal(self.store.pool(), &prepared).await?;
+        outbox::publish_internal(self.store.pool(), &self.settings.app_id, &prepared).await?;
         ops.extend(prepared.markers);
         transaction::execute(&self.store, &self.settings, ops).await
     }

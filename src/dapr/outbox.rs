@@ -266,7 +266,11 @@ pub(super) fn prepare(
 /// nobody subscribes to (PUBACK 0x10: no relay's session exists yet, as
 /// on a gateway that has just started) fails too: its marker would never
 /// be looked at.
-pub(super) async fn publish_internal(pool: &Pool, prepared: &Prepared) -> Result<(), DaprError> {
+pub(super) async fn publish_internal(
+    pool: &Pool,
+    app_id: &str,
+    prepared: &Prepared,
+) -> Result<(), DaprError> {
     let failures: Vec<String> = stream::iter(prepared.events.iter().cloned())
         .map(|message| async move {
             match pool.publish(message.clone()).await {
@@ -284,7 +288,10 @@ pub(super) async fn publish_internal(pool: &Pool, prepared: &Prepared) -> Result
         .await;
     match failures.into_iter().next() {
         None => Ok(()),
-        Some(error) => Err(DaprError::Outbox(error)),
+        Some(error) => Err(DaprError::Outbox {
+            app_id: app_id.to_owned(),
+            error,
+        }),
     }
 }
 

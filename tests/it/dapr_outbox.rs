@@ -442,7 +442,7 @@ async fn with_no_relay_subscribed_a_transaction_fails_and_writes_nothing() {
     };
     let error = dapr.transaction(vec![operation]).await.unwrap_err();
     assert!(
-        matches!(&error, DaprError::Outbox(why) if why.contains("no outbox relay subscribes to unrelayedorders-doneoutbox")),
+        matches!(&error, DaprError::Outbox { error: why, .. } if why.contains("no outbox relay subscribes to unrelayedorders-doneoutbox")),
         "{error}"
     );
     assert_eq!(raw_get(&store, b"unrelayed-1").await, None);
