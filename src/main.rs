@@ -107,7 +107,8 @@ fn emulator(args: EmulatorArgs) -> anyhow::Result<()> {
 /// `dev`: embedded broker, emulator and gateway until SIGTERM/SIGINT.
 fn dev(args: DevArgs) -> anyhow::Result<()> {
     init_tracing(LogFormat::Text);
-    runtime()?.block_on(statestore_gateway::dev::run(args.settings()))?;
+    let settings = args.settings()?;
+    runtime()?.block_on(statestore_gateway::dev::run(settings))?;
     Ok(())
 }
 

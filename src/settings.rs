@@ -450,6 +450,24 @@ pub const DAPR_SUBSCRIPTIONS: Setting = Setting {
     helm: Helm::None,
 };
 
+/// daprd's `outboxPublishPubsub` state store metadata: the pub/sub
+/// component (one of `--dapr-pubsub`) a committed transaction's upserts are
+/// published through. Empty: no outbox.
+pub const DAPR_OUTBOX_PUBSUB: Setting = Setting {
+    flag: "--dapr-outbox-pubsub",
+    env: "STATESTORE_GATEWAY_DAPR_OUTBOX_PUBSUB",
+    default: "",
+    helm: Helm::None,
+};
+
+/// daprd's `outboxPublishTopic`: the topic of the outbox's events.
+pub const DAPR_OUTBOX_TOPIC: Setting = Setting {
+    flag: "--dapr-outbox-topic",
+    env: "STATESTORE_GATEWAY_DAPR_OUTBOX_TOPIC",
+    default: "",
+    helm: Helm::None,
+};
+
 pub const MAX_BATCH_OPS: Setting = Setting {
     flag: "--max-batch-ops",
     env: "STATESTORE_GATEWAY_MAX_BATCH_OPS",
@@ -601,6 +619,8 @@ pub const SERVE: &[&Setting] = &[
     &DAPR_APP_PORT,
     &DAPR_APP_PROTOCOL,
     &DAPR_SUBSCRIPTIONS,
+    &DAPR_OUTBOX_PUBSUB,
+    &DAPR_OUTBOX_TOPIC,
     &BROKER_HOSTNAME,
     &BROKER_TCP_PORT,
     &MQTT_USE_TLS,
@@ -769,12 +789,31 @@ pub const DEV_DATA_DIR: Setting = Setting {
     helm: Helm::None,
 };
 
+/// `serve`'s `--dapr-transactions`, for `dev`'s gateway.
+pub const DEV_DAPR_TRANSACTIONS: Setting = Setting {
+    flag: "--dapr-transactions",
+    env: "STATESTORE_GATEWAY_DEV_DAPR_TRANSACTIONS",
+    default: "false",
+    helm: Helm::None,
+};
+
+/// The topic of `dev`'s Dapr outbox (through the pub/sub `pubsub`); empty:
+/// no outbox.
+pub const DEV_DAPR_OUTBOX_TOPIC: Setting = Setting {
+    flag: "--dapr-outbox-topic",
+    env: "STATESTORE_GATEWAY_DEV_DAPR_OUTBOX_TOPIC",
+    default: "",
+    helm: Helm::None,
+};
+
 /// Every setting of `dev`, in `--help` order.
 pub const DEV: &[&Setting] = &[
     &DEV_LISTEN,
     &DEV_ADMIN_LISTEN,
     &DEV_BROKER_LISTEN,
     &DEV_DATA_DIR,
+    &DEV_DAPR_TRANSACTIONS,
+    &DEV_DAPR_OUTBOX_TOPIC,
 ];
 
 // `injector`.

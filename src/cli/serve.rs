@@ -11,12 +11,14 @@ use super::parse::{LogFormat, parse_any_duration, parse_positive_duration, parse
 use crate::access::ApiToken;
 use crate::access::jwt::{JwksUrl, JwtSettings, KeySource};
 use crate::access::rules::AuthzSettings;
-use crate::dapr::{AppProtocol, AppSettings, DaprSettings, KeyPrefix, LockKeyPrefix};
+use crate::dapr::{
+    AppProtocol, AppSettings, DaprSettings, KeyPrefix, LockKeyPrefix, OutboxSettings,
+};
 use crate::http::transport::tls::CertificateFiles;
 use crate::http::{Limits, ServeSettings};
 use crate::locks::LockSettings;
 use crate::mqtt::{BrokerSettings, PoolSettings};
-use crate::settings::{self, SettingError};
+use crate::settings::{self, Setting, SettingError};
 use crate::watch::WatchSettings;
 
 /// Settings of `serve`.
@@ -214,6 +216,15 @@ pub struct ServeArgs {
     /// or a directory of `.yaml` files; delivered to the app.
     #[arg(long, env = settings::DAPR_SUBSCRIPTIONS.env)]
     pub dapr_subscriptions: Option<PathBuf>,
+    /// The state store's outbox (daprd's `outboxPublishPubsub`): the
+    /// pub/sub component, one of `--dapr-pubsub`, through which a committed
+    /// transaction's upserts are published. Needs `--dapr-transactions`
+    /// and `--dapr-outbox-topic`.
+    #[arg(long, env = settings::DAPR_OUTBOX_PUBSUB.env, default_value = settings::DAPR_OUTBOX_PUBSUB.default)]
+    pub dapr_outbox_pubsub: String,
+    /// The outbox's topic (daprd's `outboxPublishTopic`).
+    #[arg(long, env = settings::DAPR_OUTBOX_TOPIC.env, default_value = settings::DAPR_OUTBOX_TOPIC.default)]
+    pub dapr_outbox_topic: String,
     /// The broker.
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -235,6 +246,30 @@ fn parse_app_id(text: &str) -> Result<String, String> {
         return Err("must be non-empty, without '/', '+', '#' or '||'".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// An outbox's topic is one MQTT takes (with room for the internal topic
+/// made of it), and transactions are on: the outbox publishes what a
+/// transaction commits. `serve`'s and `dev`'s check.
+pub(super) fn check_outbox(
+    topic: &str,
+    topic_setting: &Setting,
+    transactions: bool,
+    transactions_setting: &Setting,
+) -> Result<(), SettingError> {
+    if topic.len() > usize::from(u16::MAX) / 2 || topic.contains(['+', '#', '\0']) {
+        return Err(SettingError::new(
+            topic_setting,
+            "an MQTT topic name holds no '+', '#' or NUL and has at most 32767 bytes",
+        ));
+    }
+    if !transactions {
+        return Err(SettingError::new(
+            transactions_setting,
+            "the outbox publishes what a transaction commits: it needs --dapr-transactions true",
+        ));
+    }
+    Ok(())
 }
 
 /// The pub/sub names, as clap keeps one value.
@@ -339,6 +374,7 @@ impl ServeArgs {
             Some(id) => id.clone(),
             None => settings::default_client_id(self.listen.port()),
         };
+        let outbox = self.outbox_settings()?;
         let settings = ServeSettings {
             listen: self.listen,
             admin_listen: self.admin_listen,
@@ -401,6 +437,7 @@ impl ServeArgs {
                     .dapr_app_port
                     .map(|port| AppSettings::new(port, self.dapr_app_protocol)),
                 subscriptions: self.dapr_subscriptions.clone(),
+                outbox,
                 ..DaprSettings::default()
             },
         }
@@ -411,6 +448,48 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
+    /// The outbox: both its pub/sub and its topic, or neither; the pub/sub
+    /// one of `--dapr-pubsub`, the topic one MQTT takes, and transactions
+    /// on (the outbox publishes what a transaction commits).
+    fn outbox_settings(&self) -> Result<Option<OutboxSettings>, SettingError> {
+        let (pubsub, topic) = (&self.dapr_outbox_pubsub, &self.dapr_outbox_topic);
+        match (pubsub.is_empty(), topic.is_empty()) {
+            (true, true) => return Ok(None),
+            (true, false) => {
+                return Err(SettingError::new(
+                    &settings::DAPR_OUTBOX_PUBSUB,
+                    "the outbox needs its pub/sub component as well as --dapr-outbox-topic",
+                ));
+            }
+            (false, true) => {
+                return Err(SettingError::new(
+                    &settings::DAPR_OUTBOX_TOPIC,
+                    "the outbox needs its topic as well as --dapr-outbox-pubsub",
+                ));
+            }
+            (false, false) => {}
+        }
+        if !self.dapr_pubsub.0.contains(pubsub) {
+            return Err(SettingError::new(
+                &settings::DAPR_OUTBOX_PUBSUB,
+                format!(
+                    "{pubsub} is not one of the pub/sub components of --dapr-pubsub ({})",
+                    self.dapr_pubsub.0.join(",")
+                ),
+            ));
+        }
+        check_outbox(
+            topic,
+            &settings::DAPR_OUTBOX_TOPIC,
+            self.dapr_transactions,
+            &settings::DAPR_TRANSACTIONS,
+        )?;
+        Ok(Some(OutboxSettings {
+            pubsub: pubsub.clone(),
+            topic: topic.clone(),
+        }))
+    }
+
     /// `--authz-file`: rules need callers to tell apart. The file is read
     /// when the server starts (a bad one stops it there), then every few
     /// seconds.
@@ -655,6 +734,60 @@ mod tests {
         assert_eq!(args.dapr_app_protocol, AppProtocol::Http);
         assert!(serve_args(&["--dapr-app-port", "0"]).is_err());
         assert!(serve_args(&["--dapr-app-protocol", "https"]).is_err());
+    }
+
+    #[test]
+    fn the_outbox_needs_its_topic_a_served_pubsub_and_transactions() {
+        let refused = |args: &[&str]| {
+            serve_args(args)
+                .unwrap()
+                .settings()
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused(&["--dapr-outbox-pubsub", "pubsub"]).contains("--dapr-outbox-topic"));
+        assert!(refused(&["--dapr-outbox-topic", "orders"]).contains("--dapr-outbox-pubsub"));
+        let not_served = refused(&[
+            "--dapr-outbox-pubsub=other",
+            "--dapr-outbox-topic=orders",
+            "--dapr-transactions=true",
+        ]);
+        assert!(
+            not_served.contains("not one of the pub/sub components"),
+            "{not_served}"
+        );
+        let no_transactions =
+            refused(&["--dapr-outbox-pubsub=pubsub", "--dapr-outbox-topic=orders"]);
+        assert!(
+            no_transactions.contains("--dapr-transactions"),
+            "{no_transactions}"
+        );
+        assert!(
+            refused(&[
+                "--dapr-outbox-pubsub=pubsub",
+                "--dapr-outbox-topic=orders/#",
+                "--dapr-transactions=true",
+            ])
+            .contains("MQTT topic")
+        );
+        let args = serve_args(&[
+            "--dapr-pubsub=a,b",
+            "--dapr-outbox-pubsub=b",
+            "--dapr-outbox-topic=orders",
+            "--dapr-transactions=true",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.settings().unwrap().dapr.outbox,
+            Some(OutboxSettings {
+                pubsub: "b".into(),
+                topic: "orders".into()
+            })
+        );
+        assert_eq!(
+            serve_args(&[]).unwrap().settings().unwrap().dapr.outbox,
+            None
+        );
     }
 
     #[test]

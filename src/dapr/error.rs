@@ -75,6 +75,15 @@ pub enum DaprError {
     /// An unsubscribe of no subscription of this gateway.
     #[error("failed to unsubscribe to configuration request {0}: subscription does not exist")]
     NoSubscription(String),
+    /// The outbox's internal event of a transaction was not published, so
+    /// the transaction did not run (daprd's message).
+    #[error("error while publishing outbox message: {error}")]
+    Outbox {
+        /// The app id (daprd's error names it).
+        app_id: String,
+        /// Why.
+        error: String,
+    },
     /// The store refused the request or could not be reached.
     #[error(transparent)]
     Store(#[from] RequestError),

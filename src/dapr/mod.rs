@@ -36,6 +36,7 @@ mod expiry;
 mod keys;
 mod lease;
 pub mod metadata;
+mod outbox;
 mod publish;
 pub mod pubsub;
 pub mod query;
@@ -43,6 +44,7 @@ mod settings;
 mod transaction;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -53,10 +55,11 @@ use crate::protocol::{Hlc, SetCondition, SetOptions, StoreError};
 use crate::store::{DelOutcome, RequestError, SetOutcome, StoreClient, VdelOutcome, Versioned};
 
 pub use error::DaprError;
+pub use outbox::{Change, PROJECTION, internal_topic};
 pub use publish::{CLOUDEVENT_CONTENT_TYPE, Event, PUBSUB_COMPONENT_TYPE, PubsubError};
 pub use settings::{
     AppProtocol, AppSettings, DEFAULT_APP_CALL_TIMEOUT, DaprSettings, KeyPrefix, LOCK_KEY_PREFIX,
-    LockKeyPrefix, SEPARATOR,
+    LockKeyPrefix, OutboxSettings, SEPARATOR,
 };
 pub use transaction::TxOp;
 
@@ -128,6 +131,17 @@ pub struct Delete {
     pub concurrency: Concurrency,
 }
 
+/// One operation of a transaction, as either front end reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxOperation {
+    /// The item (a delete's key, etag and concurrency).
+    pub save: Save,
+    /// A delete rather than an upsert.
+    pub delete: bool,
+    /// What an upsert publishes through an outbox.
+    pub change: Change,
+}
+
 /// What `unlock` came to, numbered as Dapr's `UnlockResponse.Status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnlockStatus {
@@ -146,6 +160,8 @@ pub struct DaprStore {
     settings: Arc<DaprSettings>,
     extended: Arc<metadata::ExtendedMetadata>,
     subscriptions: Arc<config_subscriptions::Subscriptions>,
+    /// Whether the outbox's relay is subscribed (see [`outbox`]).
+    relay_subscribed: Arc<AtomicBool>,
 }
 
 /// How many keys of a bulk get are read at once, at most (and when the
@@ -163,6 +179,7 @@ impl DaprStore {
             settings: Arc::new(settings),
             extended: Arc::default(),
             subscriptions: Arc::default(),
+            relay_subscribed: Arc::default(),
         }
     }
 
@@ -294,7 +311,7 @@ impl DaprStore {
     /// A checked save as a transaction's op (`delete`: the key is deleted
     /// instead), its etag read as a version. A delete without an etag
     /// ignores `first-write`, as a single delete does.
-    pub fn tx_op(&self, save: Save, delete: bool) -> Result<TxOp, DaprError> {
+    fn tx_op(&self, save: Save, delete: bool) -> Result<TxOp, DaprError> {
         let etag = save.etag.as_deref().map(parse_etag).transpose()?;
         Ok(TxOp {
             key: self.store_key(&save.key),
@@ -308,12 +325,67 @@ impl DaprStore {
     }
 
     /// Runs a transaction (see [`transaction`]); refused unless the
-    /// settings turn transactions on.
-    pub async fn transaction(&self, ops: Vec<TxOp>) -> Result<(), DaprError> {
+    /// settings turn transactions on. With an outbox, its upserts are
+    /// published once it committed (see [`outbox`]): each operation's
+    /// `change` is what its event carries; a projection is not written.
+    pub async fn transaction(&self, operations: Vec<TxOperation>) -> Result<(), DaprError> {
         if !self.settings.transactions {
             return Err(DaprError::TransactionsOff);
         }
+        let Some(outbox) = &self.settings.outbox else {
+            let ops = operations
+                .into_iter()
+                .map(|operation| self.tx_op(operation.save, operation.delete))
+                .collect::<Result<_, _>>()?;
+            return transaction::execute(&self.store, &self.settings, ops).await;
+        };
+        let mut ops = Vec::with_capacity(operations.len());
+        let (mut changes, mut projections) = (Vec::new(), Vec::new());
+        for TxOperation {
+            save,
+            delete,
+            change,
+        } in operations
+        {
+            if delete {
+                ops.push(self.tx_op(save, true)?);
+            } else if change.is_projection() {
+                projections.push(change);
+            } else {
+                ops.push(self.tx_op(save, false)?);
+                changes.push(change);
+            }
+        }
+        let prepared = outbox::prepare(&self.settings, outbox, &changes, &projections);
+        outbox::publish_internal(self.store.pool(), &self.settings.app_id, &prepared).await?;
+        ops.extend(prepared.markers);
         transaction::execute(&self.store, &self.settings, ops).await
+    }
+
+    /// The outbox's relay (see [`outbox`]), to run until shutdown, when
+    /// the state store has an outbox: its own broker connection, client id
+    /// `client_id`.
+    pub fn outbox_relay(
+        &self,
+        broker: crate::mqtt::BrokerSettings,
+        client_id: String,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let outbox = self.settings.outbox.clone()?;
+        Some(outbox::relay(
+            self.store.clone(),
+            self.settings.clone(),
+            outbox,
+            broker,
+            client_id,
+            self.relay_subscribed.clone(),
+        ))
+    }
+
+    /// Whether the outbox, if any, can take transactions: its relay is
+    /// subscribed to the internal topic (before then, the broker would drop
+    /// the internal events, and transactions fail).
+    pub fn outbox_ready(&self) -> bool {
+        self.settings.outbox.is_none() || self.relay_subscribed.load(Ordering::Acquire)
     }
 
     /// Each key's value and etag, in the order asked, as the reads are

@@ -151,17 +151,17 @@ pub fn message(
 }
 
 /// A CloudEvent: its attributes by name, each as its JSON text.
-type CloudEvent = BTreeMap<String, Box<RawValue>>;
+pub(super) type CloudEvent = BTreeMap<String, Box<RawValue>>;
 
 /// The trace context an event carries: a span of the caller's trace (as
 /// daprd's own span of the request), or of a new trace.
-struct Trace {
-    traceparent: String,
-    tracestate: String,
+pub(super) struct Trace {
+    pub(super) traceparent: String,
+    pub(super) tracestate: String,
 }
 
 impl Trace {
-    fn of_request() -> Self {
+    pub(super) fn of_request() -> Self {
         let span_id: [u8; 8] = rand::random();
         let (trace_id, flags, tracestate) = trace::with_current(|context| {
             (
@@ -233,21 +233,28 @@ fn wrap(event: &Event, app_id: &str, pubsub: &str, trace: &Trace, now: SystemTim
     if let Some(subject) = overridden("subject") {
         set("subject", &subject);
     }
-    let (field, data) = if is_content_type(content_type, "application/json") {
-        match std::str::from_utf8(&event.data)
+    let (field, data) = data_attribute(content_type, &event.data);
+    cloud_event.insert(field.to_owned(), data);
+    cloud_event
+}
+
+/// The attribute `data` of `content_type` goes in, as daprd puts it:
+/// JSON inline for `application/json` (a string when it is not JSON),
+/// `data_base64` for `application/octet-stream`, text otherwise.
+pub(super) fn data_attribute(content_type: &str, data: &[u8]) -> (&'static str, Box<RawValue>) {
+    if is_content_type(content_type, "application/json") {
+        match std::str::from_utf8(data)
             .ok()
             .and_then(|text| RawValue::from_string(compact_json(text)).ok())
         {
             Some(json) => ("data", json),
-            None => ("data", json_string(&String::from_utf8_lossy(&event.data))),
+            None => ("data", json_string(&String::from_utf8_lossy(data))),
         }
     } else if is_content_type(content_type, "application/octet-stream") {
-        ("data_base64", json_string(&BASE64.encode(&event.data)))
+        ("data_base64", json_string(&BASE64.encode(data)))
     } else {
-        ("data", json_string(&String::from_utf8_lossy(&event.data)))
-    };
-    cloud_event.insert(field.to_owned(), data);
-    cloud_event
+        ("data", json_string(&String::from_utf8_lossy(data)))
+    }
 }
 
 /// Completes data that is a CloudEvent already.
@@ -288,12 +295,12 @@ fn complete(
 }
 
 /// Whether `content_type` is `expected`, parameters aside, in any case.
-fn is_content_type(content_type: &str, expected: &str) -> bool {
+pub(super) fn is_content_type(content_type: &str, expected: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default();
     essence.trim().eq_ignore_ascii_case(expected)
 }
 
-fn json_string(text: &str) -> Box<RawValue> {
+pub(super) fn json_string(text: &str) -> Box<RawValue> {
     serde_json::value::to_raw_value(text).expect("a string always serializes")
 }
 
@@ -321,7 +328,7 @@ fn compact_json(json: &str) -> String {
 }
 
 /// A random UUID (version 4, RFC 9562), as daprd's event ids.
-fn uuid_v4() -> String {
+pub(super) fn uuid_v4() -> String {
     let mut bytes: [u8; 16] = rand::random();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
@@ -339,7 +346,7 @@ fn uuid_v4() -> String {
 /// `time` as RFC 3339 in UTC, to the second (Go's `time.RFC3339`);
 /// before 1970 is 1970, past 9999 is 9999's last second (RFC 3339 has
 /// four-digit years).
-fn rfc3339(time: SystemTime) -> String {
+pub(super) fn rfc3339(time: SystemTime) -> String {
     /// 9999-12-31T23:59:59Z.
     const LAST: i64 = 253_402_300_799;
     let seconds = time

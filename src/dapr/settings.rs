@@ -116,6 +116,18 @@ impl AppSettings {
 /// delivery times out is retried.
 pub const DEFAULT_APP_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The state store's outbox (daprd's `outboxPublishPubsub` and
+/// `outboxPublishTopic` metadata): a committed transaction's upserts are
+/// published as events on `topic` through `pubsub`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSettings {
+    /// The pub/sub component the events go out through (one of
+    /// `--dapr-pubsub`).
+    pub pubsub: String,
+    /// The topic they go out on.
+    pub topic: String,
+}
+
 /// The Dapr API's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaprSettings {
@@ -149,6 +161,8 @@ pub struct DaprSettings {
     /// Declarative subscriptions (`--dapr-subscriptions`): a file or a
     /// directory of Dapr `Subscription` resources.
     pub subscriptions: Option<std::path::PathBuf>,
+    /// The state store's outbox; none: transactions publish nothing.
+    pub outbox: Option<OutboxSettings>,
 }
 
 impl Default for DaprSettings {
@@ -167,6 +181,7 @@ impl Default for DaprSettings {
             lease_wait: settings::DEFAULT_REQUEST_TIMEOUT,
             app: None,
             subscriptions: None,
+            outbox: None,
         }
     }
 }

@@ -68,7 +68,7 @@ use super::lease::{
 use super::settings::DaprSettings;
 use crate::mqtt::{PoolError, RequestOptions};
 use crate::protocol::{Hlc, SetCondition, SetOptions, hlc};
-use crate::store::reserved::is_reserved;
+use crate::store::reserved::{OUTBOX_PREFIX, is_reserved};
 use crate::store::{RequestError, SetOutcome, StoreClient, Versioned};
 
 /// A lease held by a transaction: `txn:<id>:<deadline ms>`.
@@ -547,7 +547,9 @@ async fn bound_ops<'a>(
 ) -> Result<Vec<&'a IntentOp>, DaprError> {
     let mut bound = Vec::with_capacity(intent.ops.len());
     for op in &intent.ops {
-        if is_reserved(&op.key) {
+        // An outbox marker commits with its transaction, so it is applied
+        // with it; no other reserved key is ever an op.
+        if is_reserved(&op.key) && !op.key.starts_with(OUTBOX_PREFIX.as_bytes()) {
             continue;
         }
         let held = store.get(lease_key(&op.key)).await?;

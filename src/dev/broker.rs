@@ -35,6 +35,51 @@ pub const MAX_QUEUED_PER_CLIENT: usize = 100_000;
 /// Disconnect events kept for a slow reader before the oldest are skipped.
 const DISCONNECT_CHANNEL_CAPACITY: usize = 4096;
 
+/// Shared subscriptions (`$share/<group>/<filter>`, which the Dapr outbox's
+/// relay and pub/sub delivery make): each message goes to one member of
+/// the group, taken in turn, an online one when there is one (an offline
+/// member's session keeps it). rmqtt answers "not supported" without a
+/// strategy of the embedder's.
+#[derive(Debug, Default)]
+struct SharedGroups {
+    next: std::sync::atomic::AtomicUsize,
+}
+
+type SharedMember = (
+    rmqtt::types::NodeId,
+    rmqtt::types::ClientId,
+    rmqtt::types::SubscriptionOptions,
+    Option<Vec<rmqtt::types::SubscriptionIdentifier>>,
+    Option<rmqtt::types::IsOnline>,
+);
+
+#[async_trait::async_trait]
+impl rmqtt::subscribe::SharedSubscription for SharedGroups {
+    fn is_supported(&self) -> bool {
+        true
+    }
+
+    async fn choice(
+        &self,
+        _context: &ServerContext,
+        _group: &rmqtt::types::SharedGroup,
+        _publisher: &rmqtt::types::Id,
+        _topic: &rmqtt::types::TopicName,
+        members: &[SharedMember],
+    ) -> Option<(usize, rmqtt::types::IsOnline)> {
+        let count = members.len();
+        if count == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (0..count)
+            .map(|step| (start + step) % count)
+            .find(|&at| members[at].4 == Some(true))
+            .map(|at| (at, true))
+            .or(Some((start % count, false)))
+    }
+}
+
 /// How long [`EmbeddedBroker::shutdown`] waits for each session to close.
 const KICK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -95,6 +140,7 @@ impl EmbeddedBroker {
             )
             .await;
         register.start().await;
+        *context.extends.shared_subscription_mut().await = Box::new(SharedGroups::default());
 
         // rmqtt keys listeners by a caller-chosen id; the bound port is unique.
         let server = MqttServer::new(context.clone())

@@ -55,6 +55,7 @@ mod tests {
             admin_listen: "127.0.0.1:0".parse().unwrap(),
             broker_listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: None,
+            dapr: Default::default(),
         };
         let error = run(settings).await.unwrap_err();
         assert!(matches!(error, DevError::NoEmbeddedBroker));

@@ -16,4 +16,7 @@ pub struct DevSettings {
     /// Where the emulator keeps its data across restarts; `None` keeps the
     /// store in memory only.
     pub data_dir: Option<PathBuf>,
+    /// The gateway's Dapr settings (`serve`'s defaults but transactions
+    /// and the outbox).
+    pub dapr: crate::dapr::DaprSettings,
 }

@@ -15,7 +15,8 @@ use crate::http::{ServeSettings, Server};
 use crate::metrics::Metrics;
 use crate::mqtt::{BrokerSettings, PoolSettings};
 
-/// How long start-up waits for the gateway's pool to be subscribed.
+/// How long start-up waits for the gateway's pool (and the Dapr outbox's
+/// relay) to be subscribed.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The gateway's MQTT client id prefix (one broker, one gateway: no clash).
@@ -58,6 +59,7 @@ impl DevStack {
             admin_listen: settings.admin_listen,
             pool: PoolSettings::new(broker_settings, GATEWAY_CLIENT_ID),
             shutdown_grace: SHUTDOWN_GRACE,
+            dapr: settings.dapr.clone(),
             ..ServeSettings::default()
         };
         let gateway = match Server::start(gateway_settings, Metrics::new()).await {
@@ -77,7 +79,12 @@ impl DevStack {
             data_dir: settings.data_dir.clone(),
         };
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        while !stack.gateway.state().store.pool().is_ready() {
+        // The Dapr outbox's relay too, if any: the embedded broker drops a
+        // message nobody subscribes to without saying so.
+        let ready = |state: &crate::http::AppState| {
+            state.store.pool().is_ready() && state.dapr.outbox_ready()
+        };
+        while !ready(stack.gateway.state()) {
             if tokio::time::Instant::now() >= deadline {
                 let _ = stack.shutdown().await;
                 return Err(DevError::NotReady {

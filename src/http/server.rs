@@ -152,6 +152,8 @@ pub struct Server {
     admin_task: JoinHandle<io::Result<()>>,
     /// What the gateway does with the app, when there is one.
     app_task: Option<JoinHandle<()>>,
+    /// The outbox's relay, when the state store has one.
+    outbox_task: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -184,6 +186,8 @@ impl Server {
             max_message_bytes: settings.limits.dapr_max_body_size,
             retry: RetryPolicy::default(),
         };
+        let outbox_client_id = format!("{}-outbox", settings.pool.client_id);
+        let broker = settings.pool.broker.clone();
         let pool = Pool::start(settings.pool, metrics.clone())?;
         let state = AppState::new(
             pool,
@@ -234,6 +238,10 @@ impl Server {
                 state.metrics.clone(),
             ))
         });
+        let outbox_task = state
+            .dapr
+            .outbox_relay(broker, outbox_client_id)
+            .map(tokio::spawn);
         let tls = settings.api_tls.is_some();
         tracing::info!(%api_addr, %admin_addr, tls, "gateway listening");
         Ok(Server {
@@ -246,6 +254,7 @@ impl Server {
             api_task,
             admin_task,
             app_task,
+            outbox_task,
         })
     }
 
@@ -277,11 +286,12 @@ impl Server {
             mut api_task,
             mut admin_task,
             app_task,
+            outbox_task,
             ..
         } = self;
         state.draining.store(true, Ordering::Release);
-        if let Some(app_task) = app_task {
-            app_task.abort();
+        for task in [app_task, outbox_task].into_iter().flatten() {
+            task.abort();
         }
         // SSE streams never end by themselves: end them so the drain can finish.
         state.hub.shutdown();

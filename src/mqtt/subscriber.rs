@@ -128,6 +128,9 @@ impl Connection {
 #[derive(Debug)]
 struct Shared {
     connection: Mutex<Connection>,
+    /// Whether the broker granted every filter (once true, the session
+    /// keeps them).
+    subscribed: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -152,6 +155,7 @@ impl Subscriber {
     pub fn start(settings: SubscriberSettings) -> (Self, mpsc::UnboundedReceiver<Received>) {
         let shared = Arc::new(Shared {
             connection: Mutex::new(Connection::default()),
+            subscribed: watch::channel(false).0,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (messages, received) = mpsc::unbounded_channel();
@@ -164,6 +168,11 @@ impl Subscriber {
             },
             received,
         )
+    }
+
+    /// Whether the broker granted every filter: false until its SUBACK.
+    pub fn subscribed(&self) -> watch::Receiver<bool> {
+        self.shared.subscribed.subscribe()
     }
 
     /// Publishes `payload` to `topic` at QoS 1; resolves once the broker
@@ -256,14 +265,17 @@ async fn run(
                 }
                 Ok(Event::Incoming(Packet::SubAck(suback))) => {
                     subscribed_once = true;
+                    let mut granted = true;
                     for (filter, code) in settings.filters.iter().zip(&suback.return_codes) {
                         if !matches!(
                             code,
                             rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)
                         ) {
+                            granted = false;
                             tracing::error!(filter, ?code, "the broker refused a subscription");
                         }
                     }
+                    shared.subscribed.send_replace(granted);
                 }
                 Ok(Event::Incoming(Packet::Publish(publish))) => {
                     let Ok(topic) = std::str::from_utf8(&publish.topic) else {

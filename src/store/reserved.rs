@@ -1,5 +1,5 @@
 //! The keys the gateway keeps for itself (a leaf): the records of Dapr's
-//! etag writes, transactions and expiries. No caller reaches them through any route,
+//! etag writes, transactions, expiries and outbox markers. No caller reaches them through any route,
 //! whatever its rules say: access refuses them, listings and pattern
 //! watches leave them out, so that only gateways (and clients holding
 //! broker credentials) ever write them.
@@ -19,8 +19,13 @@ pub const INTENT_PREFIX: &str = "dapr-txn||";
 /// `<prefix><key>`.
 pub const EXPIRY_PREFIX: &str = "dapr-expiry||";
 
+/// The prefix of the marker a Dapr transaction with an outbox commits
+/// with each event it publishes: `<prefix><event id>`.
+pub const OUTBOX_PREFIX: &str = "dapr-outbox||";
+
 /// Every reserved prefix.
-pub const RESERVED_PREFIXES: [&str; 3] = [LEASE_PREFIX, INTENT_PREFIX, EXPIRY_PREFIX];
+pub const RESERVED_PREFIXES: [&str; 4] =
+    [LEASE_PREFIX, INTENT_PREFIX, EXPIRY_PREFIX, OUTBOX_PREFIX];
 
 /// The reserved prefix `key` starts with, if any.
 pub fn reserved_prefix(key: &[u8]) -> Option<&'static str> {
@@ -51,6 +56,10 @@ mod tests {
         assert_eq!(
             reserved_prefix(b"dapr-expiry||orders/1"),
             Some(EXPIRY_PREFIX)
+        );
+        assert_eq!(
+            reserved_prefix(b"dapr-outbox||outbox-1"),
+            Some(OUTBOX_PREFIX)
         );
         assert!(is_reserved(b"dapr-txn||"));
         // A prefix counts only at the start, whole and in its own case.

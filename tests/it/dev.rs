@@ -487,6 +487,7 @@ async fn start_stack(data_dir: Option<std::path::PathBuf>) -> DevStack {
         admin_listen: any_port,
         broker_listen: any_port,
         data_dir,
+        dapr: Default::default(),
     };
     DevStack::start(&settings).await.expect("dev mode starts")
 }
@@ -584,6 +585,7 @@ async fn dev_refuses_a_broker_port_in_use_with_a_clear_error() {
         admin_listen: any_port,
         broker_listen: taken.local_addr().unwrap(),
         data_dir: None,
+        dapr: Default::default(),
     };
     let error = DevStack::start(&settings).await.unwrap_err();
     let message = error.to_string();

@@ -21,6 +21,7 @@ mod client_ids;
 mod dapr;
 mod dapr_config;
 mod dapr_limits;
+mod dapr_outbox;
 mod docs;
 mod emulator;
 mod faults;

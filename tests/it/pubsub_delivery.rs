@@ -22,11 +22,11 @@ use crate::support::gateway_process::GatewayProcess;
 
 /// One event as the app got it.
 #[derive(Debug, Clone)]
-struct Delivered {
-    path: String,
+pub(crate) struct Delivered {
+    pub(crate) path: String,
     content_type: String,
     pubsubname: String,
-    event: Value,
+    pub(crate) event: Value,
 }
 
 impl Delivered {
@@ -42,9 +42,9 @@ impl Delivered {
 
 /// How the app answers the `attempt`-th delivery (1 for the first) of an
 /// event: its HTTP status and body, after a while.
-type Answer = Arc<dyn Fn(&Delivered, usize) -> Reply + Send + Sync>;
+pub(crate) type Answer = Arc<dyn Fn(&Delivered, usize) -> Reply + Send + Sync>;
 
-struct Reply {
+pub(crate) struct Reply {
     status: u16,
     body: String,
     after: Duration,
@@ -67,8 +67,8 @@ struct AppState {
 
 /// An HTTP app: `GET /dapr/subscribe` answers its subscriptions (404
 /// without), every POST is recorded and answered by `answer`.
-struct TestApp {
-    port: u16,
+pub(crate) struct TestApp {
+    pub(crate) port: u16,
     delivered: Arc<Mutex<Vec<Delivered>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -121,7 +121,7 @@ async fn event(
 }
 
 impl TestApp {
-    async fn start(subscriptions: Option<Value>, answer: Answer) -> Self {
+    pub(crate) async fn start(subscriptions: Option<Value>, answer: Answer) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let delivered = Arc::new(Mutex::new(Vec::new()));
@@ -145,7 +145,7 @@ impl TestApp {
     }
 
     /// The events delivered so far, warm-ups left out.
-    fn events(&self) -> Vec<Delivered> {
+    pub(crate) fn events(&self) -> Vec<Delivered> {
         self.delivered
             .lock()
             .unwrap()
@@ -165,7 +165,12 @@ impl TestApp {
     }
 
     /// Waits until `done` holds for the events delivered (panics after `within`).
-    async fn until(&self, what: &str, within: Duration, done: impl Fn(&[Delivered]) -> bool) {
+    pub(crate) async fn until(
+        &self,
+        what: &str,
+        within: Duration,
+        done: impl Fn(&[Delivered]) -> bool,
+    ) {
         let deadline = Instant::now() + within;
         loop {
             let events = self.events();
@@ -181,7 +186,7 @@ impl TestApp {
     }
 }
 
-fn success() -> Answer {
+pub(crate) fn success() -> Answer {
     Arc::new(|_, _| reply(200, ""))
 }
 
@@ -204,7 +209,7 @@ async fn publish(broker: &Mosquitto, topic: &str, message: &str, content_type: O
 
 /// Publishes warm-up events to `topic` until the app got one: the
 /// gateway's subscription is in place from then on.
-async fn until_subscribed(broker: &Mosquitto, app: &TestApp, topic: &str) {
+pub(crate) async fn until_subscribed(broker: &Mosquitto, app: &TestApp, topic: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let before = app.warmups();
     loop {

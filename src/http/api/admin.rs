@@ -26,7 +26,8 @@ async fn livez() -> &'static str {
     "ok\n"
 }
 
-/// 200 once a pool member is subscribed; 503 while none is, while
+/// 200 once a pool member (and the Dapr outbox's relay, if any) is
+/// subscribed; 503 while none is, while
 /// another client with the gateway's client id keeps taking its MQTT
 /// sessions, and once shutdown has started (so load balancers stop
 /// sending first).
@@ -49,6 +50,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "no broker connection is subscribed\n",
+        )
+            .into_response();
+    }
+    if !state.dapr.outbox_ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the Dapr outbox's relay is not subscribed yet\n",
         )
             .into_response();
     }

@@ -296,6 +296,11 @@ fn failure_row(operation: Operation, error: &DaprError) -> (StatusCode, &'static
         Operation::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
         Operation::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
     };
+    // The outbox's publish, whatever operation needed it.
+    let code = match error {
+        DaprError::Outbox { .. } => "ERR_PUBLISH_OUTBOX",
+        _ => code,
+    };
     let (status, grpc) = match (operation, error) {
         (_, DaprError::MalformedEtag(_)) => (S::BAD_REQUEST, Code::InvalidArgument),
         (_, DaprError::RecordTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, Code::InvalidArgument),
@@ -366,12 +371,23 @@ impl Failure {
     /// `operation` failed with `error`.
     pub fn of(operation: Operation, error: DaprError) -> Self {
         let (status, code, grpc) = failure_row(operation, &error);
+        // The outbox's failure is daprd's errors kit's (PubSubOutbox).
+        let details = match &error {
+            DaprError::Outbox { app_id, error } => Some(Details {
+                field: None,
+                resource: None,
+                reason: "DAPR_PUBSUB_OUTBOX",
+                metadata: Some(app_error(app_id, Some(error))),
+                wrapped: false,
+            }),
+            _ => None,
+        };
         Self {
             status,
             code,
             grpc,
             message: error.to_string(),
-            details: None,
+            details,
         }
     }
 
@@ -963,6 +979,38 @@ mod tests {
             );
             assert_eq!(lock.details, None);
         }
+    }
+
+    #[test]
+    fn an_outbox_that_could_not_publish_is_daprs_publish_outbox_error() {
+        let failure = Failure::of(
+            Operation::Transaction,
+            DaprError::Outbox {
+                app_id: "checkout".into(),
+                error: "the broker is down".into(),
+            },
+        );
+        assert_eq!(
+            (failure.status, failure.code, failure.grpc),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "ERR_PUBLISH_OUTBOX",
+                Code::Internal
+            )
+        );
+        assert_eq!(
+            failure.message,
+            "error while publishing outbox message: the broker is down"
+        );
+        let details = failure.details.unwrap();
+        assert_eq!(details.reason, "DAPR_PUBSUB_OUTBOX");
+        assert_eq!(
+            details.metadata,
+            Some(BTreeMap::from([
+                ("appID".to_owned(), "checkout".to_owned()),
+                ("error".to_owned(), "the broker is down".to_owned()),
+            ]))
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ use crate::access::rules::{Access, Need, Principal};
 use crate::dapr::configuration::Items;
 use crate::dapr::pubsub::SubscriptionKind;
 use crate::dapr::query::Query;
-use crate::dapr::{Concurrency, DaprError, Delete, Event};
+use crate::dapr::{Change, Concurrency, DaprError, Delete, Event, TxOperation};
 use crate::http::state::AppState;
 use crate::store::Versioned;
 
@@ -469,13 +469,17 @@ impl Dapr for DaprGrpc {
             let item = operation
                 .request
                 .ok_or_else(|| Status::from(Refusal::OperationWithoutRequest))?;
+            let change = Change {
+                key: item.key.clone(),
+                data: item.value.clone(),
+                metadata: item.metadata.clone(),
+            };
             let save = check.save(save_item(item), None)?;
-            ops.push(
-                self.state
-                    .dapr
-                    .tx_op(save, kind == OperationKind::Delete)
-                    .map_err(failed(Operation::Transaction))?,
-            );
+            ops.push(TxOperation {
+                save,
+                delete: kind == OperationKind::Delete,
+                change,
+            });
         }
         self.state
             .dapr

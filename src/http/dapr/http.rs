@@ -37,7 +37,7 @@ use crate::access::rules::{Access, Need};
 use crate::dapr::AppProtocol;
 use crate::dapr::configuration::items_json;
 use crate::dapr::query::Query;
-use crate::dapr::{BulkRead, DaprError, Delete, Event};
+use crate::dapr::{BulkRead, Change, DaprError, Delete, Event, TxOperation};
 use crate::http::api::extract;
 use crate::http::api::keys::{Joined, json_into, json_string_pieces};
 use crate::http::problem::ApiError;
@@ -570,11 +570,12 @@ struct StateItem<'a> {
     options: Option<StateOptions>,
 }
 
-/// An item's `metadata`: `ttlInSeconds` is read, the other entries are
-/// skipped unread (so a map of many entries holds nothing).
+/// An item's `metadata`: `ttlInSeconds` is read; the other entries are
+/// kept (as text) for an outbox's events, which carry them.
 #[derive(Debug, Default)]
 struct ItemMetadata {
     ttl: Option<String>,
+    entries: HashMap<String, String>,
 }
 
 impl<'de> Deserialize<'de> for ItemMetadata {
@@ -595,11 +596,13 @@ impl<'de> Visitor<'de> for ItemMetadataVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut metadata = ItemMetadata::default();
         while let Some(name) = map.next_key::<String>()? {
+            let Some(text) = metadata_text(map.next_value::<&RawValue>()?) else {
+                continue;
+            };
             if name == "ttlInSeconds" {
-                metadata.ttl = metadata_text(map.next_value::<&RawValue>()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
+                metadata.ttl = Some(text.clone());
             }
+            metadata.entries.insert(name, text);
         }
         Ok(metadata)
     }
@@ -891,17 +894,26 @@ async fn transaction(
         Counted::Operations,
     )?;
     let check = Check::new(&state, &access);
-    let query_ttl = query_metadata(query.as_deref()).remove("ttlInSeconds");
+    let request_metadata = query_metadata(query.as_deref());
+    let query_ttl = request_metadata.get("ttlInSeconds").cloned();
     let mut ops = Vec::with_capacity(operations.len());
     for operation in operations {
         let kind = check::operation(&operation.operation)?;
+        // As daprd: the request's metadata over each operation's.
+        let mut metadata = operation
+            .request
+            .metadata
+            .as_ref()
+            .map(|metadata| metadata.entries.clone())
+            .unwrap_or_default();
+        metadata.extend(request_metadata.clone());
         let save = check.save(operation.request.into_save(&body)?, query_ttl.as_deref())?;
-        ops.push(
-            state
-                .dapr
-                .tx_op(save, kind == OperationKind::Delete)
-                .map_err(Failure::on(Operation::Transaction))?,
-        );
+        let change = Change::of_json(save.key.clone(), &save.value, metadata);
+        ops.push(TxOperation {
+            save,
+            delete: kind == OperationKind::Delete,
+            change,
+        });
     }
     state
         .dapr
