@@ -23,6 +23,10 @@ pub use super::publish::{CLOUDEVENT_CONTENT_TYPE as CLOUD_EVENT_CONTENT_TYPE, DE
 /// `DefaultBulkEventType`).
 pub const DEFAULT_BULK_EVENT_TYPE: &str = "com.dapr.event.sent.bulk";
 
+/// The key under which daprd names the pub/sub in a bulk call's metadata
+/// (its `MetadataKeyPubSub`); an HTTP call also carries it as a header.
+pub const BULK_METADATA_PUBSUB: &str = "pubsubName";
+
 /// How a subscription was made, as daprd's metadata names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubscriptionKind {
@@ -785,7 +789,7 @@ pub fn http_bulk_body(
             "topic": subscription.topic,
             "pubsubname": subscription.pubsub_name,
             "type": DEFAULT_BULK_EVENT_TYPE,
-            "metadata": {},
+            "metadata": { BULK_METADATA_PUBSUB: subscription.pubsub_name },
         })
         .to_string(),
     )

@@ -861,6 +861,10 @@ async fn a_bulk_subscription_gets_events_in_calls_and_answers_each_entry() {
     assert_eq!(later[0].event["topic"], "batch");
     assert_eq!(later[0].event["pubsubname"], "pubsub");
     assert_eq!(later[0].event["type"], "com.dapr.event.sent.bulk");
+    // daprd adds the pub/sub's name to a bulk message's metadata, which
+    // also goes out as a header.
+    assert_eq!(later[0].event["metadata"], json!({"pubsubName": "pubsub"}));
+    assert_eq!(later[0].pubsubname, "pubsub");
     assert!(
         later
             .iter()
@@ -888,7 +892,7 @@ from dapr.clients.grpc._response import TopicEventResponse
 bulk = _servicer._CallbackServicer.OnBulkTopicEvent
 def counted(self, request, context):
     print(json.dumps({"bulk_call": len(request.entries), "type": request.type,
-                      "path": request.path}), flush=True)
+                      "path": request.path, "metadata": dict(request.metadata)}), flush=True)
     return bulk(self, request, context)
 _servicer._CallbackServicer.OnBulkTopicEvent = counted
 
@@ -1011,6 +1015,7 @@ spec:
     );
     assert_eq!(calls[0]["type"], "com.dapr.event.sent.bulk");
     assert_eq!(calls[0]["path"], "grpc-batch");
+    assert_eq!(calls[0]["metadata"], json!({"pubsubName": "pubsub"}));
     assert_eq!(got(2)[0]["id"], got(2)[1]["id"]);
     assert_eq!(got(3).len(), 1);
     assert_eq!(got(1).len(), 1);

@@ -455,11 +455,8 @@ impl Deliverer {
         entries: &[(String, &Event, Option<&bytes::Bytes>)],
     ) -> BulkOutcome {
         let body = pubsub::http_bulk_body(subscription, entries);
-        match self
-            .app
-            .post(path, "application/json", HeaderMap::new(), body)
-            .await
-        {
+        let headers = pubsub_headers(subscription);
+        match self.app.post(path, "application/json", headers, body).await {
             Ok(answer) if answer.status.is_success() => BulkOutcome::Each(
                 pubsub::http_bulk_outcomes(&answer.body)
                     .unwrap_or_default()
@@ -579,10 +576,7 @@ impl Deliverer {
     async fn call(&self, subscription: &Subscription, event: &Event, path: &str) -> Outcome {
         match self.app.protocol() {
             AppProtocol::Http => {
-                let mut headers = HeaderMap::new();
-                if let Ok(value) = HeaderValue::from_str(&subscription.pubsub_name) {
-                    headers.insert(HeaderName::from_static("pubsubname"), value);
-                }
+                let mut headers = pubsub_headers(subscription);
                 for name in ["traceparent", "tracestate"] {
                     if let Some(value) = event
                         .cloud_event
@@ -823,6 +817,16 @@ fn topic_event_request(
     }
 }
 
+/// The headers of every call to an HTTP app with events: daprd names the
+/// pub/sub in `pubsubname`.
+fn pubsub_headers(subscription: &Subscription) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Ok(value) = HeaderValue::from_str(&subscription.pubsub_name) {
+        headers.insert(HeaderName::from_static("pubsubname"), value);
+    }
+    headers
+}
+
 /// The event's CloudEvent attributes and data as gRPC carries them.
 fn cloud_event_request(event: &Event) -> TopicEventCeRequest {
     TopicEventCeRequest {
@@ -870,7 +874,10 @@ fn topic_event_bulk_request(
                 },
             })
             .collect(),
-        metadata: HashMap::new(),
+        metadata: HashMap::from([(
+            pubsub::BULK_METADATA_PUBSUB.to_owned(),
+            subscription.pubsub_name.clone(),
+        )]),
         topic: subscription.topic.clone(),
         pubsub_name: subscription.pubsub_name.clone(),
         r#type: pubsub::DEFAULT_BULK_EVENT_TYPE.to_owned(),
