@@ -140,7 +140,7 @@ pub(crate) struct MemberContext {
     pub events: broadcast::Sender<MemberEvent>,
     /// Messages on the callers' topic filters (received by the topic
     /// member, [`TOPIC_MEMBER`]).
-    pub messages: broadcast::Sender<TopicMessage>,
+    pub messages: broadcast::Sender<Arc<TopicMessage>>,
     /// The callers' topic filters: the topic member subscribes to them
     /// after every CONNACK.
     pub topic_filters: Mutex<BTreeSet<String>>,
@@ -578,11 +578,11 @@ impl Member {
         let Some(key) = protocol::notify_topic_key(topic, &self.client_id) else {
             if self.index == TOPIC_MEMBER {
                 // No receiver is fine: nobody follows topics now.
-                let _ = ctx.messages.send(TopicMessage {
-                    topic: topic.to_owned(),
-                    payload: publish.payload,
-                    content_type: properties.content_type,
-                });
+                let _ = ctx.messages.send(Arc::new(TopicMessage::new(
+                    topic.to_owned(),
+                    publish.payload,
+                    properties.content_type,
+                )));
                 return;
             }
             tracing::debug!(

@@ -1,5 +1,7 @@
 //! What the pool's members report: notifications and connection changes.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 
 use crate::protocol::{Hlc, Notification};
@@ -18,8 +20,9 @@ pub struct KeyNotification {
 }
 
 /// A message received on a topic filter the pool subscribes to for
-/// callers ([`super::Pool::add_topic_filter`]).
-#[derive(Debug, Clone)]
+/// callers ([`super::Pool::add_topic_filter`]), shared by every receiver
+/// (`Arc`): a fan-out clones no field.
+#[derive(Debug)]
 pub struct TopicMessage {
     /// Its topic.
     pub topic: String,
@@ -27,6 +30,21 @@ pub struct TopicMessage {
     pub payload: Bytes,
     /// Its MQTT5 content type.
     pub content_type: Option<String>,
+    /// The message as JSON for its SSE streams, rendered once by the
+    /// first stream that sends it and read by the others.
+    pub rendered: OnceLock<String>,
+}
+
+impl TopicMessage {
+    /// A message as received, not yet rendered.
+    pub fn new(topic: String, payload: Bytes, content_type: Option<String>) -> Self {
+        Self {
+            topic,
+            payload,
+            content_type,
+            rendered: OnceLock::new(),
+        }
+    }
 }
 
 /// A member's connection state changed.

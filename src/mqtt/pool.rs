@@ -414,7 +414,7 @@ impl Pool {
 
     /// The messages of every topic filter added, from now on (a receiver
     /// that falls 256 messages behind lags).
-    pub fn topic_messages(&self) -> broadcast::Receiver<TopicMessage> {
+    pub fn topic_messages(&self) -> broadcast::Receiver<Arc<TopicMessage>> {
         self.inner.ctx.messages.subscribe()
     }
 

@@ -25,7 +25,7 @@ pub struct TopicHub {
 #[derive(Debug)]
 pub enum Followed {
     /// A message on one of its filters.
-    Message(TopicMessage),
+    Message(Arc<TopicMessage>),
     /// It fell behind: this many messages (of any filter) were skipped.
     Lagged(u64),
     /// The gateway shuts down.
@@ -37,7 +37,7 @@ pub enum Followed {
 pub struct TopicFollow {
     hub: TopicHub,
     filters: Vec<String>,
-    messages: broadcast::Receiver<TopicMessage>,
+    messages: broadcast::Receiver<Arc<TopicMessage>>,
     closed: watch::Receiver<bool>,
 }
 

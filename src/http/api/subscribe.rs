@@ -111,19 +111,23 @@ async fn subscribe(
     Ok(Sse::new(events).keep_alive(keep_alive).into_response())
 }
 
-/// A message as its SSE event.
+/// A message as its SSE event; its JSON is rendered by the first stream
+/// that sends it, so a fan-out serialises a message once.
 fn message_event(message: &TopicMessage) -> Event {
-    let (payload, encoding) = match std::str::from_utf8(&message.payload) {
-        Ok(text) => (text.to_owned(), "utf-8"),
-        Err(_) => (BASE64.encode(&message.payload), "base64"),
-    };
-    let data = serde_json::json!({
-        "topic": message.topic,
-        "payload": payload,
-        "encoding": encoding,
-        "contentType": message.content_type,
+    let data = message.rendered.get_or_init(|| {
+        let (payload, encoding) = match std::str::from_utf8(&message.payload) {
+            Ok(text) => (text.to_owned(), "utf-8"),
+            Err(_) => (BASE64.encode(&message.payload), "base64"),
+        };
+        serde_json::json!({
+            "topic": message.topic,
+            "payload": payload,
+            "encoding": encoding,
+            "contentType": message.content_type,
+        })
+        .to_string()
     });
-    Event::default().event("message").data(data.to_string())
+    Event::default().event("message").data(data)
 }
 
 #[cfg(test)]
@@ -134,17 +138,30 @@ mod tests {
 
     #[test]
     fn binary_payloads_are_base64_and_text_as_it_is() {
-        let text = TopicMessage {
-            topic: "a".into(),
-            payload: Bytes::from_static(b"{\"n\":1}"),
-            content_type: Some("application/json".into()),
-        };
-        let binary = TopicMessage {
-            payload: Bytes::from_static(&[0xff, 0]),
-            ..text.clone()
-        };
+        let text = TopicMessage::new(
+            "a".into(),
+            Bytes::from_static(b"{\"n\":1}"),
+            Some("application/json".into()),
+        );
+        let binary = TopicMessage::new("a".into(), Bytes::from_static(&[0xff, 0]), None);
         // Event's text form is private: compare through Debug.
         assert!(format!("{:?}", message_event(&text)).contains("utf-8"));
         assert!(format!("{:?}", message_event(&binary)).contains("/wA="));
+    }
+
+    #[test]
+    fn a_message_is_rendered_once_for_every_stream_that_sends_it() {
+        let message = TopicMessage::new("t".into(), Bytes::from_static(b"hi"), None);
+        assert!(message.rendered.get().is_none());
+        let first = format!("{:?}", message_event(&message));
+        let rendered = message
+            .rendered
+            .get()
+            .expect("rendered by the first stream");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(rendered).unwrap(),
+            serde_json::json!({"topic": "t", "payload": "hi", "encoding": "utf-8", "contentType": null})
+        );
+        assert_eq!(format!("{:?}", message_event(&message)), first);
     }
 }
