@@ -148,8 +148,10 @@ async fn a_committed_transactions_upserts_are_published_as_daprs_cloudevents() {
 #[tokio::test]
 async fn a_transaction_refused_for_an_etag_mismatch_publishes_nothing() {
     // A short lease: the relay gives up on a marker that never came after
-    // the lease and a second.
-    let stack = outbox_stack(Duration::from_millis(500)).await;
+    // the lease and a second. Not shorter: a transaction still committing
+    // when the relay first looks (a second after its event) must not be
+    // past its lease on a loaded machine.
+    let stack = outbox_stack(Duration::from_secs(3)).await;
     let api = stack.gateway.api;
     let mut published = TopicSubscriber::start(stack.broker.addr, TOPIC).await;
     let mut internal =
