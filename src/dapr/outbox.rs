@@ -382,6 +382,11 @@ impl Relay {
                     failing
                 }
             };
+            if message.is_stale() {
+                // The broker sends it again on the resumed session.
+                tracing::debug!(%id, "outbox: relay left to the copy the broker sends again");
+                return;
+            }
             tokio::time::sleep(pause).await;
         };
         match outcome {

@@ -21,6 +21,7 @@
 //! the poll loop never awaits the client (rumqttc #1025).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -87,9 +88,19 @@ pub struct Received {
 struct Acker {
     client: AsyncClient,
     publish: Publish,
+    /// Set once the connection it came on is gone.
+    lost: Arc<AtomicBool>,
 }
 
 impl Received {
+    /// Whether the connection it came on is gone: the broker sends it
+    /// again on the resumed session, so whoever still works on this copy
+    /// can stop (an ack would do nothing) instead of running beside the
+    /// new one.
+    pub fn is_stale(&self) -> bool {
+        self.ack.lost.load(Ordering::Acquire)
+    }
+
     /// Acknowledges the message (PUBACK). On a connection since lost this
     /// does nothing: the broker sends the message again on the resumed
     /// session.
@@ -242,6 +253,7 @@ async fn run(
             .set_receive_maximum(Some(settings.receive_maximum))
             .set_manual_acks(true);
         let (client, mut eventloop) = AsyncClient::new(options, REQUEST_CHANNEL_CAPACITY);
+        let lost = Arc::new(AtomicBool::new(false));
         let mut served_since = None;
         let ending = loop {
             let event = tokio::select! {
@@ -297,6 +309,7 @@ async fn run(
                         ack: Acker {
                             client: client.clone(),
                             publish,
+                            lost: lost.clone(),
                         },
                     };
                     if messages.send(received).is_err() {
@@ -329,6 +342,7 @@ async fn run(
             }
         };
         shared.lock().lost();
+        lost.store(true, Ordering::Release);
         backoff.connection_ended(served_since);
         match ending {
             None => {

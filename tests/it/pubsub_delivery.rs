@@ -1158,3 +1158,50 @@ fn json_lines(child: &mut tokio::process::Child) -> Arc<Mutex<Vec<Value>>> {
     });
     lines
 }
+
+/// The subscriber's connection cut by the fault proxy while it holds an
+/// unacknowledged message: that copy says it is stale (whoever retries it
+/// stops, instead of running beside the copy the broker sends again), and
+/// the copy of the resumed session is not.
+#[tokio::test]
+async fn a_message_from_a_lost_connection_is_stale_and_the_resumed_sessions_copy_is_not() {
+    use statestore_gateway::mqtt::{BrokerSettings, Subscriber, SubscriberSettings};
+    const WAIT: Duration = Duration::from_secs(15);
+
+    let broker = Mosquitto::start().await;
+    let proxy = crate::support::fault_proxy::FaultProxy::start(broker.addr).await;
+    let settings = SubscriberSettings {
+        broker: BrokerSettings::new("127.0.0.1", proxy.port()),
+        client_id: format!("stale-{:08x}", rand::random::<u32>()),
+        session_expiry: Duration::from_secs(60),
+        receive_maximum: 8,
+        filters: vec!["stale/t".to_owned()],
+    };
+    let (subscriber, mut received) = Subscriber::start(settings);
+    let mut subscribed = subscriber.subscribed();
+    tokio::time::timeout(WAIT, subscribed.wait_for(|granted| *granted))
+        .await
+        .expect("subscribed within the wait")
+        .expect("the subscriber runs");
+
+    publish(&broker, "stale/t", "one", None).await;
+    let first = tokio::time::timeout(WAIT, received.recv())
+        .await
+        .expect("delivered within the wait")
+        .expect("the subscriber runs");
+    assert_eq!(&first.payload[..], b"one");
+    assert!(!first.is_stale());
+
+    proxy.cut_all();
+    let again = tokio::time::timeout(WAIT, received.recv())
+        .await
+        .expect("sent again within the wait")
+        .expect("the subscriber runs");
+    assert_eq!(&again.payload[..], b"one");
+    assert!(again.redelivered);
+    assert!(first.is_stale(), "the first copy's connection is gone");
+    assert!(!again.is_stale());
+    again.ack();
+    drop(first);
+    subscriber.shutdown().await;
+}

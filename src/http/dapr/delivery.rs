@@ -323,6 +323,10 @@ impl Deliverer {
                 }
                 Outcome::Retry => {}
             }
+            if message.is_stale() {
+                tracing::debug!(id = event.id(), topic = %message.topic, "retry left to the copy the broker sends again");
+                return;
+            }
             tokio::time::sleep(retry.delay(attempt)).await;
         }
     }
@@ -429,6 +433,9 @@ impl Deliverer {
                     Outcome::Retry => again.push((id, message, event, path)),
                 }
             }
+            // Copies on a lost connection are sent again on the resumed
+            // session: the retries are theirs.
+            again.retain(|(_, message, ..)| !message.is_stale());
             pending = again;
             if pending.is_empty() {
                 return;
@@ -546,6 +553,7 @@ impl Deliverer {
                     self.finish(message, "dead_letter");
                     return;
                 }
+                Err(_) if message.is_stale() => return,
                 Err(error) => {
                     failures += 1;
                     tracing::warn!(dead_letter_topic = %topic, %error, "dead letter not sent; trying again");
