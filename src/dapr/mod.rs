@@ -381,6 +381,12 @@ impl DaprStore {
         ))
     }
 
+    /// Whether the state store has an outbox, whose events carry each
+    /// upsert's metadata.
+    pub fn has_outbox(&self) -> bool {
+        self.settings.outbox.is_some()
+    }
+
     /// Whether the outbox, if any, can take transactions: its relay is
     /// subscribed to the internal topic (before then, the broker would drop
     /// the internal events, and transactions fail).

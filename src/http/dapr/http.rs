@@ -564,48 +564,70 @@ struct StateItem<'a> {
     value: Option<&'a RawValue>,
     #[serde(default)]
     etag: Option<String>,
-    #[serde(default)]
-    metadata: Option<ItemMetadata>,
+    /// Its `metadata` as the JSON it came as, borrowed from the body: read
+    /// for `ttlInSeconds` ([`item_ttl`]), and for its other entries only by
+    /// a transaction whose upserts an outbox publishes.
+    #[serde(default, borrow)]
+    metadata: Option<&'a RawValue>,
     #[serde(default)]
     options: Option<StateOptions>,
 }
 
-/// An item's `metadata`: `ttlInSeconds` is read; the other entries are
-/// kept (as text) for an outbox's events, which carry them.
+/// An item's `metadata` read for its `ttlInSeconds` alone: the other
+/// entries are skipped unread (so a map of many entries holds nothing).
 #[derive(Debug, Default)]
-struct ItemMetadata {
-    ttl: Option<String>,
-    entries: HashMap<String, String>,
-}
+struct ItemTtl(Option<String>);
 
-impl<'de> Deserialize<'de> for ItemMetadata {
+impl<'de> Deserialize<'de> for ItemTtl {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(ItemMetadataVisitor)
+        deserializer.deserialize_map(ItemTtlVisitor)
     }
 }
 
-struct ItemMetadataVisitor;
+struct ItemTtlVisitor;
 
-impl<'de> Visitor<'de> for ItemMetadataVisitor {
-    type Value = ItemMetadata;
+impl<'de> Visitor<'de> for ItemTtlVisitor {
+    type Value = ItemTtl;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("a map of metadata")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut metadata = ItemMetadata::default();
+        let mut ttl = None;
         while let Some(name) = map.next_key::<String>()? {
-            let Some(text) = metadata_text(map.next_value::<&RawValue>()?) else {
-                continue;
-            };
             if name == "ttlInSeconds" {
-                metadata.ttl = Some(text.clone());
+                ttl = metadata_text(map.next_value::<&RawValue>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
             }
-            metadata.entries.insert(name, text);
         }
-        Ok(metadata)
+        Ok(ItemTtl(ttl))
     }
+}
+
+/// An item's `ttlInSeconds`, from its metadata's JSON.
+fn item_ttl(metadata: Option<&RawValue>) -> Result<Option<String>, Refusal> {
+    metadata.map_or(Ok(None), |raw| {
+        serde_json::from_str::<Option<ItemTtl>>(raw.get())
+            .map(|ttl| ttl.and_then(|ttl| ttl.0))
+            .map_err(malformed)
+    })
+}
+
+/// Every entry of an item's metadata as text (entries of other kinds are
+/// left out), for the outbox's events, which carry them.
+fn item_metadata(metadata: Option<&RawValue>) -> Result<HashMap<String, String>, Refusal> {
+    let Some(raw) = metadata else {
+        return Ok(HashMap::new());
+    };
+    let entries: Option<HashMap<String, &RawValue>> =
+        serde_json::from_str(raw.get()).map_err(malformed)?;
+    Ok(entries
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, metadata_text(value)?)))
+        .collect())
 }
 
 /// A metadata value's text: metadata values are strings in Dapr, and a
@@ -641,7 +663,7 @@ impl StateItem<'_> {
             key: self.key,
             value,
             etag: self.etag,
-            ttl: self.metadata.and_then(|metadata| metadata.ttl),
+            ttl: item_ttl(self.metadata)?,
         })
     }
 }
@@ -900,12 +922,12 @@ async fn transaction(
     for operation in operations {
         let kind = check::operation(&operation.operation)?;
         // As daprd: the request's metadata over each operation's.
-        let mut metadata = operation
-            .request
-            .metadata
-            .as_ref()
-            .map(|metadata| metadata.entries.clone())
-            .unwrap_or_default();
+        // Read only for an outbox: a save's metadata may be large.
+        let mut metadata = if state.dapr.has_outbox() {
+            item_metadata(operation.request.metadata)?
+        } else {
+            HashMap::new()
+        };
         metadata.extend(request_metadata.clone());
         let save = check.save(operation.request.into_save(&body)?, query_ttl.as_deref())?;
         let change = Change::of_json(save.key.clone(), &save.value, metadata);
@@ -1160,7 +1182,7 @@ mod tests {
             Counted::Items,
         )
         .unwrap();
-        let ttl = |at: usize| items[at].metadata.as_ref().and_then(|m| m.ttl.clone());
+        let ttl = |at: usize| item_ttl(items[at].metadata).unwrap();
         assert_eq!(ttl(0).as_deref(), Some("5"));
         assert_eq!(ttl(1), None);
         assert_eq!(ttl(2).as_deref(), Some("7"));
