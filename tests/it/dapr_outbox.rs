@@ -77,6 +77,17 @@ fn marker(id: &str) -> Vec<u8> {
     format!("dapr-outbox||{id}").into_bytes()
 }
 
+/// The next `count` events on `subscriber`, in the order of their
+/// content types (the relay publishes a transaction's events concurrently).
+async fn events_by_content_type(subscriber: &mut TopicSubscriber, count: usize) -> Vec<Value> {
+    let mut events = Vec::new();
+    for _ in 0..count {
+        events.push(cloud_event(&subscriber.next(WAIT).await));
+    }
+    events.sort_by_key(|event| event["datacontenttype"].as_str().map(str::to_owned));
+    events
+}
+
 /// Waits until the marker of event `id` holds `value` (`None`: gone).
 async fn until_marker(stack_broker: std::net::SocketAddr, id: &str, value: Option<&[u8]>) {
     let store = broker_store(stack_broker).await;
@@ -110,11 +121,7 @@ async fn a_committed_transactions_upserts_are_published_as_daprs_cloudevents() {
     )
     .await;
     assert_eq!(response.status(), 204);
-    let mut events: Vec<Value> = Vec::new();
-    for _ in 0..2 {
-        events.push(cloud_event(&subscriber.next(WAIT).await));
-    }
-    events.sort_by_key(|event| event["datacontenttype"].as_str().map(str::to_owned));
+    let events = events_by_content_type(&mut subscriber, 2).await;
     let (json_event, text_event) = (&events[0], &events[1]);
     for event in &events {
         assert!(
@@ -503,11 +510,7 @@ async fn the_python_sdks_transaction_with_outbox_metadata_runs_unchanged() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut events = Vec::new();
-    for _ in 0..2 {
-        events.push(cloud_event(&subscriber.next(WAIT).await));
-    }
-    events.sort_by_key(|event| event["datacontenttype"].as_str().map(str::to_owned));
+    let events = events_by_content_type(&mut subscriber, 2).await;
     assert_eq!(events[0]["data"], json!({"n": 1}));
     assert_eq!(events[0]["datacontenttype"], "application/json");
     assert_eq!(events[0]["outbox.cloudevent.kind"], "order");
@@ -572,11 +575,7 @@ async fn the_js_sdks_transaction_with_outbox_metadata_runs_unchanged() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut events = Vec::new();
-    for _ in 0..2 {
-        events.push(cloud_event(&subscriber.next(WAIT).await));
-    }
-    events.sort_by_key(|event| event["datacontenttype"].as_str().map(str::to_owned));
+    let events = events_by_content_type(&mut subscriber, 2).await;
     assert_eq!(events[0]["data"], json!({"n": 1}));
     assert_eq!(events[0]["outbox.cloudevent.kind"], "order");
     assert_eq!(events[1]["data"], "plain");
